@@ -1,0 +1,43 @@
+"""shadefs: a read-only caching FUSE filesystem for deep-learning training data."""
+from setuptools import setup
+
+setup(
+    name="shadefs",
+    version="0.1.0",
+    description="Read-only FUSE cache (RAM + NVMe tiers) with importance-aware admission (SHADE, FAST '23)",
+    python_requires=">=3.9",
+    packages=[
+        "shadefs",
+        "shadefs.cache",
+        "shadefs.policies",
+        "shadefs.backends",
+        "shadefs.control",
+        "shadefs.hooks",
+    ],
+    package_dir={"shadefs.hooks": "hooks"},
+    install_requires=[
+        "mfusepy>=3.1",
+        "numpy>=1.22",
+        "pyzmq>=25",
+        "msgpack>=1.0",
+        "sortedcontainers>=2.4",
+        "tqdm>=4.60",
+        "prometheus-client>=0.17",
+    ],
+    extras_require={
+        "torch": ["torch==2.14.1", "torchvision==0.29.1"],
+        "s3": ["s3fs>=2023.1", "fsspec>=2023.1"],
+        "plot": ["matplotlib>=3.5"],
+        "test": [
+            "pytest>=7",
+            "pytest-timeout>=2",
+            "hypothesis>=6",
+            "pillow>=9",
+            "moto[server]>=5",
+            "s3fs>=2023.1",
+            "fsspec>=2023.1",
+            "matplotlib>=3.5",
+        ],
+    },
+    entry_points={"console_scripts": ["shadefs=shadefs.cli:main"]},
+)

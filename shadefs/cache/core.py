@@ -1,0 +1,270 @@
+"""The read path: RAM tier, then NVMe tier, then the backend, one whole file per open.
+
+:meth:`TieredCache.open` is called once per file open (a sample access) and returns the file's exact
+bytes and where they came from (``"ram"``, ``"disk"`` or ``"miss"``). That is also where counting
+happens: hit = an open served without touching the backend; hit ratio = hits / opens.
+
+Tiers are exclusive: a file is resident in at most one of them. A miss is offered to RAM first; RAM's
+victims are demoted to the disk tier when the disk policy admits them, and a file that RAM refuses is
+offered to the disk tier directly. A disk hit is promoted to RAM when RAM admits it (and leaves the disk
+tier). Concurrent misses on one file share one backend read (single-flight). Backend and disk I/O
+happen outside the lock, so a hit never waits behind another file's backend read.
+
+Must never: serve partial data as a whole file, exceed a tier's byte budget (in-flight fills included),
+or let a failing cache disk turn into an error for the reader.
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import logging
+import threading
+import time
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+
+from ..backends.base import Backend
+from ..namespace import Namespace
+from ..policies.base import Importance
+from .index import TierIndex
+from .tiers import CorruptEntry, DiskTier, MemoryTier
+
+__all__ = ["TieredCache", "Outcome"]
+
+log = logging.getLogger("shadefs.cache")
+
+Outcome = str  # "ram" | "disk" | "miss"
+
+
+class TieredCache:
+    """The cache of one mount.
+
+    Args:
+        namespace: the metadata snapshot (file ids, sizes).
+        backend: reads files on a miss.
+        ram: (index, store) of the RAM tier; index capacity 0 turns it off.
+        disk: (index, store) of the disk tier, or None.
+        importance: per-file importance shared by importance-aware policies.
+        trace: an object with ``record(path, size, outcome)`` called once per open, or None.
+        on_event: optional ``callback(kind: str, **fields)`` for metrics (hit, miss, eviction, ...).
+    """
+
+    def __init__(self, namespace: Namespace, backend: Backend, ram: Tuple[TierIndex, MemoryTier],
+                 disk: Optional[Tuple[TierIndex, DiskTier]], importance: Importance,
+                 trace=None, on_event=None):
+        self.ns = namespace
+        self.backend = backend
+        self.ram_index, self.ram = ram
+        self.disk_index, self.disk = disk if disk is not None else (None, None)
+        self.importance = importance
+        self.trace = trace
+        self.on_event = on_event
+        self.lock = threading.Lock()
+        self._inflight: Dict[int, cf.Future] = {}
+        self._moving: Dict[int, bytes] = {}  # RAM victims on their way to the disk tier
+        self.started = time.monotonic()
+        # counters (read under self.lock for a consistent snapshot)
+        self.opens = 0
+        self.hits_ram = 0
+        self.hits_disk = 0
+        self.misses = 0
+        self.open_bytes = 0
+        self.hit_bytes = 0
+        self.backend_bytes = 0
+        self.backend_errors = 0
+        self.corrupt_entries = 0
+        self.disk_write_errors = 0
+
+    # -- the read path -----------------------------------------------------------------------------
+    def open(self, fid: int) -> Tuple[bytes, Outcome]:
+        """Return the whole content of file ``fid`` and where it was served from.
+
+        Raises:
+            FileNotFoundError: the backend says the file is gone (ENOENT).
+            OSError: the backend failed (EIO), after the backend's own retries.
+        """
+        size = self.ns.size(fid)
+        with self.lock:
+            data = self._ram_lookup(fid)
+            if data is not None:
+                self._count(fid, size, "ram")
+                return data, "ram"
+            on_disk = self.disk_index is not None and fid in self.disk_index
+            if on_disk:
+                self.disk_index.hit(fid)
+        if on_disk:
+            try:
+                data = self.disk.get(self.ns.path(fid), size)
+            except CorruptEntry as e:
+                with self.lock:
+                    if self.disk_index.remove(fid):  # else: evicted meanwhile, not corrupt
+                        log.warning("dropping corrupt disk entry: %s", e)
+                        self.corrupt_entries += 1
+                        self._event("corrupt", tier="disk")
+            else:
+                with self.lock:
+                    self._count(fid, size, "disk")
+                self._promote(fid, data)
+                return data, "disk"
+        return self._miss(fid, size), "miss"
+
+    def _ram_lookup(self, fid: int) -> Optional[bytes]:
+        if fid in self.ram_index:
+            self.ram_index.hit(fid)
+            return self.ram.get(fid)
+        return self._moving.get(fid)
+
+    def _count(self, fid: int, size: int, outcome: Outcome) -> None:
+        # called with self.lock held
+        self.opens += 1
+        self.open_bytes += size
+        if outcome == "ram":
+            self.hits_ram += 1
+            self.hit_bytes += size
+        elif outcome == "disk":
+            self.hits_disk += 1
+            self.hit_bytes += size
+        else:
+            self.misses += 1
+        if self.trace is not None:
+            self.trace.record(self.ns.path(fid), size, outcome)
+        if self.on_event is not None:
+            self.on_event("open", outcome=outcome, size=size)
+
+    def _event(self, kind: str, **fields) -> None:
+        if self.on_event is not None:
+            self.on_event(kind, **fields)
+
+    def _miss(self, fid: int, size: int) -> bytes:
+        with self.lock:
+            self._count(fid, size, "miss")
+            fut = self._inflight.get(fid)
+            leader = fut is None
+            if leader:
+                fut = cf.Future()
+                self._inflight[fid] = fut
+        if not leader:
+            return fut.result()  # single-flight: share the leader's backend read
+        try:
+            t0 = time.monotonic()
+            data = self.backend.read(self.ns.path(fid), size)
+            if len(data) != size:  # a backend bug must not become a short file
+                raise OSError(f"backend returned {len(data)} bytes for {self.ns.path(fid)!r}, expected {size}")
+            self._event("backend_read", seconds=time.monotonic() - t0, size=size)
+        except BaseException as e:
+            with self.lock:
+                self.backend_errors += not isinstance(e, FileNotFoundError)
+                del self._inflight[fid]
+            fut.set_exception(e)
+            raise
+        with self.lock:
+            self.backend_bytes += size
+            del self._inflight[fid]
+        fut.set_result(data)
+        self._admit(fid, data)
+        return data
+
+    # -- admission, promotion, demotion ------------------------------------------------------------
+    def _admit(self, fid: int, data: bytes) -> None:
+        """Offer a file just read from the backend to RAM, else to the disk tier."""
+        with self.lock:
+            victims = self.ram_index.reserve(fid, len(data))
+            if victims is not None:
+                demote = self._evict_ram(victims)
+                self.ram.put(fid, data)
+                self.ram_index.commit(fid)
+        if victims is not None:
+            self._demote(demote)
+        else:
+            self._write_disk(fid, data)
+
+    def _promote(self, fid: int, data: bytes) -> None:
+        """A disk hit moves to RAM if RAM admits it."""
+        with self.lock:
+            if fid not in self.disk_index:
+                return  # evicted meanwhile
+            victims = self.ram_index.reserve(fid, len(data))
+            if victims is None:
+                return
+            demote = self._evict_ram(victims)
+            self.ram.put(fid, data)
+            self.ram_index.commit(fid)
+            self.disk_index.remove(fid)
+            self._event("promote")
+        self.disk.delete(self.ns.path(fid))
+        self._demote(demote)
+
+    def _evict_ram(self, victims: List[int]) -> List[Tuple[int, bytes]]:
+        # called with self.lock held; victims are already out of the RAM index
+        out = []
+        for v in victims:
+            data = self.ram.pop(v)
+            self._event("eviction", tier="ram")
+            if data is not None and self.disk_index is not None:
+                self._moving[v] = data
+                out.append((v, data))
+        return out
+
+    def _demote(self, items: List[Tuple[int, bytes]]) -> None:
+        for fid, data in items:
+            try:
+                if self._write_disk(fid, data):
+                    self._event("demote")
+            finally:
+                with self.lock:
+                    self._moving.pop(fid, None)
+
+    def _write_disk(self, fid: int, data: bytes) -> bool:
+        """Admit ``fid`` to the disk tier if its policy agrees; returns whether it is now resident."""
+        if self.disk_index is None:
+            return False
+        with self.lock:
+            victims = self.disk_index.reserve(fid, len(data))
+            if victims is None:
+                return False
+            for v in victims:
+                self._event("eviction", tier="disk")
+        for v in victims:
+            self.disk.delete(self.ns.path(v))
+        try:
+            self.disk.put(self.ns.path(fid), data)
+        except OSError as e:
+            log.warning("disk tier write failed (%s); serving continues without it", e)
+            with self.lock:
+                self.disk_index.abort(fid)
+                self.disk_write_errors += 1
+            return False
+        with self.lock:
+            self.disk_index.commit(fid)
+        return True
+
+    # -- control-plane queries -------------------------------------------------------------------
+    def resident(self, fids: np.ndarray) -> np.ndarray:
+        """Residency flags (shape like ``fids``, bool) in any tier."""
+        with self.lock:
+            ram, disk = self.ram_index, self.disk_index
+            return np.fromiter(((f in ram) or (disk is not None and f in disk) for f in map(int, fids)),
+                               dtype=bool, count=len(fids))
+
+    def update_importance(self, fids: np.ndarray, values: np.ndarray) -> None:
+        """Set importance of ``fids`` (int64, shape (n,)) to ``values`` (float32, shape (n,)); policies re-rank."""
+        with self.lock:
+            self.importance.update(fids, values)
+
+    def stats(self) -> dict:
+        """The stats JSON of docs/metrics.md (exact keys)."""
+        with self.lock:
+            hits = self.hits_ram + self.hits_disk
+            disk = (self.disk_index.snapshot() if self.disk_index is not None
+                    else {"used_bytes": 0, "capacity_bytes": 0, "files": 0, "evictions": 0})
+            return {
+                "policy": self.ram_index.policy.name,
+                "uptime_s": round(time.monotonic() - self.started, 3),
+                "opens": self.opens,
+                "hits": {"ram": self.hits_ram, "disk": self.hits_disk},
+                "misses": self.misses,
+                "hit_ratio": hits / self.opens if self.opens else 0.0,
+                "byte_hit_ratio": self.hit_bytes / self.open_bytes if self.open_bytes else 0.0,
+                "backend_bytes": self.backend_bytes,
+                "tiers": {"ram": self.ram_index.snapshot(), "disk": disk},
+            }

@@ -1,0 +1,112 @@
+"""Byte-budget accounting for one tier: which files are resident, how many bytes they and the
+in-flight fills take, and the policy that chooses victims.
+
+A :class:`TierIndex` holds no data; the daemon's tiers (:mod:`shadefs.cache.tiers`) move bytes, the
+simulator (:mod:`shadefs.sim`) moves none, and both account through this class, so they count the same
+hits and evictions. The invariant ``used_bytes + reserved_bytes <= capacity_bytes`` holds after every
+call. Not thread-safe: the caller holds its lock.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Optional
+
+from ..policies.base import Policy
+
+__all__ = ["TierIndex"]
+
+
+class TierIndex:
+    """Residency and byte budget of one tier.
+
+    Args:
+        name: ``"ram"`` or ``"disk"`` (as in the stats).
+        capacity_bytes: the budget; 0 turns the tier off.
+        policy: decides admission and victims.
+    """
+
+    def __init__(self, name: str, capacity_bytes: int, policy: Policy):
+        self.name = name
+        self.capacity_bytes = int(capacity_bytes)
+        self.policy = policy
+        self.sizes: Dict[int, int] = {}       # resident fid -> bytes
+        self.pending: Dict[int, int] = {}     # reserved (being filled) fid -> bytes
+        self.used_bytes = 0
+        self.reserved_bytes = 0
+        self.evictions = 0
+
+    def __contains__(self, fid: int) -> bool:
+        return fid in self.sizes
+
+    def __len__(self) -> int:
+        return len(self.sizes)
+
+    def hit(self, fid: int) -> None:
+        """Record a read of resident ``fid``."""
+        self.policy.on_hit(fid)
+
+    def reserve(self, fid: int, size: int) -> Optional[List[int]]:
+        """Ask the policy to admit ``fid`` (``size`` bytes) and reserve its bytes.
+
+        Returns:
+            ``None`` when refused (nothing changes), else the victims, already removed from the
+            index (and counted as evictions) in eviction order; the caller deletes or demotes their
+            data and then calls :meth:`commit` or :meth:`abort` for ``fid``.
+        """
+        if self.capacity_bytes <= 0 or size > self.capacity_bytes or fid in self.sizes or fid in self.pending:
+            return None
+        free = self.capacity_bytes - self.used_bytes - self.reserved_bytes
+        victims = self.policy.victims(fid, size, free)
+        if victims is None:
+            return None
+        freed = 0
+        for v in victims:
+            if v not in self.sizes:
+                return None  # a policy naming a non-resident victim is a bug; refuse rather than corrupt
+            freed += self.sizes[v]
+        if free + freed < size:
+            return None  # the budget is enforced here, not trusted to the policy
+        for v in victims:
+            self.remove(v)
+            self.evictions += 1
+        self.pending[fid] = size
+        self.reserved_bytes += size
+        return victims
+
+    def commit(self, fid: int) -> None:
+        """The reserved fill of ``fid`` completed: it is now resident."""
+        size = self.pending.pop(fid)
+        self.reserved_bytes -= size
+        self.sizes[fid] = size
+        self.used_bytes += size
+        self.policy.on_insert(fid, size)
+
+    def abort(self, fid: int) -> None:
+        """The reserved fill of ``fid`` failed: release its bytes."""
+        size = self.pending.pop(fid, None)
+        if size is not None:
+            self.reserved_bytes -= size
+
+    def admit(self, fid: int, size: int) -> Optional[List[int]]:
+        """:meth:`reserve` then :meth:`commit` at once (no data to move). Returns the victims or None."""
+        victims = self.reserve(fid, size)
+        if victims is not None:
+            self.commit(fid)
+        return victims
+
+    def remove(self, fid: int) -> bool:
+        """Drop resident ``fid`` (not counted as an eviction). Returns whether it was resident."""
+        size = self.sizes.pop(fid, None)
+        if size is None:
+            return False
+        self.used_bytes -= size
+        self.policy.on_remove(fid)
+        return True
+
+    def snapshot(self) -> dict:
+        """The tier's entry in the stats JSON."""
+        return {
+            "used_bytes": self.used_bytes,
+            "capacity_bytes": self.capacity_bytes,
+            "files": len(self.sizes),
+            "evictions": self.evictions,
+        }

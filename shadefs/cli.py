@@ -1,0 +1,415 @@
+"""The ``shadefs`` command: mount, umount, stats, endpoint, warm, simulate.
+
+Every user error is one line on stderr and a non-zero exit, before anything is mounted: the mount
+command validates the source, the mountpoint, /dev/fuse, fusermount, the cache directory, the sizes and
+the policy, and only then forks the daemon and waits until the mount is ready.
+"""
+from __future__ import annotations
+
+import argparse
+import errno
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from typing import List, Optional
+
+from .config import ConfigError, MountConfig, format_bytes, parse_size
+
+STATS_KEYS = ("policy", "uptime_s", "opens", "hits", "misses", "hit_ratio", "byte_hit_ratio",
+              "backend_bytes", "tiers")
+
+
+class UserError(Exception):
+    """One line for the user; exit status 2."""
+
+
+# -- helpers -------------------------------------------------------------------------------------------------
+def _mounted(path: str) -> bool:
+    path = os.path.realpath(path)
+    try:
+        with open("/proc/self/mounts") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) > 1 and parts[1].encode().decode("unicode_escape") == path:
+                    return True
+    except OSError:
+        pass
+    return False
+
+
+def _fusermount() -> Optional[str]:
+    return shutil.which("fusermount3") or shutil.which("fusermount")
+
+
+def _unmount(mountpoint: str, lazy: bool = False) -> None:
+    tool = _fusermount()
+    cmds = []
+    if tool:
+        cmds.append([tool, "-u"] + (["-z"] if lazy else []) + [mountpoint])
+    cmds.append(["umount"] + (["-l"] if lazy else []) + [mountpoint])
+    last = ""
+    for cmd in cmds:
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True)
+        except FileNotFoundError:
+            continue
+        if r.returncode == 0:
+            return
+        last = (r.stderr or r.stdout).strip()
+    raise UserError(f"cannot unmount {mountpoint}: {last or 'no fusermount or umount available'}")
+
+
+def _clear_stale(mountpoint: str) -> bool:
+    """Unmount a FUSE mount whose daemon died ("Transport endpoint is not connected"). Returns True if done."""
+    try:
+        os.stat(mountpoint)
+        return False
+    except OSError as e:
+        if e.errno != errno.ENOTCONN:
+            return False
+    _unmount(mountpoint, lazy=True)
+    return True
+
+
+def _parse_sizes(args) -> dict:
+    out = {}
+    for name in ("ram_cache", "disk_cache_size", "disk_min_free"):
+        value = getattr(args, name, None)
+        if value is not None:
+            try:
+                out[name] = parse_size(value)
+            except ConfigError as e:
+                raise UserError(f"--{name.replace('_', '-')}: {e}") from None
+    return out
+
+
+def _backend_options(pairs: List[str]) -> tuple:
+    out = []
+    for p in pairs or []:
+        key, sep, value = p.partition("=")
+        if not sep or not key:
+            raise UserError(f"--backend-opt {p!r}: expected KEY=VALUE")
+        out.append((key, value))
+    return tuple(out)
+
+
+def build_config(args) -> MountConfig:
+    """Validate the mount arguments into a :class:`MountConfig` (raises UserError)."""
+    from .policies.base import PolicyError, get_policy
+
+    sizes = _parse_sizes(args)
+    try:
+        get_policy(args.policy)
+    except PolicyError as e:
+        raise UserError(str(e)) from None
+    source = args.source
+    if "://" not in source:
+        source = os.path.abspath(source)
+        if not os.path.isdir(source):
+            raise UserError(f"source {args.source!r} is not a directory" if os.path.exists(source)
+                            else f"source {args.source!r} does not exist")
+    else:
+        from .backends.base import BackendError, backend_for
+        try:
+            backend_for(source)
+        except BackendError as e:
+            raise UserError(str(e)) from None
+    disk_dir = os.path.abspath(args.disk_cache) if args.disk_cache else None
+    disk_size = sizes.get("disk_cache_size")
+    if disk_size is not None and disk_dir is None and (disk_size.nbytes or disk_size.fraction):
+        raise UserError("--disk-cache-size needs --disk-cache DIR")
+    if disk_dir is not None and disk_size is None:
+        raise UserError("--disk-cache DIR needs --disk-cache-size SIZE (for example 20% or 50GiB)")
+    if args.score_transform not in ("rank", "raw"):
+        raise UserError(f"--score-transform {args.score_transform!r}: choose rank or raw")
+    kwargs = dict(
+        source=source, mountpoint=os.path.abspath(args.mountpoint), policy=args.policy,
+        disk_cache_dir=disk_dir, foreground=args.foreground, control=args.control,
+        control_allow_remote=args.control_allow_remote, curve_server_secret=args.curve_secret_key,
+        metrics_port=args.metrics_port, metrics_addr=args.metrics_addr, trace=args.trace and os.path.abspath(args.trace),
+        log_level=args.log_level.upper(), log_file=args.log_file and os.path.abspath(args.log_file),
+        allow_other=args.allow_other, kernel_cache=not args.no_kernel_cache,
+        fuse_threads=args.fuse_loop == "multi", backend_options=_backend_options(args.backend_opt),
+        score_transform=args.score_transform,
+    )
+    if "ram_cache" in sizes:
+        kwargs["ram_cache"] = sizes["ram_cache"]
+    if disk_size is not None:
+        kwargs["disk_cache"] = disk_size
+    if "disk_min_free" in sizes:
+        kwargs["disk_min_free"] = sizes["disk_min_free"]
+    if args.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        raise UserError(f"--log-level {args.log_level!r}: choose debug, info, warning or error")
+    if args.control:
+        try:
+            from .control.server import validate_endpoint
+        except ImportError:
+            validate_endpoint = None
+        if validate_endpoint is not None:
+            try:
+                validate_endpoint(args.control, args.control_allow_remote)
+            except ValueError as e:
+                raise UserError(f"--control: {e}") from None
+    return MountConfig(**kwargs)
+
+
+def preflight(cfg: MountConfig) -> None:
+    """Check everything a mount needs before forking (raises UserError)."""
+    mp = cfg.mountpoint
+    if _clear_stale(mp):
+        print(f"shadefs: cleared a stale mount at {mp} (its daemon had died)", file=sys.stderr)
+    if not os.path.isdir(mp):
+        raise UserError(f"mountpoint {mp!r} is not a directory" if os.path.exists(mp)
+                        else f"mountpoint {mp!r} does not exist")
+    if os.path.ismount(mp) or _mounted(mp):
+        raise UserError(f"mountpoint {mp!r} is already mounted")
+    if os.listdir(mp):
+        raise UserError(f"mountpoint {mp!r} is not empty")
+    try:
+        fd = os.open("/dev/fuse", os.O_RDWR)
+        os.close(fd)
+    except OSError as e:
+        raise UserError(f"/dev/fuse is not usable ({e.strerror}); in a container pass --device /dev/fuse "
+                        f"and CAP_SYS_ADMIN") from None
+    if _fusermount() is None:
+        raise UserError("fusermount is missing; install it with: apt-get install fuse3")
+    if cfg.disk_cache_dir:
+        try:
+            os.makedirs(cfg.disk_cache_dir, exist_ok=True)
+            with tempfile.NamedTemporaryFile(dir=cfg.disk_cache_dir):
+                pass
+        except OSError as e:
+            raise UserError(f"cache directory {cfg.disk_cache_dir!r} is not writable ({e.strerror})") from None
+        if os.path.realpath(cfg.disk_cache_dir).startswith(os.path.realpath(mp) + os.sep):
+            raise UserError("the cache directory must not be inside the mountpoint")
+    if cfg.trace:
+        try:
+            open(cfg.trace, "a").close()
+        except OSError as e:
+            raise UserError(f"--trace {cfg.trace!r}: {e.strerror}") from None
+
+
+def _default_log_file(mountpoint: str) -> str:
+    d = os.path.join(tempfile.gettempdir(), f"shadefs-{os.getuid()}")
+    os.makedirs(d, mode=0o700, exist_ok=True)
+    slug = mountpoint.strip("/").replace("/", "_") or "root"
+    return os.path.join(d, f"{slug}.log")
+
+
+def _setup_logging(level: str, log_file: Optional[str]) -> None:
+    handler = logging.FileHandler(log_file) if log_file else logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+
+
+def _run_daemon(cfg: MountConfig, ready_fd: Optional[int]) -> int:
+    from .daemon import Daemon
+
+    daemon = Daemon(cfg, ready_fd)
+    try:
+        daemon.build()
+        daemon.run()
+    except BaseException as e:  # report to the waiting parent, then exit
+        logging.getLogger("shadefs").exception("daemon failed")
+        daemon._notify(f"error: {e}")
+        return 1
+    return 0
+
+
+# -- commands -------------------------------------------------------------------------------------------
+def cmd_mount(args) -> int:
+    cfg = build_config(args)
+    preflight(cfg)
+    if cfg.foreground:
+        _setup_logging(cfg.log_level, cfg.log_file)
+        return _run_daemon(cfg, None)
+    log_file = cfg.log_file or _default_log_file(cfg.mountpoint)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the daemon
+        os.close(r)
+        os.setsid()
+        _setup_logging(cfg.log_level, log_file)
+        devnull = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(devnull, fd)
+        os._exit(_run_daemon(cfg, w))
+    os.close(w)
+    with os.fdopen(r) as f:
+        line = f.readline().strip()
+    if line == "ok":
+        print(f"shadefs: mounted {cfg.source} at {cfg.mountpoint} (pid {pid}, policy {cfg.policy}, "
+              f"log {log_file})")
+        return 0
+    os.waitpid(pid, 0)
+    msg = line[len("error: "):] if line.startswith("error: ") else f"the daemon exited; see {log_file}"
+    print(f"shadefs: mount failed: {msg}", file=sys.stderr)
+    return 1
+
+
+def cmd_umount(args) -> int:
+    mp = os.path.abspath(args.mountpoint)
+    if not (_mounted(mp) or os.path.ismount(mp)):
+        raise UserError(f"{mp!r} is not mounted")
+    _unmount(mp)
+    deadline = time.monotonic() + 10
+    while _mounted(mp) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return 0
+
+
+def _client(mountpoint: str):
+    from .control.client import ControlClient, EndpointNotFound, find_endpoint
+
+    try:
+        endpoint = find_endpoint(mountpoint)
+    except EndpointNotFound as e:
+        raise UserError(str(e)) from None
+    return ControlClient(endpoint)
+
+
+def format_stats(s: dict) -> str:
+    """A short human table of the stats JSON."""
+    hits = s["hits"]["ram"] + s["hits"]["disk"]
+    lines = [
+        f"policy          {s['policy']}      uptime {s['uptime_s']:.0f} s",
+        f"opens           {s['opens']}",
+        f"hits            {hits}  (ram {s['hits']['ram']}, disk {s['hits']['disk']})",
+        f"misses          {s['misses']}",
+        f"hit ratio       {s['hit_ratio'] * 100:.2f} %   (byte hit ratio {s['byte_hit_ratio'] * 100:.2f} %)",
+        f"backend read    {format_bytes(s['backend_bytes'])}",
+        "tier   used / capacity            files   evictions",
+    ]
+    for name in ("ram", "disk"):
+        t = s["tiers"][name]
+        lines.append(f"{name:<6} {format_bytes(t['used_bytes']):>10} / {format_bytes(t['capacity_bytes']):<10} "
+                     f"{t['files']:>8} {t['evictions']:>11}")
+    if "scores_received" in s:
+        rejected = sum(s.get("scores_rejected", {}).values())
+        lines.append(f"score messages  {s['scores_received']} received, {rejected} rejected")
+    return "\n".join(lines)
+
+
+def cmd_stats(args) -> int:
+    client = _client(args.mountpoint)
+    try:
+        s = client.stats()
+    except TimeoutError:
+        raise UserError(f"the daemon of {args.mountpoint} did not answer") from None
+    finally:
+        client.close()
+    if args.json:
+        print(json.dumps({k: s[k] for k in STATS_KEYS}, indent=2))
+    else:
+        print(format_stats(s))
+    return 0
+
+
+def cmd_endpoint(args) -> int:
+    from .control.client import EndpointNotFound, find_endpoint
+
+    try:
+        print(find_endpoint(args.mountpoint))
+    except EndpointNotFound as e:
+        raise UserError(str(e)) from None
+    return 0
+
+
+def cmd_simulate(args) -> int:
+    from .sim import main_simulate
+
+    return main_simulate(args)
+
+
+def cmd_warm(args) -> int:
+    from .warm import main_warm
+
+    return main_warm(args)
+
+
+# -- argument parsing -------------------------------------------------------------------------------------
+def make_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="shadefs", description="Read-only caching FUSE filesystem for training data.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    m = sub.add_parser("mount", help="mount SOURCE (a directory or an fsspec URL) read-only at MOUNTPOINT")
+    m.add_argument("source", metavar="SOURCE")
+    m.add_argument("mountpoint", metavar="MOUNTPOINT")
+    m.add_argument("--ram-cache", metavar="SIZE", default="0",
+                   help="RAM tier size: bytes, 512KiB, 64MiB, 2GiB, or a %% of the source's bytes; 0 = off")
+    m.add_argument("--disk-cache", metavar="DIR", help="NVMe tier directory")
+    m.add_argument("--disk-cache-size", metavar="SIZE", help="NVMe tier size (units or %%); 0 = off")
+    m.add_argument("--disk-min-free", metavar="SIZE", help="keep this much free on the cache filesystem (e.g. 5%%)")
+    m.add_argument("--policy", default="static", help="static (default), lru, fifo, shade")
+    m.add_argument("--score-transform", default="rank", help="rank (SHADE: ln(10 + rank in batch)) or raw")
+    m.add_argument("--foreground", "-f", action="store_true", help="stay attached; log to stderr")
+    m.add_argument("--control", metavar="URL", help="control endpoint (default: a private ipc:// socket); "
+                   "tcp://127.0.0.1:PORT for TCP")
+    m.add_argument("--control-allow-remote", action="store_true", help="allow a non-loopback TCP control address")
+    m.add_argument("--curve-secret-key", metavar="FILE", help="ZeroMQ CURVE secret key file for a TCP endpoint")
+    m.add_argument("--metrics-port", type=int, metavar="PORT", help="serve Prometheus metrics on this port")
+    m.add_argument("--metrics-addr", default="127.0.0.1", metavar="ADDR", help="metrics address (default loopback)")
+    m.add_argument("--trace", metavar="FILE", help="record every open as CSV (time_s,path,size_bytes,outcome)")
+    m.add_argument("--log-level", default="info", help="debug, info, warning, error")
+    m.add_argument("--log-file", metavar="FILE", help="log file (default: a file under the temp dir)")
+    m.add_argument("--allow-other", action="store_true", help="let other users read the mount (off by default)")
+    m.add_argument("--no-kernel-cache", action="store_true",
+                   help="do not let the kernel keep file pages between opens of a hit")
+    m.add_argument("--fuse-loop", choices=("multi", "single"), default="multi",
+                   help="multi (default): a hit never waits behind a miss; single: fastest hits, misses block")
+    m.add_argument("--backend-opt", action="append", metavar="KEY=VALUE", help="backend option (repeatable)")
+    m.set_defaults(func=cmd_mount)
+
+    u = sub.add_parser("umount", help="unmount MOUNTPOINT (the daemon exits)")
+    u.add_argument("mountpoint", metavar="MOUNTPOINT")
+    u.set_defaults(func=cmd_umount)
+
+    s = sub.add_parser("stats", help="print the cache figures of a running mount")
+    s.add_argument("mountpoint", metavar="MOUNTPOINT")
+    s.add_argument("--json", action="store_true", help="print the stats JSON (docs/metrics.md)")
+    s.set_defaults(func=cmd_stats)
+
+    e = sub.add_parser("endpoint", help="print the control endpoint URL of a mount")
+    e.add_argument("mountpoint", metavar="MOUNTPOINT")
+    e.set_defaults(func=cmd_endpoint)
+
+    try:
+        from .sim import add_simulate_arguments
+    except ImportError:
+        add_simulate_arguments = None
+    if add_simulate_arguments is not None:
+        sm = sub.add_parser("simulate", help="replay an access trace against the policies and Belady's OPT")
+        add_simulate_arguments(sm)
+        sm.set_defaults(func=cmd_simulate)
+
+    try:
+        from .warm import add_warm_arguments
+    except ImportError:
+        add_warm_arguments = None
+    if add_warm_arguments is not None:
+        w = sub.add_parser("warm", help="prefetch files into the cache of a running mount")
+        add_warm_arguments(w)
+        w.set_defaults(func=cmd_warm)
+    return p
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = make_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except UserError as e:
+        print(f"shadefs: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,194 @@
+"""One shadefs daemon: builds the snapshot, the tiers and the cache for a mount, runs the FUSE loop,
+and answers the control plane.
+
+Order matters (DESIGN.md, "Conventions"): the daemon process is forked first (by the CLI), then the source
+is scanned and the FUSE loop starts; threads and ZeroMQ contexts start only in FUSE ``init()``
+(:meth:`Daemon.on_mounted`), after the mount exists. The parent CLI process learns the outcome through a
+pipe: one line, ``ok`` or ``error: ...``.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from typing import Optional
+
+import numpy as np
+
+from .backends.base import open_backend
+from .cache.core import TieredCache
+from .cache.index import TierIndex
+from .cache.tiers import DiskTier, MemoryTier
+from .cache.trace import TraceWriter
+from .config import MountConfig, format_bytes
+from .namespace import Namespace
+from .policies.base import Importance, get_policy
+
+__all__ = ["Daemon"]
+
+log = logging.getLogger("shadefs.daemon")
+
+
+class Daemon:
+    """Everything one mount owns. Also the control-plane handler (``stats``, ``apply_scores``,
+    ``resident``, ``namespace``) that :class:`shadefs.control.server.ControlServer` calls.
+
+    Args:
+        cfg: the validated mount configuration.
+        ready_fd: a pipe to tell the parent ``ok`` / ``error: ...`` (or None in the foreground).
+    """
+
+    def __init__(self, cfg: MountConfig, ready_fd: Optional[int] = None):
+        self.cfg = cfg
+        self.ready_fd = ready_fd
+        self.endpoint: Optional[str] = None
+        self.control = None
+        self.metrics = None
+        self.trace = None
+        self._transform = None
+        self._stopped = threading.Event()
+
+    # -- construction (after the fork, before the mount) -----------------------------------------------
+    def build(self) -> None:
+        """Scan the source and assemble tiers and cache.
+
+        Raises:
+            FileNotFoundError, OSError, ValueError: the source cannot be listed or a setting is invalid.
+        """
+        cfg = self.cfg
+        t0 = time.monotonic()
+        options = dict(cfg.backend_options)
+        if "://" not in cfg.source:
+            options.setdefault("scan_workers", cfg.scan_workers)
+        self.backend = open_backend(cfg.source, **options)
+        self.namespace = Namespace(self.backend.walk())
+        ns = self.namespace
+        log.info("scanned %s: %d files, %d directories, %s in %.2f s", self.backend.describe(), ns.num_files,
+                 len(ns.dir_paths), format_bytes(ns.total_bytes), time.monotonic() - t0)
+        ram_bytes = cfg.ram_cache.resolve(ns.total_bytes)
+        disk_bytes = cfg.disk_cache.resolve(ns.total_bytes) if cfg.disk_cache_dir else 0
+        self.importance = Importance(ns.num_files)
+        policy_cls = get_policy(cfg.policy)
+        ram = (TierIndex("ram", ram_bytes, policy_cls(ram_bytes, self.importance)), MemoryTier())
+        disk = None
+        if cfg.disk_cache_dir and disk_bytes > 0:
+            disk = (TierIndex("disk", disk_bytes, policy_cls(disk_bytes, self.importance)),
+                    DiskTier(cfg.disk_cache_dir, cfg.source))
+        if cfg.trace:
+            self.trace = TraceWriter(cfg.trace)
+        self.cache = TieredCache(ns, self.backend, ram, disk, self.importance, trace=self.trace,
+                                 on_event=self._on_event)
+        self._transform = self._load_transform(cfg.score_transform)
+        log.info("mount %s -> %s: policy %s, RAM tier %s, disk tier %s%s, kernel cache %s, FUSE loop %s",
+                 cfg.source, cfg.mountpoint, cfg.policy, format_bytes(ram_bytes),
+                 format_bytes(disk_bytes if disk else 0), f" in {cfg.disk_cache_dir}" if disk else "",
+                 "on" if cfg.kernel_cache else "off", "multithreaded" if cfg.fuse_threads else "single-threaded")
+
+    @staticmethod
+    def _load_transform(name: str):
+        try:
+            from .policies.shade import get_transform
+        except ImportError:  # the shade module is optional for the base read path
+            return None
+        return get_transform(name)
+
+    def _on_event(self, kind: str, **fields) -> None:
+        if self.metrics is not None:
+            self.metrics.observe(kind, **fields)
+
+    # -- FUSE lifecycle ----------------------------------------------------------------------------------
+    def run(self) -> None:
+        """Mount and serve until unmounted (blocks)."""
+        from mfusepy import FUSE
+
+        from .fuse_ops import ShadeOperations
+
+        ops = ShadeOperations(self.namespace, self.cache, daemon=self, kernel_cache=self.cfg.kernel_cache)
+        options = dict(foreground=True, nothreads=not self.cfg.fuse_threads, ro=True, raw_fi=True,
+                       fsname=f"shadefs:{self.cfg.source}"[:200].replace(",", "_"), subtype="shadefs",
+                       default_permissions=True, attr_timeout=3600, entry_timeout=3600, negative_timeout=3600)
+        if self.cfg.allow_other:
+            options["allow_other"] = True
+        try:
+            FUSE(ops, self.cfg.mountpoint, **options)
+        finally:
+            self.on_unmount()
+
+    def on_mounted(self) -> None:
+        """FUSE ``init``: the mount exists; start threads and tell the parent."""
+        try:
+            self._start_services()
+        except Exception as e:
+            log.exception("control plane failed to start")
+            self._notify(f"error: {e}")
+            os._exit(1)
+        self._notify("ok")
+
+    def _start_services(self) -> None:
+        cfg = self.cfg
+        try:
+            from .control.server import ControlServer
+        except ImportError:
+            ControlServer = None
+        if ControlServer is not None:
+            self.control = ControlServer(cfg.control, self, mountpoint=cfg.mountpoint,
+                                         allow_remote=cfg.control_allow_remote,
+                                         curve_secret_key_file=cfg.curve_server_secret)
+            self.control.start()
+            self.endpoint = self.control.endpoint
+            log.info("control endpoint %s", self.endpoint)
+        if cfg.metrics_port is not None:
+            from .metrics import MetricsServer
+
+            self.metrics = MetricsServer(self, cfg.metrics_addr, cfg.metrics_port)
+            self.metrics.start()
+            log.info("Prometheus metrics on http://%s:%d/metrics", cfg.metrics_addr, self.metrics.port)
+
+    def _notify(self, line: str) -> None:
+        if self.ready_fd is not None:
+            try:
+                os.write(self.ready_fd, (line + "\n").encode())
+                os.close(self.ready_fd)
+            except OSError:
+                pass
+            self.ready_fd = None
+
+    def on_unmount(self) -> None:
+        """FUSE ``destroy`` (or the loop ended): stop threads, flush the trace. Idempotent."""
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        if self.control is not None:
+            self.control.stop()
+        if self.metrics is not None:
+            self.metrics.stop()
+        if self.trace is not None:
+            with self.cache.lock:
+                self.trace.close()
+            self._write_scores(self.cfg.trace + ".scores.csv")
+        log.info("unmounted %s; final stats %s", self.cfg.mountpoint, self.cache.stats())
+
+    def _write_scores(self, path: str) -> None:
+        try:
+            from .sim import write_scores
+        except ImportError:
+            return
+        scored = np.flatnonzero(self.importance.values != self.importance.default)
+        write_scores(path, [self.namespace.path(int(i)) for i in scored], self.importance.values[scored])
+
+    # -- control-plane handler -----------------------------------------------------------------------------
+    def stats(self) -> dict:
+        """The stats JSON (docs/metrics.md). Also flushes the trace so it can be replayed while mounted."""
+        if self.trace is not None:
+            with self.cache.lock:
+                self.trace.flush()
+        return self.cache.stats()
+
+    def apply_scores(self, fids: np.ndarray, values: np.ndarray) -> None:
+        """One minibatch of raw per-sample scores (losses): transform, then update importance."""
+        weights = self._transform(values) if self._transform is not None else values
+        self.cache.update_importance(fids, np.asarray(weights, dtype=np.float32))
+
+    def resident(self, fids: np.ndarray) -> np.ndarray:
+        return self.cache.resident(fids)

@@ -1,0 +1,3 @@
+"""Cache policies: one file per policy, registered here by one import line each."""
+from .base import Importance, Policy, PolicyError, get_policy, policy_names, register  # noqa: F401
+from . import static, lru, fifo  # noqa: F401,E401
