@@ -1,0 +1,189 @@
+"""Real FUSE mounts through the real CLI: bytes, exact counters, errors, unmount and signals."""
+import errno
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import is_mounted
+
+pytestmark = pytest.mark.skipif(not os.path.exists("/dev/fuse"), reason="needs /dev/fuse")
+
+
+def read(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        chunks = []
+        while True:
+            b = os.read(fd, 1 << 20)
+            if not b:
+                return b"".join(chunks)
+            chunks.append(b)
+    finally:
+        os.close(fd)
+
+
+def test_every_file_equals_the_source_byte_for_byte(small_tree, mount):
+    src, spec = small_tree
+    m = mount(src, "--ram-cache", "20000", "--policy", "lru")
+    listed = sorted(os.path.relpath(os.path.join(d, f), m.path) for d, _, fs in os.walk(m.path) for f in fs)
+    assert listed == sorted(spec)
+    for _ in range(3):
+        for rel, data in spec.items():
+            assert read(os.path.join(m.path, rel)) == data
+            assert os.stat(os.path.join(m.path, rel)).st_size == len(data)
+
+
+def test_stats_counters_are_exact_for_a_scripted_sequence(small_tree, mount, tmp_path):
+    src, spec = small_tree
+    # RAM 3000 B (static): 00 (1000) and 01 (2000) fit; disk 3000 B: 02 (3000) fits; the rest miss.
+    m = mount(src, "--ram-cache", "3000", "--disk-cache", tmp_path / "cache", "--disk-cache-size", "3000",
+              "--no-kernel-cache")
+    seq = ["dog/00.bin", "cat/01.bin", "dog/02.bin", "cat/03.bin",   # 4 cold misses
+           "dog/00.bin", "cat/01.bin", "dog/02.bin", "cat/03.bin",   # ram, ram, disk, miss
+           "dog/00.bin"]                                              # ram
+    for rel in seq:
+        assert read(os.path.join(m.path, rel)) == spec[rel]
+    s = m.stats()
+    assert set(s) == {"policy", "uptime_s", "opens", "hits", "misses", "hit_ratio", "byte_hit_ratio",
+                      "backend_bytes", "tiers"}
+    assert s["policy"] == "static"
+    assert s["opens"] == 9 and s["hits"] == {"ram": 3, "disk": 1} and s["misses"] == 5
+    assert s["hit_ratio"] == pytest.approx(4 / 9)
+    total = sum(len(spec[r]) for r in seq)
+    hit_bytes = 1000 + 2000 + 3000 + 1000
+    assert s["byte_hit_ratio"] == pytest.approx(hit_bytes / total)
+    assert s["backend_bytes"] == 1000 + 2000 + 3000 + 4000 + 4000
+    assert s["tiers"]["ram"] == {"used_bytes": 3000, "capacity_bytes": 3000, "files": 2, "evictions": 0}
+    assert s["tiers"]["disk"] == {"used_bytes": 3000, "capacity_bytes": 3000, "files": 1, "evictions": 0}
+
+
+def test_percent_sizes_resolve_against_source_bytes(small_tree, mount):
+    src, spec = small_tree
+    total = sum(len(v) for v in spec.values())  # 55000
+    m = mount(src, "--ram-cache", "20%")
+    assert m.stats()["tiers"]["ram"]["capacity_bytes"] == int(0.2 * total)
+
+
+def test_errors_enoent_erofs(small_tree, mount):
+    src, spec = small_tree
+    m = mount(src, "--ram-cache", "1MiB")
+    with pytest.raises(FileNotFoundError):
+        os.open(os.path.join(m.path, "cat/nope.bin"), os.O_RDONLY)
+    for flags in (os.O_WRONLY, os.O_RDWR, os.O_WRONLY | os.O_CREAT):
+        with pytest.raises(OSError) as e:
+            os.open(os.path.join(m.path, "cat/01.bin"), flags)
+        assert e.value.errno == errno.EROFS
+    with pytest.raises(OSError) as e:
+        os.mkdir(os.path.join(m.path, "new"))
+    assert e.value.errno == errno.EROFS
+    with pytest.raises(OSError) as e:
+        os.unlink(os.path.join(m.path, "cat/01.bin"))
+    assert e.value.errno == errno.EROFS
+
+
+def test_backend_failure_is_eio_and_the_daemon_keeps_serving(small_tree, mount):
+    src, spec = small_tree
+    m = mount(src, "--ram-cache", "1MiB")
+    assert read(os.path.join(m.path, "dog/00.bin")) == spec["dog/00.bin"]  # now cached
+    with open(os.path.join(src, "cat/05.bin"), "ab") as f:  # the source changed under the mount
+        f.write(b"more")
+    with pytest.raises(OSError) as e:
+        read(os.path.join(m.path, "cat/05.bin"))
+    assert e.value.errno == errno.EIO
+    os.unlink(os.path.join(src, "cat/07.bin"))
+    with pytest.raises(FileNotFoundError):
+        read(os.path.join(m.path, "cat/07.bin"))
+    assert read(os.path.join(m.path, "dog/00.bin")) == spec["dog/00.bin"]
+    assert read(os.path.join(m.path, "cat/03.bin")) == spec["cat/03.bin"]
+    log = m.log()
+    assert "cat/05.bin" in log and "changed under the mount" in log
+    assert "Traceback" not in log
+
+
+def test_unreachable_backend_is_eio_hits_keep_serving(small_tree, mount, tmp_path):
+    """The source is itself a FUSE mount whose daemon dies (like an NFS server going away)."""
+    src, spec = small_tree
+    inner = mount(src, "--ram-cache", "0", name="inner")
+    outer = mount(inner.path, "--ram-cache", "1MiB", name="outer")
+    assert read(os.path.join(outer.path, "dog/00.bin")) == spec["dog/00.bin"]
+    os.kill(inner.pid, signal.SIGKILL)
+    time.sleep(0.2)
+    with pytest.raises(OSError) as e:
+        read(os.path.join(outer.path, "cat/01.bin"))
+    assert e.value.errno == errno.EIO
+    assert read(os.path.join(outer.path, "dog/00.bin")) == spec["dog/00.bin"]  # hit: still served
+    subprocess.run(["fusermount", "-uz", inner.path], capture_output=True)
+
+
+def test_umount_leaves_no_mount_and_the_daemon_exits(small_tree, mount, cli):
+    src, _ = small_tree
+    m = mount(src)
+    assert is_mounted(m.path)
+    cli("umount", m.path)
+    assert not is_mounted(m.path)
+    m.umount()  # waits for the pid
+    with pytest.raises(ProcessLookupError):
+        os.kill(m.pid, 0)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_unmounts(small_tree, mount, sig):
+    src, spec = small_tree
+    m = mount(src)
+    assert read(os.path.join(m.path, "dog/00.bin")) == spec["dog/00.bin"]
+    os.kill(m.pid, sig)
+    deadline = time.monotonic() + 10
+    while is_mounted(m.path) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not is_mounted(m.path)
+
+
+def test_readdir_lists_only_the_source(small_tree, mount):
+    src, spec = small_tree
+    m = mount(src)
+    assert sorted(os.listdir(m.path)) == ["cat", "dog"]
+    assert os.getxattr(m.path, "user.shadefs.endpoint").decode().startswith(("ipc://", "tcp://"))
+    assert os.getxattr(os.path.join(m.path, "cat/01.bin"), "user.shadefs.endpoint")
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--ram-cache", "12XB"], "invalid size"),
+    (["--ram-cache", "150%"], "percentage"),
+    (["--policy", "belady"], "unknown policy"),
+    (["--disk-cache-size", "1GiB"], "needs --disk-cache"),
+    (["--control", "tcp://10.1.2.3:5555"], "loopback"),
+])
+def test_mount_rejects_bad_arguments_in_one_line(small_tree, tmp_path, cli, args, message):
+    src, _ = small_tree
+    mp = tmp_path / "mp"
+    mp.mkdir()
+    r = cli("mount", src, mp, *args, check=False)
+    assert r.returncode == 2
+    assert message in r.stderr and r.stderr.count("\n") == 1
+    assert not is_mounted(mp)
+
+
+def test_mount_preflight_errors(small_tree, tmp_path, cli, mount):
+    src, _ = small_tree
+    mp = tmp_path / "mp"
+    r = cli("mount", tmp_path / "missing", mp, check=False)
+    assert r.returncode == 2 and "does not exist" in r.stderr
+    r = cli("mount", src, mp, check=False)
+    assert r.returncode == 2 and "mountpoint" in r.stderr
+    mp.mkdir()
+    (mp / "x").write_text("x")
+    r = cli("mount", src, mp, check=False)
+    assert r.returncode == 2 and "not empty" in r.stderr
+    m = mount(src)
+    r = cli("mount", src, m.path, check=False)
+    assert r.returncode == 2 and "already mounted" in r.stderr
+    ro = tmp_path / "ro"
+    ro.write_text("a file, not a directory")
+    mp2 = tmp_path / "mp2"
+    mp2.mkdir()
+    r = cli("mount", src, mp2, "--disk-cache", ro / "sub", "--disk-cache-size", "1MiB", check=False)
+    assert r.returncode == 2 and "not writable" in r.stderr

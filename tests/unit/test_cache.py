@@ -1,0 +1,182 @@
+"""The read path without a mount: tiers, promotion/demotion, single-flight, corrupt entries, budgets."""
+import os
+import random
+import threading
+
+import pytest
+
+from shadefs.backends.posix import PosixBackend
+from shadefs.cache.core import TieredCache
+from shadefs.cache.index import TierIndex
+from shadefs.cache.tiers import DiskTier, MemoryTier
+from shadefs.namespace import Namespace
+from shadefs.policies import Importance, get_policy
+
+
+class CountingBackend(PosixBackend):
+    """The real posix backend, counting reads and optionally holding them until released."""
+
+    def __init__(self, url, gate=None):
+        super().__init__(url)
+        self.reads = []
+        self.gate = gate
+        self.lock = threading.Lock()
+
+    def read(self, path, size):
+        with self.lock:
+            self.reads.append(path)
+        if self.gate is not None:
+            assert self.gate.wait(10)
+        return super().read(path, size)
+
+
+def build(src, tmp_path, policy="lru", ram=0, disk=0, gate=None):
+    backend = CountingBackend(str(src), gate)
+    ns = Namespace(backend.walk())
+    imp = Importance(ns.num_files)
+    cls = get_policy(policy)
+    ram_t = (TierIndex("ram", ram, cls(ram, imp)), MemoryTier())
+    disk_t = (TierIndex("disk", disk, cls(disk, imp)), DiskTier(str(tmp_path / "cache"), str(src))) if disk else None
+    return TieredCache(ns, backend, ram_t, disk_t, imp), ns, backend
+
+
+def fid(ns, name):
+    return ns.file_id(name)
+
+
+def test_every_open_returns_the_source_bytes(small_tree, tmp_path):
+    src, spec = small_tree
+    cache, ns, _ = build(src, tmp_path, "lru", ram=12000, disk=20000)
+    rng = random.Random(1)
+    names = sorted(spec)
+    for _ in range(200):
+        name = rng.choice(names)
+        data, outcome = cache.open(fid(ns, name))
+        assert data == spec[name]
+        assert outcome in ("ram", "disk", "miss")
+    s = cache.stats()
+    assert s["opens"] == 200 == s["hits"]["ram"] + s["hits"]["disk"] + s["misses"]
+    assert s["tiers"]["ram"]["used_bytes"] <= 12000 and s["tiers"]["disk"]["used_bytes"] <= 20000
+
+
+def test_lru_demotes_ram_victims_and_promotes_disk_hits(small_tree, tmp_path):
+    src, spec = small_tree
+    # files 00..02 are 1000, 2000, 3000 bytes; RAM holds 3000 bytes, disk 10000
+    cache, ns, backend = build(src, tmp_path, "lru", ram=3000, disk=10000)
+    a, b, c = fid(ns, "dog/00.bin"), fid(ns, "cat/01.bin"), fid(ns, "dog/02.bin")
+    assert cache.open(a)[1] == "miss"   # RAM: a
+    assert cache.open(b)[1] == "miss"   # RAM: a, b (3000)
+    assert cache.open(c)[1] == "miss"   # RAM evicts a, b -> demoted to disk; RAM: c
+    assert a in cache.disk_index and b in cache.disk_index and c in cache.ram_index
+    assert cache.open(a)[1] == "disk"   # promoted: RAM evicts c -> disk; RAM: a
+    assert a in cache.ram_index and a not in cache.disk_index and c in cache.disk_index
+    assert cache.open(a)[1] == "ram"
+    assert len(backend.reads) == 3
+    s = cache.stats()
+    assert s["hits"] == {"ram": 1, "disk": 1} and s["misses"] == 3
+    assert s["backend_bytes"] == 6000
+    assert s["tiers"]["ram"]["evictions"] == 3 and s["tiers"]["disk"]["evictions"] == 0
+    # the disk entry files exist exactly for the disk-resident ids
+    disk = cache.disk
+    for f in (b, c):
+        assert os.path.exists(disk.entry_path(ns.path(f)))
+    assert not os.path.exists(disk.entry_path(ns.path(a)))
+
+
+def test_static_fills_ram_then_disk_and_never_evicts(small_tree, tmp_path):
+    src, spec = small_tree
+    cache, ns, _ = build(src, tmp_path, "static", ram=3000, disk=4000)
+    order = ["dog/00.bin", "cat/01.bin", "dog/02.bin", "cat/03.bin", "dog/04.bin"]  # 1000..5000 bytes
+    for name in order:
+        cache.open(fid(ns, name))
+    assert sorted(ns.path(f) for f in cache.ram_index.sizes) == ["cat/01.bin", "dog/00.bin"]
+    assert sorted(ns.path(f) for f in cache.disk_index.sizes) == ["dog/02.bin"]
+    assert cache.stats()["tiers"]["disk"]["evictions"] == 0
+    assert [cache.open(fid(ns, n))[1] for n in order] == ["ram", "ram", "disk", "miss", "miss"]
+
+
+def test_single_flight_shares_one_backend_read(small_tree, tmp_path):
+    src, spec = small_tree
+    gate = threading.Event()
+    cache, ns, backend = build(src, tmp_path, "static", ram=100000, gate=gate)
+    f = fid(ns, "cat/05.bin")
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(cache.open(f))) for _ in range(4)]
+    for t in threads:
+        t.start()
+    while len(backend.reads) < 1:
+        pass
+    # a hit on another (cached) file must not wait behind the held miss
+    other = fid(ns, "dog/00.bin")
+    cache.ram_index.admit(other, 1000)
+    cache.ram.put(other, spec["dog/00.bin"])
+    assert cache.open(other) == (spec["dog/00.bin"], "ram")
+    gate.set()
+    for t in threads:
+        t.join(10)
+    assert backend.reads == ["cat/05.bin"]
+    assert [r[0] == spec["cat/05.bin"] for r in results] == [True] * 4
+    assert cache.stats()["misses"] == 4 and cache.stats()["backend_bytes"] == 6000
+
+
+def test_corrupt_disk_entry_is_dropped_and_read_from_backend(small_tree, tmp_path):
+    src, spec = small_tree
+    cache, ns, backend = build(src, tmp_path, "static", ram=0, disk=100000)
+    f = fid(ns, "dog/04.bin")
+    cache.open(f)
+    path = cache.disk.entry_path(ns.path(f))
+    with open(path, "r+b") as fh:
+        fh.truncate(100)  # a partial entry
+    data, outcome = cache.open(f)
+    assert (data, outcome) == (spec["dog/04.bin"], "miss")
+    assert cache.corrupt_entries == 1
+    assert cache.open(f) == (spec["dog/04.bin"], "disk")  # re-admitted whole
+
+
+def test_missing_source_file_is_file_not_found(small_tree, tmp_path):
+    src, spec = small_tree
+    cache, ns, _ = build(src, tmp_path, "static", ram=100000)
+    os.unlink(os.path.join(src, "cat/07.bin"))
+    with pytest.raises(FileNotFoundError):
+        cache.open(fid(ns, "cat/07.bin"))
+    assert cache.stats()["misses"] == 1 and cache.backend_errors == 0
+
+
+def test_changed_source_file_is_an_error_not_a_short_file(small_tree, tmp_path):
+    src, spec = small_tree
+    cache, ns, _ = build(src, tmp_path, "static", ram=100000)
+    with open(os.path.join(src, "cat/09.bin"), "wb") as fh:
+        fh.write(b"short")
+    with pytest.raises(OSError, match="changed"):
+        cache.open(fid(ns, "cat/09.bin"))
+    assert fid(ns, "cat/09.bin") not in cache.ram_index
+
+
+@pytest.mark.parametrize("policy", ["static", "lru", "fifo"])
+def test_budgets_hold_under_concurrent_opens(small_tree, tmp_path, policy):
+    src, spec = small_tree
+    cache, ns, _ = build(src, tmp_path, policy, ram=7000, disk=9000)
+    names = sorted(spec)
+    errors = []
+
+    def worker(seed):
+        rng = random.Random(seed)
+        try:
+            for _ in range(150):
+                name = rng.choice(names)
+                assert cache.open(fid(ns, name))[0] == spec[name]
+                with cache.lock:
+                    for idx in (cache.ram_index, cache.disk_index):
+                        assert idx.used_bytes + idx.reserved_bytes <= idx.capacity_bytes
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(s,)) for s in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors
+    s = cache.stats()
+    assert s["opens"] == 900 == s["hits"]["ram"] + s["hits"]["disk"] + s["misses"]
+    assert not (set(cache.ram_index.sizes) & set(cache.disk_index.sizes))  # exclusive tiers
