@@ -1,0 +1,48 @@
+# Two entry points on a fresh machine (see README.md):
+#   make demo   mount Fashion-MNIST through shadefs, train through it, print the cache figures
+#   make test   run the test suite
+# Both install what is missing first: Debian packages (fuse3, libfuse2, dataset-fashion-mnist, attr)
+# and a virtual environment with this package, torch and torchvision.
+
+PYTHON  ?= python3
+VENV    ?= .venv
+PY      := $(VENV)/bin/python
+DATA    ?= data/fmnist
+WORKDIR ?= /tmp/shadefs-demo
+APT_PKGS := fuse3 libfuse2 dataset-fashion-mnist attr
+
+.PHONY: demo test deps venv dataset bench clean
+
+deps:
+	@missing=""; for p in $(APT_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing:$$missing"; \
+	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
+	fi
+
+$(VENV)/.installed: setup.py
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[torch,test]'
+	touch $@
+
+venv: $(VENV)/.installed
+
+$(DATA)/.complete: | deps venv
+	$(PY) scripts/make_fashion_mnist.py $(DATA)
+
+dataset: $(DATA)/.complete
+
+demo: deps venv dataset
+	$(PY) scripts/demo.py --data $(DATA) --workdir $(WORKDIR)
+
+test: deps venv
+	$(PY) -m pytest tests -q
+
+bench: deps venv dataset
+	$(PY) scripts/bench_read.py
+	$(PY) scripts/bench_hit_ratio.py --data $(DATA)
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache
