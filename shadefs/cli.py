@@ -207,6 +207,9 @@ def _setup_logging(level: str, log_file: Optional[str]) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
+    # object-store clients log whole responses at debug level: keep them to warnings
+    for name in ("botocore", "aiobotocore", "s3fs", "fsspec", "urllib3", "aiohttp"):
+        logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLevelName(level)))
 
 
 def _run_daemon(cfg: MountConfig, ready_fd: Optional[int]) -> int:

@@ -7,6 +7,7 @@ is taken to be immutable while mounted (the kernel is told so through long entry
 """
 from __future__ import annotations
 
+import logging
 import posixpath
 import stat as stat_mod
 import time
@@ -17,6 +18,8 @@ import numpy as np
 from .backends.base import Entry
 
 __all__ = ["Namespace", "normalize"]
+
+log = logging.getLogger("shadefs.namespace")
 
 ROOT = ""
 
@@ -52,6 +55,17 @@ class Namespace:
     def __init__(self, entries: Iterable[Entry]):
         t0 = time.monotonic()
         items = sorted(((e.path, e.size, e.mtime) for e in entries), key=lambda t: t[0])
+        # An object store may hold both "a" and "a/b": the directory wins, the file is skipped.
+        prefixes = set()
+        for parent in {posixpath.dirname(p) for p, _, _ in items}:
+            while parent and parent not in prefixes:
+                prefixes.add(parent)
+                parent = posixpath.dirname(parent)
+        self.skipped = [p for p, _, _ in items if p in prefixes]
+        if self.skipped:
+            log.warning("skipping %d files that are also directory prefixes (first: %r)",
+                        len(self.skipped), self.skipped[0])
+            items = [t for t in items if t[0] not in prefixes]
         self.paths: List[str] = [p for p, _, _ in items]
         self.sizes = np.fromiter((s for _, s, _ in items), dtype=np.int64, count=len(items))
         self.mtimes = np.fromiter((m for _, _, m in items), dtype=np.float64, count=len(items))

@@ -111,3 +111,10 @@ def open_backend(url: str, **options) -> Backend:
 
 
 register("file", "shadefs.backends.posix:PosixBackend")
+register("s3", "shadefs.backends.fsspec:FsspecBackend")
+register("gs", "shadefs.backends.fsspec:FsspecBackend")
+register("gcs", "shadefs.backends.fsspec:FsspecBackend")
+register("http", "shadefs.backends.fsspec:FsspecBackend")
+register("https", "shadefs.backends.fsspec:FsspecBackend")
+register("memory", "shadefs.backends.fsspec:FsspecBackend")
+register("*", "shadefs.backends.fsspec:FsspecBackend")  # any other fsspec protocol (abfs, hf, ...)
