@@ -1,0 +1,263 @@
+"""The training side of the control protocol: find a mount's daemon and talk to it without blocking.
+
+:class:`Client` wraps :class:`shadefs.control.client.ControlClient` (the ZeroMQ codec and socket) and
+adds what a training job needs: endpoint and mount-root discovery from any path inside the mount, and
+sends that never raise into the training loop. :class:`DatasetPaths` maps dataset indices to the
+paths relative to the mount root that the protocol speaks (docs/protocol.md).
+
+Never imports torch. The ZeroMQ socket is created lazily per process by ``ControlClient``, so a
+``Client`` built before DataLoader workers fork is safe to use in any of them.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from typing import List, Optional, Sequence
+
+import numpy as np
+
+__all__ = ["Client", "DatasetPaths", "EndpointNotFound", "XATTR_ENDPOINT", "find_mount_root"]
+
+log = logging.getLogger(__name__)
+
+XATTR_ENDPOINT = "user.shadefs.endpoint"
+ENV_ENDPOINT = "SHADEFS_ENDPOINT"
+
+
+try:  # the daemon-side codec is optional at import time; see _control_module()
+    from shadefs.control.client import EndpointNotFound  # type: ignore
+except Exception:  # pragma: no cover - depends on what is installed beside the hooks
+
+    class EndpointNotFound(LookupError):  # type: ignore[no-redef]
+        """No shadefs endpoint: not inside a mount and ``SHADEFS_ENDPOINT`` unset."""
+
+
+def _control_module():
+    """Import ``shadefs.control.client`` lazily; the hooks must import even where it is missing."""
+    from shadefs.control import client as control_client
+
+    return control_client
+
+
+def _read_endpoint_xattr(path: str) -> Optional[str]:
+    try:
+        raw = os.getxattr(path, XATTR_ENDPOINT)
+    except (OSError, AttributeError):  # ENODATA / ENOTSUP / not Linux
+        return None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def find_mount_root(path_inside_mount: str) -> Optional[str]:
+    """Return the root of the shadefs mount that contains ``path_inside_mount``, or None.
+
+    Walks up the *lexical* path (``abspath``, no symlink resolution, so the result is a prefix of the
+    paths an ImageFolder built from the same root stores) while the ``user.shadefs.endpoint`` extended
+    attribute is present with the same value, and stops at a mount point. If no ancestor carries the
+    attribute (an endpoint given by ``SHADEFS_ENDPOINT`` for a path outside any mount), returns None.
+    """
+    path = os.path.abspath(path_inside_mount)
+    if not os.path.isdir(path):
+        path = os.path.dirname(path)
+    first = _read_endpoint_xattr(path)
+    if first is None:
+        return None
+    root = path
+    while True:
+        if os.path.ismount(root):
+            return root
+        parent = os.path.dirname(root)
+        if parent == root or _read_endpoint_xattr(parent) != first:
+            return root
+        root = parent
+
+
+class DatasetPaths:
+    """Dataset index -> path relative to the mount root (``/``-separated), or None outside the mount.
+
+    Reads the absolute paths of a torchvision ``DatasetFolder``/``ImageFolder`` (``dataset.samples``,
+    or ``dataset.imgs``); a ``Subset``-like wrapper (``.dataset`` + ``.indices``) is followed. The
+    relative paths are sliced on demand from the dataset's own strings, so no second copy of N paths
+    is kept.
+
+    Args:
+        dataset: the training dataset.
+        mount_root: absolute path of the mount root.
+
+    Raises:
+        TypeError: the dataset exposes no per-sample paths.
+    """
+
+    def __init__(self, dataset, mount_root: str):
+        self._abs, self._subset = _sample_paths(dataset)
+        self.mount_root = os.path.normpath(os.path.abspath(mount_root))
+        self._prefix = self.mount_root.rstrip("/") + "/"
+
+    def __len__(self) -> int:
+        return len(self._subset) if self._subset is not None else len(self._abs)
+
+    def abs_path(self, index: int) -> str:
+        i = int(index)
+        if self._subset is not None:
+            i = int(self._subset[i])
+        item = self._abs[i]
+        return item[0] if isinstance(item, (tuple, list)) else item
+
+    def rel_path(self, index: int) -> Optional[str]:
+        p = os.path.normpath(self.abs_path(index))
+        if not p.startswith(self._prefix):
+            return None
+        rel = p[len(self._prefix):]
+        return rel or None
+
+    def rel_paths(self, indices: Sequence[int]) -> List[Optional[str]]:
+        return [self.rel_path(i) for i in np.asarray(indices, dtype=np.int64).tolist()]
+
+
+def _sample_paths(dataset):
+    """(list of (path, ...) or paths, subset index list or None) for ``dataset``."""
+    subset = None
+    ds = dataset
+    while not hasattr(ds, "samples") and not hasattr(ds, "imgs"):
+        if hasattr(ds, "dataset") and hasattr(ds, "indices"):
+            idx = np.asarray(ds.indices, dtype=np.int64)
+            subset = idx if subset is None else idx[subset]
+            ds = ds.dataset
+        else:
+            raise TypeError(
+                f"{type(dataset).__name__} has no per-sample paths: shadefs hooks need a torchvision "
+                "DatasetFolder/ImageFolder (dataset.samples) or a Subset of one"
+            )
+    samples = ds.samples if hasattr(ds, "samples") else ds.imgs
+    return samples, subset
+
+
+def dataset_root(dataset) -> Optional[str]:
+    """A directory of ``dataset`` that lies inside its mount: ``.root``, else the first sample's dir."""
+    ds = dataset
+    while hasattr(ds, "dataset") and not hasattr(ds, "samples"):
+        ds = ds.dataset
+    root = getattr(ds, "root", None)
+    if isinstance(root, (str, os.PathLike)) and os.path.isdir(root):
+        return os.fspath(root)
+    try:
+        samples, _ = _sample_paths(dataset)
+    except TypeError:
+        return None
+    if len(samples) == 0:
+        return None
+    first = samples[0][0] if isinstance(samples[0], (tuple, list)) else samples[0]
+    return os.path.dirname(os.fspath(first))
+
+
+class Client:
+    """Talk to the shadefs daemon serving a mount: scores out, residency and stats in.
+
+    Args:
+        path_inside_mount: any path inside the mount (e.g. the ImageFolder root). Resolves the endpoint
+            (``SHADEFS_ENDPOINT`` overrides, else the ``user.shadefs.endpoint`` xattr) and the mount root.
+        endpoint: the daemon's ZeroMQ URL; skips discovery.
+        mount_root: the mount root, when it cannot be discovered (an endpoint given explicitly or
+            through ``SHADEFS_ENDPOINT`` for a path whose xattr is not visible).
+        timeout_s: reply timeout of ``resident`` and ``stats`` queries, seconds.
+
+    Raises:
+        EndpointNotFound: neither ``endpoint`` nor a discoverable one.
+        ImportError: ``shadefs.control.client`` is not installed.
+
+    ``send_scores`` never blocks and never raises: a full queue or a broken socket drops the batch and
+    counts it in :attr:`dropped`. ``resident`` and ``stats`` wait up to ``timeout_s`` and raise on
+    failure; callers that must not fail (the sampler) catch and degrade.
+    """
+
+    RESIDENT_CHUNK = 65536
+
+    def __init__(
+        self,
+        path_inside_mount: Optional[str] = None,
+        endpoint: Optional[str] = None,
+        *,
+        mount_root: Optional[str] = None,
+        timeout_s: float = 5.0,
+    ):
+        cc = _control_module()
+        if endpoint is None:
+            if path_inside_mount is None:
+                env = os.environ.get(ENV_ENDPOINT)
+                if not env:
+                    raise EndpointNotFound(
+                        f"no endpoint: pass endpoint=, a path inside the mount, or set {ENV_ENDPOINT}"
+                    )
+                endpoint = env
+            else:
+                endpoint = cc.find_endpoint(os.fspath(path_inside_mount))
+        if mount_root is None and path_inside_mount is not None:
+            mount_root = find_mount_root(os.fspath(path_inside_mount))
+        self.endpoint: str = endpoint
+        self.mount_root: Optional[str] = (
+            os.path.normpath(os.path.abspath(mount_root)) if mount_root is not None else None
+        )
+        self._cc = cc.ControlClient(endpoint, timeout_s=timeout_s)
+        self._send_errors = 0
+
+    @property
+    def dropped(self) -> int:
+        """Score batches not delivered: queue full or send error."""
+        return int(getattr(self._cc, "dropped", 0)) + self._send_errors
+
+    def send_scores(self, paths: Sequence[str], scores) -> bool:
+        """Queue one minibatch's raw per-sample losses for the daemon; never blocks, never raises.
+
+        Args:
+            paths: n paths relative to the mount root.
+            scores: n losses (any array-like; sent as float32).
+
+        Returns:
+            True if queued, False if dropped.
+        """
+        values = np.ascontiguousarray(np.asarray(scores, dtype=np.float32).reshape(-1))
+        if len(paths) != values.size:
+            raise ValueError(f"send_scores: {len(paths)} paths vs {values.size} scores")
+        if values.size == 0:
+            return True
+        try:
+            return bool(self._cc.send_scores(list(paths), values))
+        except Exception as exc:  # a broken socket must not stop training
+            self._send_errors += 1
+            if self._send_errors == 1:
+                log.warning("shadefs: dropping scores for %s: %s", self.endpoint, exc)
+            return False
+
+    def resident(self, paths: Sequence[str]) -> np.ndarray:
+        """Which of ``paths`` (relative to the mount root) are in a cache tier: bool array of len(paths).
+
+        Asks in requests of at most :attr:`RESIDENT_CHUNK` paths (the protocol caps a message's size).
+        Raises what the control client raises: TimeoutError, ControlError (e.g. an unknown path).
+        """
+        paths = list(paths)
+        out = np.zeros(len(paths), dtype=bool)
+        for start in range(0, len(paths), self.RESIDENT_CHUNK):
+            chunk = paths[start : start + self.RESIDENT_CHUNK]
+            flags = np.asarray(self._cc.resident(chunk), dtype=bool)
+            if flags.shape != (len(chunk),):
+                raise ValueError(f"resident: {flags.shape} flags for {len(chunk)} paths")
+            out[start : start + len(chunk)] = flags
+        return out
+
+    def stats(self) -> dict:
+        """The daemon's stats object (same as ``shadefs stats --json``)."""
+        return self._cc.stats()
+
+    def close(self) -> None:
+        self._cc.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Client(endpoint={self.endpoint!r}, mount_root={self.mount_root!r})"
