@@ -1,0 +1,113 @@
+"""Importance mode end to end: a real mount, a real CNN training loop on CPU, the hook and its sampler.
+
+Images are equal-sized BMPs (every file has the same byte size), so "the top-importance files that fit"
+is exactly the K most important files for a cache of K files.
+"""
+import os
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("torchvision")
+import torch.nn.functional as F  # noqa: E402
+from PIL import Image  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.utils.data import DataLoader  # noqa: E402
+from torchvision import transforms  # noqa: E402
+from torchvision.datasets import ImageFolder  # noqa: E402
+
+from shadefs.hooks import ScoreReporter, ShadeSampler  # noqa: E402
+
+N_CLASSES, PER_CLASS = 4, 60
+
+
+@pytest.fixture(scope="module")
+def bmp_tree(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bmp") / "train"
+    rng = np.random.default_rng(0)
+    for c in range(N_CLASSES):
+        (root / f"class{c}").mkdir(parents=True)
+        for i in range(PER_CLASS):
+            px = rng.integers(0, 60, size=(16, 16), dtype=np.uint8)
+            px[c * 4:(c + 1) * 4, :] += 150  # a learnable class stripe, noisy
+            Image.fromarray(px, mode="L").save(root / f"class{c}" / f"{i:03d}.bmp")
+    sizes = {os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(root) for f in fs}
+    assert len(sizes) == 1
+    return root.parent, sizes.pop()
+
+
+def model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(1, 8, 3), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 14 * 14, N_CLASSES))
+
+
+def train(root, epochs, hook, batch_size=16):
+    ds = ImageFolder(os.path.join(root, "train"), transform=transforms.Compose(
+        [transforms.Grayscale(1), transforms.ToTensor()]))
+    net = model()
+    opt = torch.optim.SGD(net.parameters(), lr=0.05)
+    if hook:
+        sampler = ShadeSampler(ds, seed=0)
+        loader = DataLoader(ds, batch_size=batch_size, sampler=sampler, num_workers=2)
+        reporter = ScoreReporter(ds, sampler=sampler)
+    else:
+        loader = DataLoader(ds, batch_size=batch_size, shuffle=True, num_workers=2,
+                            generator=torch.Generator().manual_seed(0))
+        reporter = None
+    for epoch in range(epochs):
+        if hook:
+            sampler.set_epoch(epoch)
+        for x, y in loader:
+            loss = F.cross_entropy(net(x), y, reduction="none")
+            if reporter is not None:
+                reporter.report(loss)
+            opt.zero_grad()
+            loss.mean().backward()
+            opt.step()
+    return ds, reporter
+
+
+def read_all(root):
+    for d, _, fs in os.walk(root):
+        for f in sorted(fs):
+            with open(os.path.join(d, f), "rb") as fh:
+                fh.read()
+
+
+def test_hook_scores_reach_the_daemon_and_shade_keeps_the_top_files(bmp_tree, mount):
+    src, size = bmp_tree
+    k = 40  # cache holds 40 of 240 files
+    m = mount(src, "--ram-cache", str(k * size), "--policy", "shade")
+    ds, reporter = train(m.path, epochs=3, hook=True)
+    s = m.full_stats()
+    assert reporter.dropped == 0
+    assert s["scores_received"] == reporter.batches == 3 * (len(ds) // 16)
+    assert sum(s["scores_rejected"].values()) == 0
+    # a scoring-free pass over every file: with importance now fixed, shade must end holding the top k
+    read_all(os.path.join(m.path, "train"))
+    from shadefs.control.client import ControlClient, find_endpoint
+
+    paths = [os.path.relpath(p, m.path) for p, _ in ds.samples]
+    client = ControlClient(find_endpoint(m.path))
+    resident = client.resident(paths)
+    client.close()
+    assert resident.sum() == k
+    # importance as the daemon holds it: the sampler's weights use the same rank transform per batch
+    weights = reporter.sampler.weights if hasattr(reporter, "sampler") else None
+    assert weights is not None
+    w = np.asarray(weights)
+    assert w[resident].min() >= w[~resident].max()
+
+
+def test_shade_sampler_hits_more_than_uniform_static(bmp_tree, mount):
+    src, size = bmp_tree
+    cache = str(48 * size)  # 20 % of the files
+    uniform = mount(src, "--ram-cache", cache, "--policy", "static")
+    train(uniform.path, epochs=3, hook=False)
+    s_uniform = uniform.stats()
+    importance = mount(src, "--ram-cache", cache, "--policy", "shade")
+    train(importance.path, epochs=3, hook=True)
+    s_importance = importance.stats()
+    assert s_uniform["opens"] == s_importance["opens"] == 3 * 240
+    assert s_importance["hit_ratio"] > s_uniform["hit_ratio"]
