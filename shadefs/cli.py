@@ -125,6 +125,10 @@ def build_config(args) -> MountConfig:
         raise UserError("--disk-cache-size needs --disk-cache DIR")
     if disk_dir is not None and disk_size is None:
         raise UserError("--disk-cache DIR needs --disk-cache-size SIZE (for example 20% or 50GiB)")
+    if args.metrics_port is not None and not 0 <= args.metrics_port <= 65535:
+        raise UserError(f"--metrics-port {args.metrics_port}: a port is 0-65535 (0 picks a free one)")
+    if not 0 <= args.checkpoint_interval < float("inf"):
+        raise UserError(f"--checkpoint-interval {args.checkpoint_interval:g}: seconds must be a finite number >= 0")
     if args.score_transform not in ("rank", "raw"):
         raise UserError(f"--score-transform {args.score_transform!r}: choose rank or raw")
     kwargs = dict(
@@ -135,7 +139,7 @@ def build_config(args) -> MountConfig:
         log_level=args.log_level.upper(), log_file=args.log_file and os.path.abspath(args.log_file),
         allow_other=args.allow_other, kernel_cache=not args.no_kernel_cache,
         fuse_threads=args.fuse_loop == "multi", backend_options=_backend_options(args.backend_opt),
-        score_transform=args.score_transform,
+        score_transform=args.score_transform, checkpoint_interval_s=args.checkpoint_interval,
     )
     if "ram_cache" in sizes:
         kwargs["ram_cache"] = sizes["ram_cache"]
@@ -145,16 +149,14 @@ def build_config(args) -> MountConfig:
         kwargs["disk_min_free"] = sizes["disk_min_free"]
     if args.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise UserError(f"--log-level {args.log_level!r}: choose debug, info, warning or error")
-    if args.control:
+    if args.control or args.curve_secret_key:
+        from .control.server import validate_endpoint
+
         try:
-            from .control.server import validate_endpoint
-        except ImportError:
-            validate_endpoint = None
-        if validate_endpoint is not None:
-            try:
-                validate_endpoint(args.control, args.control_allow_remote)
-            except ValueError as e:
-                raise UserError(f"--control: {e}") from None
+            validate_endpoint(args.control, args.control_allow_remote,
+                              curve_secret_key_file=args.curve_secret_key)
+        except ValueError as e:
+            raise UserError(f"--control: {e}") from None
     return MountConfig(**kwargs)
 
 
@@ -350,6 +352,9 @@ def make_parser() -> argparse.ArgumentParser:
     m.add_argument("--disk-cache", metavar="DIR", help="NVMe tier directory")
     m.add_argument("--disk-cache-size", metavar="SIZE", help="NVMe tier size (units or %%); 0 = off")
     m.add_argument("--disk-min-free", metavar="SIZE", help="keep this much free on the cache filesystem (e.g. 5%%)")
+    m.add_argument("--checkpoint-interval", type=float, default=60.0, metavar="SECONDS",
+                   help="checkpoint importance scores into the disk tier every SECONDS (default 60; "
+                   "0 = only at unmount)")
     m.add_argument("--policy", default="static", help="static (default), lru, fifo, shade")
     m.add_argument("--score-transform", default="rank", help="rank (SHADE: ln(10 + rank in batch)) or raw")
     m.add_argument("--foreground", "-f", action="store_true", help="stay attached; log to stderr")

@@ -1,0 +1,224 @@
+"""Client side of the control protocol: what the training hook and ``shadefs stats`` talk through.
+
+:class:`ControlClient` creates its ZeroMQ context and DEALER socket lazily, in the process that uses
+it, and again after a fork (DataLoader workers fork; ZeroMQ contexts are not fork-safe). Scores are
+fire-and-forget and never block training: when the send queue is full the batch is dropped and counted.
+Never imports torch.
+"""
+from __future__ import annotations
+
+import os
+import time
+from typing import Optional, Sequence
+
+import numpy as np
+
+from . import protocol as P
+
+__all__ = ["ControlClient", "ControlError", "EndpointNotFound", "find_endpoint", "ENV_ENDPOINT", "XATTR"]
+
+ENV_ENDPOINT = "SHADEFS_ENDPOINT"
+XATTR = "user.shadefs.endpoint"
+
+
+class EndpointNotFound(RuntimeError):
+    """No control endpoint: ``SHADEFS_ENDPOINT`` is unset and the path is not inside a shadefs mount."""
+
+
+class ControlError(RuntimeError):
+    """The daemon answered a request with ``error``.
+
+    Attributes:
+        reason: the protocol rejection reason (``bad_path``, ``unknown_path``, ...), or ``"error"`` when
+            the daemon failed while answering.
+    """
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
+
+
+def find_endpoint(path_inside_mount: str) -> str:
+    """Return the control endpoint URL of the shadefs mount holding ``path_inside_mount``.
+
+    ``$SHADEFS_ENDPOINT`` wins when set and non-empty; otherwise the extended attribute
+    ``user.shadefs.endpoint`` of the path (any file or directory of the mount answers it).
+
+    Raises:
+        EndpointNotFound: neither is available (the message says how to fix it).
+    """
+    env = os.environ.get(ENV_ENDPOINT, "").strip()
+    if env:
+        return env
+    try:
+        raw = os.getxattr(path_inside_mount, XATTR)
+    except OSError as e:
+        raise EndpointNotFound(
+            f"no shadefs control endpoint for {path_inside_mount!r} ({e.strerror or e}): pass a path "
+            f"inside a shadefs mount or set {ENV_ENDPOINT} (see 'shadefs endpoint MOUNTPOINT')") from None
+    url = raw.decode("utf-8", "replace").strip("\0").strip()
+    if not url:
+        raise EndpointNotFound(f"{path_inside_mount!r} has an empty {XATTR} attribute; set {ENV_ENDPOINT}")
+    return url
+
+
+class ControlClient:
+    """Talk to one daemon's control endpoint. Not thread-safe: use one client per thread.
+
+    Args:
+        endpoint: the URL (see :func:`find_endpoint`).
+        timeout_s: how long :meth:`resident` and :meth:`stats` wait for a reply (seconds).
+        send_hwm: messages queued before :meth:`send_scores` starts dropping batches.
+        linger_s: at :meth:`close`, how long queued scores may still be delivered (seconds).
+        curve_server_key: the server's public key file (``NAME.key``) for a CURVE-encrypted TCP endpoint.
+        curve_client_key: this client's secret key file (``NAME.key_secret``); a fresh key pair when None
+            (enough unless the daemon restricts clients with ``curve_authorized_clients``).
+
+    Attributes:
+        dropped: score batches dropped because the send queue was full.
+        sent: score batches queued for sending.
+    """
+
+    def __init__(self, endpoint: str, timeout_s: float = 5.0, *, send_hwm: int = 1000, linger_s: float = 1.0,
+                 curve_server_key: Optional[str] = None, curve_client_key: Optional[str] = None):
+        self.endpoint = endpoint
+        self.timeout_s = float(timeout_s)
+        self.send_hwm = int(send_hwm)
+        self.linger_s = float(linger_s)
+        self._curve_server_key = curve_server_key
+        self._curve_client_key = curve_client_key
+        self.dropped = 0
+        self.sent = 0
+        self._pid: Optional[int] = None
+        self._ctx = None
+        self._sock = None
+
+    def _socket(self):
+        import zmq
+
+        pid = os.getpid()
+        if self._sock is not None and self._pid == pid:
+            return self._sock
+        # After a fork the parent's context and socket must not be touched (not even closed) here;
+        # pyzmq skips closing objects created in another process when they are collected.
+        self._sock = self._ctx = None
+        ctx = zmq.Context()
+        try:
+            sock = ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.SNDHWM, self.send_hwm)
+            sock.setsockopt(zmq.LINGER, int(self.linger_s * 1000))
+            sock.setsockopt(zmq.MAXMSGSIZE, P.MAX_MESSAGE_BYTES + 2**20)
+            if self.endpoint.startswith("tcp://["):
+                sock.setsockopt(zmq.IPV6, 1)
+            if self._curve_server_key:
+                import zmq.auth
+
+                server_public, _ = zmq.auth.load_certificate(self._curve_server_key)
+                if self._curve_client_key:
+                    public, secret = zmq.auth.load_certificate(self._curve_client_key)
+                    if not secret:
+                        raise ValueError(f"{self._curve_client_key!r} holds no secret key")
+                else:
+                    public, secret = zmq.curve_keypair()
+                sock.curve_serverkey = server_public
+                sock.curve_publickey = public
+                sock.curve_secretkey = secret
+            sock.connect(self.endpoint)
+        except BaseException:
+            ctx.destroy(linger=0)
+            raise
+        self._ctx, self._sock, self._pid = ctx, sock, pid
+        return sock
+
+    def send_scores(self, paths: Sequence[str], values) -> bool:
+        """Queue the raw per-sample values (e.g. losses) of one minibatch; never blocks.
+
+        Args:
+            paths: mount-relative file paths, shape (n,).
+            values: n finite numbers (sent as float32).
+
+        Returns:
+            True if queued; False if the queue was full and the batch was dropped (counted in ``dropped``).
+
+        Raises:
+            ProtocolError: the batch is invalid (bad path, wrong length, NaN/inf, too large).
+        """
+        import zmq
+
+        frames = P.encode_scores(paths, values)
+        sock = self._socket()
+        try:
+            sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            self.dropped += 1
+            return False
+        self.sent += 1
+        return True
+
+    def resident(self, paths: Sequence[str]) -> np.ndarray:
+        """Which of ``paths`` (mount-relative) are in a cache tier now: bool array of shape (n,).
+
+        Raises:
+            TimeoutError: no reply within ``timeout_s``.
+            ControlError: the daemon rejected the request (e.g. ``unknown_path``).
+        """
+        rid = P.new_request_id()
+        reply = self._request(rid, P.encode_resident_request(rid, paths))
+        if not isinstance(reply, P.ResidentReply) or reply.flags.shape[0] != len(paths):
+            raise P.ProtocolError("malformed", "resident reply does not match the request")
+        return reply.flags
+
+    def stats(self) -> dict:
+        """The daemon's stats JSON (``shadefs stats --json``), with ``scores_received``/``scores_rejected``.
+
+        Raises:
+            TimeoutError: no reply within ``timeout_s``.
+            ControlError: the daemon failed to answer.
+        """
+        rid = P.new_request_id()
+        reply = self._request(rid, P.encode_stats_request(rid))
+        if not isinstance(reply, P.StatsReply):
+            raise P.ProtocolError("malformed", "stats reply expected")
+        return reply.stats
+
+    def _request(self, rid: bytes, frames):
+        import zmq
+
+        sock = self._socket()
+        deadline = time.monotonic() + self.timeout_s
+        if not sock.poll(self._ms_left(deadline), zmq.POLLOUT):
+            raise TimeoutError(f"control endpoint {self.endpoint} did not accept a request within "
+                               f"{self.timeout_s:g} s (is the shadefs daemon running?)")
+        sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+        while True:
+            ms = self._ms_left(deadline)
+            if ms <= 0 or not sock.poll(ms, zmq.POLLIN):
+                raise TimeoutError(f"no reply from control endpoint {self.endpoint} within {self.timeout_s:g} s "
+                                   "(is the shadefs daemon running?)")
+            reply = P.decode_reply(sock.recv_multipart())
+            if reply.request_id == rid:
+                break
+            if isinstance(reply, P.ErrorReply) and reply.request_id == b"":
+                break  # the daemon could not read our id; nothing else is in flight on this socket
+            # else: a late reply to an earlier request that timed out: skip it
+        if isinstance(reply, P.ErrorReply):
+            raise ControlError(reply.reason, f"control endpoint {self.endpoint}: {reply.message}")
+        return reply
+
+    @staticmethod
+    def _ms_left(deadline: float) -> int:
+        return max(0, int((deadline - time.monotonic()) * 1000))
+
+    def close(self) -> None:
+        """Close the socket (queued scores get ``linger_s`` to leave). Safe to call twice or after a fork."""
+        if self._sock is not None and self._pid == os.getpid():
+            self._sock.close()
+            self._ctx.term()
+        self._sock = self._ctx = None
+        self._pid = None
+
+    def __enter__(self) -> "ControlClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,470 @@
+"""The daemon's control endpoint: one ZeroMQ ROUTER socket per mount, served on a daemon thread.
+
+It receives ``scores`` (one-way), answers ``resident`` and ``stats`` (docs/protocol.md), validates every
+message with :mod:`shadefs.control.protocol` and resolves paths against the mount's snapshot. A bad
+message is counted under its reason and logged (at most once a second); it never stops the thread, and
+neither does an exception from the handler (logged with its traceback, answered with ``error``).
+
+It must never start before the FUSE daemon forks: :meth:`ControlServer.start` creates the ZeroMQ context,
+binds and starts the thread, so call it from FUSE ``init()``. :func:`validate_endpoint` has no side
+effects and is what the CLI calls before forking, so a bad ``--control`` fails in the foreground.
+"""
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import logging
+import os
+import socket
+import stat
+import threading
+import time
+from typing import Dict, Optional
+
+import numpy as np
+
+from . import protocol as P
+
+__all__ = ["ControlServer", "validate_endpoint", "runtime_dir", "load_curve_secret"]
+
+log = logging.getLogger("shadefs.control")
+
+#: ZMQ_MAXMSGSIZE is per frame; anything above the codec's limit is still received (and counted as
+#: ``oversize``) up to this slack, beyond which ZeroMQ itself drops the connection.
+MAXMSGSIZE_SLACK = 2**20
+_IPC_PATH_MAX = 107  # sun_path is 108 bytes with the terminating NUL
+
+
+class _RateLimitedLog:
+    """Log at most one record per ``interval`` seconds; the next one says how many were suppressed."""
+
+    def __init__(self, logger: logging.Logger, interval: float = 1.0, clock=time.monotonic):
+        self._logger, self._interval, self._clock = logger, interval, clock
+        self._last = -float("inf")
+        self._suppressed = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, level: int, msg: str, *args, exc_info=False) -> None:
+        now = self._clock()
+        with self._lock:
+            if now - self._last < self._interval:
+                self._suppressed += 1
+                return
+            suppressed, self._suppressed, self._last = self._suppressed, 0, now
+        if suppressed:
+            msg += " (%d similar messages suppressed)"
+            args = args + (suppressed,)
+        self._logger.log(level, msg, *args, exc_info=exc_info)
+
+
+# -- endpoints ----------------------------------------------------------------------------------
+
+def validate_endpoint(url: Optional[str], allow_remote: bool = False, *,
+                      curve_secret_key_file: Optional[str] = None) -> Optional[str]:
+    """Check a ``--control`` endpoint before the daemon forks; no side effects.
+
+    Accepted: ``None`` (the private default ``ipc://`` socket), ``ipc:///absolute/path`` in an existing
+    directory, ``tcp://HOST:PORT`` where HOST is a loopback address (``127.0.0.0/8``, ``[::1]``,
+    ``localhost``) unless ``allow_remote``, and PORT is a number (0 or ``*``: any free port).
+
+    Args:
+        url: the endpoint URL or None.
+        allow_remote: allow a non-loopback TCP host (any interface, ``*``, ``0.0.0.0``, a hostname).
+        curve_secret_key_file: a CURVE secret key file (TCP only; see :func:`load_curve_secret`).
+
+    Returns:
+        ``url`` unchanged (None for the default).
+
+    Raises:
+        ValueError: the endpoint or the key file is unusable; the message says what to pass instead.
+    """
+    if url is None:
+        if curve_secret_key_file:
+            raise ValueError("CURVE encryption applies to tcp:// control endpoints only; "
+                             "pass --control tcp://127.0.0.1:PORT with the key file")
+        return None
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme not in ("ipc", "tcp"):
+        raise ValueError(f"control endpoint {url!r}: use ipc:///absolute/path.sock or tcp://127.0.0.1:PORT")
+    if scheme == "ipc":
+        if curve_secret_key_file:
+            raise ValueError("CURVE encryption applies to tcp:// control endpoints only")
+        if rest.startswith("@"):
+            raise ValueError(f"control endpoint {url!r}: abstract unix sockets have no permissions; "
+                             "use a path (ipc:///path.sock)")
+        if not os.path.isabs(rest):
+            raise ValueError(f"control endpoint {url!r}: the ipc path must be absolute (ipc:///path.sock)")
+        if len(os.fsencode(rest)) > _IPC_PATH_MAX:
+            raise ValueError(f"control endpoint {url!r}: ipc paths are limited to {_IPC_PATH_MAX} bytes")
+        if not os.path.isdir(os.path.dirname(rest)):
+            raise ValueError(f"control endpoint {url!r}: directory {os.path.dirname(rest)!r} does not exist")
+        return url
+    host, port = _split_host_port(url, rest)
+    if not _is_loopback(host) and not allow_remote:
+        raise ValueError(
+            f"control endpoint {url!r} is not a loopback address: anyone who can reach it could send "
+            "scores and read stats. Use tcp://127.0.0.1:PORT, or pass --control-allow-remote "
+            "(preferably with a CURVE key) to bind it anyway")
+    if curve_secret_key_file:
+        load_curve_secret(curve_secret_key_file)
+    return url
+
+
+def _split_host_port(url: str, rest: str):
+    if ";" in rest:
+        raise ValueError(f"control endpoint {url!r}: source-address syntax is not supported")
+    if rest.startswith("["):
+        host, sep, tail = rest[1:].partition("]")
+        if not sep or not tail.startswith(":"):
+            raise ValueError(f"control endpoint {url!r}: write IPv6 as tcp://[::1]:PORT")
+        port = tail[1:]
+    else:
+        host, sep, port = rest.rpartition(":")
+        if not sep or not host:
+            raise ValueError(f"control endpoint {url!r}: expected tcp://HOST:PORT")
+    if port != "*":
+        if not port.isdigit() or not 0 <= int(port) <= 65535:
+            raise ValueError(f"control endpoint {url!r}: port must be 0-65535 or *")
+    return host, port
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return False  # '*', an interface name or a hostname: could be anything
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_loopback
+
+
+def load_curve_secret(path: str):
+    """Read a CURVE secret key file as written by ``zmq.auth.create_certificates(dir, name)``
+    (``name.key_secret``: a ZPL text file with ``curve: public-key = "..."`` and ``secret-key = "..."``,
+    Z85-encoded). Returns ``(public_key, secret_key)`` (bytes, Z85).
+
+    Raises:
+        ValueError: the file is missing, unreadable or holds no secret key.
+    """
+    import zmq.auth
+
+    try:
+        public, secret = zmq.auth.load_certificate(path)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"CURVE key file {path!r}: {e}") from None
+    if not secret:
+        raise ValueError(f"CURVE key file {path!r} holds no secret key; pass the NAME.key_secret file "
+                         "written by zmq.auth.create_certificates")
+    return public, secret
+
+
+def runtime_dir() -> str:
+    """Create (0700) or check the private directory for default control sockets, and return it.
+
+    ``$XDG_RUNTIME_DIR/shadefs`` if that variable is set, else ``/run/shadefs`` for root when ``/run`` is
+    writable, else ``/tmp/shadefs-<uid>``.
+
+    Raises:
+        PermissionError: the directory exists but is not ours, not a directory, or group/other can
+            access it (a symlink or someone else's directory in /tmp could intercept our scores).
+        OSError: it cannot be created.
+    """
+    path = _runtime_dir_path()
+    try:
+        os.mkdir(path, 0o700)
+        os.chmod(path, 0o700)  # mkdir's mode is filtered by the umask
+    except FileExistsError:
+        pass
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        raise PermissionError(f"{path} is not a directory (a symlink?); refusing to put the control socket there")
+    if st.st_uid != os.geteuid():
+        raise PermissionError(f"{path} belongs to uid {st.st_uid}, not to us ({os.geteuid()}); "
+                              "refusing to put the control socket there")
+    if st.st_mode & 0o077:
+        raise PermissionError(f"{path} has mode {stat.S_IMODE(st.st_mode):o}, which others can reach; "
+                              f"run 'chmod 700 {path}' or remove it")
+    return path
+
+
+def _runtime_dir_path() -> str:
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    if xdg:
+        return os.path.join(xdg, "shadefs")
+    if os.geteuid() == 0 and os.access("/run", os.W_OK):
+        return "/run/shadefs"
+    return f"/tmp/shadefs-{os.geteuid()}"
+
+
+def default_socket_name(mountpoint: str, pid: int) -> str:
+    """``<16 hex digits>.sock`` from a hash of the absolute mountpoint and the daemon's pid."""
+    # abspath, not realpath: stat-ing the mountpoint from FUSE init() would wait on ourselves.
+    key = f"{os.path.abspath(mountpoint)}\0{pid}".encode("utf-8", "surrogateescape")
+    return hashlib.sha256(key).hexdigest()[:16] + ".sock"
+
+
+def _check_ipc_path_free(path: str) -> None:
+    # ZeroMQ unlinks whatever is at an ipc path before binding: never let it delete a file or steal a
+    # live daemon's socket.
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(st.st_mode):
+        raise ValueError(f"{path} exists and is not a socket; refusing to replace it")
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(1.0)
+    try:
+        s.connect(path)
+    except OSError:
+        return  # stale socket of a dead daemon: ZeroMQ replaces it
+    finally:
+        s.close()
+    raise ValueError(f"{path} is in use by a running process; pick another control endpoint")
+
+
+# -- the server ---------------------------------------------------------------------------------
+
+class ControlServer:
+    """Serve the control protocol for one mount.
+
+    Args:
+        endpoint: a URL accepted by :func:`validate_endpoint`, or None for a private ``ipc://`` socket in
+            :func:`runtime_dir` named by :func:`default_socket_name`.
+        handler: the daemon: ``namespace`` (:class:`shadefs.namespace.Namespace`), ``stats() -> dict``,
+            ``apply_scores(fids int64 (n,), values float32 (n,))`` (RAW values of one minibatch),
+            ``resident(fids int64 (n,)) -> bool (n,)``. Called from the server thread only.
+        mountpoint: names the default socket.
+        allow_remote: allow a non-loopback TCP endpoint.
+        curve_secret_key_file: enable CURVE encryption (TCP) with this server secret key file.
+        curve_authorized_clients: with CURVE, a directory of client public key files (``*.key``); only
+            those clients may connect. Without it any client knowing the server's public key may.
+        max_message_bytes, max_paths: the ``oversize`` limits (default: the protocol's).
+
+    Raises:
+        ValueError: the endpoint or key file is invalid (as :func:`validate_endpoint`).
+    """
+
+    def __init__(self, endpoint: Optional[str], handler, *, mountpoint: str, allow_remote: bool = False,
+                 curve_secret_key_file: Optional[str] = None, curve_authorized_clients: Optional[str] = None,
+                 max_message_bytes: int = P.MAX_MESSAGE_BYTES, max_paths: int = P.MAX_PATHS):
+        self._requested = validate_endpoint(endpoint, allow_remote, curve_secret_key_file=curve_secret_key_file)
+        self._handler = handler
+        self._mountpoint = mountpoint
+        self._curve = load_curve_secret(curve_secret_key_file) if curve_secret_key_file else None
+        self._curve_clients = curve_authorized_clients
+        if curve_authorized_clients and not self._curve:
+            raise ValueError("curve_authorized_clients needs curve_secret_key_file")
+        self.max_message_bytes = int(max_message_bytes)
+        self.max_paths = int(max_paths)
+        self._endpoint: Optional[str] = None
+        self._ipc_path: Optional[str] = None
+        self._lock = threading.Lock()
+        self._received = 0
+        self._rejected: Dict[str, int] = {r: 0 for r in P.REASONS}
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self._ctx = self._sock = self._auth = None
+        self._term_on_exit = False
+        self._log_reject = _RateLimitedLog(log)
+        self._log_error = _RateLimitedLog(log)
+
+    # -- lifecycle --------------------------------------------------------------------------------
+    @property
+    def endpoint(self) -> Optional[str]:
+        """The bound URL (for ``tcp://…:0`` with the real port); None before :meth:`start`."""
+        return self._endpoint
+
+    def start(self) -> None:
+        """Create the ZeroMQ context, bind and start serving on a daemon thread (after the FUSE fork).
+
+        Raises:
+            RuntimeError: already started.
+            PermissionError, ValueError, zmq.ZMQError: the endpoint cannot be bound (nothing is left running).
+        """
+        import zmq
+
+        if self._thread is not None:
+            raise RuntimeError("control server already started")
+        url = self._requested
+        if url is None:
+            url = "ipc://" + os.path.join(runtime_dir(), default_socket_name(self._mountpoint, os.getpid()))
+        if url.startswith("ipc://"):
+            _check_ipc_path_free(url[len("ipc://"):])
+        ctx = zmq.Context()
+        try:
+            sock = ctx.socket(zmq.ROUTER)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.MAXMSGSIZE, self.max_message_bytes + MAXMSGSIZE_SLACK)
+            if url.startswith("tcp://["):
+                sock.setsockopt(zmq.IPV6, 1)
+            if self._curve:
+                if self._curve_clients:
+                    from zmq.auth.thread import ThreadAuthenticator
+
+                    self._auth = ThreadAuthenticator(ctx, log=logging.getLogger("shadefs.control.auth"))
+                    self._auth.start()
+                    self._auth.configure_curve(domain="*", location=self._curve_clients)
+                sock.curve_publickey, sock.curve_secretkey = self._curve
+                sock.curve_server = True
+            elif url.startswith("tcp://") and not _is_loopback(_split_host_port(url, url[6:])[0]):
+                log.warning("control endpoint %s accepts unauthenticated, unencrypted remote clients; "
+                            "consider a CURVE key", url)
+            sock.bind(url)
+            self._endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+            if url.startswith("ipc://"):
+                self._ipc_path = url[len("ipc://"):]
+                os.chmod(self._ipc_path, 0o600)
+        except BaseException:
+            if self._auth is not None:
+                self._auth.stop()
+                self._auth = None
+            ctx.destroy(linger=0)
+            raise
+        self._ctx, self._sock = ctx, sock
+        self._stop.clear()
+        self._term_on_exit = False
+        self._thread = threading.Thread(target=self._serve, name="shadefs-control", daemon=True)
+        self._thread.start()
+        log.info("control endpoint %s", self._endpoint)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop serving, close the socket and remove an ipc socket file. Idempotent."""
+        thread = self._thread
+        if thread is None:
+            return
+        self._stop.set()
+        if thread is not threading.current_thread():
+            thread.join(timeout)
+        self._thread = None
+        if self._auth is not None:
+            self._auth.stop()
+            self._auth = None
+        if thread is threading.current_thread():
+            self._term_on_exit = True  # called from a handler: the loop terminates the context on exit
+        elif thread.is_alive():
+            # A handler call is stuck: terminating the context would block on its socket; leak it.
+            log.error("control server thread did not stop within %g s", timeout)
+        else:
+            self._ctx.term()
+            self._ctx = None
+        if self._ipc_path:
+            try:
+                os.unlink(self._ipc_path)
+            except FileNotFoundError:
+                pass
+            self._ipc_path = None
+
+    def __enter__(self) -> "ControlServer":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def counters(self) -> dict:
+        """``{"scores_received": int, "scores_rejected": {reason: int}}``.
+
+        ``scores_received`` counts accepted ``scores`` messages; ``scores_rejected`` counts every rejected
+        inbound message (whatever its kind: one that fails early has no kind to trust) by reason, all
+        reasons present.
+        """
+        with self._lock:
+            return {"scores_received": self._received, "scores_rejected": dict(self._rejected)}
+
+    # -- the thread -------------------------------------------------------------------------------
+    def _serve(self) -> None:
+        import zmq
+
+        sock = self._sock
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        try:
+            while not self._stop.is_set():
+                try:
+                    if not poller.poll(100):
+                        continue
+                    for _ in range(1000):  # drain a burst, then look at the stop flag again
+                        try:
+                            ident = sock.recv(zmq.NOBLOCK)
+                        except zmq.Again:
+                            break
+                        frames, total = self._recv_rest(sock)
+                        self._handle(sock, ident, frames, total)
+                except zmq.ContextTerminated:
+                    break
+                except Exception:  # never let the thread die
+                    self._log_error(logging.ERROR, "control server loop failed", exc_info=True)
+                    time.sleep(0.01)  # a persistent socket error must not spin a core
+        finally:
+            sock.close(linger=0)  # stop() terminates the context, after the authenticator
+            self._sock = None
+            if self._term_on_exit:
+                self._ctx.term()
+                self._ctx = None
+
+    def _recv_rest(self, sock):
+        # Keep at most MAX_FRAMES + 1 frames and at most max_message_bytes; count the true total.
+        import zmq
+
+        frames, total = [], 0
+        while sock.getsockopt(zmq.RCVMORE):
+            f = sock.recv()
+            total += len(f)
+            if len(frames) <= P.MAX_FRAMES and total <= self.max_message_bytes:
+                frames.append(f)
+        return frames, total
+
+    def _handle(self, sock, ident: bytes, frames, total: int) -> None:
+        try:
+            msg = P.decode_request(frames, total_bytes=total, max_bytes=self.max_message_bytes,
+                                   max_paths=self.max_paths)
+            if isinstance(msg, P.StatsRequest):
+                self._reply(sock, ident, P.encode_stats_reply(msg.request_id, self._stats()))
+                return
+            fids = self._file_ids(msg.paths)
+            if isinstance(msg, P.Scores):
+                with self._lock:
+                    self._received += 1
+                self._handler.apply_scores(fids, msg.values)
+            else:
+                flags = np.asarray(self._handler.resident(fids), dtype=bool).reshape(-1)
+                if flags.shape != fids.shape:
+                    raise RuntimeError(f"resident() answered {flags.shape[0]} flags for {fids.shape[0]} paths")
+                self._reply(sock, ident, P.encode_resident_reply(msg.request_id, flags))
+        except P.ProtocolError as e:
+            with self._lock:
+                self._rejected[e.reason] += 1
+            self._log_reject(logging.WARNING, "control: rejected a message (%s)", e)
+            if P.wants_reply(frames):
+                self._reply(sock, ident, P.encode_error_reply(P.error_reply_id(frames), str(e)))
+        except Exception as e:
+            self._log_error(logging.ERROR, "control: handler failed", exc_info=True)
+            if P.wants_reply(frames):
+                self._reply(sock, ident, P.encode_error_reply(
+                    P.error_reply_id(frames), f"internal error: {type(e).__name__}: {e}"[:500]))
+
+    def _file_ids(self, paths) -> np.ndarray:
+        ns = self._handler.namespace
+        fids = np.empty(len(paths), dtype=np.int64)
+        for i, p in enumerate(paths):
+            fid = ns.file_id(p)
+            if fid is None:
+                raise P.ProtocolError("unknown_path", f"not a file of this mount: {p!r}"[:300])
+            fids[i] = fid
+        return fids
+
+    def _stats(self) -> dict:
+        stats = dict(self._handler.stats())
+        stats.update(self.counters())
+        return stats
+
+    def _reply(self, sock, ident: bytes, frames) -> None:
+        import zmq
+
+        try:
+            sock.send_multipart([ident] + frames, flags=zmq.NOBLOCK)
+        except zmq.ZMQError as e:  # the peer is gone or its queue is full: the reply is dropped
+            self._log_error(logging.WARNING, "control: reply dropped (%s)", e)
