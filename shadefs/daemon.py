@@ -18,6 +18,7 @@ import numpy as np
 
 from .backends.base import open_backend
 from .cache.core import TieredCache
+from .cache import persist
 from .cache.index import TierIndex
 from .cache.tiers import DiskTier, MemoryTier
 from .cache.trace import TraceWriter
@@ -46,6 +47,8 @@ class Daemon:
         self.control = None
         self.metrics = None
         self.trace = None
+        self.checkpointer = None
+        self.reload_report: Optional[persist.ReloadReport] = None
         self._transform = None
         self._stopped = threading.Event()
 
@@ -72,18 +75,41 @@ class Daemon:
         policy_cls = get_policy(cfg.policy)
         ram = (TierIndex("ram", ram_bytes, policy_cls(ram_bytes, self.importance)), MemoryTier())
         disk = None
+        min_free = 0
         if cfg.disk_cache_dir and disk_bytes > 0:
-            disk = (TierIndex("disk", disk_bytes, policy_cls(disk_bytes, self.importance)),
-                    DiskTier(cfg.disk_cache_dir, cfg.source))
+            os.makedirs(cfg.disk_cache_dir, exist_ok=True)
+            fs = os.statvfs(cfg.disk_cache_dir)
+            min_free = cfg.disk_min_free.resolve(fs.f_blocks * fs.f_frsize)  # a % is of the cache filesystem
+            store = DiskTier(cfg.disk_cache_dir, cfg.source, min_free=min_free)
+            disk = (TierIndex("disk", disk_bytes, policy_cls(disk_bytes, self.importance)), store)
         if cfg.trace:
             self.trace = TraceWriter(cfg.trace)
         self.cache = TieredCache(ns, self.backend, ram, disk, self.importance, trace=self.trace,
                                  on_event=self._on_event)
         self._transform = self._load_transform(cfg.score_transform)
         log.info("mount %s -> %s: policy %s, RAM tier %s, disk tier %s%s, kernel cache %s, FUSE loop %s",
-                 cfg.source, cfg.mountpoint, cfg.policy, format_bytes(ram_bytes),
-                 format_bytes(disk_bytes if disk else 0), f" in {cfg.disk_cache_dir}" if disk else "",
+                 self.backend.describe(), cfg.mountpoint, cfg.policy, format_bytes(ram_bytes),
+                 format_bytes(disk_bytes if disk else 0),
+                 f" in {disk[1].dir} (keeping {format_bytes(min_free)} free)" if disk else "",
                  "on" if cfg.kernel_cache else "off", "multithreaded" if cfg.fuse_threads else "single-threaded")
+        if disk is not None:
+            self._restore(disk)
+
+    def _restore(self, disk) -> None:
+        """Reload importance, then the disk tier's entries, from the previous run's cache directory."""
+        index, store = disk
+        scores_path = os.path.join(store.dir, persist.SCORES_FILE)
+        t0 = time.monotonic()
+        restored, skipped = persist.load_scores(scores_path, self.namespace, self.importance)
+        if restored or skipped:
+            log.info("importance: restored %d scores from %s (%d no longer in the source) in %.2f s",
+                     restored, scores_path, skipped, time.monotonic() - t0)
+        self.checkpointer = persist.ScoreCheckpointer(scores_path, self.namespace, self.importance,
+                                                      self.cache.lock, self.cfg.checkpoint_interval_s)
+        rep = persist.reload_disk_tier(store, index, self.namespace)
+        self.reload_report = rep
+        self.cache.corrupt_entries += rep.corrupt
+        log.info("disk tier: %s", rep.summary())
 
     @staticmethod
     def _load_transform(name: str):
@@ -106,7 +132,7 @@ class Daemon:
 
         ops = ShadeOperations(self.namespace, self.cache, daemon=self, kernel_cache=self.cfg.kernel_cache)
         options = dict(foreground=True, nothreads=not self.cfg.fuse_threads, ro=True, raw_fi=True,
-                       fsname=f"shadefs:{self.cfg.source}"[:200].replace(",", "_"), subtype="shadefs",
+                       fsname=f"shadefs:{self.backend.describe()}"[:200].replace(",", "_"), subtype="shadefs",
                        default_permissions=True, attr_timeout=3600, entry_timeout=3600, negative_timeout=3600)
         if self.cfg.allow_other:
             options["allow_other"] = True
@@ -137,7 +163,8 @@ class Daemon:
                                          curve_secret_key_file=cfg.curve_server_secret)
             self.control.start()
             self.endpoint = self.control.endpoint
-            log.info("control endpoint %s", self.endpoint)
+        if self.checkpointer is not None:
+            self.checkpointer.start()
         if cfg.metrics_port is not None:
             from .metrics import MetricsServer
 
@@ -163,6 +190,10 @@ class Daemon:
             self.control.stop()
         if self.metrics is not None:
             self.metrics.stop()
+        if self.checkpointer is not None:
+            self.checkpointer.stop()
+        if self.cache.disk is not None:
+            self.cache.disk.close()
         if self.trace is not None:
             with self.cache.lock:
                 self.trace.close()
@@ -189,6 +220,30 @@ class Daemon:
         """One minibatch of raw per-sample scores (losses): transform, then update importance."""
         weights = self._transform(values) if self._transform is not None else values
         self.cache.update_importance(fids, np.asarray(weights, dtype=np.float32))
+
+    def warm(self, fids: np.ndarray) -> dict:
+        """Prefetch ``fids`` into the cache through the policies (4 backend reads in flight).
+
+        Returns counts: ``resident`` (already cached), ``ram``, ``disk`` (admitted there), ``rejected``
+        (the policies refused), ``failed`` (backend error, logged), and ``bytes`` read from the backend.
+        """
+        import concurrent.futures as cf
+
+        out = {"resident": 0, "ram": 0, "disk": 0, "rejected": 0, "failed": 0, "bytes": 0}
+
+        def one(fid):
+            try:
+                return self.cache.prefetch(int(fid)), int(self.namespace.size(int(fid)))
+            except OSError as e:
+                log.warning("warm: %s: %s", self.namespace.path(int(fid)), e)
+                return "failed", 0
+
+        with cf.ThreadPoolExecutor(max_workers=4, thread_name_prefix="warm") as pool:
+            for outcome, size in pool.map(one, fids):
+                out[outcome] += 1
+                if outcome in ("ram", "disk", "rejected"):
+                    out["bytes"] += size
+        return out
 
     def resident(self, fids: np.ndarray) -> np.ndarray:
         return self.cache.resident(fids)

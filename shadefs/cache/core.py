@@ -27,7 +27,7 @@ from ..backends.base import Backend
 from ..namespace import Namespace
 from ..policies.base import Importance
 from .index import TierIndex
-from .tiers import CorruptEntry, DiskTier, MemoryTier
+from .tiers import CorruptEntry, DiskFloorReached, DiskTier, MemoryTier
 
 __all__ = ["TieredCache", "Outcome"]
 
@@ -74,6 +74,10 @@ class TieredCache:
         self.backend_errors = 0
         self.corrupt_entries = 0
         self.disk_write_errors = 0
+        self.disk_writes_refused = 0   # refused by --disk-min-free (not an error)
+        self.promotions = 0
+        self.demotions = 0
+        self._write_error_log = _EveryN(log, 10.0)
 
     # -- the read path -----------------------------------------------------------------------------
     def open(self, fid: int) -> Tuple[bytes, Outcome]:
@@ -138,6 +142,11 @@ class TieredCache:
     def _miss(self, fid: int, size: int) -> bytes:
         with self.lock:
             self._count(fid, size, "miss")
+        return self._fetch(fid, size)
+
+    def _fetch(self, fid: int, size: int) -> bytes:
+        """Read ``fid`` from the backend once for all concurrent callers (single-flight), then admit it."""
+        with self.lock:
             fut = self._inflight.get(fid)
             leader = fut is None
             if leader:
@@ -190,6 +199,7 @@ class TieredCache:
             self.ram.put(fid, data)
             self.ram_index.commit(fid)
             self.disk_index.remove(fid)
+            self.promotions += 1
             self._event("promote")
         self.disk.delete(self.ns.path(fid))
         self._demote(demote)
@@ -209,6 +219,8 @@ class TieredCache:
         for fid, data in items:
             try:
                 if self._write_disk(fid, data):
+                    with self.lock:
+                        self.demotions += 1
                     self._event("demote")
             finally:
                 with self.lock:
@@ -227,16 +239,43 @@ class TieredCache:
         for v in victims:
             self.disk.delete(self.ns.path(v))
         try:
-            self.disk.put(self.ns.path(fid), data)
+            self.disk.put(self.ns.path(fid), data, mtime_ns=round(float(self.ns.mtimes[fid]) * 1e9))
+        except DiskFloorReached as e:
+            with self.lock:
+                self.disk_index.abort(fid)
+                self.disk_writes_refused += 1
+            self._write_error_log(logging.INFO, "disk tier write refused: %s", e)
+            return False
         except OSError as e:
-            log.warning("disk tier write failed (%s); serving continues without it", e)
             with self.lock:
                 self.disk_index.abort(fid)
                 self.disk_write_errors += 1
+            self._write_error_log(logging.WARNING, "disk tier write failed (%s); serving continues without it", e)
             return False
         with self.lock:
             self.disk_index.commit(fid)
         return True
+
+    def prefetch(self, fid: int) -> str:
+        """Warm-up: read ``fid`` into the cache through the policies without counting an open.
+
+        Returns:
+            ``"resident"`` (already cached), ``"ram"`` / ``"disk"`` (admitted there) or ``"rejected"``
+            (the policies did not admit it).
+
+        Raises:
+            FileNotFoundError, OSError: as :meth:`open`.
+        """
+        with self.lock:
+            if fid in self.ram_index or (self.disk_index is not None and fid in self.disk_index):
+                return "resident"
+        self._fetch(fid, self.ns.size(fid))
+        with self.lock:
+            if fid in self.ram_index:
+                return "ram"
+            if self.disk_index is not None and fid in self.disk_index:
+                return "disk"
+        return "rejected"
 
     # -- control-plane queries -------------------------------------------------------------------
     def resident(self, fids: np.ndarray) -> np.ndarray:
@@ -250,6 +289,21 @@ class TieredCache:
         """Set importance of ``fids`` (int64, shape (n,)) to ``values`` (float32, shape (n,)); policies re-rank."""
         with self.lock:
             self.importance.update(fids, values)
+
+    def counters(self) -> dict:
+        """Every counter and tier figure at one instant (what :mod:`shadefs.metrics` exports)."""
+        with self.lock:
+            tiers = {"ram": self.ram_index.snapshot()}
+            if self.disk_index is not None:
+                tiers["disk"] = self.disk_index.snapshot()
+            return {
+                "opens": self.opens, "hits_ram": self.hits_ram, "hits_disk": self.hits_disk,
+                "misses": self.misses, "open_bytes": self.open_bytes, "hit_bytes": self.hit_bytes,
+                "backend_bytes": self.backend_bytes, "backend_errors": self.backend_errors,
+                "corrupt_entries": self.corrupt_entries, "disk_write_errors": self.disk_write_errors,
+                "disk_writes_refused": self.disk_writes_refused, "promotions": self.promotions,
+                "demotions": self.demotions, "tiers": tiers,
+            }
 
     def stats(self) -> dict:
         """The stats JSON of docs/metrics.md (exact keys)."""
@@ -268,3 +322,26 @@ class TieredCache:
                 "backend_bytes": self.backend_bytes,
                 "tiers": {"ram": self.ram_index.snapshot(), "disk": disk},
             }
+
+
+class _EveryN:
+    """Log the first message, then at most one per ``interval`` seconds with a count of those skipped
+    (a full cache disk fails every write; one line per write would flood the log)."""
+
+    def __init__(self, logger: logging.Logger, interval: float, clock=time.monotonic):
+        self._logger, self._interval, self._clock = logger, interval, clock
+        self._last = -float("inf")
+        self._skipped = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, level: int, msg: str, *args) -> None:
+        now = self._clock()
+        with self._lock:
+            if now - self._last < self._interval:
+                self._skipped += 1
+                return
+            skipped, self._skipped, self._last = self._skipped, 0, now
+        if skipped:
+            msg += " (%d more since the last message)"
+            args = args + (skipped,)
+        self._logger.log(level, msg, *args)

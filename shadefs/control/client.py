@@ -168,6 +168,25 @@ class ControlClient:
             raise P.ProtocolError("malformed", "resident reply does not match the request")
         return reply.flags
 
+    def warm(self, paths: Sequence[str], timeout_s: Optional[float] = None) -> dict:
+        """Read ``paths`` into the cache through the policies; returns outcome counts
+        (``resident``, ``ram``, ``disk``, ``rejected``, ``failed``, ``bytes``).
+
+        Raises:
+            TimeoutError: no reply within ``timeout_s`` (default: the client's timeout).
+            ControlError: the daemon rejected the request (e.g. ``unknown_path``).
+        """
+        rid = P.new_request_id()
+        saved = self.timeout_s
+        self.timeout_s = timeout_s or saved
+        try:
+            reply = self._request(rid, P.encode_warm_request(rid, paths))
+        finally:
+            self.timeout_s = saved
+        if not isinstance(reply, P.WarmReply):
+            raise P.ProtocolError("malformed", "warm reply expected")
+        return reply.result
+
     def stats(self) -> dict:
         """The daemon's stats JSON (``shadefs stats --json``), with ``scores_received``/``scores_rejected``.
 

@@ -33,10 +33,10 @@ from typing import List, Optional, Sequence, Union
 import numpy as np
 
 __all__ = [
-    "VERSION", "SCORES", "RESIDENT", "STATS", "ERROR", "REQUEST_KINDS", "REPLY_KINDS",
+    "VERSION", "SCORES", "RESIDENT", "STATS", "WARM", "ERROR", "REQUEST_KINDS", "REPLY_KINDS",
     "REQUEST_ID_BYTES", "MAX_MESSAGE_BYTES", "MAX_PATHS", "MAX_FRAMES", "REASONS",
     "ProtocolError", "Scores", "ResidentRequest", "StatsRequest", "ResidentReply", "StatsReply",
-    "ErrorReply", "new_request_id", "encode_scores", "encode_resident_request", "encode_stats_request",
+    "ErrorReply", "WarmRequest", "WarmReply", "encode_warm_request", "encode_warm_reply", "new_request_id", "encode_scores", "encode_resident_request", "encode_stats_request",
     "encode_resident_reply", "encode_stats_reply", "encode_error_reply", "decode_request",
     "decode_reply", "error_reply_id", "wants_reply", "check_paths",
 ]
@@ -45,9 +45,10 @@ VERSION = b"SHADEFS1"
 SCORES = b"scores"
 RESIDENT = b"resident"
 STATS = b"stats"
+WARM = b"warm"
 ERROR = b"error"
-REQUEST_KINDS = (SCORES, RESIDENT, STATS)
-REPLY_KINDS = (RESIDENT, STATS, ERROR)
+REQUEST_KINDS = (SCORES, RESIDENT, STATS, WARM)
+REPLY_KINDS = (RESIDENT, STATS, WARM, ERROR)
 
 REQUEST_ID_BYTES = 8
 #: Largest accepted message, all frames together (bytes). 1M paths of ~60 bytes fit.
@@ -60,7 +61,7 @@ MAX_FRAMES = 4
 REASONS = ("version", "unknown_kind", "malformed", "length_mismatch", "non_finite", "bad_path",
            "unknown_path", "oversize")
 
-_FRAME_COUNTS = {SCORES: 4, RESIDENT: 4, STATS: 3}
+_FRAME_COUNTS = {SCORES: 4, RESIDENT: 4, STATS: 3, WARM: 4}
 
 
 class ProtocolError(ValueError):
@@ -94,6 +95,22 @@ class ResidentRequest:
 
     request_id: bytes
     paths: List[str]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class WarmRequest:
+    """``warm``: read ``paths`` into the cache through the policies (not counted as opens)."""
+
+    request_id: bytes
+    paths: List[str]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class WarmReply:
+    """Answer to ``warm``: ``result`` maps outcome (resident, ram, disk, rejected, failed, bytes) to counts."""
+
+    request_id: bytes
+    result: dict
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -136,8 +153,8 @@ class ErrorReply:
         return head if head in REASONS else "error"
 
 
-Request = Union[Scores, ResidentRequest, StatsRequest]
-Reply = Union[ResidentReply, StatsReply, ErrorReply]
+Request = Union[Scores, ResidentRequest, StatsRequest, WarmRequest]
+Reply = Union[ResidentReply, StatsReply, WarmReply, ErrorReply]
 
 
 def new_request_id() -> bytes:
@@ -188,6 +205,21 @@ def encode_resident_request(request_id: bytes, paths: Sequence[str], *, max_byte
     return frames
 
 
+def encode_warm_request(request_id: bytes, paths: Sequence[str], *, max_bytes: int = MAX_MESSAGE_BYTES,
+                        max_paths: int = MAX_PATHS) -> List[bytes]:
+    """Frames of a ``warm`` request. Raises :class:`ProtocolError`."""
+    frames = encode_resident_request(request_id, paths, max_bytes=max_bytes, max_paths=max_paths)
+    frames[1] = WARM
+    return frames
+
+
+def encode_warm_reply(request_id: bytes, result: dict) -> List[bytes]:
+    """Frames answering ``warm``: a JSON object of outcome counts."""
+    frames = encode_stats_reply(request_id, result)
+    frames[1] = WARM
+    return frames
+
+
 def encode_stats_request(request_id: bytes) -> List[bytes]:
     """Frames of a ``stats`` request. Raises :class:`ProtocolError` for a bad request id."""
     _check_request_id(request_id)
@@ -234,11 +266,11 @@ def decode_request(frames: Sequence[bytes], *, total_bytes: Optional[int] = None
     if kind == STATS:
         _check_request_id(frames[2])
         return StatsRequest(frames[2])
-    if kind == RESIDENT:
+    if kind in (RESIDENT, WARM):
         _check_request_id(frames[2])
         text, n = _paths_text(frames[3], max_paths, allow_empty=True)
         paths = _split_checked(text, n)
-        return ResidentRequest(frames[2], paths)
+        return (ResidentRequest if kind == RESIDENT else WarmRequest)(frames[2], paths)
     text, n = _paths_text(frames[2], max_paths, allow_empty=False)
     if len(frames[3]) != 4 * n:
         raise ProtocolError("length_mismatch", f"{n} paths need {4 * n} value bytes, got {len(frames[3])}")
@@ -278,7 +310,7 @@ def decode_reply(frames: Sequence[bytes], *, max_bytes: int = MAX_MESSAGE_BYTES)
         raise ProtocolError("malformed", "stats reply is not JSON") from None
     if not isinstance(stats, dict):
         raise ProtocolError("malformed", "stats reply is not a JSON object")
-    return StatsReply(rid, stats)
+    return (StatsReply if kind == STATS else WarmReply)(rid, stats)
 
 
 def wants_reply(frames: Sequence[bytes]) -> bool:

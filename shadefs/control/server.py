@@ -429,6 +429,8 @@ class ControlServer:
                 with self._lock:
                     self._received += 1
                 self._handler.apply_scores(fids, msg.values)
+            elif isinstance(msg, P.WarmRequest):
+                self._reply(sock, ident, P.encode_warm_reply(msg.request_id, self._handler.warm(fids)))
             else:
                 flags = np.asarray(self._handler.resident(fids), dtype=bool).reshape(-1)
                 if flags.shape != fids.shape:
