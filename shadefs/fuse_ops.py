@@ -20,7 +20,7 @@ import os
 from mfusepy import FuseOSError
 
 from .backends.base import BackendError
-from .namespace import Namespace
+from .namespace import _DIR_MODE, Namespace
 
 __all__ = ["ShadeOperations", "ENDPOINT_XATTR"]
 
@@ -96,7 +96,7 @@ class ShadeOperations:
             raise FuseOSError(errno.ENOENT)
         if not self.ns.is_dir(node):
             raise FuseOSError(errno.ENOTDIR)
-        return [".", "..", *self.ns.children(node)]
+        return [(".", _DIR_MODE, 0), ("..", _DIR_MODE, 0), *self.ns.entries(node)]
 
     @errno_boundary
     def statfs(self, path):

@@ -22,6 +22,8 @@ __all__ = ["Namespace", "normalize"]
 log = logging.getLogger("shadefs.namespace")
 
 ROOT = ""
+_DIR_MODE = stat_mod.S_IFDIR | 0o555
+_FILE_MODE = stat_mod.S_IFREG | 0o444
 
 
 def normalize(path: str) -> Optional[str]:
@@ -120,6 +122,17 @@ class Namespace:
         """Names directly below directory ``node``, sorted."""
         return self._children[node]
 
+    def entries(self, node: int) -> List[Tuple[str, int, int]]:
+        """``(name, st_mode, 0)`` for each entry directly below directory ``node``, sorted by name.
+
+        readdir reports each entry's type (d_type) from this, so a directory walk (ImageFolder) needs no
+        LOOKUP round trip per file. Built per call: a readdir is rare next to opens.
+        """
+        base = self.dir_paths[node - self.num_files]
+        prefix = f"{base}/" if base else ""
+        ids, nf = self._ids, self.num_files
+        return [(n, _DIR_MODE if ids[prefix + n] >= nf else _FILE_MODE, 0) for n in self._children[node]]
+
     def path(self, fid: int) -> str:
         return self.paths[fid]
 
@@ -130,9 +143,9 @@ class Namespace:
         """A ``struct stat`` as the dict fusepy expects (times in integer nanoseconds, ``use_ns``)."""
         if node >= self.num_files:
             t = int(self.mount_time * 1e9)
-            return {"st_mode": stat_mod.S_IFDIR | 0o555, "st_nlink": 2, "st_size": 0,
+            return {"st_mode": _DIR_MODE, "st_nlink": 2, "st_size": 0,
                     "st_mtime": t, "st_ctime": t, "st_atime": t}
         t = int(self.mtimes[node] * 1e9)
         size = int(self.sizes[node])
-        return {"st_mode": stat_mod.S_IFREG | 0o444, "st_nlink": 1, "st_size": size,
+        return {"st_mode": _FILE_MODE, "st_nlink": 1, "st_size": size,
                 "st_blocks": (size + 511) // 512, "st_mtime": t, "st_ctime": t, "st_atime": t}
