@@ -1,0 +1,22 @@
+"""``pip install .`` (not only ``-e``) ships the hook as ``shadefs.hooks`` and the ``shadefs`` command."""
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def test_regular_install_provides_shadefs_hooks(tmp_path):
+    target = tmp_path / "site"
+    r = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "-q",
+                        "--target", str(target), ROOT], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert (target / "shadefs" / "hooks" / "sampler.py").is_file()
+    assert (target / "shadefs" / "control" / "protocol.py").is_file()
+    code = ("import sys, shadefs, shadefs.hooks as h; "
+            "assert shadefs.__file__.startswith(sys.argv[1]), shadefs.__file__; "
+            "assert h.Client and h.ScoreReporter; assert 'torch' not in sys.modules; print('ok')")
+    env = dict(os.environ, PYTHONPATH=str(target))
+    r = subprocess.run([sys.executable, "-c", code, str(target)], capture_output=True, text=True, env=env,
+                       cwd=str(tmp_path))
+    assert r.stdout.strip() == "ok", r.stderr
