@@ -131,7 +131,7 @@ class ShadeOperations:
             raise FuseOSError(errno.EISDIR)
         data, outcome = self.cache.open(fid)
         fh = next(self._next_fh)
-        self._handles[fh] = data
+        self._handles[fh] = data if data is not None else fid  # an int: streamed by ranges
         fi.fh = fh
         # A hit serves the same bytes the kernel may still hold: let it keep them. A miss drops them,
         # so the reads of a miss really reach us (and the backend) and the counters stay honest.
@@ -143,6 +143,8 @@ class ShadeOperations:
         data = self._handles.get(fi.fh)
         if data is None:
             raise FuseOSError(errno.EBADF)
+        if isinstance(data, int):
+            return self.cache.read_range(data, offset, size)
         return data[offset:offset + size]
 
     @errno_boundary

@@ -51,8 +51,10 @@ class TieredCache:
 
     def __init__(self, namespace: Namespace, backend: Backend, ram: Tuple[TierIndex, MemoryTier],
                  disk: Optional[Tuple[TierIndex, DiskTier]], importance: Importance,
-                 trace=None, on_event=None):
+                 trace=None, on_event=None, stream_threshold: int = 64 * 2**20):
         self.ns = namespace
+        # a file above this size that no tier can hold is streamed from the backend by ranges
+        self.stream_threshold = int(stream_threshold)
         self.backend = backend
         self.ram_index, self.ram = ram
         self.disk_index, self.disk = disk if disk is not None else (None, None)
@@ -80,14 +82,21 @@ class TieredCache:
         self._write_error_log = _EveryN(log, 10.0)
 
     # -- the read path -----------------------------------------------------------------------------
-    def open(self, fid: int) -> Tuple[bytes, Outcome]:
+    def open(self, fid: int) -> Tuple[Optional[bytes], Outcome]:
         """Return the whole content of file ``fid`` and where it was served from.
+
+        The content is None for a file too large for any tier and above ``stream_threshold``: it is
+        not cached and is read by ranges with :meth:`read_range` (counted as a miss).
 
         Raises:
             FileNotFoundError: the backend says the file is gone (ENOENT).
             OSError: the backend failed (EIO), after the backend's own retries.
         """
         size = self.ns.size(fid)
+        if size > self.stream_threshold and self._fits_no_tier(size):
+            with self.lock:
+                self._count(fid, size, "miss")
+            return None, "miss"
         with self.lock:
             data = self._ram_lookup(fid)
             if data is not None:
@@ -111,6 +120,24 @@ class TieredCache:
                 self._promote(fid, data)
                 return data, "disk"
         return self._miss(fid, size), "miss"
+
+    def _fits_no_tier(self, size: int) -> bool:
+        return size > self.ram_index.capacity_bytes and (
+            self.disk_index is None or size > self.disk_index.capacity_bytes)
+
+    def read_range(self, fid: int, offset: int, length: int) -> bytes:
+        """Read ``length`` bytes at ``offset`` of a streamed (uncached) file straight from the backend."""
+        size = self.ns.size(fid)
+        length = max(0, min(length, size - offset))
+        if length == 0:
+            return b""
+        data = self.backend.read_range(self.ns.path(fid), offset, length)
+        if len(data) != length:
+            raise OSError(f"backend returned {len(data)} bytes at {offset} of {self.ns.path(fid)!r}, "
+                          f"expected {length} (the file changed under the mount)")
+        with self.lock:
+            self.backend_bytes += length
+        return data
 
     def _ram_lookup(self, fid: int) -> Optional[bytes]:
         if fid in self.ram_index:

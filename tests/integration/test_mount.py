@@ -187,3 +187,23 @@ def test_mount_preflight_errors(small_tree, tmp_path, cli, mount):
     mp2.mkdir()
     r = cli("mount", src, mp2, "--disk-cache", ro / "sub", "--disk-cache-size", "1MiB", check=False)
     assert r.returncode == 2 and "not writable" in r.stderr
+
+
+def test_a_file_larger_than_every_tier_streams_byte_exactly(tmp_path, mount):
+    import hashlib
+
+    src = tmp_path / "big"
+    src.mkdir()
+    blob = os.urandom(1 << 20) * 70  # 70 MiB: above the 64 MiB streaming threshold
+    (src / "shard.tar").write_bytes(blob)
+    m = mount(src, "--ram-cache", "1MiB")
+    h = hashlib.sha256()
+    with open(os.path.join(m.path, "shard.tar"), "rb") as f:
+        f.seek(5)
+        assert f.read(10) == blob[5:15]
+        f.seek(0)
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    assert h.hexdigest() == hashlib.sha256(blob).hexdigest()
+    s = m.stats()
+    assert s["opens"] == 1 and s["misses"] == 1 and s["tiers"]["ram"]["files"] == 0

@@ -180,3 +180,22 @@ def test_budgets_hold_under_concurrent_opens(small_tree, tmp_path, policy):
     s = cache.stats()
     assert s["opens"] == 900 == s["hits"]["ram"] + s["hits"]["disk"] + s["misses"]
     assert not (set(cache.ram_index.sizes) & set(cache.disk_index.sizes))  # exclusive tiers
+
+
+def test_a_file_no_tier_can_hold_is_streamed_by_ranges(small_tree, tmp_path):
+    src, spec = small_tree
+    cache, ns, backend = build(src, tmp_path, "lru", ram=3000, disk=4000)
+    cache.stream_threshold = 5000
+    big = fid(ns, "dog/08.bin")  # 9000 bytes: above the threshold and above both tiers
+    data, outcome = cache.open(big)
+    assert (data, outcome) == (None, "miss")
+    assert backend.reads == []  # nothing read at open
+    assert cache.read_range(big, 0, 4096) + cache.read_range(big, 4096, 8192) == spec["dog/08.bin"]
+    assert cache.read_range(big, 9000, 10) == b""
+    s = cache.stats()
+    assert s["misses"] == 1 and s["backend_bytes"] == 9000
+    assert big not in cache.ram_index and big not in cache.disk_index
+    # a file above the threshold that a tier can hold is cached as usual
+    cache.stream_threshold = 1500
+    assert cache.open(fid(ns, "cat/01.bin")) == (spec["cat/01.bin"], "miss")
+    assert fid(ns, "cat/01.bin") in cache.ram_index
