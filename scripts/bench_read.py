@@ -1,0 +1,1210 @@
+#!/usr/bin/env python3
+"""Read-path throughput of a shadefs mount: files/s and MB/s per open outcome, FUSE loop and reader count.
+
+Generates two synthetic datasets on local disk (``--files`` files of ~300 B and of ~110 KB, sizes spread
++-30 %, random content, 500 files per directory) and measures, for 1, 4 and 8 reader *processes* (each
+reads a disjoint contiguous shard with ``os.open`` / ``os.read`` until EOF / ``os.close``: no buffered
+``open()``, which costs one more FUSE round trip for ``isatty``):
+
+- ``direct``: the source directory itself, page cache warm (the ceiling);
+- ``RAM hit``: ``--ram-cache 100%``; every open is served from the RAM tier;
+- ``NVMe hit``: ``--ram-cache 0 --disk-cache DIR --disk-cache-size 100%``; every open is a disk-tier hit
+  (the cache directory sits on the work directory's disk; its entries are in the page cache, so this
+  measures the daemon's path, not the device);
+- ``miss``: ``--ram-cache 0 --policy static``; every open reads the source (page cache warm);
+
+each with ``--fuse-loop multi`` (the default) and ``--fuse-loop single``; for RAM hits also with
+``--no-kernel-cache`` and with ``--trace FILE``. All cases of one file size are mounted at once and
+warmed with one pass; then, per reader count, ``--repeat`` rounds time every case once in a rotating
+order (medians reported), so load that comes and goes on a shared machine touches every case alike.
+Besides files/s and MB/s it reports the daemon's CPU time per open (from /proc) and, with strace, the
+FUSE requests the daemon receives per open. Every mount's counters (``shadefs stats --json``) are
+checked to show the outcome claimed (every timed open a RAM hit, a disk hit or a miss), every pass must
+return the exact byte count, and a sample of files read through each mount is compared byte for byte
+with the source (the run aborts on any difference).
+
+A last experiment shows head-of-line blocking: the source is served by a small latency-injecting FUSE
+passthrough (mfusepy, multithreaded, every READ sleeps ``--slow-ms``), shadefs is mounted on top with a
+RAM tier that holds exactly half of the files (warmed first), and readers read hits and misses
+interleaved. With ``--fuse-loop single`` a hit waits behind whichever miss the loop is serving.
+
+    .venv/bin/python scripts/bench_read.py                 # full run (~5 min on 2 cores)
+    .venv/bin/python scripts/bench_read.py --quick         # ~1 min smoke run
+    .venv/bin/python scripts/bench_read.py --write-doc     # also rewrite docs/performance.md "Read path"
+                                                           # and docs/img/bench_read.png
+
+Only the part of docs/performance.md between ``<!-- bench_read:start -->`` and
+``<!-- bench_read:end -->`` is replaced. Every mount is unmounted in ``finally`` blocks (also on Ctrl-C).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import multiprocessing as mp
+import os
+import platform
+import random
+import re
+import shlex
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Dict, List, Optional, Sequence, Tuple
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DOC_START = "<!-- bench_read:start -->"
+DOC_END = "<!-- bench_read:end -->"
+PER_DIR = 500
+READ_CHUNK = 1 << 18   # 256 KiB: one os.read() returns a whole ~110 KB file, the next one EOF
+TARGET = 0.3           # hit path with 8 readers >= 0.3 x the direct page-cache rate
+
+_T0 = time.monotonic()
+
+
+def progress(msg: str) -> None:
+    print(f"[{time.monotonic() - _T0:6.1f}s] {msg}", file=sys.stderr, flush=True)
+
+
+class BenchError(RuntimeError):
+    """A check failed (wrong bytes, wrong outcome counters, a mount that does not come up)."""
+
+
+# -- datasets ---------------------------------------------------------------------------------------------
+def make_dataset(root: str, n: int, mean_size: int, seed: int) -> List[Tuple[str, int]]:
+    """``n`` files of ``mean_size`` +-30 % bytes of random content under ``root`` (reused if already there).
+
+    Returns [(relative path, size)] in path order.
+    """
+    rng = random.Random(seed)
+    lo, hi = max(1, int(mean_size * 0.7)), max(1, int(mean_size * 1.3))
+    files = [(f"c{i // PER_DIR:04d}/f{i:07d}.bin", rng.randint(lo, hi)) for i in range(n)]
+    manifest = os.path.join(root, "manifest.json")
+    try:
+        with open(manifest) as f:
+            if json.load(f) == files:
+                return files
+    except (OSError, ValueError):
+        pass
+    if os.path.exists(root):
+        shutil.rmtree(root)
+    for i in range(0, n, PER_DIR):
+        os.makedirs(os.path.join(root, os.path.dirname(files[i][0])), exist_ok=True)
+    for rel, size in files:
+        fd = os.open(os.path.join(root, rel), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.write(fd, os.urandom(size))
+        finally:
+            os.close(fd)
+    tmp = manifest + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(files, f)
+    os.replace(tmp, manifest)
+    os.sync()
+    return files
+
+
+# -- reader processes --------------------------------------------------------------------------------------
+def _reader_main(conn) -> None:
+    """One reader process: read the shard it is sent, report (start, end, bytes, files, latencies)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent cleans up and terminates us
+    while True:
+        try:
+            msg = conn.recv()
+        except EOFError:
+            return
+        if msg is None:
+            return
+        root, rels, loops, start_at, want_latency = msg
+        try:
+            while True:
+                d = start_at - time.monotonic()
+                if d <= 0:
+                    break
+                time.sleep(min(d, 0.002))
+            lat = []
+            nbytes = 0
+            t0 = time.monotonic()
+            o_rdonly, read, osopen, close, clock = os.O_RDONLY, os.read, os.open, os.close, time.monotonic
+            for rel in rels * loops:
+                t = clock()
+                fd = osopen(root + rel, o_rdonly)
+                try:
+                    while True:
+                        b = read(fd, READ_CHUNK)
+                        if not b:
+                            break
+                        nbytes += len(b)
+                finally:
+                    close(fd)
+                if want_latency:
+                    lat.append(clock() - t)
+            conn.send((t0, clock(), nbytes, len(rels) * loops, lat))
+        except BaseException as e:  # report, keep serving
+            conn.send(f"{type(e).__name__}: {e}")
+
+
+class ReaderPool:
+    """``n`` forked reader processes, reused across passes (forked before any mount or thread exists)."""
+
+    def __init__(self, n: int):
+        ctx = mp.get_context("fork")
+        self.procs, self.conns = [], []
+        for _ in range(n):
+            parent, child = ctx.Pipe()
+            p = ctx.Process(target=_reader_main, args=(child,), daemon=True)
+            p.start()
+            child.close()
+            self.procs.append(p)
+            self.conns.append(parent)
+
+    def run(self, root: str, files: Sequence[Tuple[str, int]], readers: int, latency: bool = False,
+            loops: int = 1, timeout: float = 600.0) -> dict:
+        """One pass over ``files`` below ``root`` by ``readers`` processes (contiguous disjoint shards; each
+        reader reads its shard ``loops`` times, so that a fast case runs long enough to be measured).
+
+        Returns files/s, MB/s, wall seconds, opens and (with ``latency``) per-open seconds in ``files`` order.
+
+        Raises:
+            BenchError: a reader failed, or the bytes read differ from the file sizes.
+        """
+        root = root.rstrip("/") + "/"
+        n = len(files)
+        bounds = [n * i // readers for i in range(readers + 1)]
+        shards = [files[bounds[i]:bounds[i + 1]] for i in range(readers)]
+        start_at = time.monotonic() + 0.05 + 0.005 * readers
+        for conn, shard in zip(self.conns, shards):
+            conn.send((root, [rel for rel, _ in shard], loops, start_at, latency))
+        results, errors = [], []
+        for conn in self.conns[:readers]:
+            if not conn.poll(timeout):
+                raise BenchError(f"a reader did not finish within {timeout:.0f} s (hung mount?)")
+            r = conn.recv()
+            (errors if isinstance(r, str) else results).append(r)
+        if errors:
+            raise BenchError(f"reader failed under {root}: {errors[0]}")
+        want = sum(size for _, size in files) * loops
+        got = sum(r[2] for r in results)
+        if got != want or sum(r[3] for r in results) != n * loops:
+            raise BenchError(f"read {got} bytes under {root}, expected {want}")
+        wall = max(r[1] for r in results) - start_at
+        lat = [x for r in results for x in r[4]]
+        return {"files_s": n * loops / wall, "mb_s": want / wall / 1e6, "wall_s": wall, "opens": n * loops,
+                "latency": lat}
+
+    def close(self) -> None:
+        for conn in self.conns:
+            try:
+                conn.send(None)
+            except (OSError, ValueError):
+                pass
+        deadline = time.monotonic() + 2
+        for p in self.procs:
+            p.join(max(0.0, deadline - time.monotonic()))
+            if p.is_alive():
+                p.kill()
+                p.join(1)
+
+
+# -- mounts -----------------------------------------------------------------------------------------------
+def _shadefs(*args, timeout: float = 120) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return subprocess.run([sys.executable, "-m", "shadefs", *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT, env=env)
+
+
+def is_mounted(path: str) -> bool:
+    path = os.path.realpath(path)
+    with open("/proc/self/mounts") as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) > 1 and parts[1].encode().decode("unicode_escape") == path:
+                return True
+    return False
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # our own child would be a zombie until reaped
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+class Mounts:
+    """Every FUSE mount this run made, unmounted in reverse order by :meth:`unmount_all` (idempotent)."""
+
+    def __init__(self):
+        self.active: List[Tuple[str, Optional[int], str]] = []  # (mountpoint, daemon pid, kind)
+        self.slowfs: Dict[str, subprocess.Popen] = {}
+
+    def mount_shadefs(self, source: str, mnt: str, options: Sequence[str], log_file: str) -> int:
+        os.makedirs(mnt, exist_ok=True)
+        r = _shadefs("mount", source, mnt, *options, "--log-file", log_file)
+        m = re.search(r"\(pid (\d+)", r.stdout)
+        if r.returncode != 0 or not m:
+            tail = ""
+            try:
+                with open(log_file) as f:
+                    tail = "".join(f.readlines()[-5:])
+            except OSError:
+                pass
+            raise BenchError(f"shadefs mount {source} {mnt} {' '.join(options)} failed: "
+                             f"{(r.stderr or r.stdout).strip()}\n{tail}")
+        pid = int(m.group(1))
+        self.active.append((mnt, pid, "shadefs"))
+        return pid
+
+    def mount_slowfs(self, source: str, mnt: str, delay_ms: float, stats_file: str, log_file: str) -> None:
+        os.makedirs(mnt, exist_ok=True)
+        with open(log_file, "w") as log:
+            p = subprocess.Popen([sys.executable, os.path.abspath(__file__), "_slowfs", source, mnt,
+                                  str(delay_ms), stats_file], stdout=log, stderr=subprocess.STDOUT,
+                                 start_new_session=True)  # Ctrl-C must not kill it before shadefs is off it
+        self.slowfs[mnt] = p
+        self.active.append((mnt, p.pid, "slowfs"))
+        deadline = time.monotonic() + 30
+        while not is_mounted(mnt):
+            if p.poll() is not None or time.monotonic() > deadline:
+                with open(log_file) as f:
+                    raise BenchError(f"latency-injecting FUSE did not mount: {f.read()[-2000:]}")
+            time.sleep(0.05)
+
+    def pid_of(self, mnt: str) -> Optional[int]:
+        return next((pid for m, pid, _ in self.active if m == mnt), None)
+
+    def unmount(self, mnt: str) -> None:
+        for i, (m, pid, kind) in enumerate(self.active):
+            if m == mnt:
+                del self.active[i]
+                self._unmount(m, pid, kind)
+                return
+
+    def _unmount(self, mnt: str, pid: Optional[int], kind: str) -> None:
+        if is_mounted(mnt):
+            ok = False
+            if kind == "shadefs":
+                ok = _shadefs("umount", mnt, timeout=60).returncode == 0
+            if not ok:
+                tool = shutil.which("fusermount3") or shutil.which("fusermount") or "fusermount"
+                ok = subprocess.run([tool, "-u", mnt], capture_output=True).returncode == 0
+            if not ok:
+                print(f"bench_read: {mnt} is busy; lazy unmount", file=sys.stderr)
+                subprocess.run([shutil.which("fusermount3") or "fusermount", "-u", "-z", mnt], capture_output=True)
+        proc = self.slowfs.pop(mnt, None)
+        deadline = time.monotonic() + 15
+        if proc is not None:
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+        elif pid is not None:  # let the daemon exit before the next measurement (frees its RAM and CPU)
+            while _pid_alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.02)
+
+    def unmount_all(self) -> None:
+        while self.active:
+            mnt, pid, kind = self.active.pop()
+            try:
+                self._unmount(mnt, pid, kind)
+            except Exception as e:  # keep unmounting the others
+                print(f"bench_read: unmounting {mnt} failed: {e}", file=sys.stderr)
+
+
+def shadefs_stats(mnt: str) -> dict:
+    r = _shadefs("stats", mnt, "--json", timeout=60)
+    if r.returncode != 0:
+        raise BenchError(f"shadefs stats {mnt} failed: {(r.stderr or r.stdout).strip()}")
+    return json.loads(r.stdout)
+
+
+def verify_sample(mnt: str, src: str, files: Sequence[Tuple[str, int]], k: int, seed: int) -> int:
+    """Compare every byte of ``k`` files read through ``mnt`` with the source; raise BenchError if any differs."""
+    rng = random.Random(seed)
+    sample = rng.sample(list(files), min(k, len(files)))
+    sample += [files[0], files[-1]]
+    for rel, size in sample:
+        got = _read_all(os.path.join(mnt, rel))
+        want = _read_all(os.path.join(src, rel))
+        if got != want or len(want) != size:
+            raise BenchError(f"{rel}: {len(got)} bytes read through {mnt} differ from the source's {len(want)} "
+                             f"(expected size {size})")
+    return len(sample)
+
+
+def _read_all(path: str) -> bytes:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        chunks = []
+        while True:
+            b = os.read(fd, READ_CHUNK)
+            if not b:
+                return b"".join(chunks)
+            chunks.append(b)
+    finally:
+        os.close(fd)
+
+
+FUSE_OPCODES = {1: "LOOKUP", 2: "FORGET", 3: "GETATTR", 14: "OPEN", 15: "READ", 17: "STATFS", 18: "RELEASE",
+                20: "GETXATTR", 22: "LISTXATTR", 25: "FLUSH", 27: "OPENDIR", 28: "READDIR", 29: "RELEASEDIR",
+                34: "ACCESS", 42: "BATCH_FORGET", 44: "READDIRPLUS", 46: "LSEEK", 52: "STATX"}
+COUNT_CASES = ("ram-multi", "ram-multi-nokc", "nvme-multi", "miss-multi")
+
+
+def count_requests(pool: "ReaderPool", pid: Optional[int], mnt: str, files, work: str) -> Optional[Dict[str, float]]:
+    """FUSE requests the daemon receives per open: strace every thread's read() of /dev/fuse during one
+    1-reader pass over ``files`` and decode the opcode of each request header. None if strace is unusable."""
+    strace = shutil.which("strace")
+    if strace is None or pid is None:
+        return None
+    try:
+        fuse_fds = {fd for fd in os.listdir(f"/proc/{pid}/fd") if os.readlink(f"/proc/{pid}/fd/{fd}") == "/dev/fuse"}
+        tids = [a for t in os.listdir(f"/proc/{pid}/task") for a in ("-p", t)]
+    except OSError:
+        return None
+    out = os.path.join(work, "logs", f"strace-{pid}.txt")
+    proc = subprocess.Popen([strace, "-f", "-xx", "-s", "8", "-e", "trace=read", "-o", out, *tids],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 10  # wait until every thread is attached
+        while time.monotonic() < deadline:
+            try:
+                with open(f"/proc/{pid}/status") as f:
+                    if re.search(r"^TracerPid:\s*[1-9]", f.read(), re.M):
+                        break
+            except OSError:
+                break
+            time.sleep(0.05)
+        time.sleep(0.3)
+        pool.run(mnt, files, 1)
+        time.sleep(0.2)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    counts: Dict[str, int] = {}
+    pending: Dict[str, str] = {}
+    try:
+        with open(out) as f:
+            for line in f:
+                tid = line.split(" ", 1)[0]
+                fd = hexs = None
+                m = re.search(r'read\((\d+), "((?:\\x[0-9a-f]{2}){8})', line)
+                if m:
+                    fd, hexs = m.group(1), m.group(2)
+                else:
+                    m = re.search(r"read\((\d+),\s*<unfinished", line)
+                    if m:
+                        pending[tid] = m.group(1)
+                        continue
+                    m = re.search(r'<\.\.\. read resumed>\s*"((?:\\x[0-9a-f]{2}){8})', line)
+                    if m:
+                        fd, hexs = pending.pop(tid, None), m.group(1)
+                if fd in fuse_fds and hexs:
+                    op = int.from_bytes(bytes.fromhex(hexs.replace("\\x", ""))[4:8], "little")
+                    name = FUSE_OPCODES.get(op, str(op))
+                    counts[name] = counts.get(name, 0) + 1
+        os.unlink(out)
+    except OSError:
+        return None
+    if not counts:
+        return None
+    return {k: v / len(files) for k, v in counts.items()}
+
+
+# -- the latency-injecting passthrough (runs as its own process: ``bench_read.py _slowfs ...``) ------------
+def slowfs_main(source: str, mnt: str, delay_ms: float, stats_file: str) -> int:
+    """A read-only passthrough of ``source`` at ``mnt`` whose every READ sleeps ``delay_ms`` (multithreaded loop)."""
+    import threading
+
+    from mfusepy import FUSE
+
+    delay = delay_ms / 1000.0
+
+    class SlowPassthrough:
+        use_ns = True
+
+        def __init__(self):
+            self.reads = 0
+            self.opens = 0
+            self.lock = threading.Lock()
+
+        def getattr(self, path, fh=None):
+            st = os.lstat(source + path)
+            return {"st_mode": st.st_mode, "st_nlink": st.st_nlink, "st_size": st.st_size, "st_uid": st.st_uid,
+                    "st_gid": st.st_gid, "st_atime": st.st_atime_ns, "st_mtime": st.st_mtime_ns,
+                    "st_ctime": st.st_ctime_ns}
+
+        def readdir(self, path, fh):
+            return [".", "..", *os.listdir(source + path)]
+
+        def open(self, path, flags):
+            with self.lock:
+                self.opens += 1
+            return os.open(source + path, os.O_RDONLY)
+
+        def read(self, path, size, offset, fh):
+            time.sleep(delay)
+            with self.lock:
+                self.reads += 1
+            return os.pread(fh, size, offset)
+
+        def release(self, path, fh):
+            os.close(fh)
+            return 0
+
+        def destroy(self, path):
+            with open(stats_file, "w") as f:
+                json.dump({"reads": self.reads, "opens": self.opens}, f)
+
+    FUSE(SlowPassthrough(), mnt, foreground=True, ro=True, fsname="bench_read_slowfs",
+         attr_timeout=3600, entry_timeout=3600, negative_timeout=3600)
+    return 0
+
+
+# -- experiments ------------------------------------------------------------------------------------------
+CASES = [
+    # key, label, tier, loop, kernel cache, trace
+    ("ram-multi", "RAM hit, multi", "ram", "multi", True, False),
+    ("ram-single", "RAM hit, single", "ram", "single", True, False),
+    ("ram-multi-nokc", "RAM hit, multi, no kernel cache", "ram", "multi", False, False),
+    ("ram-single-nokc", "RAM hit, single, no kernel cache", "ram", "single", False, False),
+    ("ram-multi-trace", "RAM hit, multi, --trace", "ram", "multi", True, True),
+    ("ram-single-trace", "RAM hit, single, --trace", "ram", "single", True, True),
+    ("nvme-multi", "NVMe hit, multi", "nvme", "multi", True, False),
+    ("nvme-single", "NVMe hit, single", "nvme", "single", True, False),
+    ("miss-multi", "miss, multi", "miss", "multi", True, False),
+    ("miss-single", "miss, single", "miss", "single", True, False),
+]
+LABELS = {"direct": "direct (page cache)", **{c[0]: c[1] for c in CASES}}
+
+
+def mount_options(tier: str, loop: str, kernel_cache: bool, trace: Optional[str], cache_dir: str) -> List[str]:
+    opts = ["--fuse-loop", loop, "--policy", "static"]
+    if tier == "ram":
+        opts += ["--ram-cache", "100%"]
+    elif tier == "nvme":
+        opts += ["--ram-cache", "0", "--disk-cache", cache_dir, "--disk-cache-size", "100%"]
+    else:
+        opts += ["--ram-cache", "0"]
+    if not kernel_cache:
+        opts.append("--no-kernel-cache")
+    if trace:
+        opts += ["--trace", trace]
+    return opts
+
+
+def process_cpu_s(pid: Optional[int]) -> Optional[float]:
+    """User + system CPU seconds of process ``pid`` (all its threads, exited ones included), or None."""
+    if pid is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def interleaved_passes(pool: ReaderPool, targets: Dict[str, str], files, readers_list: List[int], repeat: int,
+                       min_pass_s: float, pids: Optional[Dict[str, int]] = None
+                       ) -> Tuple[Dict[str, dict], Dict[str, int]]:
+    """Time every target (key -> root directory) round-robin: for each reader count, one calibration pass per
+    target (a target whose pass is shorter than ``min_pass_s`` reads its files several times per timed pass),
+    then ``repeat`` rounds, each one pass of every target in a rotating order. Load that comes and goes
+    (a shared machine) then hits every case alike, and the comparisons between rows stay meaningful.
+
+    With ``pids`` (key -> daemon pid), also the daemon's CPU time per open (``cpu_us``, median of the passes).
+
+    Returns ({key: {readers: {files_s, mb_s, runs, loops, cpu_us}}}, {key: opens made}).
+    """
+    pids = pids or {}
+    keys = list(targets)
+    out: Dict[str, dict] = {k: {} for k in keys}
+    opens = {k: 0 for k in keys}
+    for readers in readers_list:
+        loops, runs = {}, {k: [] for k in keys}
+        for k in keys:
+            first = pool.run(targets[k], files, readers)
+            opens[k] += first["opens"]
+            loops[k] = 1 if first["wall_s"] >= min_pass_s else \
+                min(100, int(min_pass_s / max(first["wall_s"], 1e-3)) + 1)
+        for rnd in range(repeat):
+            for k in keys[rnd % len(keys):] + keys[:rnd % len(keys)]:
+                c0 = process_cpu_s(pids.get(k))
+                r = pool.run(targets[k], files, readers, loops=loops[k])
+                c1 = process_cpu_s(pids.get(k))
+                r["cpu_us"] = (c1 - c0) / r["opens"] * 1e6 if c0 is not None and c1 is not None else None
+                opens[k] += r["opens"]
+                runs[k].append(r)
+        for k in keys:
+            rates = [r["files_s"] for r in runs[k]]
+            out[k][readers] = {"files_s": statistics.median(rates),
+                               "mb_s": statistics.median(r["mb_s"] for r in runs[k]), "runs": rates,
+                               "loops": loops[k]}
+            cpu = [r["cpu_us"] for r in runs[k] if r["cpu_us"] is not None]
+            if cpu:
+                out[k][readers]["cpu_us"] = statistics.median(cpu)
+            progress(f"  {LABELS[k]:<34} {readers} reader(s): {out[k][readers]['files_s']:>9,.0f} files/s "
+                     f"{out[k][readers]['mb_s']:>8,.1f} MB/s  (passes: {', '.join(f'{x:,.0f}' for x in rates)}"
+                     f"{f'; files read {loops[k]}x per pass' if loops[k] > 1 else ''})"
+                     + (f"; daemon CPU {out[k][readers]['cpu_us']:.0f} us/open" if "cpu_us" in out[k][readers] else ""))
+    return out, opens
+
+
+def run_size(args, pool: ReaderPool, mounts: Mounts, size_name: str, src: str, files, work: str) -> dict:
+    """Every case for one dataset, all mounted at once and measured round-robin.
+
+    Returns {case key: {readers: {files_s, mb_s, runs}}, "_load": [...], "_requests": {...}}.
+    """
+    n = len(files)
+    load0 = os.getloadavg()
+    cases = [c for c in CASES if not args.cases or c[0] in args.cases]
+    targets = {"direct": src}
+    setup = {}
+    try:
+        for key, label, tier, loop, kc, trace in cases:
+            mnt = os.path.join(work, "mnt", f"{size_name}-{key}")
+            cache_dir = os.path.join(work, "cache", f"{size_name}-{key}")
+            trace_file = os.path.join(work, "trace", f"{size_name}-{key}.csv") if trace else None
+            if trace_file:
+                os.makedirs(os.path.dirname(trace_file), exist_ok=True)
+            opts = mount_options(tier, loop, kc, trace_file, cache_dir)
+            progress(f"{size_name}: {label}: shadefs mount {' '.join(opts)}")
+            mounts.mount_shadefs(src, mnt, opts, os.path.join(work, "logs", f"{size_name}-{key}.log"))
+            setup[key] = (mnt, cache_dir, trace_file, tier)
+            targets[key] = mnt
+        progress(f"{size_name}: warming (one pass each; direct: the source's page cache)")
+        for key, root in targets.items():
+            pool.run(root, files, max(args.readers))
+        s0 = {}
+        for key, (mnt, _, _, tier) in setup.items():
+            s0[key] = shadefs_stats(mnt)
+            ram, disk = s0[key]["tiers"]["ram"]["files"], s0[key]["tiers"]["disk"]["files"]
+            if (tier == "ram" and ram != n) or (tier == "nvme" and (disk != n or ram != 0)):
+                raise BenchError(f"{LABELS[key]}: tiers hold ram={ram} disk={disk} files after warming")
+        progress(f"{size_name}: timing {len(targets)} cases round-robin, {args.repeat} passes each")
+        pids = {key: mounts.pid_of(mnt) for key, (mnt, *_) in setup.items()}
+        res, opens = interleaved_passes(pool, targets, files, args.readers, args.repeat, args.min_pass_s, pids)
+        for key, (mnt, _, trace_file, tier) in setup.items():
+            s1 = shadefs_stats(mnt)
+            delta = {"ram": s1["hits"]["ram"] - s0[key]["hits"]["ram"],
+                     "disk": s1["hits"]["disk"] - s0[key]["hits"]["disk"],
+                     "miss": s1["misses"] - s0[key]["misses"], "opens": s1["opens"] - s0[key]["opens"]}
+            want_kind = {"ram": "ram", "nvme": "disk", "miss": "miss"}[tier]
+            if delta["opens"] != opens[key] or delta[want_kind] != opens[key]:
+                raise BenchError(f"{LABELS[key]}: the daemon counted {delta} during {opens[key]} timed opens; "
+                                 f"expected every one to be a {want_kind} outcome")
+            checked = verify_sample(mnt, src, files, args.verify, seed=len(s0))
+            if trace_file:
+                with open(trace_file) as f:
+                    rows = sum(1 for _ in f) - 1
+                if rows < opens[key]:  # ``shadefs stats`` flushed the trace
+                    raise BenchError(f"{LABELS[key]}: the trace has {rows} rows after {opens[key]} timed opens")
+            progress(f"  {LABELS[key]}: counters OK ({delta['opens']} timed opens, all {want_kind}), "
+                     f"{checked} files byte-identical")
+            if args.count_requests and key in COUNT_CASES:
+                counts = count_requests(pool, mounts.pid_of(mnt), mnt, files[:args.count_requests], work)
+                if counts is not None:
+                    res.setdefault("_requests", {})[key] = counts
+                    progress(f"  {LABELS[key]}: FUSE requests per open (strace): "
+                             + ", ".join(f"{k} {v:.2f}" for k, v in counts.items()))
+    finally:
+        for key, (mnt, cache_dir, trace_file, _) in setup.items():
+            mounts.unmount(mnt)
+            shutil.rmtree(cache_dir, ignore_errors=True)
+            if trace_file and os.path.exists(trace_file):
+                os.unlink(trace_file)
+    res["_load"] = [load0, os.getloadavg()]
+    return res
+
+
+def run_slow(args, pool: ReaderPool, mounts: Mounts, work: str) -> dict:
+    """Hits interleaved with misses on a slow source; both FUSE loop modes mounted at once, measured in turn."""
+    n = args.slow_files - args.slow_files % 2
+    src = os.path.join(work, "data", "slow")
+    files = make_dataset(src, n, args.large_size, seed=3)
+    hits = files[0::2]   # warmed: the RAM tier holds exactly these bytes
+    misses = files[1::2]
+    mixed = [f for pair in zip(hits, misses) for f in pair]
+    is_hit = [i % 2 == 0 for i in range(len(mixed))]
+    ram_bytes = sum(size for _, size in hits)
+    slow_mnt = os.path.join(work, "mnt", "slowfs")
+    out = {"_load": [os.getloadavg()], "files": n, "delay_ms": args.slow_ms, "readers": args.slow_readers}
+    progress(f"slow backend: passthrough with {args.slow_ms:g} ms per READ at {slow_mnt}")
+    stats_file = os.path.join(work, "slowfs-stats.json")
+    mounts.mount_slowfs(src, slow_mnt, args.slow_ms, stats_file, os.path.join(work, "logs", "slowfs.log"))
+    loops = ("multi", "single")
+    mnts = {loop: os.path.join(work, "mnt", f"slow-{loop}") for loop in loops}
+    try:
+        r = pool.run(slow_mnt, misses, args.slow_readers)
+        out["backend_direct"] = r["files_s"]
+        progress(f"  slow source read directly, {args.slow_readers} readers: {r['files_s']:,.0f} files/s")
+        s0 = {}
+        for loop in loops:
+            opts = ["--fuse-loop", loop, "--policy", "static", "--ram-cache", str(ram_bytes)]
+            progress(f"slow backend: shadefs mount {' '.join(opts)}")
+            mounts.mount_shadefs(slow_mnt, mnts[loop], opts, os.path.join(work, "logs", f"slow-{loop}.log"))
+            pool.run(mnts[loop], hits, args.slow_readers)  # warm: half of the files
+            s0[loop] = shadefs_stats(mnts[loop])
+            if s0[loop]["tiers"]["ram"]["files"] != len(hits):
+                raise BenchError(f"slow {loop}: RAM tier holds {s0[loop]['tiers']['ram']['files']} files, "
+                                 f"expected {len(hits)}")
+        hit_only = {loop: [] for loop in loops}
+        mix = {loop: [] for loop in loops}
+        hit_lat = {loop: [] for loop in loops}
+        miss_lat = {loop: [] for loop in loops}
+        for rnd in range(args.repeat):
+            for loop in (loops if rnd % 2 == 0 else loops[::-1]):
+                hit_only[loop].append(pool.run(mnts[loop], hits, args.slow_readers)["files_s"])
+                r = pool.run(mnts[loop], mixed, args.slow_readers, latency=True)
+                mix[loop].append(r["files_s"])
+                # latencies come back shard by shard, i.e. in ``mixed`` order
+                hit_lat[loop] += [x for x, h in zip(r["latency"], is_hit) if h]
+                miss_lat[loop] += [x for x, h in zip(r["latency"], is_hit) if not h]
+        for loop in loops:
+            s1 = shadefs_stats(mnts[loop])
+            want_hits = args.repeat * 2 * len(hits)
+            want_misses = args.repeat * len(misses)
+            got_hits = s1["hits"]["ram"] - s0[loop]["hits"]["ram"]
+            got_misses = s1["misses"] - s0[loop]["misses"]
+            if got_hits != want_hits or got_misses != want_misses:
+                raise BenchError(f"slow {loop}: counted {got_hits} hits / {got_misses} misses, "
+                                 f"expected {want_hits} / {want_misses}")
+            checked = verify_sample(mnts[loop], src, files, args.verify, seed=7)
+            rate = statistics.median(mix[loop])
+            o = out[loop] = {
+                "hits_only_files_s": statistics.median(hit_only[loop]),
+                "mixed_files_s": rate, "mixed_hits_s": rate / 2,
+                "hit_ms_p50": _pct(hit_lat[loop], 50) * 1e3, "hit_ms_p90": _pct(hit_lat[loop], 90) * 1e3,
+                "hit_ms_p99": _pct(hit_lat[loop], 99) * 1e3,
+                "miss_ms_p50": _pct(miss_lat[loop], 50) * 1e3, "miss_ms_p99": _pct(miss_lat[loop], 99) * 1e3,
+            }
+            progress(f"  {loop:<6} hits alone {o['hits_only_files_s']:,.0f} files/s; mixed {rate:,.0f} files/s, "
+                     f"hit p50 {o['hit_ms_p50']:.2f} ms p99 {o['hit_ms_p99']:.2f} ms, miss p50 "
+                     f"{o['miss_ms_p50']:.2f} ms; counters OK, {checked} files byte-identical")
+    finally:
+        for loop in loops:
+            mounts.unmount(mnts[loop])
+        mounts.unmount(slow_mnt)
+    try:
+        with open(stats_file) as f:
+            out["slowfs"] = json.load(f)
+    except (OSError, ValueError):
+        pass
+    out["_load"].append(os.getloadavg())
+    return out
+
+
+def _pct(xs: List[float], p: float) -> float:
+    if not xs:
+        return float("nan")
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
+
+
+# -- reporting --------------------------------------------------------------------------------------------
+class Table:
+    def __init__(self, title: str, headers: List[str], rows: List[List[str]], note: str = ""):
+        self.title, self.headers, self.rows, self.note = title, headers, rows, note
+
+    def text(self) -> str:
+        widths = [max(len(str(x)) for x in col) for col in zip(self.headers, *self.rows)]
+        fmt = lambda row: "  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w)  # noqa: E731
+                                    for i, (c, w) in enumerate(zip(row, widths)))
+        lines = [self.title, fmt(self.headers), "  ".join("-" * w for w in widths)]
+        lines += [fmt(r) for r in self.rows]
+        if self.note:
+            lines.append(self.note)
+        return "\n".join(lines)
+
+    def markdown(self) -> str:
+        lines = [f"#### {self.title}", "", "| " + " | ".join(self.headers) + " |",
+                 "|" + "|".join(["---"] + ["--:"] * (len(self.headers) - 1)) + "|"]
+        lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in self.rows]
+        if self.note:
+            lines += ["", self.note]
+        return "\n".join(lines)
+
+
+def _load_str(loads) -> str:
+    return " -> ".join("/".join(f"{x:.2f}" for x in l) for l in loads)
+
+
+def _ratio(q: float) -> str:
+    """Two decimals, rounded down, so that a ratio shown as 0.30 never misses a 0.3 target."""
+    return f"{int(q * 100) / 100:.2f}"
+
+
+def _f(x: float) -> str:
+    return f"{x:,.0f}"
+
+
+def size_table(size_label: str, res: dict, readers: List[int]) -> Table:
+    top = max(readers)
+    direct_top = res["direct"][top]["files_s"]
+    headers = ["case"] + [f"files/s, {r} rd" for r in readers] + [f"MB/s, {r} rd" for r in readers] + \
+              [f"x direct, {top} rd"]
+    rows = []
+    for key in ["direct"] + [c[0] for c in CASES]:
+        if key not in res:
+            continue
+        row = [LABELS[key]] + [_f(res[key][r]["files_s"]) for r in readers] + \
+              [f"{res[key][r]['mb_s']:,.1f}" for r in readers] + [f"{res[key][top]['files_s'] / direct_top:.2f}"]
+        rows.append(row)
+    return Table(f"{size_label} files: median of the timed passes (load average 1/5/15 min: "
+                 f"{_load_str(res['_load'])})", headers, rows)
+
+
+def cpu_table(results: Dict[str, dict], readers: List[int]) -> Optional[Table]:
+    rows = []
+    for size_label, res in results.items():
+        for key in [c[0] for c in CASES]:
+            if key in res and all("cpu_us" in res[key][r] for r in readers):
+                rows.append([size_label, LABELS[key]] + [f"{res[key][r]['cpu_us']:.0f}" for r in readers])
+    if not rows:
+        return None
+    return Table("Daemon CPU time per open, us (user + system of the daemon process, median of the timed passes; "
+                 f"clock tick {1e3 / os.sysconf('SC_CLK_TCK'):g} ms, less sensitive to other load than files/s)",
+                 ["files", "case"] + [f"{r} rd" for r in readers], rows)
+
+
+def ratio_table(title: str, results: Dict[str, dict], pairs: List[Tuple[str, str, str]], readers: List[int],
+                pct: bool = False) -> Table:
+    """Rows: (size, label) for each pair (a, b, label): a / b per reader count (or (a / b - 1) as a %)."""
+    headers = ["files", "comparison"] + [f"{r} rd" for r in readers]
+    rows = []
+    for size_label, res in results.items():
+        for a, b, label in pairs:
+            if a not in res or b not in res:
+                continue
+            cells = []
+            for r in readers:
+                q = res[a][r]["files_s"] / res[b][r]["files_s"]
+                cells.append(f"{(q - 1) * 100:+.0f} %" if pct else f"{q:.2f}x")
+            rows.append([size_label, label] + cells)
+    return Table(title, headers, rows)
+
+
+def target_table(results: Dict[str, dict], readers: List[int]) -> Tuple[Table, List[str]]:
+    top = max(readers)
+    rows, lines = [], []
+    for size_label, res in results.items():
+        d = res["direct"][top]["files_s"]
+        for key, label, tier, *_ in CASES:
+            if tier == "miss" or key not in res:
+                continue
+            x = res[key][top]["files_s"]
+            ok = x >= TARGET * d
+            rows.append([size_label, label, _f(x), _f(d), _ratio(x / d), "yes" if ok else "no"])
+    t = Table(f"Target: hit path with {top} readers >= {TARGET} x direct (same run)",
+              ["files", "case", f"files/s, {top} rd", f"direct, {top} rd", "ratio", "meets"], rows)
+    return t, lines
+
+
+def requests_table(results: Dict[str, dict], n: int) -> Optional[Table]:
+    cols = ["LOOKUP", "GETATTR", "OPEN", "READ", "FLUSH", "RELEASE"]
+    rows = []
+    for size_label, res in results.items():
+        for key, counts in res.get("_requests", {}).items():
+            other = sum(v for k, v in counts.items() if k not in cols)
+            rows.append([size_label, LABELS[key]] + [f"{counts.get(c, 0):.2f}" for c in cols] + [f"{other:.2f}"])
+    if not rows:
+        return None
+    return Table(f"FUSE requests received by the daemon per open (strace of its reads of /dev/fuse, 1 reader, "
+                 f"{n} files after the timed passes; the loop mode does not change them)",
+                 ["files", "case"] + cols + ["other"], rows)
+
+
+def slow_table(slow: dict) -> Table:
+    rows = []
+    for loop in ("multi", "single"):
+        if loop not in slow:
+            continue
+        o = slow[loop]
+        rows.append([loop, _f(o["hits_only_files_s"]), _f(o["mixed_files_s"]), _f(o["mixed_hits_s"]),
+                     f"{o['hit_ms_p50']:.2f}", f"{o['hit_ms_p90']:.2f}", f"{o['hit_ms_p99']:.2f}",
+                     f"{o['miss_ms_p50']:.2f}"])
+    return Table(f"Slow backend: {slow['files']} files of ~110 KB, half in RAM, every READ of the source "
+                 f"+{slow['delay_ms']:g} ms, {slow['readers']} readers (load average {_load_str(slow['_load'])})",
+                 ["FUSE loop", "hits alone, files/s", "mixed, files/s", "hits/s in mixed", "hit p50 ms",
+                  "hit p90 ms", "hit p99 ms", "miss p50 ms"], rows,
+                 note=f"The slow source read directly by the same readers (the miss half): "
+                      f"{_f(slow['backend_direct'])} files/s"
+                      + (f"; the passthrough served {slow['slowfs']['reads']:,} READs for "
+                         f"{slow['slowfs']['opens']:,} opens ({slow['slowfs']['reads'] / max(1, slow['slowfs']['opens']):.2f} "
+                         f"per open)" if slow.get('slowfs') else "") + ".")
+
+
+def per_open_us(res: dict, key: str, readers: int = 1) -> float:
+    return 1e6 / res[key][readers]["files_s"]
+
+
+def limits_text(results: Dict[str, dict], slow: Optional[dict], readers: List[int]) -> str:
+    top = max(readers)
+    one = 1 if 1 in readers else min(readers)
+    parts = []
+    parts.append(
+        "Every open through the mount costs FUSE round trips, each a switch into the daemon and back through "
+        "the kernel, libfuse, ctypes and a Python callback: LOOKUP (once per path, then cached for "
+        "`entry_timeout` = 3600 s), OPEN (the cache lookup; it decides `keep_cache`), READ (one per 128 KiB; "
+        "skipped on a hit when `keep_cache` lets the kernel keep the file's pages from an earlier open) and "
+        "RELEASE. GETATTR is cached (`attr_timeout` = 3600 s), FLUSH is not registered (the kernel stops "
+        "sending it after the first ENOSYS) and the reader's EOF read never leaves the kernel. So a "
+        "kernel-cached hit (RAM or NVMe) is two round trips, OPEN and RELEASE; a hit without kernel cache and "
+        "a miss add one READ per 128 KiB (the requests table above shows the measured counts; ~110 KB files "
+        "+-30 % need 1.2 READs on average). The direct read is two system calls and no switch. shadefs' own "
+        "Python work in OPEN + RELEASE of a RAM hit is ~3 us (measured in-process, without FUSE); the rest of "
+        "each per-file time below is the round trips.")
+    for size_label, res in results.items():
+        if not all(k in res for k in ("direct", "ram-multi", "ram-single")):
+            continue
+        s = (f"{size_label} files, {one} reader: direct {per_open_us(res, 'direct', one):.0f} us per file; "
+             f"RAM hit {per_open_us(res, 'ram-single', one):.0f} us (single loop) and "
+             f"{per_open_us(res, 'ram-multi', one):.0f} us (multi loop)")
+        if "ram-single-nokc" in res:
+            s += (f"; without kernel cache {per_open_us(res, 'ram-single-nokc', one):.0f} us (single) / "
+                  f"{per_open_us(res, 'ram-multi-nokc', one):.0f} us (multi), i.e. the READ round trip and its "
+                  f"copy add {per_open_us(res, 'ram-single-nokc', one) - per_open_us(res, 'ram-single', one):.0f} us "
+                  f"/ {per_open_us(res, 'ram-multi-nokc', one) - per_open_us(res, 'ram-multi', one):.0f} us")
+        if "miss-single" in res:
+            s += (f"; a miss {per_open_us(res, 'miss-single', one):.0f} us (single) / "
+                  f"{per_open_us(res, 'miss-multi', one):.0f} us (multi)")
+        if "nvme-single" in res:
+            s += (f"; an NVMe hit {per_open_us(res, 'nvme-single', one):.0f} us (single) / "
+                  f"{per_open_us(res, 'nvme-multi', one):.0f} us (multi)")
+        parts.append(s + ".")
+    cpu_bits = []
+    for size_label, res in results.items():
+        if all(k in res and "cpu_us" in res[k].get(one, {}) for k in ("ram-multi", "ram-single")):
+            cpu_bits.append(f"{res['ram-multi'][one]['cpu_us']:.0f} vs {res['ram-single'][one]['cpu_us']:.0f} us "
+                            f"for {size_label} RAM hits")
+    parts.append(
+        "The multithreaded loop (libfuse's `fuse_loop_mt`: a pool of threads, each blocked in read() on "
+        "/dev/fuse, growing while requests wait) hands every request to a thread that was asleep, and its "
+        "Python callback must then take the GIL from whichever thread had it; with the single-threaded loop "
+        "one thread that holds the interpreter finds the next request already queued (the kernel sends "
+        "RELEASE asynchronously, so the reader's next OPEN is often waiting). The daemon's CPU time per open "
+        "shows the difference" + (f" ({one} reader: " + "; ".join(cpu_bits) + ", multi vs single)" if cpu_bits
+                                  else "") + ". With mfusepy on CPython 3.11 each callback on a libfuse thread "
+        "also creates and destroys a Python thread state (ctypes' `PyGILState_Ensure`/`Release`; one mmap and "
+        "one munmap of a frame stack per callback); keeping one per thread removed those calls in an experiment "
+        "but did not lower the CPU per open measurably, so the wake-ups, not the thread states, are the cost. "
+        "The single-threaded loop is faster per request but serialises everything, so one slow backend read "
+        "stalls every reader (the slow-backend table).")
+    # target statement
+    for size_label, res in results.items():
+        d = res["direct"][top]["files_s"]
+        verdicts = []
+        for key, label, tier, *_ in CASES:
+            if tier == "miss" or key not in res:
+                continue
+            x = res[key][top]["files_s"]
+            verdicts.append(f"{label} {_ratio(x / d)} ({'meets' if x >= TARGET * d else 'misses'})")
+        parts.append(f"Target (hit path, {top} readers >= {TARGET} x direct = {_f(TARGET * d)} files/s for "
+                     f"{size_label} files, direct {_f(d)} files/s): " + "; ".join(verdicts) + ".")
+    if slow and "multi" in slow and "single" in slow:
+        m, s = slow["multi"], slow["single"]
+        parts.append(
+            f"Slow backend (+{slow['delay_ms']:g} ms per source READ, half of the opens hits): a hit's p50 "
+            f"latency is {m['hit_ms_p50']:.2f} ms with the multithreaded loop and {s['hit_ms_p50']:.2f} ms with "
+            f"the single-threaded loop, where it waits behind the miss being served; the mixed rate is "
+            f"{_f(m['mixed_files_s'])} vs {_f(s['mixed_files_s'])} files/s.")
+    return "\n\n".join(parts)
+
+
+def machine_info(work: str) -> dict:
+    info = {"nproc": os.cpu_count(), "kernel": platform.release(), "python": platform.python_version()}
+    cpu = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    info["cpu"] = cpu
+    try:
+        with open("/proc/meminfo") as f:
+            info["mem_gib"] = round(int(f.readline().split()[1]) / 2**20, 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    r = subprocess.run([sys.executable, "-c", "import mfusepy, importlib.metadata as m; "
+                        "print(mfusepy.fuse_version_major, mfusepy.fuse_version_minor, mfusepy._libfuse_path, "
+                        "m.version('mfusepy'))"], capture_output=True, text=True, timeout=60)
+    parts = r.stdout.split()
+    if len(parts) == 4:
+        info["libfuse"] = f"{parts[0]}.{parts[1]}"
+        info["libfuse_path"] = parts[2]
+        info["mfusepy"] = parts[3]
+    best, fs = "", "?"
+    real = os.path.realpath(work)
+    with open("/proc/self/mounts") as f:
+        for line in f:
+            p = line.split()
+            mp_ = p[1].encode().decode("unicode_escape")
+            if (real == mp_ or real.startswith(mp_.rstrip("/") + "/")) and len(mp_) >= len(best):
+                best, fs = mp_, f"{p[2]} ({p[0]})"
+    info["workdir_fs"] = fs
+    return info
+
+
+def build_report(args, info: dict, results: Dict[str, dict], slow: Optional[dict], command: str,
+                 started: str, elapsed: float) -> Tuple[List[Table], str]:
+    readers = args.readers
+    tables = [size_table(label, res, readers) for label, res in results.items()]
+    ct = cpu_table(results, readers)
+    if ct is not None:
+        tables.append(ct)
+    tables.append(ratio_table("FUSE loop: single / multi (files/s ratio, > 1: single is faster)", results,
+                              [("ram-single", "ram-multi", "RAM hit"),
+                               ("ram-single-nokc", "ram-multi-nokc", "RAM hit, no kernel cache"),
+                               ("nvme-single", "nvme-multi", "NVMe hit"),
+                               ("miss-single", "miss-multi", "miss")], readers))
+    tables.append(ratio_table("Kernel cache: on / off for RAM hits (files/s ratio)", results,
+                              [("ram-multi", "ram-multi-nokc", "multi loop"),
+                               ("ram-single", "ram-single-nokc", "single loop")], readers))
+    tables.append(ratio_table("--trace FILE on RAM hits: change in files/s (negative: the trace costs)", results,
+                              [("ram-multi-trace", "ram-multi", "multi loop"),
+                               ("ram-single-trace", "ram-single", "single loop")], readers, pct=True))
+    t, _ = target_table(results, readers)
+    tables.append(t)
+    rt = requests_table(results, args.count_requests)
+    if rt is not None:
+        tables.append(rt)
+    if slow:
+        tables.append(slow_table(slow))
+
+    md = [DOC_START, "## Read path", "",
+          f"Generated by `scripts/bench_read.py` on {started} in {elapsed / 60:.1f} min; everything between the "
+          f"`bench_read` markers is rewritten by `--write-doc`, so rerun it rather than editing by hand.", "",
+          f"- **Machine**: {info['nproc']} CPUs ({info.get('cpu') or '?'}), {info.get('mem_gib', '?')} GiB RAM, "
+          f"Linux `{info['kernel']}`, Python {info['python']}, libfuse {info.get('libfuse', '?')} as loaded by "
+          f"mfusepy {info.get('mfusepy', '?')} (`{info.get('libfuse_path', '?')}`); datasets, NVMe tier "
+          f"directory and mountpoints on {info['workdir_fs']}.",
+          f"- **Command**: `{command}`",
+          f"- **Load average (1/5/15 min)**: {_load_str([args.load_start])} at start, {_load_str([args.load_end])} "
+          f"at the end; per experiment in each table's title (start -> end)."
+          + (" The machine was shared with other work while this ran, so absolute numbers are noisy: compare "
+             "rows of one table (measured interleaved) rather than runs, and prefer the daemon CPU per open, "
+             "which load disturbs less." if args.noisy_note else ""),
+          *([f"- **Quick run (`--quick`)**: a smoke test, not reference numbers."] if args.quick else []),
+          f"- **Method**: {args.files} files per size (~{args.small_size} B and ~{args.large_size // 1000} KB, "
+          f"+-30 %, {PER_DIR} per directory); readers are processes reading disjoint contiguous shards with "
+          f"`os.open`/`os.read({READ_CHUNK // 1024} KiB)` until EOF/`os.close`; all cases of one file size are "
+          f"mounted at once, warmed with one pass, then timed round-robin (every case once per round, "
+          f"{args.repeat} rounds per reader count, median reported; a pass shorter than {args.min_pass_s:g} s "
+          f"reads the files several times), so load that comes and goes touches every row alike. Each mount's counters must show every timed open "
+          f"as the outcome named (`shadefs stats --json`), every pass must return the exact byte count, and "
+          f"{args.verify + 2} files per mount are compared byte for byte with the source. `RAM hit`: "
+          f"`--ram-cache 100%`; `NVMe hit`: `--ram-cache 0 --disk-cache DIR --disk-cache-size 100%` (the "
+          f"entries sit in the page cache: the daemon's path, not the device, is measured); `miss`: "
+          f"`--ram-cache 0 --policy static` (source page cache warm); `multi`/`single`: `--fuse-loop`.",
+          ""]
+    for t in tables:
+        md += [t.markdown(), ""]
+    md += ["### What limits it", "", limits_text(results, slow, readers), ""]
+    if args.plot:
+        rel = os.path.relpath(os.path.abspath(args.plot), os.path.dirname(os.path.abspath(args.doc)))
+        md += [f"![files/s vs readers, ~110 KB files]({rel})", ""]
+    md.append(DOC_END)
+    return tables, "\n".join(md) + "\n"
+
+
+def write_doc(path: str, section: str) -> None:
+    """Replace the bench_read section of ``path`` (or a '## Read path' section, or append); create if missing."""
+    try:
+        with open(path) as f:
+            text = f.read()
+    except FileNotFoundError:
+        text = "# Performance\n"
+    if DOC_START in text and DOC_END in text:
+        a = text.index(DOC_START)
+        b = text.index(DOC_END, a) + len(DOC_END)
+        if text[b:b + 1] == "\n":
+            b += 1
+        text = text[:a] + section + text[b:]
+    else:
+        m = re.search(r"^## Read path[^\n]*\n", text, re.M)
+        if m:
+            nxt = re.search(r"^## ", text[m.end():], re.M)
+            end = m.end() + nxt.start() if nxt else len(text)
+            text = text[:m.start()] + section + ("\n" if nxt else "") + text[end:]
+        else:
+            text = text.rstrip("\n") + "\n\n" + section
+    tmp = path + ".bench_read.tmp"
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def write_plot(path: str, res: dict, readers: List[int], title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5.5), dpi=110)
+    styles = {"direct": ("k", "-", "o")}
+    for key in ["direct"] + [c[0] for c in CASES]:
+        if key not in res:
+            continue
+        color, ls, marker = styles.get(key, (None, "--" if "single" in key else "-",
+                                              "s" if key.startswith("ram") else "^" if key.startswith("nvme") else "v"))
+        ax.plot(readers, [res[key][r]["files_s"] for r in readers], label=LABELS[key], color=color,
+                linestyle=ls, marker=marker)
+    ax.set_yscale("log")
+    ax.set_xticks(readers)
+    ax.set_xlabel("reader processes")
+    ax.set_ylabel("files/s (log scale)")
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+
+
+# -- main ---------------------------------------------------------------------------------------------------
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--files", type=int, default=4000, help="files per dataset (default 4000)")
+    p.add_argument("--readers", type=int, nargs="+", default=[1, 4, 8], help="reader process counts (default 1 4 8)")
+    p.add_argument("--repeat", type=int, default=3, help="timed passes per point; the median is reported (default 3)")
+    p.add_argument("--min-pass-s", type=float, default=0.5, help="a timed pass shorter than this reads the files "
+                   "several times instead (default 0.5 s)")
+    p.add_argument("--sizes", nargs="+", choices=("small", "large"), default=["small", "large"])
+    p.add_argument("--small-size", type=int, default=300, help="mean size of the small files (default 300 B)")
+    p.add_argument("--large-size", type=int, default=110_000, help="mean size of the large files (default 110 KB)")
+    p.add_argument("--cases", nargs="+", choices=[c[0] for c in CASES],
+                   help="run only these mount cases (default: all; direct always runs)")
+    p.add_argument("--slow-ms", type=float, default=2.0, help="latency of each source READ in the slow-backend "
+                   "experiment (default 2 ms)")
+    p.add_argument("--slow-files", type=int, default=800, help="files in the slow-backend experiment (default 800)")
+    p.add_argument("--slow-readers", type=int, default=4, help="readers in the slow-backend experiment (default 4)")
+    p.add_argument("--no-slow", action="store_true", help="skip the slow-backend experiment")
+    p.add_argument("--count-requests", type=int, default=200, metavar="N",
+                   help="count the FUSE requests per open with strace over N files for a few cases (0: off; "
+                   "default 200; needs strace and ptrace rights)")
+    p.add_argument("--verify", type=int, default=48, help="files per mount compared byte for byte (plus first and last)")
+    p.add_argument("--workdir", help="work directory on local disk (default: a new temporary directory, removed "
+                   "at the end); datasets in it are reused")
+    p.add_argument("--keep", action="store_true", help="keep the work directory")
+    p.add_argument("--quick", action="store_true", help="smoke run (~1 min): 400 files, 1 and 8 readers, 1 pass")
+    p.add_argument("--write-doc", action="store_true", help="rewrite the 'Read path' section of --doc and the plot")
+    p.add_argument("--doc", default=os.path.join(ROOT, "docs", "performance.md"))
+    p.add_argument("--plot", default=os.path.join(ROOT, "docs", "img", "bench_read.png"))
+    p.add_argument("--json", metavar="FILE", help="also write the raw results as JSON")
+    p.add_argument("--quiet-machine", dest="noisy_note", action="store_false",
+                   help="omit the 'machine was shared' caveat from the doc")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.files = min(args.files, 400)
+        args.readers = [1, 8] if args.readers == [1, 4, 8] else args.readers
+        args.repeat = 1
+        args.slow_files = min(args.slow_files, 200)
+        args.verify = min(args.verify, 16)
+        args.min_pass_s = min(args.min_pass_s, 0.2)
+    args.readers = sorted(set(args.readers))
+    if args.files < 2 or min(args.readers) < 1 or args.repeat < 1 or args.slow_files < 2:
+        p.error("--files, --slow-files >= 2; --readers, --repeat >= 1")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    command = "python scripts/bench_read.py " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    started = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
+    own_work = args.workdir is None
+    work = os.path.abspath(args.workdir) if args.workdir else tempfile.mkdtemp(prefix="shadefs-bench-read-")
+    for d in ("data", "mnt", "cache", "logs"):
+        os.makedirs(os.path.join(work, d), exist_ok=True)
+
+    def on_term(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
+    info = machine_info(work)
+    args.load_start = os.getloadavg()
+    progress(f"bench_read: {info['nproc']} CPUs, kernel {info['kernel']}, libfuse {info.get('libfuse')} "
+             f"({info.get('libfuse_path')}), workdir {work} on {info['workdir_fs']}, load {os.getloadavg()}")
+    pool = mounts = None
+    results: Dict[str, dict] = {}
+    slow = None
+    t_start = time.monotonic()
+    try:
+        datasets = {}
+        for name in args.sizes:
+            mean = args.small_size if name == "small" else args.large_size
+            progress(f"dataset {name}: {args.files} files of ~{mean} B")
+            datasets[name] = (os.path.join(work, "data", name),
+                              make_dataset(os.path.join(work, "data", name), args.files, mean, seed=1 if name == "small" else 2))
+        pool = ReaderPool(max(max(args.readers), args.slow_readers))  # forked before any mount or thread
+        mounts = Mounts()
+        for name in args.sizes:
+            src, files = datasets[name]
+            label = f"~{args.small_size} B" if name == "small" else f"~{args.large_size // 1000} KB"
+            results[label] = run_size(args, pool, mounts, name, src, files, work)
+            print("\n" + size_table(label, results[label], args.readers).text() + "\n", flush=True)
+        if not args.no_slow:
+            slow = run_slow(args, pool, mounts, work)
+    except KeyboardInterrupt:
+        print("bench_read: interrupted; unmounting", file=sys.stderr)
+        return 130
+    except BenchError as e:
+        print(f"bench_read: FAILED: {e}", file=sys.stderr)
+        return 1
+    finally:
+        if pool is not None:
+            pool.close()
+        if mounts is not None:
+            mounts.unmount_all()
+        if own_work and not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    elapsed = time.monotonic() - t_start
+    args.load_end = os.getloadavg()
+
+    tables, section = build_report(args, info, results, slow, command, started, elapsed)
+    print(f"machine: {info['nproc']} CPUs ({info.get('cpu')}), kernel {info['kernel']}, libfuse "
+          f"{info.get('libfuse')} via mfusepy {info.get('mfusepy')}; workdir on {info['workdir_fs']}")
+    print(f"command: {command}\n")
+    for t in tables[len(results):]:
+        print(t.text() + "\n")
+    print(f"total {elapsed:.0f} s")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"info": info, "results": results, "slow": slow, "command": command}, f, indent=1, default=str)
+    if args.write_doc:
+        write_doc(args.doc, section)
+        large = next((res for label, res in results.items() if "KB" in label), None)
+        if large is not None and args.plot:
+            write_plot(args.plot, large, args.readers,
+                       f"shadefs read path, ~{args.large_size // 1000} KB files, {info['nproc']} CPUs "
+                       f"(load {os.getloadavg()[0]:.1f})")
+        print(f"wrote the 'Read path' section of {args.doc}" + (f" and {args.plot}" if large is not None else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "_slowfs":
+        sys.exit(slowfs_main(sys.argv[2], sys.argv[3], float(sys.argv[4]), sys.argv[5]))
+    sys.exit(main())
