@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 import time
 from typing import Optional
@@ -29,6 +30,22 @@ from .policies.base import Importance, get_policy
 __all__ = ["Daemon"]
 
 log = logging.getLogger("shadefs.daemon")
+
+
+def select_libfuse() -> None:
+    """Prefer libfuse 3 when it is installed (mfusepy would load libfuse 2 first).
+
+    libfuse 3's multithreaded loop keeps idle worker threads instead of waking new ones, which measured
+    about 1.4x more RAM-hit opens per second and 30 % less daemon CPU per open (docs/performance.md).
+    ``FUSE_LIBRARY_PATH`` set by the user wins. Must run before mfusepy is first imported.
+    """
+    if "FUSE_LIBRARY_PATH" in os.environ or "mfusepy" in sys.modules:
+        return
+    from ctypes.util import find_library
+
+    lib = find_library("fuse3")
+    if lib:
+        os.environ["FUSE_LIBRARY_PATH"] = lib
 
 
 class Daemon:
@@ -104,12 +121,13 @@ class Daemon:
         if restored or skipped:
             log.info("importance: restored %d scores from %s (%d no longer in the source) in %.2f s",
                      restored, scores_path, skipped, time.monotonic() - t0)
-        self.checkpointer = persist.ScoreCheckpointer(scores_path, self.namespace, self.importance,
-                                                      self.cache.lock, self.cfg.checkpoint_interval_s)
-        rep = persist.reload_disk_tier(store, index, self.namespace)
+        digests = persist.PathDigests(self.namespace.paths, os.path.join(store.dir, persist.DIGESTS_FILE))
+        rep = persist.reload_disk_tier(store, index, self.namespace, digests)
         self.reload_report = rep
         self.cache.corrupt_entries += rep.corrupt
         log.info("disk tier: %s", rep.summary())
+        self.checkpointer = persist.Checkpointer(store.dir, self.namespace, self.importance, index, digests,
+                                                 self.cache.lock, self.cfg.checkpoint_interval_s)
 
     @staticmethod
     def _load_transform(name: str):
@@ -126,7 +144,8 @@ class Daemon:
     # -- FUSE lifecycle ----------------------------------------------------------------------------------
     def run(self) -> None:
         """Mount and serve until unmounted (blocks)."""
-        from mfusepy import FUSE
+        select_libfuse()
+        from mfusepy import FUSE, fuse_version_major, fuse_version_minor
 
         from .fuse_ops import ShadeOperations
 
@@ -136,6 +155,7 @@ class Daemon:
                        default_permissions=True, attr_timeout=3600, entry_timeout=3600, negative_timeout=3600)
         if self.cfg.allow_other:
             options["allow_other"] = True
+        log.info("libfuse %d.%d", fuse_version_major, fuse_version_minor)
         try:
             FUSE(ops, self.cfg.mountpoint, **options)
         finally:
@@ -147,9 +167,26 @@ class Daemon:
             self._start_services()
         except Exception as e:
             log.exception("control plane failed to start")
+            self._detach()  # the mount exists already: never leave it behind without a daemon
             self._notify(f"error: {e}")
             os._exit(1)
         self._notify("ok")
+
+    def _detach(self) -> None:
+        """Lazily unmount our own mountpoint (from FUSE ``init``, which cannot wait for a normal unmount)."""
+        import shutil
+        import subprocess
+
+        tool = shutil.which("fusermount3") or shutil.which("fusermount")
+        for cmd in ([tool, "-uz", self.cfg.mountpoint] if tool else None, ["umount", "-l", self.cfg.mountpoint]):
+            if cmd is None:
+                continue
+            try:
+                if subprocess.run(cmd, capture_output=True, timeout=10).returncode == 0:
+                    return
+            except (OSError, subprocess.TimeoutExpired):
+                continue
+        log.error("could not unmount %s; run: fusermount -uz %s", self.cfg.mountpoint, self.cfg.mountpoint)
 
     def _start_services(self) -> None:
         cfg = self.cfg
