@@ -20,7 +20,7 @@ each with the policies ``lru``, ``static`` and ``shade``, it
    counts the measured hits (``outcome`` column) per epoch, and replays the same trace through Belady's
    OPT at the same cache bytes (the RAM tier's capacity from the stats). OPT sees the whole trace; its
    hits are counted per epoch, so "OPT, epochs 2..E" is OPT for the whole run, counted in the warm
-   epochs. The OPT total is checked against ``shadefs.sim.belady`` on every run. The same trace is also
+   epochs (``shadefs.sim.belady(..., hit_mask=...)``). The same trace is also
    replayed through the run's own policy (``shadefs.sim.simulate``) as a daemon-vs-simulator check.
 
 Layout of the mount: the daemon's source is the train directory itself (class folders at the mount
@@ -54,7 +54,6 @@ from __future__ import annotations
 import argparse
 import csv
 import datetime
-import heapq
 import json
 import math
 import os
@@ -231,67 +230,6 @@ def read_outcomes(path: str) -> np.ndarray:
         return np.array([row[col] != "miss" for row in reader if row], dtype=bool)
 
 
-def opt_hit_mask(trace: sim.Trace, cache_bytes: int) -> Tuple[np.ndarray, int]:
-    """Belady's MIN with bypass, exactly as :func:`shadefs.sim.belady`, but returning which requests hit.
-
-    Returns (mask of shape (requests,), hit bytes). The caller checks the total against ``sim.belady``,
-    so this copy cannot silently drift from the library's.
-    """
-    n = trace.requests
-    mask = np.zeros(n, dtype=bool)
-    cache_bytes = int(cache_bytes)
-    if cache_bytes <= 0:
-        return mask, 0
-    ids = trace.ids.tolist()
-    nxt = sim.next_use(trace.ids).tolist()
-    sizes = trace.sizes.tolist()
-    live: Dict[int, int] = {}
-    heap: List[int] = []
-    free = cache_bytes
-    hit_bytes = 0
-    for i in range(n):
-        fid = ids[i]
-        j = nxt[i]
-        key = j if j < n else n + fid
-        size = sizes[fid]
-        if fid in live:
-            mask[i] = True
-            hit_bytes += size
-            live[fid] = key
-            heapq.heappush(heap, -key)
-            if len(heap) > 2 * len(live) + 64:
-                heap = [-k for k in live.values()]
-                heapq.heapify(heap)
-            continue
-        if size > free:
-            if j >= n or size > cache_bytes:
-                continue
-            victims: List[int] = []
-            freed = 0
-            while free + freed < size:
-                k = -heap[0]
-                v = ids[k] if k < n else k - n
-                if live.get(v) != k:
-                    heapq.heappop(heap)
-                    continue
-                if k < key:
-                    break
-                heapq.heappop(heap)
-                victims.append(k)
-                freed += sizes[v]
-            if free + freed < size:
-                for k in victims:
-                    heapq.heappush(heap, -k)
-                continue
-            for k in victims:
-                del live[ids[k] if k < n else k - n]
-            free += freed
-        live[fid] = key
-        heapq.heappush(heap, -key)
-        free -= size
-    return mask, hit_bytes
-
-
 def per_epoch(mask: np.ndarray, n_train: int, epochs: int) -> List[dict]:
     """Hits and opens per epoch; epoch k = opens [k*N, (k+1)*N) (the last takes any remainder)."""
     out = []
@@ -359,10 +297,8 @@ def analyse(run: dict, trace_path: str, cache_bytes: int, n_train: int, epochs: 
     run["hit_ratio_warm"] = warm_ratio(run["measured_epochs"])
 
     t = time.monotonic()
-    mask, hit_bytes = opt_hit_mask(trace, cache_bytes)
-    ref = sim.belady(trace, cache_bytes)
-    if int(mask.sum()) != ref.hits or hit_bytes != ref.hit_bytes:
-        raise RuntimeError(f"OPT mask ({int(mask.sum())} hits) disagrees with sim.belady ({ref.hits})")
+    mask = np.zeros(trace.requests, dtype=bool)
+    ref = sim.belady(trace, cache_bytes, hit_mask=mask)
     run["opt_epochs"] = per_epoch(mask, n_train, epochs)
     run["phases"], run["profile"] = phases(trace.ids, measured, mask, n_train, epochs)
     run["opt_hit_ratio"] = ref.hit_ratio

@@ -355,8 +355,11 @@ def next_use(ids: np.ndarray) -> np.ndarray:
     return out
 
 
-def belady(trace: Trace, cache_bytes: int) -> Result:
+def belady(trace: Trace, cache_bytes: int, hit_mask: Optional[np.ndarray] = None) -> Result:
     """Belady's MIN (OPT), offline, with bypass; reported as policy ``"opt"``.
+
+    ``hit_mask``, if given (bool, shape (requests,)), is set True at every request OPT hits, for
+    per-epoch or per-phase breakdowns.
 
     On a miss the file is admitted if it fits in the free bytes. Otherwise the cached files whose next
     use lies furthest in the future (never used again = infinitely far) are evicted, furthest first,
@@ -395,6 +398,8 @@ def belady(trace: Trace, cache_bytes: int) -> Result:
         if fid in live:
             hits += 1
             hit_bytes += size
+            if hit_mask is not None:
+                hit_mask[i] = True
             live[fid] = key
             heapq.heappush(heap, -key)
             if len(heap) > 2 * len(live) + 64:
