@@ -67,10 +67,13 @@ def _unmount(mountpoint: str, lazy: bool = False) -> None:
 def _clear_stale(mountpoint: str) -> bool:
     """Unmount a FUSE mount whose daemon died ("Transport endpoint is not connected"). Returns True if done."""
     try:
-        os.stat(mountpoint)
+        # statvfs, not stat: the kernel answers stat from its attribute cache (attr_timeout=3600) even
+        # after the daemon died; STATFS always reaches the (dead) connection.
+        os.statvfs(mountpoint)
         return False
     except OSError as e:
-        if e.errno != errno.ENOTCONN:
+        # ENOTCONN once the connection is gone; ECONNABORTED for a request caught in the abort
+        if e.errno not in (errno.ENOTCONN, errno.ECONNABORTED):
             return False
     _unmount(mountpoint, lazy=True)
     return True
@@ -340,8 +343,30 @@ def cmd_warm(args) -> int:
 
 
 # -- argument parsing -------------------------------------------------------------------------------------
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (the usage block stays behind --help)."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+SIZE_OPTIONS = ("--ram-cache", "--disk-cache-size", "--disk-min-free")
+
+
+def _attach_negative_sizes(argv: List[str]) -> List[str]:
+    # argparse takes "--ram-cache -5MiB" for two options; pass it on as "--ram-cache=-5MiB", so the
+    # size parser reports what is wrong with the value.
+    out = []
+    for a in argv:
+        if out and out[-1] in SIZE_OPTIONS and a[:1] == "-" and a[1:2].isdigit():
+            out[-1] = f"{out[-1]}={a}"
+        else:
+            out.append(a)
+    return out
+
+
 def make_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="shadefs", description="Read-only caching FUSE filesystem for training data.")
+    p = _Parser(prog="shadefs", description="Read-only caching FUSE filesystem for training data.")
     sub = p.add_subparsers(dest="command", required=True)
 
     m = sub.add_parser("mount", help="mount SOURCE (a directory or an fsspec URL) read-only at MOUNTPOINT")
@@ -353,8 +378,8 @@ def make_parser() -> argparse.ArgumentParser:
     m.add_argument("--disk-cache-size", metavar="SIZE", help="NVMe tier size (units or %%); 0 = off")
     m.add_argument("--disk-min-free", metavar="SIZE", help="keep this much free on the cache filesystem (e.g. 5%%)")
     m.add_argument("--checkpoint-interval", type=float, default=60.0, metavar="SECONDS",
-                   help="checkpoint importance scores into the disk tier every SECONDS (default 60; "
-                   "0 = only at unmount)")
+                   help="checkpoint importance scores and the disk tier manifest every SECONDS "
+                   "(default 60; 0 = only at mount and unmount)")
     m.add_argument("--policy", default="static", help="static (default), lru, fifo, shade")
     m.add_argument("--score-transform", default="rank", help="rank (SHADE: ln(10 + rank in batch)) or raw")
     m.add_argument("--foreground", "-f", action="store_true", help="stay attached; log to stderr")
@@ -409,7 +434,7 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    args = make_parser().parse_args(argv)
+    args = make_parser().parse_args(_attach_negative_sizes(sys.argv[1:] if argv is None else list(argv)))
     try:
         return args.func(args)
     except UserError as e:

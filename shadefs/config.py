@@ -55,7 +55,8 @@ def parse_size(text: str) -> Size:
     Decimal units (kB, MB, GB) are powers of 1000, binary units (KiB, MiB, GiB) powers of 1024.
 
     Raises:
-        ConfigError: the text is not a size, is negative, or a percentage above 100.
+        ConfigError: the text is not a size, is negative, is a fractional byte count (``1.5``), or a
+            percentage above 100.
     """
     if not isinstance(text, str):
         raise ConfigError(f"invalid size {text!r}")
@@ -65,6 +66,8 @@ def parse_size(text: str) -> Size:
         if pct > 100:
             raise ConfigError(f"invalid size {text!r}: a percentage must be between 0% and 100%")
         return Size(fraction=pct / 100.0)
+    if text.strip().startswith("-"):
+        raise ConfigError(f"invalid size {text!r}: a size cannot be negative")
     m = _SIZE_RE.match(text)
     if not m or m.group(2).lower() not in _UNITS:
         raise ConfigError(
@@ -105,6 +108,7 @@ class MountConfig:
     control: Optional[str] = None            # ZeroMQ endpoint URL; None = private ipc:// socket
     control_allow_remote: bool = False
     curve_server_secret: Optional[str] = None  # path of a CURVE secret key file (TCP only)
+    checkpoint_interval_s: float = 60.0       # importance + disk manifest checkpoints; 0 = at mount and unmount only
     metrics_port: Optional[int] = None
     metrics_addr: str = "127.0.0.1"
     trace: Optional[str] = None

@@ -2,7 +2,9 @@
 
 The listing is a parallel ``os.scandir`` over directories (metadata round trips dominate on NFS, so
 several in flight at once). Reads are one ``open`` + ``readinto`` of exactly the snapshot size; a
-file whose length changed since the scan is an error, never a short file.
+file whose length changed since the scan is an error, never a short file. A missing file is ENOENT,
+unless the whole source is gone (an empty or missing root: an NFS or bind mount went away), which is
+an error (EIO) that heals when the source comes back.
 """
 from __future__ import annotations
 
@@ -81,6 +83,9 @@ class PosixBackend(Backend):
                         break
                     got += n
         except FileNotFoundError:
+            if self._source_gone(full):
+                raise BackendError(f"read {path!r}: the source {self.root!r} is unreachable (empty or "
+                                   f"missing: an unmounted NFS or bind mount?)") from None
             raise
         except OSError as e:
             raise BackendError(f"read {path!r}: {e.strerror or e}") from e
@@ -90,6 +95,18 @@ class PosixBackend(Backend):
         del view
         buf = buf[:size]
         return bytes(buf)
+
+    def _source_gone(self, full: str) -> bool:
+        """For a missing file: is the whole source gone rather than this file? An unmounted NFS or bind
+        mount leaves an empty directory (or none) where the dataset was; that is EIO, not ENOENT."""
+        parent = os.path.dirname(full)
+        try:
+            if parent != self.root and os.path.isdir(parent):
+                return False  # the file's directory is there: the file itself was removed
+            with os.scandir(self.root) as it:
+                return next(it, None) is None
+        except OSError:
+            return True
 
     def read_range(self, path: str, offset: int, length: int) -> bytes:
         try:

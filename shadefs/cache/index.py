@@ -8,7 +8,7 @@ call. Not thread-safe: the caller holds its lock.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 from ..policies.base import Policy
 
@@ -33,6 +33,7 @@ class TierIndex:
         self.used_bytes = 0
         self.reserved_bytes = 0
         self.evictions = 0
+        self.changes = 0                       # bumped whenever the resident set changes (checkpoints)
 
     def __contains__(self, fid: int) -> bool:
         return fid in self.sizes
@@ -78,6 +79,7 @@ class TierIndex:
         self.reserved_bytes -= size
         self.sizes[fid] = size
         self.used_bytes += size
+        self.changes += 1
         self.policy.on_insert(fid, size)
 
     def abort(self, fid: int) -> None:
@@ -93,12 +95,43 @@ class TierIndex:
             self.commit(fid)
         return victims
 
+    def restore(self, fids: Sequence[int], sizes: Sequence[int]) -> None:
+        """Make ``fids`` resident at once, oldest first, without asking the policy for admission.
+
+        For a restart reloading entries the policy admitted before (:mod:`shadefs.cache.persist`): the
+        policy is told of each through ``on_insert`` in the given order, so order-keeping policies (LRU,
+        FIFO) see them as inserted in that order. Not counted as admissions or evictions.
+
+        Args:
+            fids, sizes: Python ints (``ndarray.tolist()``), same length.
+
+        Raises:
+            ValueError: an id is repeated or already resident or pending, or the total does not fit in
+                the free budget (nothing changes).
+        """
+        fids, sizes = list(fids), list(sizes)
+        ids = set(fids)
+        if len(ids) != len(fids) or len(sizes) != len(fids) or not ids.isdisjoint(self.sizes) \
+                or not ids.isdisjoint(self.pending):
+            raise ValueError("restore: a file id is repeated or already in the tier")
+        total = sum(sizes)
+        if total > self.capacity_bytes - self.used_bytes - self.reserved_bytes:
+            raise ValueError(f"restore: {total} bytes do not fit in the free budget")
+        self.sizes.update(zip(fids, sizes))
+        self.used_bytes += total
+        self.changes += 1
+        if type(self.policy).on_insert is not Policy.on_insert:  # skip a million no-op calls (static)
+            on_insert = self.policy.on_insert
+            for fid, size in zip(fids, sizes):
+                on_insert(fid, size)
+
     def remove(self, fid: int) -> bool:
         """Drop resident ``fid`` (not counted as an eviction). Returns whether it was resident."""
         size = self.sizes.pop(fid, None)
         if size is None:
             return False
         self.used_bytes -= size
+        self.changes += 1
         self.policy.on_remove(fid)
         return True
 

@@ -7,20 +7,43 @@ Tier methods are called without the cache lock held, so they must be safe from s
 Disk entries are written atomically (a temporary file in the same filesystem, then ``rename``) under
 names hashed from the source URL and the file's path, so two mounts of different sources can share a
 cache directory without colliding, and a crash leaves either a whole entry or none under its final name.
+Each entry carries the source file's mtime (set before the rename), so a restarted daemon can tell a
+valid entry from a stale one with one ``stat`` and without reading data (:mod:`shadefs.cache.persist`).
+One daemon at a time owns a namespace: an ``flock`` on ``<namespace>/lock``, released by the kernel
+when the daemon dies, however it dies.
 """
 from __future__ import annotations
 
+import errno
+import fcntl
 import hashlib
 import os
 import shutil
 import threading
+import time
 from typing import Dict, Optional
 
-__all__ = ["MemoryTier", "DiskTier", "CorruptEntry"]
+__all__ = ["MemoryTier", "DiskTier", "CorruptEntry", "DiskFloorReached", "CacheDirInUse"]
 
 
 class CorruptEntry(OSError):
     """A cached entry is missing, truncated or otherwise unreadable; the caller drops it."""
+
+
+class DiskFloorReached(OSError):
+    """A write was refused because it would leave less than ``--disk-min-free`` on the cache filesystem."""
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.errno = errno.ENOSPC
+
+
+class CacheDirInUse(OSError):
+    """Another live daemon owns this cache namespace (same source, same cache directory)."""
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.errno = errno.EBUSY
 
 
 class MemoryTier:
@@ -48,27 +71,65 @@ class DiskTier:
     """Whole-file entries in a directory on local (NVMe) storage.
 
     Layout: ``DIR/<namespace>/<h[:2]>/<h>`` where ``namespace`` = sha256(source URL)[:16] and ``h`` =
-    sha256(relative path) hex; temporary files go to ``DIR/<namespace>/tmp/``.
+    sha256(relative path) hex; temporary files go to ``DIR/<namespace>/tmp/`` (emptied at start: a
+    leftover there is a write a crash interrupted). The namespace directory is 0700 and entries 0600:
+    cached training data is as private as the daemon's user.
 
     Args:
         root: the cache directory (created if missing).
         source_url: the mounted source, which names this cache's namespace inside ``root``.
+        min_free: bytes to keep free on the cache filesystem; a write that would go below is refused
+            with :class:`DiskFloorReached` (0: no floor).
+        lock: take the namespace lock (a second daemon on the same source and directory fails).
+        lock_wait_s: how long to wait for the lock (a daemon that was just unmounted may still be
+            writing its last checkpoint).
+
+    Raises:
+        CacheDirInUse: ``lock`` and another process holds the namespace after ``lock_wait_s``.
+        OSError: the directory cannot be created.
     """
 
     name = "disk"
+    LOCK_FILE = "lock"
 
-    def __init__(self, root: str, source_url: str):
+    def __init__(self, root: str, source_url: str, min_free: int = 0, lock: bool = True,
+                 lock_wait_s: float = 5.0):
         self.root = os.path.abspath(root)
         ns = hashlib.sha256(source_url.encode("utf-8", "surrogateescape")).hexdigest()[:16]
         self.dir = os.path.join(self.root, ns)
         self.tmp_dir = os.path.join(self.dir, "tmp")
-        os.makedirs(self.tmp_dir, exist_ok=True)
+        os.makedirs(self.tmp_dir, mode=0o700, exist_ok=True)
+        os.chmod(self.dir, 0o700)
+        self._lock_file = None
+        if lock:
+            self._lock_file = open(os.path.join(self.dir, self.LOCK_FILE), "a+")
+            deadline = time.monotonic() + lock_wait_s  # a daemon just unmounted may still be checkpointing
+            while True:
+                try:
+                    fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() < deadline:
+                        time.sleep(0.05)
+                        continue
+                    self._lock_file.seek(0)
+                    owner = self._lock_file.read().strip() or "another process"
+                    self._lock_file.close()
+                    raise CacheDirInUse(f"cache directory {self.root!r} is in use for this source "
+                                        f"by {owner}; give each mount of the same source its own --disk-cache")
+            self._lock_file.seek(0)
+            self._lock_file.truncate()
+            self._lock_file.write(f"pid {os.getpid()}\n")
+            self._lock_file.flush()
         # leftovers of a crash mid-write are never valid entries
+        self.tmp_leftovers = 0
         for name in os.listdir(self.tmp_dir):
             try:
                 os.unlink(os.path.join(self.tmp_dir, name))
+                self.tmp_leftovers += 1
             except OSError:
                 pass
+        self.min_free = int(min_free)
         self._seq = 0
         self._seq_lock = threading.Lock()
 
@@ -79,6 +140,33 @@ class DiskTier:
     def entry_path(self, relpath: str) -> str:
         h = self.key(relpath)
         return os.path.join(self.dir, h[:2], h)
+
+    def free_bytes(self) -> int:
+        """Bytes available to us on the cache filesystem now (``statvfs``)."""
+        st = os.statvfs(self.dir)
+        return st.f_bavail * st.f_frsize
+
+    def total_bytes(self) -> int:
+        """Size of the cache filesystem in bytes (``statvfs``)."""
+        st = os.statvfs(self.dir)
+        return st.f_blocks * st.f_frsize
+
+    def mtime_tolerance_ns(self) -> int:
+        """How far an entry's mtime may be from the one we set (the filesystem's timestamp granularity).
+
+        Probed with one temporary file: ext4/xfs/btrfs/tmpfs keep nanoseconds (tolerance 1 us, for float
+        rounding); a filesystem that keeps seconds gets 1 s.
+        """
+        probe = os.path.join(self.tmp_dir, f"probe.{os.getpid()}")
+        want = 1_600_000_000_123_456_789
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.utime(fd, ns=(want, want))
+            diff = abs(os.fstat(fd).st_mtime_ns - want)
+        finally:
+            os.close(fd)
+            os.unlink(probe)
+        return 1000 if diff < 1000 else 10 ** len(str(diff))
 
     def get(self, relpath: str, size: int) -> bytes:
         """Read a whole entry of ``size`` bytes.
@@ -101,12 +189,18 @@ class DiskTier:
             raise CorruptEntry(f"disk entry for {relpath!r} has {len(data)} bytes, expected {size}")
         return data
 
-    def put(self, relpath: str, data: bytes) -> None:
-        """Write an entry atomically (temporary file + rename).
+    def put(self, relpath: str, data: bytes, mtime_ns: Optional[int] = None) -> None:
+        """Write an entry atomically (temporary file + rename), stamped with the source's ``mtime_ns``.
 
         Raises:
+            DiskFloorReached: the write would leave less than ``min_free`` bytes free (nothing written).
             OSError: the write failed (for example ENOSPC); no partial entry is left behind.
         """
+        if self.min_free:
+            free = self.free_bytes()
+            if free - len(data) < self.min_free:
+                raise DiskFloorReached(f"{free} bytes free on the cache filesystem, writing {len(data)} "
+                                       f"would go below --disk-min-free ({self.min_free} bytes)")
         final = self.entry_path(relpath)
         with self._seq_lock:
             self._seq += 1
@@ -118,12 +212,14 @@ class DiskTier:
                 while view:
                     n = os.write(fd, view)
                     view = view[n:]
+                if mtime_ns is not None:
+                    os.utime(fd, ns=(mtime_ns, mtime_ns))
             finally:
                 os.close(fd)
             try:
                 os.rename(tmp, final)
             except FileNotFoundError:
-                os.makedirs(os.path.dirname(final), exist_ok=True)
+                os.makedirs(os.path.dirname(final), mode=0o700, exist_ok=True)
                 os.rename(tmp, final)
         except BaseException:
             try:
@@ -133,12 +229,25 @@ class DiskTier:
             raise
 
     def delete(self, relpath: str) -> None:
+        self.delete_entry(self.entry_path(relpath))
+
+    @staticmethod
+    def delete_entry(path: str) -> None:
         try:
-            os.unlink(self.entry_path(relpath))
+            os.unlink(path)
         except FileNotFoundError:
             pass
+        except OSError:
+            pass  # a failing cache disk: the entry is out of the index already, the reload drops it
 
     def clear(self) -> None:
-        """Remove every entry of this namespace (keeps the directory)."""
-        shutil.rmtree(self.dir, ignore_errors=True)
-        os.makedirs(self.tmp_dir, exist_ok=True)
+        """Remove every entry of this namespace (keeps the directory, the lock and the tmp folder)."""
+        for name in os.listdir(self.dir):
+            if len(name) == 2:
+                shutil.rmtree(os.path.join(self.dir, name), ignore_errors=True)
+
+    def close(self) -> None:
+        """Release the namespace lock. Idempotent."""
+        if self._lock_file is not None:
+            self._lock_file.close()
+            self._lock_file = None

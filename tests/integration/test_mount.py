@@ -156,6 +156,17 @@ def test_readdir_lists_only_the_source(small_tree, mount):
     (["--policy", "belady"], "unknown policy"),
     (["--disk-cache-size", "1GiB"], "needs --disk-cache"),
     (["--control", "tcp://10.1.2.3:5555"], "loopback"),
+    (["--ram-cache", "-5MiB"], "invalid size '-5MiB': a size cannot be negative"),
+    (["--ram-cache", "-5"], "cannot be negative"),
+    (["--ram-cache", "abc"], "invalid size 'abc'"),
+    (["--ram-cache", "1.5"], "whole number"),
+    (["--ram-cache", ""], "invalid size ''"),
+    (["--disk-cache-size"], "expected one argument"),
+    (["--disk-min-free", "101%"], "--disk-min-free"),
+    (["--checkpoint-interval", "-1"], "--checkpoint-interval"),
+    (["--checkpoint-interval", "nan"], "--checkpoint-interval"),
+    (["--metrics-port", "70000"], "--metrics-port 70000"),
+    (["--metrics-port", "-1"], "--metrics-port -1"),
 ])
 def test_mount_rejects_bad_arguments_in_one_line(small_tree, tmp_path, cli, args, message):
     src, _ = small_tree

@@ -1,0 +1,581 @@
+"""What survives a daemon restart or crash: the NVMe tier's entries and the importance scores.
+
+Every disk entry is written atomically under ``sha256(path)`` and stamped with the source file's mtime
+(:class:`~shadefs.cache.tiers.DiskTier`), so the directory itself is a valid index after any crash.
+:func:`reload_disk_tier` rebuilds the tier's :class:`~shadefs.cache.index.TierIndex` at mount, before
+the first open, and never reads cached data:
+
+1. take the manifest ``index.bin`` (digest, size, mtime of every resident entry, in index order), written
+   by :class:`Checkpointer` right after the mount, every ``interval`` seconds when the tier changed, and
+   at unmount, and delete it before anything is written, so a manifest on disk was always written by the
+   last daemon that wrote entries;
+2. list the ``<namespace>/<2 hex>/<64 hex>`` entries by name only (``getdents``, no ``stat``); anything
+   else there (a misplaced or misnamed file, or one that is not a regular file) is corrupt and deleted;
+3. map names to file ids by hashing every snapshot path once (vectorised matching; the digests are
+   cached in ``pathdigests.bin`` under a fingerprint of the path list, so an unchanged dataset skips
+   the hashing); names no snapshot path hashes to are stale (the file left the source);
+4. take size and mtime from the manifest; ``stat`` only entries it does not list (after a crash: those
+   written since the last checkpoint, at most one interval of writes; every entry when there is none);
+5. keep an entry only if size and mtime equal the snapshot's: another mtime means the source changed
+   (stale); the same mtime with another size is a partial entry (corrupt); dropped entries are deleted.
+   An entry whose bytes were lost after the manifest was written (power loss) is caught at its first
+   read (:class:`~shadefs.cache.tiers.CorruptEntry`: length check) and read from the backend;
+6. re-admit the rest in manifest order, then by ctime (which the final ``rename`` sets): all at once
+   when they fit the budget, else one by one through the policy, deleting what it refuses or evicts (the
+   budget shrank), so the byte budget holds and LRU/FIFO order is approximately kept.
+
+Importance scores are checkpointed to ``scores.bin`` beside it (paths + float32) by the same
+:class:`Checkpointer` and reloaded by :func:`load_scores` before the disk tier, so an importance-aware
+policy ranks the reloaded entries. Every file is written to ``tmp/`` and renamed into place.
+
+Must never: read cached data at mount, keep an entry whose size or mtime differs from the snapshot,
+trust a manifest another daemon may have outdated, or leave the tier over its byte budget.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+import os
+import shutil
+import stat as stat_mod
+import struct
+import threading
+import time
+import zlib
+from typing import List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from ..namespace import Namespace
+from ..policies.base import Importance
+from .index import TierIndex
+from .tiers import DiskTier
+
+__all__ = ["ReloadReport", "reload_disk_tier", "PathDigests", "path_digests", "write_index", "read_index",
+           "save_scores", "read_scores", "load_scores", "Checkpointer", "SCORES_FILE", "DIGESTS_FILE",
+           "INDEX_FILE"]
+
+log = logging.getLogger("shadefs.persist")
+
+SCORES_FILE = "scores.bin"
+DIGESTS_FILE = "pathdigests.bin"
+INDEX_FILE = "index.bin"
+_INDEX_MAGIC = b"SHADEFS-DISKINDEX-1\n"
+_SCORES_MAGIC = b"SHADEFS-SCORES-1\n"
+_DIGESTS_MAGIC = b"SHADEFS-PATHDIGESTS-1\n"
+
+# hex digit -> value, 255 for anything else
+_HEX = np.full(256, 255, dtype=np.uint8)
+_HEX[np.frombuffer(b"0123456789", np.uint8)] = np.arange(10, dtype=np.uint8)
+_HEX[np.frombuffer(b"abcdef", np.uint8)] = np.arange(10, 16, dtype=np.uint8)
+
+
+@dataclasses.dataclass
+class ReloadReport:
+    """What :func:`reload_disk_tier` found (entry counts; seconds of wall time)."""
+
+    loaded: int = 0
+    loaded_bytes: int = 0
+    stale: int = 0          # the source file changed or is gone
+    corrupt: int = 0        # partial entries, foreign or misplaced files
+    over_budget: int = 0    # valid, but the policy and budget keep no room for them
+    tmp_leftovers: int = 0  # writes a crash interrupted (removed when the tier opened)
+    from_manifest: int = 0  # entries whose size and mtime came from the manifest
+    statted: int = 0        # entries that needed a stat (not in the manifest)
+    scan_seconds: float = 0.0
+    digest_seconds: float = 0.0
+    seconds: float = 0.0
+
+    def summary(self) -> str:
+        return (f"reloaded {self.loaded} entries ({self.loaded_bytes} bytes) in {self.seconds:.2f} s "
+                f"(listing {self.scan_seconds:.2f} s, path hashes {self.digest_seconds:.2f} s, "
+                f"{self.from_manifest} from the manifest, {self.statted} stat'ed); dropped "
+                f"{self.stale} stale, {self.corrupt} corrupt, {self.over_budget} over budget, "
+                f"{self.tmp_leftovers} unfinished writes")
+
+
+def mtimes_ns(mtimes_s: np.ndarray) -> np.ndarray:
+    """Snapshot mtimes (float seconds) as the integer nanoseconds entries are stamped with.
+
+    The same rounding as :meth:`TieredCache._write_disk` (``round(m * 1e9)``, half to even).
+    """
+    return np.round(np.asarray(mtimes_s, dtype=np.float64) * 1e9).astype(np.int64)
+
+
+# -- path digests -------------------------------------------------------------------------------------
+
+def _fingerprint(paths: Sequence[str]) -> bytes:
+    return hashlib.sha256("\0".join(paths).encode("utf-8", "surrogateescape")).digest()
+
+
+def path_digests(paths: Sequence[str], cache_file: Optional[str] = None) -> np.ndarray:
+    """sha256 of every path: shape (n, 32) uint8, row i = ``bytes.fromhex(DiskTier.key(paths[i]))``.
+
+    With ``cache_file``, reuse the digests stored there when they were computed for the same path list
+    (a fingerprint and a CRC guard it), else compute them and store them (atomically) for next time.
+    """
+    fp = _fingerprint(paths) if cache_file else b""
+    n = len(paths)
+    if cache_file:
+        try:
+            with open(cache_file, "rb") as f:
+                blob = f.read()
+            head = len(_DIGESTS_MAGIC) + 32 + 12
+            if blob.startswith(_DIGESTS_MAGIC) and blob[len(_DIGESTS_MAGIC):len(_DIGESTS_MAGIC) + 32] == fp:
+                count, crc = struct.unpack_from("<QI", blob, len(_DIGESTS_MAGIC) + 32)
+                body = memoryview(blob)[head:]
+                if count == n and len(body) == 32 * n and zlib.crc32(body) == crc:
+                    return np.frombuffer(body, dtype=np.uint8).reshape(n, 32)
+        except (OSError, struct.error):
+            pass
+    sha = hashlib.sha256
+    body = b"".join([sha(p.encode("utf-8", "surrogateescape")).digest() for p in paths])
+    if cache_file:
+        blob = _DIGESTS_MAGIC + fp + struct.pack("<QI", n, zlib.crc32(body)) + body
+        try:
+            _atomic_write(cache_file, blob, fsync=False)
+        except OSError as e:
+            log.warning("cannot store path digests in %s: %s", cache_file, e)
+    return np.frombuffer(body, dtype=np.uint8).reshape(n, 32)
+
+
+class PathDigests:
+    """:func:`path_digests` of a snapshot, computed (or loaded from ``cache_file``) on first use only."""
+
+    def __init__(self, paths: Sequence[str], cache_file: Optional[str] = None):
+        self._paths, self._file = paths, cache_file
+        self._value: Optional[np.ndarray] = None
+        self._lock = threading.Lock()
+
+    def get(self) -> np.ndarray:
+        """All digests, shape (n, 32) uint8."""
+        with self._lock:
+            if self._value is None:
+                self._value = path_digests(self._paths, self._file)
+            return self._value
+
+    def rows(self, fids: np.ndarray) -> np.ndarray:
+        """Digests of ``fids`` (shape (k, 32)); hashes only those while few and the table is not loaded."""
+        if self._value is None and len(fids) * 4 < len(self._paths):
+            sha, paths = hashlib.sha256, self._paths
+            body = b"".join([sha(paths[i].encode("utf-8", "surrogateescape")).digest() for i in fids.tolist()])
+            return np.frombuffer(body, dtype=np.uint8).reshape(len(fids), 32)
+        return self.get()[fids]
+
+
+def _keys(digests: np.ndarray) -> np.ndarray:
+    """The first 8 bytes of each digest as one uint64 (for sorting and searching)."""
+    return np.ascontiguousarray(digests[:, :8]).view(">u8").ravel().astype(np.uint64)
+
+
+# -- the disk tier ------------------------------------------------------------------------------------
+
+def _list(directory: str):
+    """List ``directory``'s shard folders by name only (``getdents``, no ``stat``). Returns (names, shard
+    index of each name (m,), shard paths, paths of names that are not 64 characters long)."""
+    names: List[str] = []
+    counts: List[int] = []
+    paths: List[str] = []
+    bad: List[str] = []
+    try:
+        shards = [de for de in os.scandir(directory)
+                  if len(de.name) == 2 and de.name == de.name.lower() and de.is_dir(follow_symlinks=False)]
+    except FileNotFoundError:
+        shards = []
+    for shard in shards:
+        try:
+            files = os.listdir(shard.path)
+        except OSError as e:
+            log.warning("cannot list %s: %s", shard.path, e)
+            continue
+        if files and not min(map(len, files)) == max(map(len, files)) == 64:  # rare: foreign names
+            bad.extend(os.path.join(shard.path, n) for n in files if len(n) != 64)
+            files = [n for n in files if len(n) == 64]
+        names.extend(files)
+        counts.append(len(files))
+        paths.append(shard.path)
+    shard_idx = np.repeat(np.arange(len(paths)), counts)
+    return names, shard_idx, paths, bad
+
+
+def _decode(names: List[str], shard_idx: np.ndarray, shard_paths: List[str]):
+    """Entry names -> (names, digests (m, 32) uint8, foreign paths): a name is an entry when it is 64
+    lowercase hex digits and sits in the shard folder named by its first two (vectorised)."""
+    ascii_ = np.ones(len(names), dtype=bool)
+    blob = "".join(names).encode("utf-8", "surrogateescape")
+    if len(blob) != 64 * len(names):  # a non-ASCII name (rare): drop those first
+        ascii_ = np.fromiter((n.isascii() for n in names), dtype=bool, count=len(names))
+        blob = "".join(n for n, a in zip(names, ascii_.tolist()) if a).encode("ascii")
+    keep = np.flatnonzero(ascii_)
+    raw = np.frombuffer(blob, dtype=np.uint8).reshape(len(keep), 64)
+    prefix = np.array([list(os.path.basename(p).encode("utf-8", "surrogateescape")[:2].ljust(2, b"?"))
+                       for p in shard_paths], dtype=np.uint8).reshape(-1, 2)
+    nib = _HEX[raw]
+    ok = (nib != 255).all(axis=1) & (raw[:, :2] == prefix[shard_idx[keep]]).all(axis=1)
+    good = keep[ok]
+    foreign: List[str] = []
+    if len(good) != len(names):
+        out = np.ones(len(names), dtype=bool)
+        out[good] = False
+        foreign = [os.path.join(shard_paths[shard_idx[i]], names[i]) for i in np.flatnonzero(out).tolist()]
+        names = [names[i] for i in good.tolist()]
+        nib = nib[ok]
+    return names, (nib[:, 0::2] << 4) | nib[:, 1::2], foreign
+
+
+def _remove(path: str) -> None:
+    try:
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            os.unlink(path)
+    except OSError:
+        pass
+
+
+def write_index(path: str, digests: np.ndarray, sizes: np.ndarray, mtimes: np.ndarray) -> None:
+    """Write the disk tier manifest atomically: ``k`` rows of (sha256 of the path, size in bytes, mtime in
+    ns) in index order (oldest first). Format: magic line, ``<Q`` k, the digests (k*32 bytes), sizes and
+    mtimes (``<i8`` each), CRC32 (``<I``) of everything before."""
+    k = len(sizes)
+    blob = b"".join((_INDEX_MAGIC, struct.pack("<Q", k), np.ascontiguousarray(digests, np.uint8).tobytes(),
+                     np.asarray(sizes, "<i8").tobytes(), np.asarray(mtimes, "<i8").tobytes()))
+    _atomic_write(path, blob + struct.pack("<I", zlib.crc32(blob)), fsync=True)
+
+
+def read_index(path: str) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Read a manifest written by :func:`write_index`: (digests (k, 32) uint8, sizes, mtimes int64).
+
+    Raises:
+        FileNotFoundError: no manifest.
+        ValueError: truncated or corrupt.
+    """
+    with open(path, "rb") as f:
+        blob = f.read()
+    head = len(_INDEX_MAGIC) + 8
+    if not blob.startswith(_INDEX_MAGIC) or len(blob) < head + 4:
+        raise ValueError(f"{path}: not a shadefs disk index")
+    (k,) = struct.unpack_from("<Q", blob, len(_INDEX_MAGIC))
+    if head + 48 * k + 4 != len(blob):
+        raise ValueError(f"{path}: inconsistent length")
+    if zlib.crc32(memoryview(blob)[:-4]) != struct.unpack_from("<I", blob, len(blob) - 4)[0]:
+        raise ValueError(f"{path}: checksum mismatch (a damaged manifest)")
+    digests = np.frombuffer(blob, np.uint8, count=32 * k, offset=head).reshape(k, 32)
+    sizes = np.frombuffer(blob, "<i8", count=k, offset=head + 32 * k).astype(np.int64)
+    mtimes = np.frombuffer(blob, "<i8", count=k, offset=head + 40 * k).astype(np.int64)
+    return digests, sizes, mtimes
+
+
+def _take_manifest(directory: str):
+    """Read and delete the manifest (None when absent or damaged): once this daemon may write entries,
+    the previous daemon's manifest could be outdated, and a crash must not leave it behind."""
+    path = os.path.join(directory, INDEX_FILE)
+    try:
+        manifest = read_index(path)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        log.warning("ignoring the disk tier manifest: %s", e)
+        manifest = None
+    os.unlink(path)  # an error here means the cache directory is not writable: the mount fails
+    return manifest
+
+
+def _match(table: np.ndarray, table_keys_sorted: np.ndarray, order: np.ndarray, ent: np.ndarray,
+           ent_keys: np.ndarray) -> np.ndarray:
+    """Row of ``table`` (k, 32) equal to each row of ``ent`` (m, 32), or -1 (vectorised)."""
+    out = np.full(len(ent), -1, dtype=np.int64)
+    if len(table) == 0 or len(ent) == 0:
+        return out
+    pos = np.minimum(np.searchsorted(table_keys_sorted, ent_keys), len(table_keys_sorted) - 1)
+    cand = order[pos]
+    hit = (table_keys_sorted[pos] == ent_keys) & (table[cand] == ent).all(axis=1)
+    out[hit] = cand[hit]
+    return out
+
+
+def _sorted_keys(table: np.ndarray):
+    keys = _keys(table)
+    order = np.argsort(keys, kind="stable")
+    return keys[order], order
+
+
+def reload_disk_tier(disk: DiskTier, index: TierIndex, ns: Namespace,
+                     digests: Optional[PathDigests] = None) -> ReloadReport:
+    """Rebuild ``index`` (empty) from the entries in ``disk``'s namespace directory; delete the rest.
+
+    Args:
+        disk: the tier's store (its directory is listed; dropped entries are deleted from it).
+        index: the tier's empty index; its policy sees the reloaded entries via ``on_insert`` (or
+            ``reserve``/``commit`` when they exceed the budget).
+        ns: the snapshot just scanned; entries are checked against its sizes and mtimes.
+        digests: the snapshot's path digests (shared with the :class:`Checkpointer`); default: computed
+            here, cached in the namespace directory.
+
+    Returns:
+        A :class:`ReloadReport`. Never raises for a bad entry.
+
+    Raises:
+        OSError: the namespace directory cannot be modified (the previous manifest cannot be deleted).
+    """
+    t0 = time.monotonic()
+    rep = ReloadReport(tmp_leftovers=disk.tmp_leftovers)
+    manifest = _take_manifest(disk.dir)
+    names, shard_idx, shard_paths, bad = _list(disk.dir)
+    names, ent, foreign = _decode(names, shard_idx, shard_paths)
+    rep.scan_seconds = time.monotonic() - t0
+    for p in bad + foreign:
+        _remove(p)
+    rep.corrupt += len(bad) + len(foreign)
+    if not names:
+        rep.seconds = time.monotonic() - t0
+        return rep
+    t1 = time.monotonic()
+    if digests is None:
+        digests = PathDigests(ns.paths, os.path.join(disk.dir, DIGESTS_FILE))
+    table = digests.get() if ns.num_files else np.zeros((0, 32), np.uint8)
+    ent_keys = _keys(ent)
+    fids = _match(table, *_sorted_keys(table), ent, ent_keys)
+    rep.digest_seconds = time.monotonic() - t1
+    m = len(names)
+    sizes = np.full(m, -1, dtype=np.int64)
+    mtimes = np.full(m, -1, dtype=np.int64)
+    order = np.zeros(m, dtype=np.int64)
+    row = np.full(m, -1, dtype=np.int64)
+    if manifest is not None:
+        mdig, msizes, mmtimes = manifest
+        row = _match(mdig, *_sorted_keys(mdig), ent, ent_keys)
+        found = row >= 0
+        sizes[found], mtimes[found], order[found] = msizes[row[found]], mmtimes[row[found]], row[found]
+    known = fids >= 0
+    exp_mtime_all = mtimes_ns(ns.mtimes)
+    rest = np.flatnonzero(known & (row < 0))  # only entries of snapshot files need a stat
+    ctimes = np.zeros(len(rest), dtype=np.int64)
+    gone = np.zeros(m, dtype=bool)
+    for j, i in enumerate(rest.tolist()):
+        name = names[i]
+        try:
+            st = os.lstat(os.path.join(disk.dir, name[:2], name))
+        except OSError:
+            gone[i] = True
+            continue
+        if not stat_mod.S_ISREG(st.st_mode):
+            sizes[i] = -2  # never a snapshot size: dropped as corrupt below
+            mtimes[i] = exp_mtime_all[fids[i]]
+            continue
+        sizes[i], mtimes[i], ctimes[j] = st.st_size, st.st_mtime_ns, st.st_ctime_ns
+    base = len(manifest[0]) if manifest is not None else 0
+    order[rest] = base + np.argsort(np.argsort(ctimes, kind="stable"), kind="stable")
+    rep.from_manifest = int(np.count_nonzero(known & (row >= 0)))
+    rep.statted = len(rest)
+    safe = np.maximum(fids, 0)
+    exp_size = np.where(known, ns.sizes[safe] if ns.num_files else -1, -1)
+    exp_mtime = np.where(known, exp_mtime_all[safe] if ns.num_files else 0, 0)
+    tol = disk.mtime_tolerance_ns()
+    mtime_ok = known & ~gone & (np.abs(mtimes - exp_mtime) <= tol)
+    size_ok = sizes == exp_size
+    good = mtime_ok & size_ok
+    partial = mtime_ok & ~size_ok
+    rep.corrupt += int(np.count_nonzero(partial))
+    rep.stale += int(np.count_nonzero(~good & ~partial & ~gone))
+    for i in np.flatnonzero(~good & ~gone).tolist():
+        _remove(os.path.join(disk.dir, names[i][:2], names[i]))
+    idx = np.flatnonzero(good)
+    idx = idx[np.argsort(order[idx], kind="stable")]  # oldest first
+    g_fids, g_sizes = fids[idx], sizes[idx]
+    free = index.capacity_bytes - index.used_bytes - index.reserved_bytes
+    if int(g_sizes.sum()) <= free:
+        index.restore(g_fids.tolist(), g_sizes.tolist())
+        rep.loaded, rep.loaded_bytes = len(idx), int(g_sizes.sum())
+    else:  # the budget shrank (or another policy): let the policy choose, oldest offered first
+        for fid, size in zip(g_fids.tolist(), g_sizes.tolist()):
+            victims = index.admit(fid, size)
+            if victims is None:
+                disk.delete(ns.path(fid))
+                rep.over_budget += 1
+                continue
+            for v in victims:
+                disk.delete(ns.path(v))
+            rep.over_budget += len(victims)
+        index.evictions = 0  # reload decisions are not evictions of this mount
+        rep.loaded, rep.loaded_bytes = len(index), index.used_bytes
+    rep.seconds = time.monotonic() - t0
+    return rep
+
+
+# -- importance scores --------------------------------------------------------------------------------
+
+def save_scores(path: str, paths: Sequence[str], values: np.ndarray) -> None:
+    """Write ``paths`` (relative, shape (n,)) and their importance ``values`` (float32, shape (n,))
+    atomically to ``path`` (fsync'd temporary file + rename).
+
+    Format: magic line, ``<QQ`` count and path-bytes length, ``count`` little-endian float32, the paths
+    UTF-8 (surrogateescape) joined by NUL, then a CRC32 (``<I``) of everything before it.
+    """
+    values = np.asarray(values, dtype="<f4").reshape(-1)
+    if len(paths) != len(values):
+        raise ValueError(f"save_scores: {len(paths)} paths vs {len(values)} values")
+    names = "\0".join(paths).encode("utf-8", "surrogateescape")
+    blob = _SCORES_MAGIC + struct.pack("<QQ", len(values), len(names)) + values.tobytes() + names
+    _atomic_write(path, blob + struct.pack("<I", zlib.crc32(blob)), fsync=True)
+
+
+def read_scores(path: str) -> Tuple[List[str], np.ndarray]:
+    """Read a file written by :func:`save_scores`: (paths, float32 values).
+
+    Raises:
+        FileNotFoundError: no checkpoint.
+        ValueError: the file is truncated or corrupt.
+    """
+    with open(path, "rb") as f:
+        blob = f.read()
+    head = len(_SCORES_MAGIC) + 16
+    if not blob.startswith(_SCORES_MAGIC) or len(blob) < head + 4:
+        raise ValueError(f"{path}: not a shadefs scores checkpoint")
+    if zlib.crc32(memoryview(blob)[:-4]) != struct.unpack_from("<I", blob, len(blob) - 4)[0]:
+        raise ValueError(f"{path}: checksum mismatch (a damaged checkpoint)")
+    count, nbytes = struct.unpack_from("<QQ", blob, len(_SCORES_MAGIC))
+    if head + 4 * count + nbytes + 4 != len(blob):
+        raise ValueError(f"{path}: inconsistent lengths")
+    values = np.frombuffer(blob, dtype="<f4", count=count, offset=head).astype(np.float32)
+    raw = blob[head + 4 * count:head + 4 * count + nbytes]
+    paths = raw.decode("utf-8", "surrogateescape").split("\0") if count else []
+    if len(paths) != count:
+        raise ValueError(f"{path}: {len(paths)} paths for {count} values")
+    return paths, values
+
+
+def load_scores(path: str, ns: Namespace, importance: Importance) -> Tuple[int, int]:
+    """Apply a checkpoint to ``importance``. Returns (restored, skipped): skipped paths are no longer
+    in the snapshot or had a non-finite value. A missing file restores nothing; a corrupt one is logged
+    and ignored (importance starts from the default, as on a first mount)."""
+    try:
+        paths, values = read_scores(path)
+    except FileNotFoundError:
+        return 0, 0
+    except (OSError, ValueError) as e:
+        log.warning("ignoring the importance checkpoint: %s", e)
+        return 0, 0
+    file_id = ns.file_id
+    fids = np.fromiter((-1 if (f := file_id(p)) is None else f for p in paths), dtype=np.int64, count=len(paths))
+    keep = (fids >= 0) & np.isfinite(values)
+    importance.update(fids[keep], values[keep])
+    return int(keep.sum()), int((~keep).sum())
+
+
+class Checkpointer:
+    """Checkpoint importance (``scores.bin``) and the disk tier manifest (``index.bin``) at :meth:`start`,
+    then every ``interval_s`` seconds when they changed, and at :meth:`stop` (unmount).
+
+    Start it after the mount exists (FUSE ``init``). State is copied under ``lock`` (the cache lock,
+    which importance updates and index changes hold); files are written outside it.
+
+    Args:
+        directory: the disk tier's namespace directory.
+        ns, importance: the snapshot and its importance.
+        index: the disk tier's index, or None (scores only).
+        digests: the snapshot's path digests (the manifest names entries by them).
+        lock: the cache lock.
+        interval_s: seconds between checkpoints; 0 = only at :meth:`start` and :meth:`stop`.
+    """
+
+    def __init__(self, directory: str, ns: Namespace, importance: Importance, index: Optional[TierIndex],
+                 digests: PathDigests, lock: threading.Lock, interval_s: float = 60.0):
+        self.scores_path = os.path.join(directory, SCORES_FILE)
+        self.index_path = os.path.join(directory, INDEX_FILE)
+        self.ns = ns
+        self.importance = importance
+        self.index = index
+        self.digests = digests
+        self.lock = lock
+        self.interval_s = float(interval_s)
+        self._version = 0            # bumped by every importance update
+        self._saved_scores = 0
+        self._saved_index = None     # index.changes when the manifest was last written
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self._save_lock = threading.Lock()
+        self.saves = 0
+        importance.subscribe(self._changed)
+
+    def _changed(self, fids) -> None:
+        self._version += 1
+
+    def start(self) -> None:
+        """Start the thread (after the mount exists). Idempotent."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="shadefs-checkpoint", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        # at once: the reload took the previous manifest, and a crash before the first interval should
+        # not cost the next mount a stat per entry
+        self.save()
+        while self.interval_s > 0 and not self._stop.wait(self.interval_s):
+            self.save()
+
+    def save(self) -> bool:
+        """Write what changed since the last checkpoint. Returns whether anything was written; a
+        failure is logged, never raised."""
+        with self._save_lock:
+            wrote = False
+            values = fids = None
+            with self.lock:
+                version = self._version
+                if version != self._saved_scores:
+                    values = self.importance.values.copy()
+                changes = self.index.changes if self.index is not None else None
+                if self.index is not None and changes != self._saved_index:
+                    n = len(self.index.sizes)
+                    fids = np.fromiter(self.index.sizes.keys(), dtype=np.int64, count=n)
+                    sizes = np.fromiter(self.index.sizes.values(), dtype=np.int64, count=n)
+            try:
+                if values is not None:
+                    scored = np.flatnonzero(values != self.importance.default)
+                    save_scores(self.scores_path, [self.ns.paths[i] for i in scored.tolist()], values[scored])
+                    self._saved_scores = version
+                    wrote = True
+                if fids is not None:
+                    write_index(self.index_path, self.digests.rows(fids), sizes,
+                                mtimes_ns(self.ns.mtimes[fids]))
+                    self._saved_index = changes
+                    wrote = True
+            except OSError as e:
+                log.warning("checkpoint in %s failed: %s", os.path.dirname(self.index_path), e)
+            if wrote:
+                self.saves += 1
+            return wrote
+
+    def stop(self) -> None:
+        """Stop the thread and write a final checkpoint of what changed. Idempotent."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(30)
+        self._thread = None
+        self.save()
+
+
+def _atomic_write(path: str, blob: bytes, fsync: bool) -> None:
+    tmp_dir = os.path.join(os.path.dirname(path), "tmp")
+    if not os.path.isdir(tmp_dir):
+        tmp_dir = os.path.dirname(path)
+    tmp = os.path.join(tmp_dir, f".{os.path.basename(path)}.{os.getpid()}.{threading.get_ident()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        view = memoryview(blob)
+        while view:
+            view = view[os.write(fd, view):]
+        if fsync:
+            os.fsync(fd)
+        os.close(fd)
+        fd = -1
+        os.rename(tmp, path)
+    except BaseException:
+        if fd >= 0:
+            os.close(fd)
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise

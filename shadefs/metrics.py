@@ -1,0 +1,192 @@
+"""Prometheus metrics of one mount: every metric name in one place (documented in docs/metrics.md).
+
+Counters are not kept twice: :class:`CacheCollector` reads the cache's own counters
+(:meth:`shadefs.cache.core.TieredCache.counters`, one consistent snapshot under the cache lock) and the
+control server's at scrape time, so ``shadefs stats`` and a scrape always agree. The only state kept
+here is the backend read latency histogram, fed by the cache's ``backend_read`` events.
+
+The HTTP endpoint binds the loopback address unless told otherwise (``--metrics-addr``); port 0 picks a
+free port (logged, and in :attr:`MetricsServer.port`). It is started from FUSE ``init()``, after the
+mount exists, like every other thread of the daemon. This module must never change cache state.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Optional
+
+from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.exposition import start_http_server
+from prometheus_client.process_collector import ProcessCollector
+
+__all__ = ["MetricsServer", "CacheCollector", "NAMES"]
+
+log = logging.getLogger("shadefs.metrics")
+
+# -- the names (docs/metrics.md documents each one) ----------------------------------------------------
+INFO = "shadefs_info"
+UPTIME = "shadefs_uptime_seconds"
+OPENS = "shadefs_opens_total"
+HITS = "shadefs_hits_total"                       # {tier="ram"|"disk"}
+MISSES = "shadefs_misses_total"
+OPEN_BYTES = "shadefs_open_bytes_total"
+HIT_BYTES = "shadefs_hit_bytes_total"
+BACKEND_BYTES = "shadefs_backend_bytes_total"
+BACKEND_ERRORS = "shadefs_backend_errors_total"
+BACKEND_READ_SECONDS = "shadefs_backend_read_seconds"  # histogram
+EVICTIONS = "shadefs_evictions_total"             # {tier}
+PROMOTIONS = "shadefs_promotions_total"
+DEMOTIONS = "shadefs_demotions_total"
+TIER_USED = "shadefs_tier_used_bytes"             # {tier}
+TIER_CAPACITY = "shadefs_tier_capacity_bytes"     # {tier}
+TIER_FILES = "shadefs_tier_files"                 # {tier}
+CORRUPT = "shadefs_corrupt_entries_total"
+DISK_WRITE_ERRORS = "shadefs_disk_write_errors_total"
+DISK_WRITES_REFUSED = "shadefs_disk_writes_refused_total"
+DISK_RELOAD_ENTRIES = "shadefs_disk_reload_entries"  # {result="loaded"|"stale"|"corrupt"|"over_budget"}
+DISK_RELOAD_SECONDS = "shadefs_disk_reload_seconds"
+SCORE_MESSAGES = "shadefs_score_messages_total"
+SCORE_REJECTED = "shadefs_score_messages_rejected_total"  # {reason}
+CHECKPOINTS = "shadefs_importance_checkpoints_total"
+
+NAMES = (INFO, UPTIME, OPENS, HITS, MISSES, OPEN_BYTES, HIT_BYTES, BACKEND_BYTES, BACKEND_ERRORS,
+         BACKEND_READ_SECONDS, EVICTIONS, PROMOTIONS, DEMOTIONS, TIER_USED, TIER_CAPACITY, TIER_FILES,
+         CORRUPT, DISK_WRITE_ERRORS, DISK_WRITES_REFUSED, DISK_RELOAD_ENTRIES, DISK_RELOAD_SECONDS,
+         SCORE_MESSAGES, SCORE_REJECTED, CHECKPOINTS)
+
+# 100 us (page-cached NFS) .. 30 s (a throttled object store)
+LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+                   1.0, 2.5, 5.0, 10.0, 30.0)
+TIERS = ("ram", "disk")
+
+
+class CacheCollector:
+    """A prometheus-client collector that reads the daemon's counters at scrape time.
+
+    Args:
+        daemon: has ``cache`` (:class:`~shadefs.cache.core.TieredCache`), ``cfg``, and optionally
+            ``control`` (with ``counters()``), ``reload_report`` and ``checkpointer``.
+    """
+
+    def __init__(self, daemon):
+        self.daemon = daemon
+
+    def describe(self):
+        return []  # names are dynamic only in labels; no collect() at registration time
+
+    def collect(self):
+        d = self.daemon
+        c = d.cache.counters()
+        cfg = d.cfg
+        info = GaugeMetricFamily(INFO, "The mount: source, mountpoint and policy (value 1).",
+                                 labels=["source", "mountpoint", "policy"])
+        info.add_metric([d.backend.describe(), cfg.mountpoint, cfg.policy], 1)
+        yield info
+        yield GaugeMetricFamily(UPTIME, "Seconds since the cache was built.",
+                                value=time.monotonic() - d.cache.started)
+        yield CounterMetricFamily(OPENS, "File opens (samples read); = hits + misses.", value=c["opens"])
+        hits = CounterMetricFamily(HITS, "Opens served without touching the backend, by tier.",
+                                   labels=["tier"])
+        hits.add_metric(["ram"], c["hits_ram"])
+        hits.add_metric(["disk"], c["hits_disk"])
+        yield hits
+        yield CounterMetricFamily(MISSES, "Opens that read the backend (including failed reads).",
+                                  value=c["misses"])
+        yield CounterMetricFamily(OPEN_BYTES, "Bytes of every opened file (snapshot sizes).",
+                                  value=c["open_bytes"])
+        yield CounterMetricFamily(HIT_BYTES, "Bytes of the opens served from a tier.", value=c["hit_bytes"])
+        yield CounterMetricFamily(BACKEND_BYTES, "Bytes read from the backend (single-flight: once per "
+                                  "concurrent miss).", value=c["backend_bytes"])
+        yield CounterMetricFamily(BACKEND_ERRORS, "Backend reads that failed (EIO to the reader), missing "
+                                  "files excluded.", value=c["backend_errors"])
+        evictions = CounterMetricFamily(EVICTIONS, "Files evicted by the tier's policy.", labels=["tier"])
+        used = GaugeMetricFamily(TIER_USED, "Bytes resident in the tier.", labels=["tier"])
+        cap = GaugeMetricFamily(TIER_CAPACITY, "The tier's byte budget.", labels=["tier"])
+        files = GaugeMetricFamily(TIER_FILES, "Files resident in the tier.", labels=["tier"])
+        for tier in TIERS:
+            t = c["tiers"].get(tier, {"used_bytes": 0, "capacity_bytes": 0, "files": 0, "evictions": 0})
+            evictions.add_metric([tier], t["evictions"])
+            used.add_metric([tier], t["used_bytes"])
+            cap.add_metric([tier], t["capacity_bytes"])
+            files.add_metric([tier], t["files"])
+        yield from (evictions, used, cap, files)
+        yield CounterMetricFamily(PROMOTIONS, "Disk hits moved to the RAM tier.", value=c["promotions"])
+        yield CounterMetricFamily(DEMOTIONS, "RAM victims moved to the disk tier.", value=c["demotions"])
+        yield CounterMetricFamily(CORRUPT, "Disk entries dropped as partial or unreadable (at reload "
+                                  "or on a read).", value=c["corrupt_entries"])
+        yield CounterMetricFamily(DISK_WRITE_ERRORS, "Disk tier writes that failed (ENOSPC, EIO); the "
+                                  "file is served but not cached.", value=c["disk_write_errors"])
+        yield CounterMetricFamily(DISK_WRITES_REFUSED, "Disk tier writes refused to keep --disk-min-free "
+                                  "free on the cache filesystem.", value=c["disk_writes_refused"])
+        rep = getattr(d, "reload_report", None)
+        if rep is not None:
+            entries = GaugeMetricFamily(DISK_RELOAD_ENTRIES, "Disk tier entries found at mount, by result.",
+                                        labels=["result"])
+            for result in ("loaded", "stale", "corrupt", "over_budget"):
+                entries.add_metric([result], getattr(rep, result))
+            yield entries
+            yield GaugeMetricFamily(DISK_RELOAD_SECONDS, "Seconds the disk tier reload took at mount.",
+                                    value=rep.seconds)
+        checkpointer = getattr(d, "checkpointer", None)
+        if checkpointer is not None:
+            yield CounterMetricFamily(CHECKPOINTS, "Importance checkpoints written.", value=checkpointer.saves)
+        control = getattr(d, "control", None)
+        if control is not None and hasattr(control, "counters"):
+            cc = control.counters()
+            yield CounterMetricFamily(SCORE_MESSAGES, "Score messages accepted on the control endpoint.",
+                                      value=cc.get("scores_received", 0))
+            rejected = CounterMetricFamily(SCORE_REJECTED, "Control messages rejected, by reason.",
+                                           labels=["reason"])
+            for reason, n in sorted(cc.get("scores_rejected", {}).items()):
+                rejected.add_metric([reason], n)
+            yield rejected
+
+
+class MetricsServer:
+    """The ``/metrics`` HTTP endpoint of one mount.
+
+    Args:
+        daemon: see :class:`CacheCollector`.
+        addr: address to bind (default loopback).
+        port: TCP port; 0 picks a free one (see :attr:`port` after :meth:`start`).
+    """
+
+    def __init__(self, daemon, addr: str = "127.0.0.1", port: int = 0):
+        self.daemon = daemon
+        self.addr = addr
+        self.requested_port = int(port)
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(CacheCollector(daemon))
+        self.registry.register(ProcessCollector(registry=None))
+        self.backend_read_seconds = Histogram(
+            BACKEND_READ_SECONDS, "Seconds per backend read of a whole file (misses only).",
+            buckets=LATENCY_BUCKETS, registry=self.registry)
+        self._httpd = None
+        self._thread = None
+        self.port: Optional[int] = None
+
+    def start(self) -> None:
+        """Bind and serve on a daemon thread. Raises OSError if the address is unusable."""
+        try:
+            self._httpd, self._thread = start_http_server(self.requested_port, addr=self.addr,
+                                                          registry=self.registry)
+        except OSError as e:
+            raise OSError(f"--metrics-port {self.requested_port} on {self.addr}: {e.strerror or e}") from e
+        self.port = self._httpd.server_port
+
+    def observe(self, kind: str, **fields) -> None:
+        """A cache event (:class:`~shadefs.cache.core.TieredCache` ``on_event``); called on the read path,
+        sometimes under the cache lock, so it must stay cheap. Only latency is recorded here."""
+        if kind == "backend_read":
+            self.backend_read_seconds.observe(fields["seconds"])
+
+    def stop(self) -> None:
+        """Stop serving and close the socket. Idempotent."""
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+            self._httpd = None
+        if self._thread is not None:
+            self._thread.join(5)
+            self._thread = None

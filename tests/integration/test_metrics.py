@@ -1,0 +1,109 @@
+"""Prometheus metrics of a real mount: exact counter values after a scripted sequence, agreement with
+``shadefs stats``, loopback binding, and the names documented in docs/metrics.md."""
+import os
+import re
+
+import pytest
+
+from conftest import is_mounted
+from mountutil import metrics_port, read, scrape
+from shadefs import metrics as M
+
+pytestmark = pytest.mark.skipif(not os.path.exists("/dev/fuse"), reason="needs /dev/fuse")
+
+DOCS = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "metrics.md")
+
+
+def test_scrape_after_a_scripted_sequence_has_exact_values(small_tree, mount, tmp_path):
+    src, spec = small_tree
+    # as test_mount's scripted sequence: RAM 3000 B holds 00+01, disk 3000 B holds 02, the rest miss
+    m = mount(src, "--ram-cache", "3000", "--disk-cache", tmp_path / "cache", "--disk-cache-size", "3000",
+              "--no-kernel-cache", "--metrics-port", "0")
+    seq = ["dog/00.bin", "cat/01.bin", "dog/02.bin", "cat/03.bin",
+           "dog/00.bin", "cat/01.bin", "dog/02.bin", "cat/03.bin", "dog/00.bin"]
+    for rel in seq:
+        assert read(os.path.join(m.path, rel)) == spec[rel]
+    from shadefs.control.client import ControlClient, find_endpoint
+
+    with ControlClient(find_endpoint(m.path)) as c:
+        c.send_scores(["dog/00.bin", "cat/01.bin"], [0.5, 1.5])
+        c.send_scores(["no/such.bin"], [1.0])  # rejected: unknown_path
+        c.stats()  # a round trip: both one-way messages were handled before it
+    port = metrics_port(m)
+    s = scrape(port)
+    v = lambda name, **labels: s[(name, tuple(sorted(labels.items())))]  # noqa: E731
+    assert v(M.OPENS) == 9
+    assert v(M.HITS, tier="ram") == 3 and v(M.HITS, tier="disk") == 1
+    assert v(M.MISSES) == 5
+    assert v(M.HIT_BYTES) == 1000 + 2000 + 3000 + 1000
+    assert v(M.OPEN_BYTES) == sum(len(spec[r]) for r in seq)
+    assert v(M.BACKEND_BYTES) == 1000 + 2000 + 3000 + 4000 + 4000
+    assert v(M.BACKEND_ERRORS) == 0
+    assert v(M.BACKEND_READ_SECONDS + "_count") == 5
+    assert v(M.BACKEND_READ_SECONDS + "_bucket", le="+Inf") == 5
+    for tier, used, files in (("ram", 3000, 2), ("disk", 3000, 1)):
+        assert v(M.TIER_USED, tier=tier) == used
+        assert v(M.TIER_CAPACITY, tier=tier) == 3000
+        assert v(M.TIER_FILES, tier=tier) == files
+        assert v(M.EVICTIONS, tier=tier) == 0
+    assert v(M.PROMOTIONS) == 0 and v(M.DEMOTIONS) == 0
+    assert v(M.CORRUPT) == 0 and v(M.DISK_WRITE_ERRORS) == 0 and v(M.DISK_WRITES_REFUSED) == 0
+    assert v(M.SCORE_MESSAGES) == 1
+    assert v(M.SCORE_REJECTED, reason="unknown_path") == 1
+    assert v(M.DISK_RELOAD_ENTRIES, result="loaded") == 0
+    assert v(M.INFO, source=str(src), mountpoint=m.path, policy="static") == 1
+    assert s[("process_open_fds", ())] > 0
+    # one source of truth: the stats JSON says the same, and scraping changed nothing
+    st = m.stats()
+    assert st["opens"] == 9 and st["hits"] == {"ram": 3, "disk": 1} and st["misses"] == 5
+    assert st["backend_bytes"] == v(M.BACKEND_BYTES)
+    assert scrape(port)[(M.OPENS, ())] == 9
+
+
+def test_promotions_demotions_and_evictions_are_counted(small_tree, mount, tmp_path):
+    src, spec = small_tree
+    m = mount(src, "--ram-cache", "3000", "--disk-cache", tmp_path / "cache", "--disk-cache-size", "10000",
+              "--policy", "lru", "--no-kernel-cache", "--metrics-port", "0")
+    # as test_cache's LRU case: a, b, c (c evicts a and b to disk), a (disk hit, promoted; c demoted)
+    for rel in ("dog/00.bin", "cat/01.bin", "dog/02.bin", "dog/00.bin"):
+        assert read(os.path.join(m.path, rel)) == spec[rel]
+    s = scrape(metrics_port(m))
+    assert s[(M.EVICTIONS, (("tier", "ram"),))] == 3
+    assert s[(M.DEMOTIONS, ())] == 3
+    assert s[(M.PROMOTIONS, ())] == 1
+    assert s[(M.HITS, (("tier", "disk"),))] == 1
+
+
+def test_metrics_listen_on_loopback_only_by_default(small_tree, mount):
+    src, _ = small_tree
+    m = mount(src, "--metrics-port", "0")
+    port = metrics_port(m)
+    listening = set()
+    with open("/proc/net/tcp") as f:
+        for line in list(f)[1:]:
+            local, state = line.split()[1], line.split()[3]
+            if state == "0A":  # LISTEN
+                addr, p = local.split(":")
+                listening.add((addr, int(p, 16)))
+    assert ("0100007F", port) in listening  # 127.0.0.1, little-endian hex
+    assert ("00000000", port) not in listening
+    assert "Prometheus metrics on http://127.0.0.1:%d/metrics" % port in m.log()
+
+
+def test_every_metric_name_is_documented():
+    with open(DOCS) as f:
+        doc = f.read()
+    for name in M.NAMES:
+        assert re.search(r"`%s[`{]" % re.escape(name), doc), f"{name} is not in docs/metrics.md"
+
+
+def test_a_busy_metrics_port_fails_the_mount_in_one_line(small_tree, mount, tmp_path, cli):
+    src, _ = small_tree
+    m = mount(src, "--metrics-port", "0")
+    port = metrics_port(m)
+    mp = tmp_path / "second"
+    mp.mkdir()
+    r = cli("mount", src, mp, "--metrics-port", str(port), check=False)
+    assert r.returncode == 1 and r.stderr.count("\n") == 1
+    assert f"--metrics-port {port} on 127.0.0.1: Address already in use" in r.stderr
+    assert not is_mounted(mp)
