@@ -26,6 +26,7 @@ import numpy as np
 from ..backends.base import Backend
 from ..namespace import Namespace
 from ..policies.base import Importance
+from ..logutil import RateLimitedLog
 from .index import TierIndex
 from .tiers import CorruptEntry, DiskFloorReached, DiskTier, MemoryTier
 
@@ -79,7 +80,7 @@ class TieredCache:
         self.disk_writes_refused = 0   # refused by --disk-min-free (not an error)
         self.promotions = 0
         self.demotions = 0
-        self._write_error_log = _EveryN(log, 10.0)
+        self._write_error_log = RateLimitedLog(log, 10.0)
 
     # -- the read path -----------------------------------------------------------------------------
     def open(self, fid: int) -> Tuple[Optional[bytes], Outcome]:
@@ -349,26 +350,3 @@ class TieredCache:
                 "backend_bytes": self.backend_bytes,
                 "tiers": {"ram": self.ram_index.snapshot(), "disk": disk},
             }
-
-
-class _EveryN:
-    """Log the first message, then at most one per ``interval`` seconds with a count of those skipped
-    (a full cache disk fails every write; one line per write would flood the log)."""
-
-    def __init__(self, logger: logging.Logger, interval: float, clock=time.monotonic):
-        self._logger, self._interval, self._clock = logger, interval, clock
-        self._last = -float("inf")
-        self._skipped = 0
-        self._lock = threading.Lock()
-
-    def __call__(self, level: int, msg: str, *args) -> None:
-        now = self._clock()
-        with self._lock:
-            if now - self._last < self._interval:
-                self._skipped += 1
-                return
-            skipped, self._skipped, self._last = self._skipped, 0, now
-        if skipped:
-            msg += " (%d more since the last message)"
-            args = args + (skipped,)
-        self._logger.log(level, msg, *args)

@@ -23,6 +23,7 @@ from typing import Dict, Optional
 
 import numpy as np
 
+from ..logutil import RateLimitedLog
 from . import protocol as P
 
 __all__ = ["ControlServer", "validate_endpoint", "runtime_dir", "load_curve_secret"]
@@ -33,28 +34,6 @@ log = logging.getLogger("shadefs.control")
 #: ``oversize``) up to this slack, beyond which ZeroMQ itself drops the connection.
 MAXMSGSIZE_SLACK = 2**20
 _IPC_PATH_MAX = 107  # sun_path is 108 bytes with the terminating NUL
-
-
-class _RateLimitedLog:
-    """Log at most one record per ``interval`` seconds; the next one says how many were suppressed."""
-
-    def __init__(self, logger: logging.Logger, interval: float = 1.0, clock=time.monotonic):
-        self._logger, self._interval, self._clock = logger, interval, clock
-        self._last = -float("inf")
-        self._suppressed = 0
-        self._lock = threading.Lock()
-
-    def __call__(self, level: int, msg: str, *args, exc_info=False) -> None:
-        now = self._clock()
-        with self._lock:
-            if now - self._last < self._interval:
-                self._suppressed += 1
-                return
-            suppressed, self._suppressed, self._last = self._suppressed, 0, now
-        if suppressed:
-            msg += " (%d similar messages suppressed)"
-            args = args + (suppressed,)
-        self._logger.log(level, msg, *args, exc_info=exc_info)
 
 
 # -- endpoints ----------------------------------------------------------------------------------
@@ -268,8 +247,8 @@ class ControlServer:
         self._thread: Optional[threading.Thread] = None
         self._ctx = self._sock = self._auth = None
         self._term_on_exit = False
-        self._log_reject = _RateLimitedLog(log)
-        self._log_error = _RateLimitedLog(log)
+        self._log_reject = RateLimitedLog(log)
+        self._log_error = RateLimitedLog(log)
 
     # -- lifecycle --------------------------------------------------------------------------------
     @property

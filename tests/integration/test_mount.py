@@ -9,21 +9,9 @@ import time
 import pytest
 
 from conftest import is_mounted
+from mountutil import read
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/dev/fuse"), reason="needs /dev/fuse")
-
-
-def read(path):
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        chunks = []
-        while True:
-            b = os.read(fd, 1 << 20)
-            if not b:
-                return b"".join(chunks)
-            chunks.append(b)
-    finally:
-        os.close(fd)
 
 
 def test_every_file_equals_the_source_byte_for_byte(small_tree, mount):
