@@ -8,6 +8,7 @@ is taken to be immutable while mounted (the kernel is told so through long entry
 from __future__ import annotations
 
 import logging
+import operator
 import posixpath
 import stat as stat_mod
 import time
@@ -56,7 +57,7 @@ class Namespace:
 
     def __init__(self, entries: Iterable[Entry]):
         t0 = time.monotonic()
-        items = sorted(((e.path, e.size, e.mtime) for e in entries), key=lambda t: t[0])
+        items = sorted(entries, key=operator.itemgetter(0))  # Entry is a (path, size, mtime) tuple
         # An object store may hold both "a" and "a/b": the directory wins, the file is skipped.
         prefixes = set()
         for parent in {posixpath.dirname(p) for p, _, _ in items}:

@@ -8,8 +8,7 @@ be safe to call from several threads at once. It never caches: caching is the ca
 from __future__ import annotations
 
 import abc
-import dataclasses
-from typing import Dict, Iterator, Tuple, Type
+from typing import Dict, Iterator, NamedTuple, Tuple, Type
 
 __all__ = ["Backend", "BackendError", "Entry", "register", "open_backend", "backend_for"]
 
@@ -18,9 +17,8 @@ class BackendError(OSError):
     """A backend read or listing failed for a reason other than a missing file (EIO)."""
 
 
-@dataclasses.dataclass(frozen=True)
-class Entry:
-    """One regular file of the source tree.
+class Entry(NamedTuple):
+    """One regular file of the source tree (a named tuple: a listing makes millions of them).
 
     Attributes:
         path: relative to the source root, ``/``-separated, no leading slash.
