@@ -945,7 +945,8 @@ def machine_info(work: str) -> dict:
             info["mem_gib"] = round(int(f.readline().split()[1]) / 2**20, 1)
     except (OSError, ValueError, IndexError):
         pass
-    r = subprocess.run([sys.executable, "-c", "import mfusepy, importlib.metadata as m; "
+    r = subprocess.run([sys.executable, "-c", "from shadefs.daemon import select_libfuse; select_libfuse(); "
+                        "import mfusepy, importlib.metadata as m; "
                         "print(mfusepy.fuse_version_major, mfusepy.fuse_version_minor, mfusepy._libfuse_path, "
                         "m.version('mfusepy'))"], capture_output=True, text=True, timeout=60)
     parts = r.stdout.split()
