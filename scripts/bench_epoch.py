@@ -61,14 +61,15 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
+import docsection
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
 
 BUCKET = "shadefs-bench"
 DOC = os.path.join(REPO, "docs", "performance.md")
 PLOT = os.path.join(REPO, "docs", "img", "bench_epoch.png")
-START, END = "<!-- bench_epoch:start -->", "<!-- bench_epoch:end -->"
+START, END = docsection.markers("bench_epoch")
 MEAN, STD = (0.2860,) * 3, (0.3530,) * 3
 CONFIG_ORDER = ("direct", "local", "lru", "static", "shade")
 LABELS = {"direct": "direct S3 (no shadefs)", "local": "local disk (no shadefs)",
@@ -1035,20 +1036,7 @@ def render_section(results: Dict[str, Any]) -> str:
 
 def write_doc(results: Dict[str, Any], doc: str = DOC, png: str = PLOT) -> None:
     section = render_section(results)
-    if os.path.exists(doc):
-        with open(doc) as f:
-            text = f.read()
-        if START in text and END in text:
-            head, rest = text.split(START, 1)
-            text = head + section + rest.split(END, 1)[1]
-        else:
-            text = text.rstrip("\n") + "\n\n" + section + "\n"
-    else:
-        text = "# Performance\n\n" + section + "\n"
-    tmp = doc + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, doc)
+    docsection.write_section(doc, "bench_epoch", section)
     plot(results, png)
 
 

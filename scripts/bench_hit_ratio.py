@@ -72,15 +72,15 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
-sys.path.insert(0, REPO)
 
+import docsection  # noqa: E402  (scripts/ is on sys.path when a script runs)
 from shadefs import sim  # noqa: E402
 
 TRAIN_SCRIPT = os.path.join(HERE, "train_fashion_mnist.py")
 SHADEFS = [sys.executable, "-m", "shadefs"]
 DOC = os.path.join(REPO, "docs", "performance.md")
 IMG_DIR = os.path.join(REPO, "docs", "img")
-START, END = "<!-- bench_hit_ratio:start -->", "<!-- bench_hit_ratio:end -->"
+START, END = docsection.markers("bench_hit_ratio")
 SAMPLERS = ("uniform", "importance")
 POLICIES = ("lru", "static", "shade")
 ALL_MODES = [(s, p) for s in SAMPLERS for p in POLICIES]
@@ -798,28 +798,6 @@ def render_section(results: dict, imgs: Dict[str, bool]) -> str:
     return "\n".join(L) + "\n"
 
 
-def write_doc(path: str, section: str) -> None:
-    """Replace the bench_hit_ratio section of ``path`` (append it if absent; create the file if missing)."""
-    try:
-        with open(path) as f:
-            text = f.read()
-    except FileNotFoundError:
-        text = "# Performance\n"
-    if START in text and END in text:
-        a = text.index(START)
-        b = text.index(END, a) + len(END)
-        if text[b:b + 1] == "\n":
-            b += 1
-        text = text[:a] + section + text[b:]
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = path + ".bench_hit_ratio.tmp"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
-
-
 def write_outputs(results: dict, doc: str, img_dir: str) -> None:
     imgs = {}
     for s in SAMPLERS:
@@ -831,7 +809,7 @@ def write_outputs(results: dict, doc: str, img_dir: str) -> None:
             imgs[s] = False
         if imgs[s]:
             progress(f"wrote {p}")
-    write_doc(doc, render_section(results, imgs))
+    docsection.write_section(doc, "bench_hit_ratio", render_section(results, imgs))
     progress(f"wrote the '## Hit ratio' section of {doc}")
 
 

@@ -19,9 +19,11 @@ import sys
 import tempfile
 import time
 
+import docsection
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 DOC = os.path.join(HERE, "..", "docs", "performance.md")
-START, END = "<!-- bench_imagefolder:start -->", "<!-- bench_imagefolder:end -->"
+START, END = docsection.markers("bench_imagefolder")
 SHADEFS = [sys.executable, "-m", "shadefs"]
 
 
@@ -88,13 +90,7 @@ def main(argv=None) -> int:
         md += ["", "The mount scans the source once (parallel scandir); afterwards lookups and readdir are "
                "answered from the snapshot and cached by the kernel for an hour, so a second ImageFolder "
                "construction costs about what it costs on a local directory.", END]
-        text = open(DOC).read() if os.path.exists(DOC) else "# Performance\n"
-        if START in text:
-            text = text[:text.index(START)] + "\n".join(md) + text[text.index(END) + len(END):]
-        else:
-            text = text.rstrip("\n") + "\n\n" + "\n".join(md) + "\n"
-        with open(DOC, "w") as f:
-            f.write(text)
+        docsection.write_section(DOC, "bench_imagefolder", "\n".join(md))
     return 0
 
 

@@ -56,9 +56,10 @@ import tempfile
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
+import docsection
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DOC_START = "<!-- bench_read:start -->"
-DOC_END = "<!-- bench_read:end -->"
+DOC_START, DOC_END = docsection.markers("bench_read")
 PER_DIR = 500
 READ_CHUNK = 1 << 18   # 256 KiB: one os.read() returns a whole ~110 KB file, the next one EOF
 TARGET = 0.3           # hit path with 8 readers >= 0.3 x the direct page-cache rate
@@ -1028,34 +1029,6 @@ def build_report(args, info: dict, results: Dict[str, dict], slow: Optional[dict
     return tables, "\n".join(md) + "\n"
 
 
-def write_doc(path: str, section: str) -> None:
-    """Replace the bench_read section of ``path`` (or a '## Read path' section, or append); create if missing."""
-    try:
-        with open(path) as f:
-            text = f.read()
-    except FileNotFoundError:
-        text = "# Performance\n"
-    if DOC_START in text and DOC_END in text:
-        a = text.index(DOC_START)
-        b = text.index(DOC_END, a) + len(DOC_END)
-        if text[b:b + 1] == "\n":
-            b += 1
-        text = text[:a] + section + text[b:]
-    else:
-        m = re.search(r"^## Read path[^\n]*\n", text, re.M)
-        if m:
-            nxt = re.search(r"^## ", text[m.end():], re.M)
-            end = m.end() + nxt.start() if nxt else len(text)
-            text = text[:m.start()] + section + ("\n" if nxt else "") + text[end:]
-        else:
-            text = text.rstrip("\n") + "\n\n" + section
-    tmp = path + ".bench_read.tmp"
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
-
-
 def write_plot(path: str, res: dict, readers: List[int], title: str) -> None:
     import matplotlib
 
@@ -1195,7 +1168,7 @@ def main(argv=None) -> int:
         with open(args.json, "w") as f:
             json.dump({"info": info, "results": results, "slow": slow, "command": command}, f, indent=1, default=str)
     if args.write_doc:
-        write_doc(args.doc, section)
+        docsection.write_section(args.doc, "bench_read", section)
         large = next((res for label, res in results.items() if "KB" in label), None)
         if large is not None and args.plot:
             write_plot(args.plot, large, args.readers,
