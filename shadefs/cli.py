@@ -413,23 +413,16 @@ def make_parser() -> argparse.ArgumentParser:
     e.add_argument("mountpoint", metavar="MOUNTPOINT")
     e.set_defaults(func=cmd_endpoint)
 
-    try:
-        from .sim import add_simulate_arguments
-    except ImportError:
-        add_simulate_arguments = None
-    if add_simulate_arguments is not None:
-        sm = sub.add_parser("simulate", help="replay an access trace against the policies and Belady's OPT")
-        add_simulate_arguments(sm)
-        sm.set_defaults(func=cmd_simulate)
+    from .sim import add_simulate_arguments
+    from .warm import add_warm_arguments
 
-    try:
-        from .warm import add_warm_arguments
-    except ImportError:
-        add_warm_arguments = None
-    if add_warm_arguments is not None:
-        w = sub.add_parser("warm", help="prefetch files into the cache of a running mount")
-        add_warm_arguments(w)
-        w.set_defaults(func=cmd_warm)
+    sm = sub.add_parser("simulate", help="replay an access trace against the policies and Belady's OPT")
+    add_simulate_arguments(sm)
+    sm.set_defaults(func=cmd_simulate)
+
+    w = sub.add_parser("warm", help="prefetch files into the cache of a running mount")
+    add_warm_arguments(w)
+    w.set_defaults(func=cmd_warm)
     return p
 
 

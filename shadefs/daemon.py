@@ -26,6 +26,7 @@ from .cache.trace import TraceWriter
 from .config import MountConfig, format_bytes
 from .namespace import Namespace
 from .policies.base import Importance, get_policy
+from .policies.shade import get_transform
 
 __all__ = ["Daemon"]
 
@@ -103,7 +104,7 @@ class Daemon:
             self.trace = TraceWriter(cfg.trace)
         self.cache = TieredCache(ns, self.backend, ram, disk, self.importance, trace=self.trace,
                                  on_event=self._on_event)
-        self._transform = self._load_transform(cfg.score_transform)
+        self._transform = get_transform(cfg.score_transform)
         log.info("mount %s -> %s: policy %s, RAM tier %s, disk tier %s%s, kernel cache %s, FUSE loop %s",
                  self.backend.describe(), cfg.mountpoint, cfg.policy, format_bytes(ram_bytes),
                  format_bytes(disk_bytes if disk else 0),
@@ -128,14 +129,6 @@ class Daemon:
         log.info("disk tier: %s", rep.summary())
         self.checkpointer = persist.Checkpointer(store.dir, self.namespace, self.importance, index, digests,
                                                  self.cache.lock, self.cfg.checkpoint_interval_s)
-
-    @staticmethod
-    def _load_transform(name: str):
-        try:
-            from .policies.shade import get_transform
-        except ImportError:  # the shade module is optional for the base read path
-            return None
-        return get_transform(name)
 
     def _on_event(self, kind: str, **fields) -> None:
         if self.metrics is not None:
@@ -189,17 +182,14 @@ class Daemon:
         log.error("could not unmount %s; run: fusermount -uz %s", self.cfg.mountpoint, self.cfg.mountpoint)
 
     def _start_services(self) -> None:
+        from .control.server import ControlServer  # zmq: imported after the fork, started after the mount
+
         cfg = self.cfg
-        try:
-            from .control.server import ControlServer
-        except ImportError:
-            ControlServer = None
-        if ControlServer is not None:
-            self.control = ControlServer(cfg.control, self, mountpoint=cfg.mountpoint,
-                                         allow_remote=cfg.control_allow_remote,
-                                         curve_secret_key_file=cfg.curve_server_secret)
-            self.control.start()
-            self.endpoint = self.control.endpoint
+        self.control = ControlServer(cfg.control, self, mountpoint=cfg.mountpoint,
+                                     allow_remote=cfg.control_allow_remote,
+                                     curve_secret_key_file=cfg.curve_server_secret)
+        self.control.start()
+        self.endpoint = self.control.endpoint
         if self.checkpointer is not None:
             self.checkpointer.start()
         if cfg.metrics_port is not None:
@@ -255,7 +245,7 @@ class Daemon:
 
     def apply_scores(self, fids: np.ndarray, values: np.ndarray) -> None:
         """One minibatch of raw per-sample scores (losses): transform, then update importance."""
-        weights = self._transform(values) if self._transform is not None else values
+        weights = self._transform(values)
         self.cache.update_importance(fids, np.asarray(weights, dtype=np.float32))
 
     def warm(self, fids: np.ndarray) -> dict:
