@@ -103,7 +103,7 @@ class Daemon:
         if cfg.trace:
             self.trace = TraceWriter(cfg.trace)
         self.cache = TieredCache(ns, self.backend, ram, disk, self.importance, trace=self.trace,
-                                 on_event=self._on_event)
+                                 on_backend_read=self._on_backend_read)
         self._transform = get_transform(cfg.score_transform)
         log.info("mount %s -> %s: policy %s, RAM tier %s, disk tier %s%s, kernel cache %s, FUSE loop %s",
                  self.backend.describe(), cfg.mountpoint, cfg.policy, format_bytes(ram_bytes),
@@ -130,9 +130,9 @@ class Daemon:
         self.checkpointer = persist.Checkpointer(store.dir, self.namespace, self.importance, index, digests,
                                                  self.cache.lock, self.cfg.checkpoint_interval_s)
 
-    def _on_event(self, kind: str, **fields) -> None:
+    def _on_backend_read(self, seconds: float) -> None:
         if self.metrics is not None:
-            self.metrics.observe(kind, **fields)
+            self.metrics.observe_backend_read(seconds)
 
     # -- FUSE lifecycle ----------------------------------------------------------------------------------
     def run(self) -> None:

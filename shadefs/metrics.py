@@ -175,11 +175,9 @@ class MetricsServer:
             raise OSError(f"--metrics-port {self.requested_port} on {self.addr}: {e.strerror or e}") from e
         self.port = self._httpd.server_port
 
-    def observe(self, kind: str, **fields) -> None:
-        """A cache event (:class:`~shadefs.cache.core.TieredCache` ``on_event``); called on the read path,
-        sometimes under the cache lock, so it must stay cheap. Only latency is recorded here."""
-        if kind == "backend_read":
-            self.backend_read_seconds.observe(fields["seconds"])
+    def observe_backend_read(self, seconds: float) -> None:
+        """One backend read took ``seconds``; called on the miss path, so it only records the latency."""
+        self.backend_read_seconds.observe(seconds)
 
     def stop(self) -> None:
         """Stop serving and close the socket. Idempotent."""

@@ -47,12 +47,13 @@ class TieredCache:
         disk: (index, store) of the disk tier, or None.
         importance: per-file importance shared by importance-aware policies.
         trace: an object with ``record(path, size, outcome)`` called once per open, or None.
-        on_event: optional ``callback(kind: str, **fields)`` for metrics (hit, miss, eviction, ...).
+        on_backend_read: optional ``callback(seconds: float)`` after every successful backend read
+            (the latency histogram); every other figure is a counter read at scrape time.
     """
 
     def __init__(self, namespace: Namespace, backend: Backend, ram: Tuple[TierIndex, MemoryTier],
                  disk: Optional[Tuple[TierIndex, DiskTier]], importance: Importance,
-                 trace=None, on_event=None, stream_threshold: int = 64 * 2**20):
+                 trace=None, on_backend_read=None, stream_threshold: int = 64 * 2**20):
         self.ns = namespace
         # a file above this size that no tier can hold is streamed from the backend by ranges
         self.stream_threshold = int(stream_threshold)
@@ -61,7 +62,7 @@ class TieredCache:
         self.disk_index, self.disk = disk if disk is not None else (None, None)
         self.importance = importance
         self.trace = trace
-        self.on_event = on_event
+        self.on_backend_read = on_backend_read
         self.lock = threading.Lock()
         self._inflight: Dict[int, cf.Future] = {}
         self._moving: Dict[int, bytes] = {}  # RAM victims on their way to the disk tier
@@ -114,7 +115,6 @@ class TieredCache:
                     if self.disk_index.remove(fid):  # else: evicted meanwhile, not corrupt
                         log.warning("dropping corrupt disk entry: %s", e)
                         self.corrupt_entries += 1
-                        self._event("corrupt", tier="disk")
             else:
                 with self.lock:
                     self._count(fid, size, "disk")
@@ -160,12 +160,6 @@ class TieredCache:
             self.misses += 1
         if self.trace is not None:
             self.trace.record(self.ns.path(fid), size, outcome)
-        if self.on_event is not None:
-            self.on_event("open", outcome=outcome, size=size)
-
-    def _event(self, kind: str, **fields) -> None:
-        if self.on_event is not None:
-            self.on_event(kind, **fields)
 
     def _miss(self, fid: int, size: int) -> bytes:
         with self.lock:
@@ -187,7 +181,8 @@ class TieredCache:
             data = self.backend.read(self.ns.path(fid), size)
             if len(data) != size:  # a backend bug must not become a short file
                 raise OSError(f"backend returned {len(data)} bytes for {self.ns.path(fid)!r}, expected {size}")
-            self._event("backend_read", seconds=time.monotonic() - t0, size=size)
+            if self.on_backend_read is not None:
+                self.on_backend_read(time.monotonic() - t0)
         except BaseException as e:
             with self.lock:
                 self.backend_errors += not isinstance(e, FileNotFoundError)
@@ -228,7 +223,6 @@ class TieredCache:
             self.ram_index.commit(fid)
             self.disk_index.remove(fid)
             self.promotions += 1
-            self._event("promote")
         self.disk.delete(self.ns.path(fid))
         self._demote(demote)
 
@@ -237,7 +231,6 @@ class TieredCache:
         out = []
         for v in victims:
             data = self.ram.pop(v)
-            self._event("eviction", tier="ram")
             if data is not None and self.disk_index is not None:
                 self._moving[v] = data
                 out.append((v, data))
@@ -249,7 +242,6 @@ class TieredCache:
                 if self._write_disk(fid, data):
                     with self.lock:
                         self.demotions += 1
-                    self._event("demote")
             finally:
                 with self.lock:
                     self._moving.pop(fid, None)
@@ -262,8 +254,6 @@ class TieredCache:
             victims = self.disk_index.reserve(fid, len(data))
             if victims is None:
                 return False
-            for v in victims:
-                self._event("eviction", tier="disk")
         for v in victims:
             self.disk.delete(self.ns.path(v))
         try:
