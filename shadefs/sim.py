@@ -17,11 +17,11 @@ import csv
 import dataclasses
 import functools
 import heapq
+import io
 import json
 import math
 import os
 import sys
-import tempfile
 from array import array
 from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
@@ -30,6 +30,7 @@ import numpy as np
 from .cache.index import TierIndex
 from .cache.trace import HEADER as TRACE_HEADER
 from .config import Size, format_bytes, parse_size
+from .fsutil import atomic_write
 from .namespace import normalize
 from .policies.base import Importance, get_policy, policy_names
 
@@ -502,20 +503,11 @@ def write_scores(path: str, paths: Sequence[str], values: Sequence[float]) -> No
         raise ValueError(f"{len(paths)} paths but {values.size} values")
     if not np.all(np.isfinite(values)):
         raise ValueError("scores must be finite")
-    d = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".scores.", dir=d)
-    try:
-        with os.fdopen(fd, "w", newline="", **_ENCODING) as f:
-            w = csv.writer(f, lineterminator="\n")
-            w.writerow(SCORES_HEADER)
-            w.writerows((p, f"{v:.9g}") for p, v in zip(paths, values.tolist()))
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(SCORES_HEADER)
+    w.writerows((p, f"{v:.9g}") for p, v in zip(paths, values.tolist()))
+    atomic_write(path, buf.getvalue().encode(**_ENCODING), mode=0o644)
 
 
 def read_scores(path: str) -> Dict[str, float]:

@@ -47,6 +47,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from ..fsutil import atomic_write
 from ..namespace import Namespace
 from ..policies.base import Importance
 from .index import TierIndex
@@ -557,25 +558,6 @@ class Checkpointer:
 
 
 def _atomic_write(path: str, blob: bytes, fsync: bool) -> None:
+    # checkpoints are written through the namespace's tmp/ directory when there is one
     tmp_dir = os.path.join(os.path.dirname(path), "tmp")
-    if not os.path.isdir(tmp_dir):
-        tmp_dir = os.path.dirname(path)
-    tmp = os.path.join(tmp_dir, f".{os.path.basename(path)}.{os.getpid()}.{threading.get_ident()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        view = memoryview(blob)
-        while view:
-            view = view[os.write(fd, view):]
-        if fsync:
-            os.fsync(fd)
-        os.close(fd)
-        fd = -1
-        os.rename(tmp, path)
-    except BaseException:
-        if fd >= 0:
-            os.close(fd)
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    atomic_write(path, blob, tmp_dir=tmp_dir if os.path.isdir(tmp_dir) else None, fsync=fsync)

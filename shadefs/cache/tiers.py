@@ -19,9 +19,10 @@ import fcntl
 import hashlib
 import os
 import shutil
-import threading
 import time
 from typing import Dict, Optional
+
+from ..fsutil import atomic_write
 
 __all__ = ["MemoryTier", "DiskTier", "CorruptEntry", "DiskFloorReached", "CacheDirInUse"]
 
@@ -130,8 +131,6 @@ class DiskTier:
             except OSError:
                 pass
         self.min_free = int(min_free)
-        self._seq = 0
-        self._seq_lock = threading.Lock()
 
     @staticmethod
     def key(relpath: str) -> str:
@@ -201,32 +200,7 @@ class DiskTier:
             if free - len(data) < self.min_free:
                 raise DiskFloorReached(f"{free} bytes free on the cache filesystem, writing {len(data)} "
                                        f"would go below --disk-min-free ({self.min_free} bytes)")
-        final = self.entry_path(relpath)
-        with self._seq_lock:
-            self._seq += 1
-            tmp = os.path.join(self.tmp_dir, f"{os.getpid()}.{self._seq}")
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            try:
-                view = memoryview(data)
-                while view:
-                    n = os.write(fd, view)
-                    view = view[n:]
-                if mtime_ns is not None:
-                    os.utime(fd, ns=(mtime_ns, mtime_ns))
-            finally:
-                os.close(fd)
-            try:
-                os.rename(tmp, final)
-            except FileNotFoundError:
-                os.makedirs(os.path.dirname(final), mode=0o700, exist_ok=True)
-                os.rename(tmp, final)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
+        atomic_write(self.entry_path(relpath), data, tmp_dir=self.tmp_dir, mtime_ns=mtime_ns)
 
     def delete(self, relpath: str) -> None:
         self.delete_entry(self.entry_path(relpath))
