@@ -62,6 +62,7 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 
 import docsection
+from shadefs.cli import is_mounted
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -332,12 +333,6 @@ def backend_read_latency(metrics_port: int) -> Dict[str, float]:
     if not values.get("count"):
         return {}
     return {"count": values["count"], "mean_ms": 1e3 * values["sum"] / values["count"]}
-
-
-def is_mounted(mnt: str) -> bool:
-    real = os.path.realpath(mnt)
-    with open("/proc/self/mounts") as f:
-        return any(len(p) > 1 and p[1] == real for p in (ln.split() for ln in f))
 
 
 def unmount(mnt: str, pid: int) -> None:

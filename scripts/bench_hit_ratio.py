@@ -75,6 +75,7 @@ REPO = os.path.dirname(HERE)
 
 import docsection  # noqa: E402  (scripts/ is on sys.path when a script runs)
 from shadefs import sim  # noqa: E402
+from shadefs.cli import is_mounted  # noqa: E402
 
 TRAIN_SCRIPT = os.path.join(HERE, "train_fashion_mnist.py")
 SHADEFS = [sys.executable, "-m", "shadefs"]
@@ -142,15 +143,6 @@ def prepare_source(data: str, workdir: str, limit: Optional[int]) -> Tuple[str, 
 
 # -- mount helpers --------------------------------------------------------------------------------------
 
-def _mounted(path: str) -> bool:
-    path = os.path.realpath(path)
-    try:
-        with open("/proc/self/mounts") as f:
-            return any(len(p) > 1 and p[1] == path for p in (line.split() for line in f))
-    except OSError:
-        return False
-
-
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -168,9 +160,9 @@ def _pid_alive(pid: int) -> bool:
 def unmount(mnt: str, daemon_pid: Optional[int], log) -> Optional[str]:
     """Unmount (fall back to a lazy unmount) and wait for the daemon to exit. Returns an error or None."""
     err = None
-    if _mounted(mnt):
+    if is_mounted(mnt):
         r = subprocess.run(SHADEFS + ["umount", mnt], capture_output=True, text=True)
-        if r.returncode != 0 and _mounted(mnt):
+        if r.returncode != 0 and is_mounted(mnt):
             err = f"umount failed: {(r.stderr or r.stdout).strip()}"
             tool = shutil.which("fusermount3") or shutil.which("fusermount")
             if tool:

@@ -57,6 +57,7 @@ import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import docsection
+from shadefs.cli import is_mounted
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOC_START, DOC_END = docsection.markers("bench_read")
@@ -217,16 +218,6 @@ def _shadefs(*args, timeout: float = 120) -> subprocess.CompletedProcess:
     env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return subprocess.run([sys.executable, "-m", "shadefs", *map(str, args)], capture_output=True, text=True,
                           timeout=timeout, cwd=ROOT, env=env)
-
-
-def is_mounted(path: str) -> bool:
-    path = os.path.realpath(path)
-    with open("/proc/self/mounts") as f:
-        for line in f:
-            parts = line.split()
-            if len(parts) > 1 and parts[1].encode().decode("unicode_escape") == path:
-                return True
-    return False
 
 
 def _pid_alive(pid: int) -> bool:

@@ -29,14 +29,23 @@ class UserError(Exception):
 
 
 # -- helpers -------------------------------------------------------------------------------------------------
-def _mounted(path: str) -> bool:
-    path = os.path.realpath(path)
+_MOUNTS_ESCAPES = (("\\040", " "), ("\\011", "\t"), ("\\012", "\n"), ("\\134", "\\"))
+
+
+def is_mounted(path) -> bool:
+    """Whether ``path`` is a mountpoint listed in /proc/self/mounts (whatever its state: a dead FUSE
+    daemon's mount, which ``os.path.ismount`` cannot stat, counts)."""
+    path = os.path.realpath(str(path))
     try:
-        with open("/proc/self/mounts") as f:
+        with open("/proc/self/mounts", encoding="utf-8", errors="surrogateescape") as f:
             for line in f:
                 parts = line.split()
-                if len(parts) > 1 and parts[1].encode().decode("unicode_escape") == path:
-                    return True
+                if len(parts) > 1:
+                    mp = parts[1]
+                    for esc, ch in _MOUNTS_ESCAPES:
+                        mp = mp.replace(esc, ch)
+                    if mp == path:
+                        return True
     except OSError:
         pass
     return False
@@ -171,7 +180,7 @@ def preflight(cfg: MountConfig) -> None:
     if not os.path.isdir(mp):
         raise UserError(f"mountpoint {mp!r} is not a directory" if os.path.exists(mp)
                         else f"mountpoint {mp!r} does not exist")
-    if os.path.ismount(mp) or _mounted(mp):
+    if os.path.ismount(mp) or is_mounted(mp):
         raise UserError(f"mountpoint {mp!r} is already mounted")
     if os.listdir(mp):
         raise UserError(f"mountpoint {mp!r} is not empty")
@@ -264,11 +273,11 @@ def cmd_mount(args) -> int:
 
 def cmd_umount(args) -> int:
     mp = os.path.abspath(args.mountpoint)
-    if not (_mounted(mp) or os.path.ismount(mp)):
+    if not (is_mounted(mp) or os.path.ismount(mp)):
         raise UserError(f"{mp!r} is not mounted")
     _unmount(mp)
     deadline = time.monotonic() + 10
-    while _mounted(mp) and time.monotonic() < deadline:
+    while is_mounted(mp) and time.monotonic() < deadline:
         time.sleep(0.05)
     return 0
 

@@ -9,6 +9,8 @@ import time
 
 import pytest
 
+from shadefs.cli import is_mounted  # noqa: F401  (tests import it from here)
+
 SHADEFS = [sys.executable, "-m", "shadefs"]
 
 
@@ -18,12 +20,6 @@ def run_cli(*args, check=True, timeout=60):
     if check and r.returncode != 0:
         raise AssertionError(f"shadefs {' '.join(map(str, args))} failed ({r.returncode}): {r.stderr}{r.stdout}")
     return r
-
-
-def is_mounted(path) -> bool:
-    path = os.path.realpath(str(path))
-    with open("/proc/self/mounts") as f:
-        return any(line.split()[1] == path for line in f)
 
 
 class Mount:
@@ -122,3 +118,18 @@ def small_tree(tmp_path):
 def cli():
     """``cli(*args, check=True)``: run the real ``shadefs`` command."""
     return run_cli
+
+
+def set_dummy_aws_env(mp) -> None:
+    """Dummy S3 credentials for this test process only: no shared config, no proxy, no instance metadata.
+
+    ``mp`` is a ``pytest.MonkeyPatch`` (undone when its context ends)."""
+    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN", "HTTP_PROXY", "HTTPS_PROXY",
+                 "http_proxy", "https_proxy"):
+        mp.delenv(name, raising=False)
+    for name, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"),
+                        ("AWS_DEFAULT_REGION", "us-east-1"),
+                        ("AWS_CONFIG_FILE", "/nonexistent/shadefs-test-aws-config"),
+                        ("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent/shadefs-test-aws-credentials"),
+                        ("AWS_EC2_METADATA_DISABLED", "true"), ("NO_PROXY", "127.0.0.1,localhost")):
+        mp.setenv(name, value)
