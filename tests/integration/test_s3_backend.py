@@ -18,6 +18,7 @@ import threading
 import time
 
 import pytest
+from conftest import set_dummy_aws_env
 
 boto3 = pytest.importorskip("boto3")
 pytest.importorskip("s3fs")
@@ -224,16 +225,7 @@ class FaultProxy:
 def aws_env():
     """Dummy credentials for this test process only; no shared config, no proxy, no IMDS."""
     with pytest.MonkeyPatch.context() as mp:
-        for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN", "HTTP_PROXY",
-                     "HTTPS_PROXY", "http_proxy", "https_proxy"):
-            mp.delenv(name, raising=False)
-        mp.setenv("AWS_ACCESS_KEY_ID", "testing")
-        mp.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-        mp.setenv("AWS_DEFAULT_REGION", "us-east-1")
-        mp.setenv("AWS_CONFIG_FILE", "/nonexistent/shadefs-test-aws-config")
-        mp.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent/shadefs-test-aws-credentials")
-        mp.setenv("AWS_EC2_METADATA_DISABLED", "true")
-        mp.setenv("NO_PROXY", "127.0.0.1,localhost")
+        set_dummy_aws_env(mp)
         yield
 
 

@@ -7,6 +7,7 @@ import os
 import uuid
 
 import pytest
+from conftest import set_dummy_aws_env
 
 from shadefs.backends import BackendError, backend_for, open_backend
 
@@ -40,13 +41,7 @@ def moto_endpoint():
     boto3 = pytest.importorskip("boto3")
     server_mod = pytest.importorskip("moto.server")
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("AWS_ACCESS_KEY_ID", "testing")
-        mp.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-        mp.setenv("AWS_DEFAULT_REGION", "us-east-1")
-        mp.setenv("AWS_CONFIG_FILE", "/nonexistent/shadefs-test-aws-config")
-        mp.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent/shadefs-test-aws-credentials")
-        mp.setenv("AWS_EC2_METADATA_DISABLED", "true")
-        mp.setenv("NO_PROXY", "127.0.0.1,localhost")
+        set_dummy_aws_env(mp)
         server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
         server.start()
         host, port = server.get_host_and_port()

@@ -15,16 +15,7 @@ from torch.utils.data import DataLoader
 from shadefs.hooks import Client, ScoreReporter, ShadeSampler
 from shadefs.hooks.sampler import rank_transform
 
-MOUNT = "/mnt/fake-shadefs"
-
-
-class FakeDataset:
-    def __init__(self, n, root=MOUNT + "/train"):
-        self.root = root
-        self.samples = [(f"{root}/c{i % 3}/img{i:05d}.png", i % 3) for i in range(n)]
-
-    def __len__(self):
-        return len(self.samples)
+from hookfakes import MOUNT, FakeDataset
 
 
 class IndexDataset(FakeDataset):
