@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import operator
+import os
 import posixpath
 import stat as stat_mod
 import time
@@ -85,6 +86,9 @@ class Namespace:
             children[pid].append(name)
         # readdir answers: names per directory id, kept as a tuple (sorted, immutable)
         self._children: Dict[int, Tuple[str, ...]] = {d: tuple(sorted(c)) for d, c in children.items()}
+        self.root = self.num_files
+        self.num_nodes = self.num_files + len(self.dir_paths)
+        self._uid, self._gid = os.getuid(), os.getgid()
         self.scan_seconds = time.monotonic() - t0
         self.mount_time = time.time()
 
@@ -133,6 +137,40 @@ class Namespace:
         prefix = f"{base}/" if base else ""
         ids, nf = self._ids, self.num_files
         return [(n, _DIR_MODE if ids[prefix + n] >= nf else _FILE_MODE, 0) for n in self._children[node]]
+
+    def _node_path(self, node: int) -> str:
+        return self.paths[node] if node < self.num_files else self.dir_paths[node - self.num_files]
+
+    def child(self, parent: int, name: str) -> Optional[int]:
+        """Return the id of entry ``name`` directly below directory ``parent``, or None.
+
+        ``name`` is one path component (no ``/``); ``.``, ``..``, ``""`` and a file ``parent`` give None.
+        """
+        if parent < self.num_files or parent >= self.num_nodes or name in ("", ".", "..") \
+                or "/" in name or "\x00" in name:
+            return None
+        base = self.dir_paths[parent - self.num_files]
+        return self._ids.get(f"{base}/{name}" if base else name)
+
+    def parent(self, node: int) -> int:
+        """Return the id of the directory holding ``node``; the root is its own parent."""
+        if node == self.root:
+            return self.root
+        return self._ids[posixpath.dirname(self._node_path(node))]
+
+    def listdir(self, node: int) -> List[Tuple[str, int]]:
+        """``(name, node_id)`` for each entry directly below directory ``node``, sorted by name."""
+        base = self.dir_paths[node - self.num_files]
+        prefix = f"{base}/" if base else ""
+        ids = self._ids
+        return [(n, ids[prefix + n]) for n in self._children[node]]
+
+    def attr(self, node: int) -> Tuple[int, int, int, int, int, int]:
+        """``(st_mode, size in bytes, mtime in ns, uid, gid, nlink)`` of ``node`` (for the kernel front end)."""
+        if node >= self.num_files:
+            nsub = sum(1 for _, i in self.listdir(node) if i >= self.num_files)
+            return _DIR_MODE, 0, int(self.mount_time * 1e9), self._uid, self._gid, 2 + nsub
+        return (_FILE_MODE, int(self.sizes[node]), int(self.mtimes[node] * 1e9), self._uid, self._gid, 1)
 
     def path(self, fid: int) -> str:
         return self.paths[fid]
