@@ -1,15 +1,16 @@
 # Two entry points on a fresh machine (see README.md):
 #   make demo   mount Fashion-MNIST through shadefs, train through it, print the cache figures
 #   make test   run the test suite
-# Both install what is missing first: Debian packages (fuse3, libfuse2, dataset-fashion-mnist, attr)
-# and a virtual environment with this package, torch and torchvision.
+# Both install what is missing first: Debian packages (fuse3, libfuse2, dataset-fashion-mnist, attr,
+# redis-server and redis-tools for the shared tier's tests) and a virtual environment with this package,
+# torch and torchvision.
 
 PYTHON  ?= python3
 VENV    ?= .venv
 PY      := $(VENV)/bin/python
 DATA    ?= data/fmnist
 WORKDIR ?= /tmp/shadefs-demo
-APT_PKGS := fuse3 libfuse2 dataset-fashion-mnist attr
+APT_PKGS := fuse3 libfuse2 dataset-fashion-mnist attr redis-server redis-tools
 
 .PHONY: demo test deps venv dataset bench clean
 

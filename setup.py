@@ -28,6 +28,7 @@ setup(
         "torch": ["torch==2.14.1", "torchvision==0.29.1"],
         "s3": ["s3fs>=2023.1", "fsspec>=2023.1"],
         "plot": ["matplotlib>=3.5"],
+        "shared": ["redis>=5", "xxhash>=3"],
         "test": [
             "pytest>=7",
             "pytest-timeout>=2",
@@ -37,6 +38,8 @@ setup(
             "s3fs>=2023.1",
             "fsspec>=2023.1",
             "matplotlib>=3.5",
+            "redis>=5",
+            "xxhash>=3",
         ],
     },
     entry_points={"console_scripts": ["shadefs=shadefs.cli:main"]},

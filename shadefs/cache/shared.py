@@ -1,0 +1,772 @@
+"""The shared tier: one cache for a group of nodes on Redis (a Redis Cluster or one server).
+
+Mounts of the same source (the namespace key ``sha256(source URL)[:16]``, as :class:`~.tiers.DiskTier`
+uses) attached to the same Redis form one **group**. The group stores each sample at most once, under one
+byte budget: the sum of its live members' ``--shared-tier-size``. Any member that reads a file from the
+backend may offer it; any member reads what any other stored. This is SHADE's own deployment (Khan et al.,
+USENIX FAST '23, section 4: the importance-ranked cache lives in Redis Cluster across the training nodes),
+with the byte budget and the atomicity SHADE's reference code lacks.
+
+Layout in Redis (``NS`` = namespace key, ``P`` = partition 0..K-1, ``H`` = 128-bit hash of the file's
+relative path, size and mtime, so a changed source file never matches an old value)::
+
+    shadefs:{NS:pP}:z        sorted set  H -> rank score (importance for shade; admission time for lru/fifo)
+    shadefs:{NS:pP}:s        hash        H -> file bytes
+    shadefs:{NS:pP}:m        hash        cap, gen, used, files, evictions   (the partition's budget)
+    shadefs:{NS:pP}:v:H      string      b"SHD1" + xxh3_64(data) (8 bytes, big-endian) + data
+    shadefs:{NS:g}:members   sorted set  member id -> expiry (server time, ms)
+    shadefs:{NS:g}:sizes     hash        member id -> contributed bytes
+    shadefs:{NS:g}:meta      hash        gen (bumped on every join, leave, expiry, resize)
+
+Every key of a partition carries the same hash tag ``{NS:pP}``, so a partition lives on one cluster node
+and one Lua script admits-and-evicts atomically there: no cross-node lock, no transaction spanning nodes.
+The group budget is split evenly over the K partitions (the remainder to the first ones); each partition
+enforces ``used <= cap`` inside its script, so the group's bytes never exceed the sum of the caps.
+Membership lives on its own hash tag; a change bumps ``gen`` and the member that notices re-applies the
+caps to every partition (a script that ignores a stale ``gen`` and evicts the least important excess).
+
+Every call runs on a worker thread and is waited for at most the deadline (``timeout_s``, default 50 ms,
+plus 10 ms per MiB of value): a down, slow or full node costs a hit, never an error or a wrong byte.
+Failures are counted (``errors``); after repeated failures a partition, or the whole tier, is skipped for
+a back-off period (1 s, doubling to 30 s) and then retried. Values are verified (length and xxh3_64)
+before they are served; a bad one is deleted and counted (``corrupt``).
+
+Thread-safe. ``redis`` (redis-py >= 5) is imported only when a shared tier is configured.
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import hashlib
+import logging
+import os
+import queue
+import socket
+import struct
+import threading
+import time
+import urllib.parse
+from typing import Dict, List, Optional, Sequence
+
+import xxhash
+
+from ..logutil import RateLimitedLog
+
+__all__ = ["SharedTier", "SharedTierConfigError", "parse_urls", "redact_url", "namespace_key",
+           "HEADER", "DEFAULT_PARTITIONS", "MODES"]
+
+log = logging.getLogger("shadefs.shared")
+
+DEFAULT_PARTITIONS = 64
+MAGIC = b"SHD1"
+HEADER = len(MAGIC) + 8   # bytes in front of every value
+PER_MIB_S = 0.010         # the deadline grows by 10 ms per MiB of value (a 16 MiB value: 210 ms)
+# policy name -> admission mode of the partition script
+MODES = {"shade": "imp", "static": "static", "lru": "lru", "fifo": "fifo"}
+
+
+class SharedTierConfigError(ValueError):
+    """A ``--shared-tier`` setting is invalid (one line for the user)."""
+
+
+def namespace_key(source_url: str) -> str:
+    """The group's name: sha256 of the source URL, first 16 hex digits (as the disk tier names its folder)."""
+    return hashlib.sha256(source_url.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+
+
+def parse_urls(spec: str) -> List[str]:
+    """Split ``redis://h1:6379,h2:6379`` or ``redis://a:6379,redis://b:6379`` into full URLs.
+
+    A bare ``host:port`` after the first URL takes the first one's scheme and credentials.
+
+    Raises:
+        SharedTierConfigError: empty, a scheme other than redis:// or rediss://, no host, or a bad port.
+    """
+    parts = [p.strip() for p in (spec or "").split(",") if p.strip()]
+    if not parts:
+        raise SharedTierConfigError("--shared-tier: give at least one redis:// or rediss:// URL")
+    out = []
+    first = None
+    for p in parts:
+        if "://" not in p:
+            if first is None:
+                raise SharedTierConfigError(f"--shared-tier {redact_url(p)!r}: start with redis:// or rediss://")
+            userinfo = first.netloc.rpartition("@")[0]
+            p = f"{first.scheme}://{userinfo + '@' if userinfo else ''}{p}"
+        u = urllib.parse.urlsplit(p)
+        if u.scheme not in ("redis", "rediss"):
+            raise SharedTierConfigError(f"--shared-tier {redact_url(p)!r}: the scheme must be redis:// or rediss://")
+        try:
+            port = u.port
+        except ValueError:
+            raise SharedTierConfigError(f"--shared-tier {redact_url(p)!r}: bad port") from None
+        if not u.hostname:
+            raise SharedTierConfigError(f"--shared-tier {redact_url(p)!r}: no host")
+        if port is None:
+            p = urllib.parse.urlunsplit((u.scheme, u.netloc + ":6379", u.path, u.query, u.fragment))
+            u = urllib.parse.urlsplit(p)
+        if first is None:
+            first = u
+        out.append(p)
+    return out
+
+
+def redact_url(url: str) -> str:
+    """The URL with any password replaced by ``***`` (what logs and stats show)."""
+    try:
+        u = urllib.parse.urlsplit(url)
+    except ValueError:
+        return "<unparsable URL>"
+    if u.password is None and "@" not in u.netloc:
+        return url
+    user = u.username or ""
+    host = u.netloc.rpartition("@")[2]
+    cred = f"{user}:***" if u.password is not None else user
+    return urllib.parse.urlunsplit((u.scheme, f"{cred}@{host}", u.path, u.query, u.fragment))
+
+
+# -- Lua: one script per operation; every key it touches shares the partition's hash tag ---------------------
+# KEYS: zset, sizes, meta, value key.  ARGV: member, score, size, payload, mode, value-key prefix
+ADMIT = r"""
+local z, s, m, vk = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local member, size, mode, prefix = ARGV[1], tonumber(ARGV[3]), ARGV[5], ARGV[6]
+if redis.call('ZSCORE', z, member) then return {1, 0} end
+local cap = tonumber(redis.call('HGET', m, 'cap') or '0')
+if size > cap then return {0, 0} end
+local score = tonumber(ARGV[2])
+if mode == 'lru' or mode == 'fifo' then
+  local t = redis.call('TIME'); score = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
+end
+local used = tonumber(redis.call('HGET', m, 'used') or '0')
+local need = used + size - cap
+local victims, freed = {}, 0
+if need > 0 then
+  if mode == 'static' then return {0, 0} end
+  local start = 0
+  while freed < need do
+    local batch = redis.call('ZRANGE', z, start, start + 31, 'WITHSCORES')
+    if #batch == 0 then return {0, 0} end
+    for i = 1, #batch, 2 do
+      if mode == 'imp' and tonumber(batch[i + 1]) >= score then return {0, 0} end
+      victims[#victims + 1] = batch[i]
+      freed = freed + tonumber(redis.call('HGET', s, batch[i]) or '0')
+      if freed >= need then break end
+    end
+    start = start + 32
+  end
+  for _, v in ipairs(victims) do
+    redis.call('DEL', prefix .. v)
+    redis.call('ZREM', z, v)
+    redis.call('HDEL', s, v)
+  end
+  redis.call('HINCRBY', m, 'evictions', #victims)
+end
+redis.call('SET', vk, ARGV[4])
+redis.call('ZADD', z, score, member)
+redis.call('HSET', s, member, size)
+redis.call('HSET', m, 'used', used - freed + size)
+redis.call('HINCRBY', m, 'files', 1 - #victims)
+return {2, #victims}
+"""
+
+# KEYS: zset, sizes, meta.  ARGV: cap, gen, value-key prefix.  Returns {applied, evicted}.
+SET_CAP = r"""
+local z, s, m = KEYS[1], KEYS[2], KEYS[3]
+local cap, gen, prefix = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
+local g = tonumber(redis.call('HGET', m, 'gen') or '-1')
+if gen < g then return {0, 0} end
+redis.call('HSET', m, 'cap', cap, 'gen', gen)
+local used = tonumber(redis.call('HGET', m, 'used') or '0')
+local n = 0
+while used > cap do
+  local v = redis.call('ZRANGE', z, 0, 0)[1]
+  if not v then used = 0; break end
+  used = used - tonumber(redis.call('HGET', s, v) or '0')
+  redis.call('DEL', prefix .. v)
+  redis.call('ZREM', z, v)
+  redis.call('HDEL', s, v)
+  n = n + 1
+end
+if n > 0 then
+  redis.call('HSET', m, 'used', used)
+  redis.call('HINCRBY', m, 'files', -n)
+  redis.call('HINCRBY', m, 'evictions', n)
+end
+return {1, n}
+"""
+
+# KEYS: zset, sizes, meta, value key.  ARGV: member.  Returns 1 when it was resident.
+DELETE = r"""
+local z, s, m, vk = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local size = redis.call('HGET', s, ARGV[1])
+redis.call('DEL', vk)
+if not size then return 0 end
+redis.call('ZREM', z, ARGV[1])
+redis.call('HDEL', s, ARGV[1])
+redis.call('HINCRBY', m, 'used', -tonumber(size))
+redis.call('HINCRBY', m, 'files', -1)
+return 1
+"""
+
+# KEYS: members, sizes, meta.  ARGV: member id, bytes (-1: leave), ttl ms.  Returns {gen, total, count}.
+HEARTBEAT = r"""
+local mem, sz, meta = KEYS[1], KEYS[2], KEYS[3]
+local id, bytes, ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local changed = false
+for _, dead in ipairs(redis.call('ZRANGEBYSCORE', mem, '-inf', now)) do
+  redis.call('ZREM', mem, dead); redis.call('HDEL', sz, dead); changed = true
+end
+if bytes < 0 then
+  if redis.call('ZREM', mem, id) == 1 then changed = true end
+  redis.call('HDEL', sz, id)
+else
+  if not redis.call('ZSCORE', mem, id) or tonumber(redis.call('HGET', sz, id) or '-1') ~= bytes then
+    changed = true
+  end
+  redis.call('ZADD', mem, now + ttl, id)
+  redis.call('HSET', sz, id, bytes)
+end
+if changed then redis.call('HINCRBY', meta, 'gen', 1) end
+local total = 0
+for _, v in ipairs(redis.call('HVALS', sz)) do total = total + tonumber(v) end
+return {tonumber(redis.call('HGET', meta, 'gen') or '0'), total, redis.call('ZCARD', mem)}
+"""
+
+# KEYS: zset.  ARGV: score, member, score, member, ...  Updates resident members only (ZADD XX).
+RESCORE = r"""
+local n = 0
+for i = 1, #ARGV, 2 do n = n + redis.call('ZADD', KEYS[1], 'XX', 'CH', ARGV[i], ARGV[i + 1]) end
+return n
+"""
+
+# KEYS: zset.  ARGV: member.  An LRU hit: move to the most recent end (server time).
+TOUCH = r"""
+local t = redis.call('TIME')
+return redis.call('ZADD', KEYS[1], 'XX', tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000, ARGV[1])
+"""
+
+
+class _Breaker:
+    """Consecutive-failure circuit breaker: after ``threshold`` failures in a row, closed for a back-off
+    (``base_s``, doubling on every failed retry up to ``max_s``); then one call goes through."""
+
+    __slots__ = ("threshold", "base_s", "max_s", "fails", "until", "backoff")
+
+    def __init__(self, threshold: int, base_s: float, max_s: float):
+        self.threshold, self.base_s, self.max_s = threshold, base_s, max_s
+        self.fails, self.until, self.backoff = 0, 0.0, base_s
+
+    def open(self, now: float) -> bool:
+        return now < self.until
+
+    def ok(self) -> None:
+        self.fails, self.backoff = 0, self.base_s
+
+    def fail(self, now: float) -> bool:
+        """Record a failure; True when this one opened the breaker."""
+        self.fails += 1
+        if self.fails >= self.threshold:
+            self.until = now + self.backoff
+            self.backoff = min(self.max_s, self.backoff * 2)
+            self.fails = self.threshold - 1  # the retry after the back-off re-opens on one failure
+            return True
+        return False
+
+
+_SKIP = object()
+
+
+class SharedTier:
+    """This mount's membership in a group's shared tier.
+
+    Args:
+        urls: Redis URLs (:func:`parse_urls`); the first reachable one is asked whether it is a cluster.
+        source_url: the mounted source (names the group).
+        size_bytes: this member's contribution to the group's budget (bytes, >= 0).
+        policy: the mount's ``--policy`` (``shade``: rank by importance; ``lru``/``fifo``: by time;
+            anything else: ``static``, admit while there is room and never evict).
+        timeout_s: the deadline of one call (seconds), plus 10 ms per MiB of value.
+        max_file: files above this many bytes bypass the tier.
+        partitions: K, the number of hash-tagged partitions (every member of a group must agree).
+        password: overrides a password in the URLs (``--shared-tier-password-file``).
+        heartbeat_s: membership heartbeat period (seconds); a member is dropped ``3 x heartbeat_s`` after
+            its last heartbeat.
+        member_id: this member's name in the group (default ``host:pid:random``).
+        workers: threads that run calls (the FUSE request path waits on them at most the deadline).
+
+    Raises:
+        SharedTierConfigError: bad URL, size, timeout or partition count.
+    """
+
+    def __init__(self, urls: Sequence[str], source_url: str, size_bytes: int, policy: str = "static",
+                 timeout_s: float = 0.05, max_file: int = 16 * 2**20, partitions: int = DEFAULT_PARTITIONS,
+                 password: Optional[str] = None, heartbeat_s: float = 2.0, member_id: Optional[str] = None,
+                 workers: int = 8, fail_threshold: int = 3, backoff_s: float = 1.0, backoff_max_s: float = 30.0,
+                 offer_queue: int = 64):
+        self.urls = list(urls) if not isinstance(urls, str) else parse_urls(urls)
+        if not self.urls:
+            raise SharedTierConfigError("--shared-tier: no URL")
+        if size_bytes < 0:
+            raise SharedTierConfigError("--shared-tier-size: must be >= 0")
+        if not 0 < timeout_s <= 60:
+            raise SharedTierConfigError(f"--shared-tier-timeout {timeout_s}: seconds in (0, 60]")
+        if not 1 <= partitions <= 16384:
+            raise SharedTierConfigError(f"shared tier partitions {partitions}: 1..16384")
+        self.ns = namespace_key(source_url)
+        self.size_bytes = int(size_bytes)
+        self.policy = policy
+        self.mode = MODES.get(policy, "static")
+        self.timeout_s = float(timeout_s)
+        self.max_file = int(max_file)
+        self.K = int(partitions)
+        self.password = password
+        self.heartbeat_s = float(heartbeat_s)
+        self.member_id = member_id or f"{socket.gethostname()}:{os.getpid()}:{os.urandom(4).hex()}"
+        self.redacted = ",".join(redact_url(u) for u in self.urls)
+        self._tags = [f"shadefs:{{{self.ns}:p{p}}}:" for p in range(self.K)]
+        g = f"shadefs:{{{self.ns}:g}}:"
+        self._group_keys = (g + "members", g + "sizes", g + "meta")
+        self._pool = cf.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="shared")
+        self._lock = threading.Lock()
+        self._breakers = [_Breaker(fail_threshold, backoff_s, backoff_max_s) for _ in range(self.K)]
+        self._global = _Breaker(fail_threshold * 3, backoff_s, backoff_max_s)
+        self._offers: "queue.Queue" = queue.Queue(maxsize=offer_queue)
+        self._stop = threading.Event()
+        self._threads: List[threading.Thread] = []
+        self._err_log = RateLimitedLog(log, 10.0)
+        self.client = None
+        self.cluster = False
+        self._connect_lock = threading.Lock()
+        self.gen = -1            # the membership generation whose caps we applied last
+        self.group_capacity = 0
+        self.members = 0
+        self.joined = False
+        # counters (under self._lock)
+        self.errors = 0          # calls that failed or ran past their deadline
+        self.skipped = 0         # calls not made because the tier (or the partition) was backing off
+        self.corrupt = 0         # values that failed verification (deleted)
+        self.gets = 0
+        self.get_hits = 0
+        self.offers = {"admitted": 0, "resident": 0, "refused": 0, "dropped": 0, "failed": 0}
+        self.cap_evictions = 0   # evicted by a budget shrink (a member left), as applied by this member
+        self._group = {"used_bytes": 0, "files": 0, "evictions": 0}
+
+    # -- keys ------------------------------------------------------------------------------------------------
+    @staticmethod
+    def key(relpath: str, size: int, mtime_ns: int = 0) -> str:
+        """The group-wide name of one version of a file: 128-bit xxh3 of (path, size, mtime), hex."""
+        return xxhash.xxh3_128_hexdigest(f"{relpath}\0{int(size)}\0{int(mtime_ns)}".encode("utf-8", "surrogateescape"))
+
+    def partition(self, key: str) -> int:
+        return int(key[:8], 16) % self.K
+
+    def _pkeys(self, p: int):
+        t = self._tags[p]
+        return t + "z", t + "s", t + "m"
+
+    # -- connection -----------------------------------------------------------------------------------------
+    def _connect(self):
+        """Build the client: RedisCluster when the first reachable seed reports cluster mode, else Redis."""
+        import redis
+        from redis.backoff import NoBackoff
+        from redis.cluster import ClusterNode, RedisCluster
+        from redis.retry import Retry
+
+        sock_t = max(1.0, self.timeout_s + self.max_file / 2**20 * PER_MIB_S)
+        last = None
+        for url in self.urls:
+            kw = dict(socket_timeout=sock_t, socket_connect_timeout=max(0.2, self.timeout_s * 4))
+            if self.password is not None:
+                kw["password"] = self.password
+            try:
+                probe = redis.Redis.from_url(url, **kw)
+                try:
+                    info = probe.info("cluster")
+                finally:
+                    probe.close()
+            except redis.RedisError as e:
+                last = e
+                continue
+            if info.get("cluster_enabled"):
+                u = urllib.parse.urlsplit(url)
+                nodes = [ClusterNode(urllib.parse.urlsplit(x).hostname, urllib.parse.urlsplit(x).port)
+                         for x in self.urls]
+                ckw = dict(kw)
+                if u.username:
+                    ckw["username"] = urllib.parse.unquote(u.username)
+                if u.password is not None and self.password is None:
+                    ckw["password"] = urllib.parse.unquote(u.password)
+                if u.scheme == "rediss":
+                    ckw["ssl"] = True
+                client = RedisCluster(startup_nodes=nodes, retry=Retry(NoBackoff(), 1), **ckw)
+                self.cluster = True
+            else:
+                client = redis.Redis.from_url(url, **kw)
+                self.cluster = False
+            log.info("shared tier: %s (%s), group %s, member %s, %s contributed, %d partitions",
+                     self.redacted, "Redis Cluster" if self.cluster else "one Redis server", self.ns,
+                     self.member_id, self.size_bytes, self.K)
+            return client
+        raise ConnectionError(f"no Redis reachable at {self.redacted}: {last}")
+
+    def _client(self):
+        c = self.client
+        if c is None:
+            with self._connect_lock:
+                if self.client is None:
+                    self.client = self._connect()
+                c = self.client
+        return c
+
+    # -- calls with a deadline ------------------------------------------------------------------------------
+    def _run(self, fn, partition: Optional[int], deadline_s: float, wait: bool = True):
+        """Run ``fn(client)`` on a worker, waiting at most ``deadline_s``. Returns its result or _SKIP."""
+        now = time.monotonic()
+        with self._lock:
+            if self._global.open(now) or (partition is not None and self._breakers[partition].open(now)):
+                self.skipped += 1
+                return _SKIP
+        fut = self._pool.submit(lambda: fn(self._client()))
+        try:
+            out = fut.result(timeout=deadline_s if wait else None)
+        except Exception as e:  # TimeoutError, redis errors, a broken cluster map: all cost one hit
+            now = time.monotonic()
+            with self._lock:
+                self.errors += 1
+                opened = self._global.fail(now)
+                if partition is not None:
+                    opened = self._breakers[partition].fail(now) or opened
+            kind = "deadline" if isinstance(e, cf.TimeoutError) else f"{type(e).__name__}: {e}"
+            self._err_log(logging.WARNING, "shared tier %s: %s%s", self.redacted, kind,
+                          "; backing off" if opened else "")
+            return _SKIP
+        with self._lock:
+            self._global.ok()
+            if partition is not None:
+                self._breakers[partition].ok()
+        return out
+
+    def _deadline(self, nbytes: int) -> float:
+        return self.timeout_s + nbytes / 2**20 * PER_MIB_S
+
+    def _script(self, client, src: str, keys, args):
+        return client.execute_command("EVAL", src, len(keys), *keys, *args)
+
+    # -- the read path -------------------------------------------------------------------------------------
+    def get(self, key: str, size: int) -> Optional[bytes]:
+        """The verified value of ``key`` (exactly ``size`` bytes), or None (absent, too large, failed,
+        past the deadline, backing off, or corrupt). Never raises."""
+        if size > self.max_file or not self.joined:
+            return None
+        p = self.partition(key)
+        vk = self._tags[p] + "v:" + key
+
+        def call(c):
+            if self.mode == "lru":
+                pipe = c.pipeline(transaction=False)
+                pipe.get(vk)
+                pipe.execute_command("EVAL", TOUCH, 1, self._tags[p] + "z", key)
+                return pipe.execute()[0]
+            return c.get(vk)
+
+        with self._lock:
+            self.gets += 1
+        raw = self._run(call, p, self._deadline(size))
+        if raw is _SKIP or raw is None:
+            return None
+        data = self._verify(key, raw, size)
+        if data is not None:
+            with self._lock:
+                self.get_hits += 1
+        return data
+
+    def get_many(self, keys: Sequence[str], sizes: Sequence[int]) -> List[Optional[bytes]]:
+        """:meth:`get` for a batch in one pipelined round trip per node (``warm``, the prefetcher)."""
+        idx = [i for i, (k, s) in enumerate(zip(keys, sizes)) if s <= self.max_file]
+        out: List[Optional[bytes]] = [None] * len(keys)
+        if not idx or not self.joined:
+            return out
+        vks = [self._tags[self.partition(keys[i])] + "v:" + keys[i] for i in idx]
+
+        def call(c):
+            pipe = c.pipeline(transaction=False)
+            for vk in vks:
+                pipe.get(vk)
+            return pipe.execute(raise_on_error=False)
+
+        raws = self._run(call, None, self._deadline(sum(sizes[i] for i in idx)) + self.timeout_s)
+        with self._lock:
+            self.gets += len(idx)
+        if raws is _SKIP:
+            return out
+        for i, raw in zip(idx, raws):
+            if isinstance(raw, bytes):
+                out[i] = self._verify(keys[i], raw, sizes[i])
+        with self._lock:
+            self.get_hits += sum(x is not None for x in out)
+        return out
+
+    def contains_many(self, keys: Sequence[str]) -> List[bool]:
+        """Residency of ``keys`` in the group (pipelined ZSCOREs); False where unknown (failed)."""
+        if not keys or not self.joined:
+            return [False] * len(keys)
+
+        def call(c):
+            pipe = c.pipeline(transaction=False)
+            for k in keys:
+                pipe.zscore(self._tags[self.partition(k)] + "z", k)
+            return pipe.execute(raise_on_error=False)
+
+        res = self._run(call, None, self.timeout_s * 4)
+        if res is _SKIP:
+            return [False] * len(keys)
+        return [isinstance(r, float) for r in res]
+
+    def _verify(self, key: str, raw: bytes, size: int) -> Optional[bytes]:
+        ok = (len(raw) == HEADER + size and raw[:4] == MAGIC
+              and struct.unpack(">Q", raw[4:HEADER])[0] == xxhash.xxh3_64_intdigest(memoryview(raw)[HEADER:]))
+        if ok:
+            return raw[HEADER:]
+        with self._lock:
+            self.corrupt += 1
+        self._err_log(logging.WARNING, "shared tier: dropping a corrupt value (%d bytes, expected %d + %d)",
+                      len(raw), HEADER, size)
+        self.evict(key)
+        return None
+
+    # -- admission ------------------------------------------------------------------------------------------
+    def offer(self, key: str, data: bytes, score: float = 1.0) -> str:
+        """Offer a file read from the backend to the group (admit-and-evict in one script, atomically).
+
+        Returns:
+            ``"admitted"``, ``"resident"`` (some member stored it already), ``"refused"`` (the policy:
+            full under ``static``, or not more important than the partition's least important resident
+            under ``shade``; or too large), ``"failed"`` (Redis error or past the deadline, counted).
+        """
+        size = len(data)
+        if size > self.max_file or not self.joined:
+            self._count_offer("refused")
+            return "refused"
+        p = self.partition(key)
+        z, s, m = self._pkeys(p)
+        payload = MAGIC + struct.pack(">Q", xxhash.xxh3_64_intdigest(data)) + bytes(data)
+        args = (key, repr(float(score)), size, payload, self.mode, self._tags[p] + "v:")
+        res = self._run(lambda c: self._script(c, ADMIT, (z, s, m, self._tags[p] + "v:" + key), args), p,
+                        self._deadline(size) + self.timeout_s)
+        outcome = "failed" if res is _SKIP else ("refused", "resident", "admitted")[int(res[0])]
+        self._count_offer(outcome)
+        return outcome
+
+    def _count_offer(self, outcome: str) -> None:
+        with self._lock:
+            self.offers[outcome] += 1
+
+    def offer_async(self, key: str, data: bytes, score: float = 1.0) -> bool:
+        """Queue :meth:`offer` for the background offer thread (off the request path). False when the
+        queue is full (counted ``dropped``): the group will get it from the next member that misses."""
+        if len(data) > self.max_file or not self.joined:
+            return False
+        try:
+            self._offers.put_nowait((key, data, score))
+            return True
+        except queue.Full:
+            self._count_offer("dropped")
+            return False
+
+    def _offer_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                item = self._offers.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            if item is None:
+                break
+            try:
+                self.offer(*item)
+            finally:
+                self._offers.task_done()
+
+    def drain(self, timeout_s: float = 5.0) -> bool:
+        """Wait until every queued offer ran (tests, benchmarks). True when drained in time."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self._offers.unfinished_tasks == 0:
+                return True
+            time.sleep(0.005)
+        return False
+
+    def evict(self, key: str) -> bool:
+        """Remove ``key`` from the group (a corrupt value, a test). True when it was resident."""
+        p = self.partition(key)
+        z, s, m = self._pkeys(p)
+        res = self._run(lambda c: self._script(c, DELETE, (z, s, m, self._tags[p] + "v:" + key), (key,)), p,
+                        self.timeout_s * 4)
+        return res is not _SKIP and bool(res)
+
+    def rescore(self, keys: Sequence[str], scores: Sequence[float]) -> int:
+        """Set the rank score of resident ``keys`` (the group's importance under ``shade``), one
+        pipelined script per partition. Returns how many changed; 0 on failure."""
+        if self.mode != "imp" or not keys or not self.joined:
+            return 0
+        byp: Dict[int, list] = {}
+        for k, v in zip(keys, scores):
+            byp.setdefault(self.partition(k), []).extend((repr(float(v)), k))
+
+        def call(c):
+            pipe = c.pipeline(transaction=False)
+            for p, args in byp.items():
+                pipe.execute_command("EVAL", RESCORE, 1, self._tags[p] + "z", *args)
+            return pipe.execute(raise_on_error=False)
+
+        res = self._run(call, None, self.timeout_s * 8, wait=True)
+        return 0 if res is _SKIP else sum(r for r in res if isinstance(r, int))
+
+    # -- membership ----------------------------------------------------------------------------------------
+    def heartbeat(self, leave: bool = False) -> bool:
+        """Renew (or end) this membership; apply the group's budget to every partition when it changed.
+
+        Returns True when the heartbeat reached Redis."""
+        ttl_ms = int(self.heartbeat_s * 3000)
+        args = (self.member_id, -1 if leave else self.size_bytes, ttl_ms)
+        res = self._run(lambda c: self._script(c, HEARTBEAT, self._group_keys, args), None,
+                        max(1.0, self.timeout_s * 20))
+        if res is _SKIP:
+            return False
+        gen, total, count = int(res[0]), int(res[1]), int(res[2])
+        with self._lock:
+            changed = gen != self.gen
+            self.group_capacity, self.members = total, count
+        if changed or leave:
+            self.apply_caps(gen, total)
+        if not leave:
+            self.joined = True
+        self.refresh()
+        return True
+
+    def caps(self, total: int) -> List[int]:
+        """Partition budgets for a group budget of ``total`` bytes (they sum to ``total`` exactly)."""
+        q, r = divmod(int(total), self.K)
+        return [q + (p < r) for p in range(self.K)]
+
+    def apply_caps(self, gen: int, total: int) -> int:
+        """Set every partition's budget for membership ``gen``, evicting the least important excess.
+        Returns the number evicted (-1 when Redis failed; retried on the next heartbeat)."""
+        caps = self.caps(total)
+
+        def call(c):
+            pipe = c.pipeline(transaction=False)
+            for p in range(self.K):
+                pipe.execute_command("EVAL", SET_CAP, 3, *self._pkeys(p), caps[p], gen, self._tags[p] + "v:")
+            return pipe.execute()
+
+        res = self._run(call, None, max(2.0, self.timeout_s * 40))
+        if res is _SKIP:
+            return -1
+        n = sum(int(r[1]) for r in res)
+        with self._lock:
+            self.gen = gen
+            self.cap_evictions += n
+        if n:
+            log.info("shared tier: group budget now %d bytes (%d members); evicted %d files over it",
+                     total, self.members, n)
+        return n
+
+    def refresh(self) -> Optional[dict]:
+        """Read every partition's byte counter (pipelined) into the group figures of :meth:`stats`."""
+        def call(c):
+            pipe = c.pipeline(transaction=False)
+            for p in range(self.K):
+                pipe.hmget(self._pkeys(p)[2], "used", "files", "evictions", "cap")
+            return pipe.execute()
+
+        res = self._run(call, None, max(1.0, self.timeout_s * 20))
+        if res is _SKIP:
+            return None
+        g = {"used_bytes": 0, "files": 0, "evictions": 0, "cap_bytes": 0}
+        for row in res:
+            for name, v in zip(("used_bytes", "files", "evictions", "cap_bytes"), row):
+                g[name] += int(v or 0)
+        with self._lock:
+            self._group = g
+        return g
+
+    def partition_figures(self) -> List[dict]:
+        """Per partition: cap, used, files, and the exact sum of stored value sizes (tests, ``shadefs
+        stats --json`` debugging). Blocking; raises redis errors."""
+        c = self._client()
+        out = []
+        for p in range(self.K):
+            z, s, m = self._pkeys(p)
+            meta = c.hgetall(m)
+            sizes = c.hgetall(s)
+            members = c.zrange(z, 0, -1)
+            pipe = c.pipeline(transaction=False)
+            for h in members:
+                pipe.strlen(self._tags[p] + "v:" + h.decode())
+            lens = pipe.execute() if members else []
+            out.append({"cap": int(meta.get(b"cap", 0)), "used": int(meta.get(b"used", 0)),
+                        "files": int(meta.get(b"files", 0)), "members": len(members),
+                        "sizes_sum": sum(int(v) for v in sizes.values()),
+                        "values_sum": sum(n - HEADER for n in lens)})
+        return out
+
+    # -- lifecycle -------------------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Join the group (first heartbeat, bounded by a few deadlines) and start the heartbeat and offer
+        threads. Redis being unreachable is logged, not raised: the tier joins when it comes back."""
+        if not self.heartbeat():
+            log.warning("shared tier %s not reachable yet; serving without it and retrying every %.1f s",
+                        self.redacted, self.heartbeat_s)
+        for target, name in ((self._heartbeat_loop, "shared-heartbeat"), (self._offer_loop, "shared-offer")):
+            t = threading.Thread(target=target, name=name, daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def _heartbeat_loop(self) -> None:
+        n = 0
+        while not self._stop.wait(self.heartbeat_s):
+            n += 1
+            self.heartbeat()
+            if n % 10 == 0 and self.gen >= 0:  # re-apply now and then: a member may have died mid-apply
+                self.apply_caps(self.gen, self.group_capacity)
+
+    def close(self, leave: bool = True) -> None:
+        """Stop the threads; ``leave``: drop out of the group (its budget shrinks now, the excess is
+        evicted). Idempotent."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=2)
+        if leave and self.client is not None:
+            self.heartbeat(leave=True)
+        self.joined = False
+        self._pool.shutdown(wait=False)
+        if self.client is not None:
+            try:
+                self.client.close()
+            except Exception:
+                pass
+
+    # -- figures ----------------------------------------------------------------------------------------------
+    def stats(self) -> dict:
+        """``tiers.shared`` of the stats JSON (never touches Redis: the heartbeat refreshes the figures).
+
+        ``used_bytes``/``capacity_bytes``: this member's share (its size, and the group's bytes in
+        proportion to it); ``group_used_bytes``/``group_capacity_bytes``: the whole group's; ``files`` and
+        ``evictions``: the group's."""
+        with self._lock:
+            g = dict(self._group)
+            cap = self.group_capacity
+            share = g["used_bytes"] * self.size_bytes // cap if cap else 0
+            return {"used_bytes": share, "capacity_bytes": self.size_bytes, "files": g["files"],
+                    "evictions": g["evictions"], "group_used_bytes": g["used_bytes"],
+                    "group_capacity_bytes": cap, "members": self.members, "partitions": self.K,
+                    "cluster": self.cluster, "url": self.redacted}
+
+    def counters(self) -> dict:
+        with self._lock:
+            return {"errors": self.errors, "skipped": self.skipped, "corrupt": self.corrupt,
+                    "gets": self.gets, "get_hits": self.get_hits, "offers": dict(self.offers),
+                    "cap_evictions": self.cap_evictions}

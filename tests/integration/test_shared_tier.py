@@ -1,0 +1,271 @@
+"""SharedTier against real redis-server processes (a standalone server, a 3-master cluster, a replica
+for failover): group membership, one copy per sample, the group budget, importance ranking, faults."""
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from redisutil import redis_cluster, redis_cluster_replica, redis_server  # noqa: F401  (fixtures)
+from shadefs.cache.shared import HEADER, SharedTier, SharedTierConfigError, parse_urls, redact_url
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def blob(i: int, size: int) -> bytes:
+    return (i.to_bytes(4, "little") * (size // 4 + 1))[:size]
+
+
+def tier(urls, source="s3://bucket/ds", size=10_000, **kw):
+    kw.setdefault("heartbeat_s", 0.2)
+    kw.setdefault("partitions", 4)
+    kw.setdefault("timeout_s", 0.5)  # 2 shared cores: generous; the fault tests set their own
+    t = SharedTier(parse_urls(urls), source, size, **kw)
+    t.start()
+    return t
+
+
+def check_exact(t: SharedTier) -> dict:
+    """Every partition: counter == sum of recorded sizes == sum of stored value sizes <= cap."""
+    used = 0
+    for p in t.partition_figures():
+        assert p["used"] == p["sizes_sum"] == p["values_sum"], p
+        assert p["files"] == p["members"], p
+        assert p["used"] <= p["cap"], p
+        used += p["used"]
+    return {"used": used}
+
+
+def test_urls_and_redaction():
+    assert parse_urls("redis://:pw@h1:7000,h2:7001") == ["redis://:pw@h1:7000", "redis://:pw@h2:7001"]
+    assert parse_urls("rediss://h1") == ["rediss://h1:6379"]
+    assert redact_url("redis://user:s3cret@h:1") == "redis://user:***@h:1"
+    assert redact_url("redis://h:1") == "redis://h:1"
+    for bad in ("", "http://h:1", "h1:6379", "redis://:x@:1", "redis://h:99999"):
+        with pytest.raises(SharedTierConfigError):
+            parse_urls(bad)
+
+
+def test_roundtrip_one_copy_and_exact_bytes(redis_server):
+    a = tier(redis_server.url, member_id="a")
+    b = tier(redis_server.url, member_id="b")
+    try:
+        assert a.stats()["group_capacity_bytes"] == 20_000 or a.heartbeat()
+        assert a.stats()["members"] == 2 and a.stats()["group_capacity_bytes"] == 20_000
+        k = SharedTier.key("cat/1.jpg", 3000, 5)
+        assert b.get(k, 3000) is None
+        assert a.offer(k, blob(1, 3000), 1.0) == "admitted"
+        assert b.get(k, 3000) == blob(1, 3000)          # what node A stored is a hit on node B
+        assert b.offer(k, blob(1, 3000), 1.0) == "resident"  # stored once for the group
+        assert b.get(k, 2999) is None                     # a size mismatch is never served
+        assert b.counters()["corrupt"] == 1
+        assert a.get(k, 3000) is None                     # ... and the bad entry was dropped
+        a.refresh()
+        assert check_exact(a)["used"] == 0
+        too_big = SharedTier.key("big", 30_000)
+        assert a.offer(too_big, blob(2, 30_000)) == "refused"  # over every partition's cap
+    finally:
+        a.close()
+        b.close()
+
+
+def test_corrupt_value_is_dropped_not_served(redis_server):
+    import redis
+
+    t = tier(redis_server.url)
+    try:
+        k = SharedTier.key("x", 1000)
+        assert t.offer(k, blob(3, 1000)) == "admitted"
+        r = redis.Redis.from_url(redis_server.url)
+        vk = t._tags[t.partition(k)] + "v:" + k
+        raw = bytearray(r.get(vk))
+        raw[HEADER + 10] ^= 0xFF  # one flipped byte: the checksum catches it
+        r.set(vk, bytes(raw))
+        assert t.get(k, 1000) is None
+        assert t.counters()["corrupt"] == 1
+        assert r.exists(vk) == 0
+        check_exact(t)
+    finally:
+        t.close()
+
+
+def test_static_refuses_when_full_shade_evicts_least_important(redis_server):
+    st_ = tier(redis_server.url, source="src-static", size=4 * 1000, policy="static", partitions=1)
+    sh = tier(redis_server.url, source="src-shade", size=4 * 1000, policy="shade", partitions=1)
+    try:
+        keys = [SharedTier.key(f"f{i}", 1000) for i in range(6)]
+        for i in range(4):
+            assert st_.offer(keys[i], blob(i, 1000)) == "admitted"
+            assert sh.offer(keys[i], blob(i, 1000), float(i + 1)) == "admitted"  # scores 1..4
+        assert st_.offer(keys[4], blob(4, 1000)) == "refused"       # static: full, never evicts
+        assert sh.offer(keys[4], blob(4, 1000), 1.0) == "refused"   # not above the least important (1.0)
+        assert sh.offer(keys[4], blob(4, 1000), 2.5) == "admitted"  # above 1.0: f0 is the victim
+        assert sh.get(keys[0], 1000) is None and sh.get(keys[4], 1000) == blob(4, 1000)
+        # a newcomer needing two victims must beat both: 2.0 and 2.5 are the two least important
+        big = SharedTier.key("big", 2000)
+        assert sh.offer(big, blob(9, 2000), 2.4) == "refused"
+        assert sh.offer(big, blob(9, 2000), 2.6) == "admitted"
+        assert [sh.get(keys[i], 1000) is not None for i in range(5)] == [False, False, True, True, False]
+        sh.refresh()
+        assert sh.stats()["evictions"] == 3 and sh.stats()["files"] == 3
+        assert check_exact(sh)["used"] == 4000
+        assert sh.rescore([keys[2]], [0.5]) == 1  # the group's importance moves a resident's rank
+        assert sh.offer(keys[5], blob(5, 1000), 0.7) == "admitted"
+        assert sh.get(keys[2], 1000) is None
+    finally:
+        st_.close()
+        sh.close()
+
+
+def test_member_leaving_shrinks_budget_and_evicts_excess(redis_cluster):
+    a = tier(redis_cluster.urls, member_id="a", size=8000, policy="shade")
+    b = tier(redis_cluster.urls, member_id="b", size=8000, policy="shade")
+    try:
+        a.heartbeat()
+        assert a.cluster and a.stats()["group_capacity_bytes"] == 16_000
+        n = 0
+        for i in range(200):  # fill the 4 partitions (4000 bytes each) with 500-byte files
+            n += a.offer(SharedTier.key(f"f{i}", 500), blob(i, 500), float(i)) == "admitted"
+        a.refresh()
+        before = check_exact(a)["used"]
+        assert before == 16_000 and a.stats()["files"] == 32
+        b.close()  # leaves: the group budget is a's 8000 bytes from now on
+        assert b.stats()["members"] in (1, 2)
+        a.heartbeat()
+        assert a.stats()["group_capacity_bytes"] == 8000 and a.stats()["members"] == 1
+        assert check_exact(a)["used"] == 8000
+        # the least important went first: the most important file stored is still there
+        assert a.get(SharedTier.key("f199", 500), 500) == blob(199, 500)
+        # a member joining grows the budget again without losing what is stored
+        c = tier(redis_cluster.urls, member_id="c", size=4000)
+        try:
+            a.heartbeat()
+            assert a.stats()["group_capacity_bytes"] == 12_000
+            assert check_exact(a)["used"] == 8000
+        finally:
+            c.close()
+    finally:
+        a.close()
+        b.close()
+
+
+def test_expired_member_drops_out(redis_server):
+    a = tier(redis_server.url, member_id="a", size=5000)
+    b = tier(redis_server.url, member_id="b", size=5000)
+    try:
+        a.heartbeat()
+        assert a.stats()["group_capacity_bytes"] == 10_000
+        b._stop.set()  # b stops heartbeating (a crashed node) without leaving
+        deadline = time.monotonic() + 5
+        while a.stats()["group_capacity_bytes"] != 5000 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert a.stats()["group_capacity_bytes"] == 5000 and a.stats()["members"] == 1
+    finally:
+        a.close()
+        b.close(leave=False)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(offers=st.lists(st.tuples(st.integers(0, 60), st.integers(1, 3000), st.floats(0, 10)),
+                       min_size=1, max_size=60),
+       sizes=st.tuples(st.integers(0, 9000), st.integers(0, 9000)),
+       policy=st.sampled_from(["shade", "static", "lru"]))
+def test_group_budget_holds_under_concurrent_offers(redis_cluster, offers, sizes, policy):
+    source = f"prop-{os.urandom(6).hex()}"
+    a = tier(redis_cluster.urls, source=source, size=sizes[0], policy=policy, member_id="a")
+    b = tier(redis_cluster.urls, source=source, size=sizes[1], policy=policy, member_id="b")
+    try:
+        a.heartbeat()
+        cap = sizes[0] + sizes[1]
+        assert a.stats()["group_capacity_bytes"] == cap
+        stored = {}
+
+        def run(t, part):
+            for i, size, score in part:
+                k = SharedTier.key(f"f{i}", size)
+                if t.offer(k, blob(i, size), score) == "admitted":
+                    stored[k] = (i, size)
+
+        ts = [threading.Thread(target=run, args=(t, offers[j::2])) for j, t in enumerate((a, b))]
+        for th in ts:
+            th.start()
+        for th in ts:
+            th.join()
+        assert a.counters()["errors"] == b.counters()["errors"] == 0
+        assert check_exact(a)["used"] <= cap
+        for k, (i, size) in stored.items():  # whatever is served is exact
+            got = b.get(k, size)
+            assert got is None or got == blob(i, size)
+    finally:
+        a.close()
+        b.close()
+
+
+def test_down_server_costs_hits_never_errors(redis_server):
+    t = tier(redis_server.url, timeout_s=0.05, backoff_s=0.3)
+    try:
+        k = SharedTier.key("x", 1000)
+        assert t.offer(k, blob(1, 1000)) == "admitted"
+        redis_server.pause()  # accepts connections, never answers: the slow-node case
+        t0 = time.monotonic()
+        assert t.get(k, 1000) is None
+        assert time.monotonic() - t0 < 0.2  # the deadline, not the socket timeout
+        assert t.counters()["errors"] == 1
+        for _ in range(3):
+            assert t.get(k, 1000) is None
+        assert t.counters()["skipped"] >= 1  # backing off after repeated failures
+        redis_server.resume()
+        time.sleep(0.4)  # the back-off ends; the tier is retried and hits again
+        deadline = time.monotonic() + 5
+        while t.get(k, 1000) is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert t.get(k, 1000) == blob(1, 1000)
+        redis_server.kill()
+        assert t.get(k, 1000) is None and t.offer(k, blob(1, 1000)) in ("failed",)
+    finally:
+        t.close()
+
+
+def test_killed_master_costs_its_partitions_only(redis_cluster):
+    t = tier(redis_cluster.urls, partitions=16, size=10**6, timeout_s=0.2)
+    try:
+        keys = [SharedTier.key(f"f{i}", 100) for i in range(64)]
+        for i, k in enumerate(keys):
+            assert t.offer(k, blob(i, 100)) == "admitted"
+        redis_cluster.masters[2].kill()
+        got = [t.get(k, 100) for k in keys]
+        assert all(g is None or g == blob(i, 100) for i, g in enumerate(got))
+        hits = sum(g is not None for g in got)
+        assert 0 < hits < 64  # the two live masters still serve their partitions
+        assert t.counters()["errors"] >= 1
+    finally:
+        t.close(leave=False)
+
+
+def test_cluster_failover_is_survived(redis_cluster_replica):
+    c = redis_cluster_replica
+    t = tier(c.urls, partitions=16, size=10**6, timeout_s=0.2, backoff_s=0.2)
+    try:
+        keys = [SharedTier.key(f"f{i}", 100) for i in range(64)]
+        for i, k in enumerate(keys):
+            assert t.offer(k, blob(i, 100)) == "admitted"
+        c.masters[0].cli("wait", 1, 2000)  # the replica has every write of its master
+        c.masters[0].kill()
+        rep = c.replicas[0]
+        rep.cli("cluster", "failover", "takeover")  # what the cluster does itself after node-timeout
+        c._wait(lambda: "role:master" in rep.cli("info", "replication"), "replica promoted")
+        deadline = time.monotonic() + 15
+        hits = 0
+        while time.monotonic() < deadline:
+            got = [t.get(k, 100) for k in keys]
+            assert all(g is None or g == blob(i, 100) for i, g in enumerate(got))
+            hits = sum(g is not None for g in got)
+            if hits == 64:
+                break
+            time.sleep(0.2)
+        assert hits == 64  # every value again, from the promoted replica
+    finally:
+        t.close(leave=False)
