@@ -13,6 +13,7 @@ setup(
         "shadefs.backends",
         "shadefs.control",
         "shadefs.hooks",
+        "shadefs.testing",
     ],
     package_dir={"shadefs.hooks": "hooks"},
     install_requires=[

@@ -18,7 +18,7 @@ at RAM-tier sizes of ``--sizes`` percent of the dataset's bytes. Every shadefs r
 cache), records ``shadefs stats --json`` after every epoch, and unmounts.
 
 The slow storage: moto's S3 server (``python -m moto.server``) on loopback, behind
-``scripts/latency_proxy.py``, a TCP proxy adding a fixed one-way delay per direction and a rate limit
+``shadefs/testing/latency_proxy.py``, a TCP proxy adding a fixed one-way delay per direction and a rate limit
 per direction (the stand-in for ``tc qdisc ... netem delay 1ms rate 1gbit`` where the kernel lacks
 ``sch_netem``). The proxy settings and the GET latency measured through it are printed with the
 results.
@@ -44,14 +44,12 @@ from __future__ import annotations
 import argparse
 import concurrent.futures as cf
 import datetime as dt
-import http.client
 import io
 import json
 import os
 import platform
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -61,8 +59,9 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
-import docsection
-from shadefs.cli import is_mounted
+from shadefs.testing import Mount, docsection, shadefs, unmount
+from shadefs.testing.docsection import markdown_table
+from shadefs.testing.s3 import DUMMY_AWS_ENV, LatencyProxyProcess, MotoServer, free_port
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -75,13 +74,6 @@ MEAN, STD = (0.2860,) * 3, (0.3530,) * 3
 CONFIG_ORDER = ("direct", "local", "lru", "static", "shade")
 LABELS = {"direct": "direct S3 (no shadefs)", "local": "local disk (no shadefs)",
           "lru": "shadefs lru", "static": "shadefs static", "shade": "shadefs shade + hook"}
-S3_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-          "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true",
-          "AWS_CONFIG_FILE": "/nonexistent/shadefs-bench-aws-config",
-          "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent/shadefs-bench-aws-credentials",
-          "NO_PROXY": "127.0.0.1,localhost"}
-
-
 def log(msg: str) -> None:
     print(f"[bench_epoch {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
@@ -132,98 +124,6 @@ def build_dataset(root: str, n: int, noise: float, quality: int, seed: int) -> D
 
 
 # ============================================================================== moto, proxy, probes
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Moto:
-    """``python -m moto.server`` on a loopback port, as a child process."""
-
-    def __init__(self):
-        self.port = free_port()
-        self.proc: Optional[subprocess.Popen] = None
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self, timeout_s: float = 60.0) -> "Moto":
-        self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1",
-                                      "-p", str(self.port)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"moto server exited with {self.proc.returncode}")
-            try:
-                conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=1)
-                conn.request("GET", "/moto-api/")
-                conn.getresponse().read()
-                conn.close()
-                return self
-            except OSError:
-                time.sleep(0.1)
-        raise RuntimeError(f"moto server did not answer on port {self.port}")
-
-    def stop(self) -> None:
-        stop_process(self.proc)
-        self.proc = None
-
-
-class Proxy:
-    """scripts/latency_proxy.py as a child process (its own GIL, away from the training loop)."""
-
-    def __init__(self, upstream_port: int, delay_ms: float, rate: str, mode: str = "http"):
-        self.args = [sys.executable, os.path.join(HERE, "latency_proxy.py"), "--upstream",
-                     f"127.0.0.1:{upstream_port}", "--delay-ms", str(delay_ms), "--rate", rate,
-                     "--mode", mode]
-        self.proc: Optional[subprocess.Popen] = None
-        self.port = 0
-        self.settings = ""
-        self.counters: Dict[str, Any] = {}
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> "Proxy":
-        self.proc = subprocess.Popen(self.args, stdout=subprocess.PIPE, text=True)
-        first = self.proc.stdout.readline().split()
-        if len(first) != 2 or first[0] != "PORT":
-            raise RuntimeError(f"latency proxy did not start: {first}")
-        self.port = int(first[1])
-        self.settings = self.proc.stdout.readline().strip()
-        return self
-
-    def stop(self) -> None:
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            out, _ = self.proc.communicate(timeout=10)
-            lines = [ln for ln in out.splitlines() if ln.startswith("{")]
-            if lines:
-                self.counters = json.loads(lines[-1])
-        except (subprocess.TimeoutExpired, ValueError):
-            pass
-        stop_process(self.proc)
-        self.proc = None
-
-
-def stop_process(proc: Optional[subprocess.Popen]) -> None:
-    if proc is None or proc.poll() is not None:
-        return
-    proc.terminate()
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=10)
-
-
 def proc_cpu(pid: Optional[int]) -> float:
     """CPU seconds (user + system, all threads) a live process has used so far; 0.0 if unknown."""
     if not pid:
@@ -295,25 +195,12 @@ def probe(endpoints: Dict[str, str], key: str, n: int = 60) -> Dict[str, Dict[st
 
 
 # ================================================================================== shadefs mounts
-def shadefs_cmd() -> List[str]:
-    exe = os.path.join(os.path.dirname(sys.executable), "shadefs")
-    return [exe] if os.path.exists(exe) else [sys.executable, "-m", "shadefs.cli"]
-
-
 def mount(source: str, mnt: str, policy: str, size_pct: int, endpoint: str, log_file: str,
           metrics_port: int) -> int:
     """Mount ``source`` at ``mnt`` (RAM tier only, ``size_pct`` % of the dataset); returns the daemon pid."""
-    cmd = shadefs_cmd() + ["mount", source, mnt, "--policy", policy, "--ram-cache", f"{size_pct}%",
-                           "--backend-opt", f"endpoint_url={endpoint}", "--log-file", log_file,
-                           "--metrics-port", str(metrics_port)]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    if r.returncode != 0:
-        raise RuntimeError(f"mount failed: {r.stderr.strip()} (log {log_file})")
-    # "shadefs: mounted SRC at MNT (pid N, policy P, log L)"
-    try:
-        return int(r.stdout.split("(pid ", 1)[1].split(",", 1)[0])
-    except (IndexError, ValueError):
-        return 0
+    return Mount(source, mnt, ["--policy", policy, "--ram-cache", f"{size_pct}%", "--backend-opt",
+                               f"endpoint_url={endpoint}", "--metrics-port", str(metrics_port)],
+                 log_file=log_file, mount_timeout=300).start().pid
 
 
 def backend_read_latency(metrics_port: int) -> Dict[str, float]:
@@ -333,30 +220,6 @@ def backend_read_latency(metrics_port: int) -> Dict[str, float]:
     if not values.get("count"):
         return {}
     return {"count": values["count"], "mean_ms": 1e3 * values["sum"] / values["count"]}
-
-
-def unmount(mnt: str, pid: int) -> None:
-    """``shadefs umount``; then wait for the daemon to exit (SIGKILL and a lazy unmount if it hangs)."""
-    if is_mounted(mnt):
-        r = subprocess.run(shadefs_cmd() + ["umount", mnt], capture_output=True, text=True, timeout=60)
-        if r.returncode != 0:
-            log(f"umount {mnt}: {r.stderr.strip()}; lazy unmount")
-            subprocess.run(["fusermount3", "-u", "-z", mnt], capture_output=True)
-    deadline = time.monotonic() + 20
-    while pid and time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.1)
-    if pid:
-        log(f"daemon {pid} still running 20 s after unmount: killing it")
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        if is_mounted(mnt):
-            subprocess.run(["fusermount3", "-u", "-z", mnt], capture_output=True)
 
 
 # ============================================================================ the training child
@@ -430,11 +293,7 @@ class S3ImageFolder:
 
 
 def stats_json(mnt: str) -> Dict[str, Any]:
-    r = subprocess.run(shadefs_cmd() + ["stats", "--json", mnt], capture_output=True, text=True,
-                       timeout=60)
-    if r.returncode != 0:
-        raise RuntimeError(f"shadefs stats {mnt}: {r.stderr.strip()}")
-    return json.loads(r.stdout)
+    return json.loads(shadefs("stats", "--json", mnt, timeout=60).stdout)
 
 
 def child_main(cfg: Dict[str, Any]) -> int:
@@ -604,7 +463,7 @@ def run_benchmark(a: argparse.Namespace) -> Dict[str, Any]:
     os.makedirs(a.workdir, exist_ok=True)
     data_root = os.path.join(a.workdir, f"data-{a.train_limit}-n{a.noise:g}-q{a.quality}")
     data = build_dataset(data_root, a.train_limit, a.noise, a.quality, a.seed)
-    os.environ.update(S3_ENV)  # the children and the shadefs daemons inherit them
+    os.environ.update(DUMMY_AWS_ENV)  # the children and the shadefs daemons inherit them
     prefix = f"fmnist224-{a.train_limit}"
     source = f"s3://{BUCKET}/{prefix}"
     results: Dict[str, Any] = {
@@ -620,14 +479,14 @@ def run_benchmark(a: argparse.Namespace) -> Dict[str, Any]:
         results["machine"].update(torch=torch.__version__, torchvision=torchvision.__version__)
     except ImportError:
         pass
-    moto = Moto()
-    proxy: Optional[Proxy] = None
+    moto = MotoServer()
+    proxy: Optional[LatencyProxyProcess] = None
     try:
         moto.start()
         t0 = time.monotonic()
         n = upload(moto.endpoint, prefix, data_root)
         log(f"uploaded {n} objects to {source} in {time.monotonic() - t0:.0f} s")
-        proxy = Proxy(moto.port, a.delay_ms, a.rate, a.proxy_mode).start()
+        proxy = LatencyProxyProcess(moto.port, a.delay_ms, a.rate, a.proxy_mode).start()
         log(proxy.settings)
         probe_file = sorted(os.listdir(os.path.join(data_root, "train", "Bag")))[0]
         probe_key = f"{BUCKET}/{prefix}/train/Bag/{probe_file}"
@@ -650,7 +509,7 @@ def run_benchmark(a: argparse.Namespace) -> Dict[str, Any]:
             log(f"run {i + 1}/{len(plan)}: {LABELS[config]}" + (f", cache {size} %" if size else "")
                 + f"  (load average {load[0]:.2f})")
             t_run = time.monotonic()
-            cpu_moto, cpu_proxy = proc_cpu(moto.proc.pid), proc_cpu(proxy.proc.pid)
+            cpu_moto, cpu_proxy = proc_cpu(moto.pid), proc_cpu(proxy.pid)
             daemon_cpu = None
             if config == "direct":
                 cfg.update(endpoint=proxy.endpoint, s3_root=f"{BUCKET}/{prefix}/train")
@@ -674,15 +533,15 @@ def run_benchmark(a: argparse.Namespace) -> Dict[str, Any]:
                     daemon_cpu = proc_cpu(pid)
                     run["backend_read"] = backend_read_latency(metrics_port)
                 finally:
-                    unmount(mnt, pid)
+                    unmount(mnt, pid, exit_timeout=20, log=log)
                     try:
                         os.rmdir(mnt)
                     except OSError:
                         pass
             run.update(config=config, size_pct=size, load_before=list(load),
                        wall_s=time.monotonic() - t_run, daemon_cpu_s=daemon_cpu,
-                       moto_cpu_s=proc_cpu(moto.proc.pid) - cpu_moto,
-                       proxy_cpu_s=proc_cpu(proxy.proc.pid) - cpu_proxy)
+                       moto_cpu_s=proc_cpu(moto.pid) - cpu_moto,
+                       proxy_cpu_s=proc_cpu(proxy.pid) - cpu_proxy)
             run["summary"] = summarize(run)
             results["runs"].append(run)
     finally:
@@ -722,30 +581,28 @@ def table(results: Dict[str, Any]) -> str:
             _pct(s.get("byte_hit_ratio")),
             f"{s['backend_bytes'] / 2**20:.0f} MiB" if "backend_bytes" in s else "",
         ])
-    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(lines)
+    return markdown_table(head, rows)
 
 
 def cpu_table(results: Dict[str, Any]) -> str:
     """Where the CPU went, per run (all epochs, the stats calls between them included)."""
     head = ["run", "cache", "epochs, sum", "training + workers", "shadefs daemon", "moto", "proxy",
             "CPU per image", "GETs", "mean GET"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    rows = []
     for r in results["runs"]:
         if "train_cpu_s" not in r:
             continue
         epoch_s = sum(e["seconds"] for e in r["epochs"])
         images = sum(e["samples"] for e in r["epochs"])
         parts = [r["train_cpu_s"], r.get("daemon_cpu_s") or 0.0, r["moto_cpu_s"], r["proxy_cpu_s"]]
-        lines.append("| " + " | ".join([
+        rows.append([
             LABELS[r["config"]], "" if r["size_pct"] is None else f"{r['size_pct']} %",
             f"{epoch_s:.1f} s", f"{parts[0]:.1f} s",
             "" if r.get("daemon_cpu_s") is None else f"{parts[1]:.1f} s",
             f"{parts[2]:.1f} s", f"{parts[3]:.1f} s", f"{1e3 * sum(parts) / max(images, 1):.1f} ms",
             f"{r['backend_read']['count']:.0f}" if r.get("backend_read") else "",
-            f"{r['backend_read']['mean_ms']:.1f} ms" if r.get("backend_read") else ""]) + " |")
-    return "\n".join(lines)
+            f"{r['backend_read']['mean_ms']:.1f} ms" if r.get("backend_read") else ""])
+    return markdown_table(head, rows)
 
 
 def plot(results: Dict[str, Any], path: str) -> None:
@@ -974,7 +831,7 @@ def render_section(results: Dict[str, Any]) -> str:
         "pool, FC 96, FC 10), SGD, 1 torch thread in the main process: compute is small on purpose.",
         "",
         f"**Slow storage.** moto's S3 server (`python -m moto.server`) on loopback, behind "
-        f"`scripts/latency_proxy.py`: {results['proxy']['settings'].split(': ', 1)[1]}. This is the "
+        f"`shadefs/testing/latency_proxy.py`: {results['proxy']['settings'].split(': ', 1)[1]}. This is the "
         "stand-in for `tc qdisc add dev lo root netem delay "
         f"{a['delay_ms']:g}ms rate {a['rate']}`, which this kernel lacks (no `sch_netem`): a threaded "
         "proxy that delivers every chunk a fixed delay after it arrived (a delay line per direction), "

@@ -73,12 +73,10 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 
-import docsection  # noqa: E402  (scripts/ is on sys.path when a script runs)
 from shadefs import sim  # noqa: E402
-from shadefs.cli import is_mounted  # noqa: E402
+from shadefs.testing import Mount, docsection, unmount  # noqa: E402
 
 TRAIN_SCRIPT = os.path.join(HERE, "train_fashion_mnist.py")
-SHADEFS = [sys.executable, "-m", "shadefs"]
 DOC = os.path.join(REPO, "docs", "performance.md")
 IMG_DIR = os.path.join(REPO, "docs", "img")
 START, END = docsection.markers("bench_hit_ratio")
@@ -142,40 +140,6 @@ def prepare_source(data: str, workdir: str, limit: Optional[int]) -> Tuple[str, 
 
 
 # -- mount helpers --------------------------------------------------------------------------------------
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie (not our child, so we cannot reap it) counts as gone
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ", 1)[1][:1] != "Z"
-    except OSError:
-        return False
-
-
-def unmount(mnt: str, daemon_pid: Optional[int], log) -> Optional[str]:
-    """Unmount (fall back to a lazy unmount) and wait for the daemon to exit. Returns an error or None."""
-    err = None
-    if is_mounted(mnt):
-        r = subprocess.run(SHADEFS + ["umount", mnt], capture_output=True, text=True)
-        if r.returncode != 0 and is_mounted(mnt):
-            err = f"umount failed: {(r.stderr or r.stdout).strip()}"
-            tool = shutil.which("fusermount3") or shutil.which("fusermount")
-            if tool:
-                subprocess.run([tool, "-u", "-z", mnt], capture_output=True)
-            log(f"    ! {err}; lazy unmount")
-    if daemon_pid:
-        deadline = time.monotonic() + 60
-        while _pid_alive(daemon_pid) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if _pid_alive(daemon_pid):
-            err = (err + "; " if err else "") + f"daemon pid {daemon_pid} still running 60 s after unmount"
-    return err
-
 
 def run_logged(cmd: List[str], logf, timeout_s: float, echo=None) -> int:
     """Run ``cmd`` in its own session, copying its output to ``logf`` (and lines matching ``echo`` to
@@ -336,15 +300,12 @@ def run_one(args, sampler: str, policy: str, pct: float, src: str, n_train: int)
         logf.write(msg + "\n")
 
     try:
-        cmd = SHADEFS + ["mount", src, mnt, "--ram-cache", f"{pct:g}%", "--policy", policy,
-                         "--trace", trace, "--log-file", os.path.join(rdir, "daemon.log")]
-        logf.write("$ " + shlex.join(cmd) + "\n")
-        r = subprocess.run(cmd, capture_output=True, text=True)
-        logf.write(r.stdout + r.stderr)
-        if r.returncode != 0:
-            raise RuntimeError(f"mount failed: {(r.stderr or r.stdout).strip()}")
-        m = re.search(r"\(pid (\d+)", r.stdout)
-        daemon_pid = int(m.group(1)) if m else None
+        m = Mount(src, mnt, ["--ram-cache", f"{pct:g}%", "--policy", policy, "--trace", trace],
+                  log_file=os.path.join(rdir, "daemon.log"))
+        logf.write(f"$ shadefs mount {shlex.join([m.source, m.path, '--log-file', m.log_file, *m.args])}\n")
+        m.start()
+        logf.write(m.result.stdout + m.result.stderr)
+        daemon_pid = m.pid
         try:
             tcmd = [sys.executable, TRAIN_SCRIPT, "--data", data, "--epochs", str(args.epochs),
                     "--workers", str(args.workers), "--batch-size", str(args.batch_size),
@@ -357,10 +318,9 @@ def run_one(args, sampler: str, policy: str, pct: float, src: str, n_train: int)
             if rc != 0:
                 raise RuntimeError("training timed out" if rc == -9 else f"training exited with status {rc}"
                                    f" (see {os.path.join(rdir, 'run.log')})")
-            s = subprocess.run(SHADEFS + ["stats", mnt, "--json"], capture_output=True, text=True, check=True)
-            run["stats"] = json.loads(s.stdout)
+            run["stats"] = m.stats()
         finally:
-            err = unmount(mnt, daemon_pid, log)
+            err = unmount(mnt, daemon_pid, exit_timeout=60, kill=False, log=lambda e: log(f"    ! {e}"))
             if err:
                 run["warnings"].append(err)
         with open(train_json) as f:

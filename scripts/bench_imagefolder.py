@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 
-import docsection
+from shadefs.testing import docsection
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DOC = os.path.join(HERE, "..", "docs", "performance.md")

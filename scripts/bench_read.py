@@ -56,8 +56,9 @@ import tempfile
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
-import docsection
 from shadefs.cli import is_mounted
+from shadefs.testing import Mount, ShadefsError, docsection, force_unmount, shadefs, unmount
+from shadefs.testing.docsection import Table
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOC_START, DOC_END = docsection.markers("bench_read")
@@ -213,25 +214,7 @@ class ReaderPool:
 
 
 # -- mounts -----------------------------------------------------------------------------------------------
-def _shadefs(*args, timeout: float = 120) -> subprocess.CompletedProcess:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    return subprocess.run([sys.executable, "-m", "shadefs", *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout, cwd=ROOT, env=env)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # our own child would be a zombie until reaped
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+_FUSERMOUNT = shutil.which("fusermount3") or shutil.which("fusermount") or "fusermount"
 
 
 class Mounts:
@@ -242,19 +225,10 @@ class Mounts:
         self.slowfs: Dict[str, subprocess.Popen] = {}
 
     def mount_shadefs(self, source: str, mnt: str, options: Sequence[str], log_file: str) -> int:
-        os.makedirs(mnt, exist_ok=True)
-        r = _shadefs("mount", source, mnt, *options, "--log-file", log_file)
-        m = re.search(r"\(pid (\d+)", r.stdout)
-        if r.returncode != 0 or not m:
-            tail = ""
-            try:
-                with open(log_file) as f:
-                    tail = "".join(f.readlines()[-5:])
-            except OSError:
-                pass
-            raise BenchError(f"shadefs mount {source} {mnt} {' '.join(options)} failed: "
-                             f"{(r.stderr or r.stdout).strip()}\n{tail}")
-        pid = int(m.group(1))
+        try:
+            pid = Mount(source, mnt, options, log_file=log_file).start().pid
+        except ShadefsError as e:
+            raise BenchError(str(e)) from None
         self.active.append((mnt, pid, "shadefs"))
         return pid
 
@@ -284,27 +258,19 @@ class Mounts:
                 return
 
     def _unmount(self, mnt: str, pid: Optional[int], kind: str) -> None:
-        if is_mounted(mnt):
-            ok = False
-            if kind == "shadefs":
-                ok = _shadefs("umount", mnt, timeout=60).returncode == 0
-            if not ok:
-                tool = shutil.which("fusermount3") or shutil.which("fusermount") or "fusermount"
-                ok = subprocess.run([tool, "-u", mnt], capture_output=True).returncode == 0
-            if not ok:
-                print(f"bench_read: {mnt} is busy; lazy unmount", file=sys.stderr)
-                subprocess.run([shutil.which("fusermount3") or "fusermount", "-u", "-z", mnt], capture_output=True)
+        if kind == "shadefs":  # and let the daemon exit before the next measurement (frees its RAM and CPU)
+            unmount(mnt, pid, exit_timeout=15, log=lambda e: print(f"bench_read: {e}", file=sys.stderr))
+            return
+        if is_mounted(mnt) and subprocess.run([_FUSERMOUNT, "-u", mnt], capture_output=True).returncode != 0:
+            print(f"bench_read: {mnt} is busy; lazy unmount", file=sys.stderr)
+            force_unmount(mnt)
         proc = self.slowfs.pop(mnt, None)
-        deadline = time.monotonic() + 15
         if proc is not None:
             try:
-                proc.wait(max(0.1, deadline - time.monotonic()))
+                proc.wait(15)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(5)
-        elif pid is not None:  # let the daemon exit before the next measurement (frees its RAM and CPU)
-            while _pid_alive(pid) and time.monotonic() < deadline:
-                time.sleep(0.02)
 
     def unmount_all(self) -> None:
         while self.active:
@@ -316,7 +282,7 @@ class Mounts:
 
 
 def shadefs_stats(mnt: str) -> dict:
-    r = _shadefs("stats", mnt, "--json", timeout=60)
+    r = shadefs("stats", mnt, "--json", timeout=60, check=False)
     if r.returncode != 0:
         raise BenchError(f"shadefs stats {mnt} failed: {(r.stderr or r.stdout).strip()}")
     return json.loads(r.stdout)
@@ -711,29 +677,6 @@ def _pct(xs: List[float], p: float) -> float:
 
 
 # -- reporting --------------------------------------------------------------------------------------------
-class Table:
-    def __init__(self, title: str, headers: List[str], rows: List[List[str]], note: str = ""):
-        self.title, self.headers, self.rows, self.note = title, headers, rows, note
-
-    def text(self) -> str:
-        widths = [max(len(str(x)) for x in col) for col in zip(self.headers, *self.rows)]
-        fmt = lambda row: "  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w)  # noqa: E731
-                                    for i, (c, w) in enumerate(zip(row, widths)))
-        lines = [self.title, fmt(self.headers), "  ".join("-" * w for w in widths)]
-        lines += [fmt(r) for r in self.rows]
-        if self.note:
-            lines.append(self.note)
-        return "\n".join(lines)
-
-    def markdown(self) -> str:
-        lines = [f"#### {self.title}", "", "| " + " | ".join(self.headers) + " |",
-                 "|" + "|".join(["---"] + ["--:"] * (len(self.headers) - 1)) + "|"]
-        lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in self.rows]
-        if self.note:
-            lines += ["", self.note]
-        return "\n".join(lines)
-
-
 def _load_str(loads) -> str:
     return " -> ".join("/".join(f"{x:.2f}" for x in l) for l in loads)
 

@@ -23,11 +23,9 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import time
 
@@ -37,6 +35,8 @@ from shadefs.cache.index import TierIndex
 from shadefs.cache.tiers import DiskTier
 from shadefs.namespace import Namespace
 from shadefs.policies import Importance, get_policy
+from shadefs.testing import Mount, ShadefsError
+from shadefs.testing.docsection import markdown_table
 
 MTIME_NS = 1_700_000_000 * 10**9  # whole seconds: the float snapshot mtime round-trips exactly
 PER_DIR = 1000
@@ -69,19 +69,16 @@ def synthesize(root: str, n: int, size: int) -> tuple:
     return src, cache, time.monotonic() - t0
 
 
-def shadefs(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "shadefs", *map(str, args)], capture_output=True,
-                          text=True, timeout=900)
-
-
 def timed_mount(src, mnt, cache, log_file) -> dict:
     open(log_file, "w").close()
+    m = Mount(src, mnt, ["--disk-cache", cache, "--disk-cache-size", "100%", "--ram-cache", "0"],
+              log_file=log_file, mount_timeout=900)
     t0 = time.monotonic()
-    r = shadefs("mount", src, mnt, "--disk-cache", cache, "--disk-cache-size", "100%",
-                "--ram-cache", "0", "--log-file", log_file)
+    try:
+        m.start()
+    except ShadefsError as e:
+        raise SystemExit(str(e))
     wall = time.monotonic() - t0
-    if r.returncode != 0:
-        raise SystemExit(f"mount failed: {r.stderr}")
     log = open(log_file).read()
     scan = float(re.search(r"scanned .* in ([0-9.]+) s", log).group(1))
     m = re.search(r"disk tier: reloaded (\d+) entries .* in ([0-9.]+) s \(listing ([0-9.]+) s, path hashes "
@@ -95,12 +92,11 @@ def timed_mount(src, mnt, cache, log_file) -> dict:
         rel = f"d{i // PER_DIR:05d}/f{i:07d}.bin"
         with open(os.path.join(mnt, rel), "rb") as f:
             f.read()
-    stats = json.loads(shadefs("stats", mnt, "--json").stdout)
+    stats = m.stats()
     out["first_opens_disk_hits"] = stats["hits"]["disk"] == 3 and stats["misses"] == 0
-    r = shadefs("umount", mnt)
-    if r.returncode != 0:
-        raise SystemExit(f"umount failed: {r.stderr}")
-    time.sleep(0.5)  # let the daemon finish destroy() and release the namespace lock
+    err = m.umount(exit_timeout=120)  # waits for the daemon to exit (it releases the namespace lock)
+    if err:
+        raise SystemExit(f"umount failed: {err}")
     return out
 
 
@@ -198,10 +194,7 @@ def main() -> int:
             "path hashes s", "stat'ed", "reloaded", "disk hits at once", "load avg")
     fmt = lambda v: "-" if v is None else (f"{v:.2f}" if isinstance(v, float) else str(v))  # noqa: E731
     if args.markdown:
-        print("| " + " | ".join(head) + " |")
-        print("|" + "---|" * len(head))
-        for row in rows:
-            print("| " + " | ".join(fmt(v) for v in row) + " |")
+        print(markdown_table(head, [[fmt(v) for v in row] for row in rows]))
     else:
         widths = [9, 46, 14, 14, 9, 13, 10, 14, 9, 9, 18, 8]
         print("".join(h.ljust(w) for h, w in zip(head, widths)))

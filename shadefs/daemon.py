@@ -151,6 +151,15 @@ class Daemon:
         log.info("libfuse %d.%d", fuse_version_major, fuse_version_minor)
         try:
             FUSE(ops, self.cfg.mountpoint, **options)
+        except RuntimeError as e:
+            # libfuse 3's fuse_main returns 8 whenever its loop ends with a status, and a stop by
+            # SIGTERM/SIGINT/SIGHUP (libfuse's own handlers) sets the signal number as that status: a normal
+            # stop, not a failure, once libfuse has unmounted
+            from .cli import is_mounted
+
+            if e.args != (8,) or is_mounted(self.cfg.mountpoint):
+                raise
+            log.info("FUSE loop ended with libfuse status 8 (a termination signal, or a loop error); unmounted")
         finally:
             self.on_unmount()
 

@@ -1,93 +1,152 @@
-"""Shared fixtures: real FUSE mounts started through the real CLI, and small source trees."""
+"""Shared fixtures: real FUSE mounts started through the real CLI, a real S3 server process, small trees.
+
+Every mount a test starts (the ``mount`` fixture, or :class:`Mount` directly) has its daemon log read
+when the test ends: a ``Traceback`` in it fails the test, unless the test is marked
+``@pytest.mark.expect_traceback`` or set ``m.expect_traceback = True`` on that mount.
+
+Dependencies that ``make test`` installs are asked for with :func:`require`: missing, they skip a test
+on a developer's machine, and fail it under ``CI=true``.
+"""
 from __future__ import annotations
 
-import json
+import importlib
 import os
-import subprocess
-import sys
-import time
+import shutil
 
 import pytest
 
 from shadefs.cli import is_mounted  # noqa: F401  (tests import it from here)
+from shadefs.testing import mounts as _mounts
+from shadefs.testing.mounts import SHADEFS, ShadefsError  # noqa: F401
+from shadefs.testing.s3 import AWS_ENV_DROP, DUMMY_AWS_ENV, MotoServer
 
-SHADEFS = [sys.executable, "-m", "shadefs"]
-
-
-def run_cli(*args, check=True, timeout=60):
-    """Run ``shadefs ARGS`` in a subprocess; returns CompletedProcess (text)."""
-    r = subprocess.run(SHADEFS + [str(a) for a in args], capture_output=True, text=True, timeout=timeout)
-    if check and r.returncode != 0:
-        raise AssertionError(f"shadefs {' '.join(map(str, args))} failed ({r.returncode}): {r.stderr}{r.stdout}")
-    return r
+CI = os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
 
 
-class Mount:
-    """A running shadefs mount (started with the CLI)."""
-
-    def __init__(self, source, mountpoint, args, log_file):
-        self.source = str(source)
-        self.path = str(mountpoint)
-        self.args = list(args)
-        self.log_file = str(log_file)
-        self.pid = None
-
-    def start(self):
-        r = run_cli("mount", self.source, self.path, "--log-file", self.log_file, *self.args)
-        self.pid = int(r.stdout.split("(pid ")[1].split(",")[0])
-        return self
-
-    def stats(self) -> dict:
-        return json.loads(run_cli("stats", self.path, "--json").stdout)
-
-    def full_stats(self) -> dict:
-        from shadefs.control.client import ControlClient, find_endpoint
-
-        c = ControlClient(find_endpoint(self.path))
+def _missing(name: str):
+    """None if ``name`` is present, else why not. A device (``/dev/fuse``) must open read-write, another
+    path must exist; a name with a dot or in _MODULES is a Python module; anything else is a program on
+    PATH."""
+    if name.startswith("/dev/"):
         try:
-            return c.stats()
-        finally:
-            c.close()
-
-    def log(self) -> str:
+            os.close(os.open(name, os.O_RDWR))
+            return None
+        except OSError as e:
+            return f"{name} ({e.strerror})"
+    if name.startswith("/"):
+        return None if os.path.exists(name) else f"{name} (missing)"
+    if "." in name or name in _MODULES:
         try:
-            with open(self.log_file) as f:
-                return f.read()
-        except FileNotFoundError:
-            return ""
+            return importlib.import_module(name) and None
+        except Exception as e:  # an ImportError, or a broken install raising something else
+            return f"Python module {name} ({type(e).__name__}: {e})"
+    return None if shutil.which(name) else f"program {name} (not on PATH)"
 
-    def umount(self):
-        if is_mounted(self.path):
-            run_cli("umount", self.path, check=False)
-        if self.pid is not None:
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline:
-                try:
-                    os.kill(self.pid, 0)
-                except ProcessLookupError:
-                    break
-                time.sleep(0.05)
+
+_MODULES = {"moto", "s3fs", "boto3", "botocore", "torch", "torchvision", "redis", "aiohttp", "fsspec", "PIL"}
+
+
+def require(*names: str):
+    """Ask for what ``make test`` installs: Python modules (``"moto.server"``, ``"torch"``), programs
+    (``"fusermount3"``, ``"redis-server"``) or devices (``"/dev/fuse"``).
+
+    All present: returns the module (one module name) or None. Something missing: ``pytest.skip``
+    on a developer's machine, ``pytest.fail`` under ``CI=true`` (a broken install must not turn a
+    suite into green skips). Works at module level and inside tests and fixtures."""
+    missing = [why for why in map(_missing, names) if why]
+    if missing:
+        msg = "needs " + ", ".join(missing)
+        if CI:
+            pytest.fail(f"{msg}; CI=true: make test installs it, so this is a failure, not a skip",
+                        pytrace=False)
+        pytest.skip(msg, allow_module_level=True)
+    if len(names) == 1 and not names[0].startswith("/") and ("." in names[0] or names[0] in _MODULES):
+        return importlib.import_module(names[0])
+    return None
+
+
+FUSE = ("/dev/fuse", "fusermount3")
+
+
+def require_fuse() -> None:
+    """A usable /dev/fuse and fusermount3 (see :func:`require`)."""
+    require(*FUSE)
+
+
+def run_cli(*args, check=True, timeout=60, env=None):
+    """Run ``shadefs ARGS`` in a subprocess; returns CompletedProcess (text); AssertionError if it fails
+    and ``check``."""
+    try:
+        return _mounts.shadefs(*args, check=check, timeout=timeout, env=env)
+    except ShadefsError as e:
+        raise AssertionError(str(e)) from None
+
+
+# -- every Mount started during a test is checked for tracebacks when the test ends -----------------------
+_started: list = []
+
+
+class Mount(_mounts.Mount):
+    """A running shadefs mount (see shadefs.testing.Mount) whose daemon log the test's teardown checks.
+
+    ``expect_traceback = True`` on an instance: a traceback in its log does not fail the test."""
+
+    expect_traceback = False
+
+    def start(self, *args):
+        if self not in _started:
+            _started.append(self)
+        return super().start(*args)
+
+    def umount(self, exit_timeout: float = 30.0, log=None):
+        return super().umount(exit_timeout=exit_timeout, log=log)
+
+
+@pytest.fixture(autouse=True)
+def _daemon_tracebacks(request):
+    """Teardown (after every other fixture's, so after the mounts are gone): fail the test if a daemon
+    it mounted logged a traceback it did not declare expected."""
+    del _started[:]
+    yield
+    mounts, expected = list(_started), request.node.get_closest_marker("expect_traceback") is not None
+    del _started[:]
+    found = []
+    for m in mounts:
+        if m.mounted():  # a test that started a Mount by hand and left it behind
+            m.umount()
+        if not (expected or m.expect_traceback):
+            found += [f"--- {m.log_file} (mount {m.path}):\n{tb}" for tb in m.tracebacks()]
+    if found:
+        pytest.fail("the shadefs daemon logged a traceback (mark the test expect_traceback if it is "
+                    "expected):\n" + "\n".join(found), pytrace=False)
 
 
 @pytest.fixture
-def mount(tmp_path):
-    """Factory: ``mount(source, *cli_args) -> Mount``; every mount is unmounted at teardown, and the
-    test fails if its daemon logged a traceback it did not expect."""
+def fuse():
+    """Skip (fail under CI=true) without a usable /dev/fuse and fusermount3."""
+    require_fuse()
+
+
+@pytest.fixture
+def mount(tmp_path, fuse):
+    """Factory: ``mount(source, *cli_args, name=None) -> Mount``; every mount is unmounted at teardown
+    (its daemon waited for), and the test fails if its daemon logged a traceback it did not expect."""
     mounts = []
 
-    def _mount(source, *args, name=None):
+    def _mount(source, *args, name=None, env=None):
         mp = tmp_path / (name or f"mnt{len(mounts)}")
         mp.mkdir()
-        m = Mount(source, mp, args, tmp_path / f"{mp.name}.log")
+        m = Mount(source, mp, args, tmp_path / f"{mp.name}.log", env=env)
         mounts.append(m)
         return m.start()
 
     yield _mount
     for m in mounts:
         m.umount()
-        if is_mounted(m.path):
-            subprocess.run(["fusermount", "-uz", m.path], capture_output=True)
-        assert not is_mounted(m.path), f"{m.path} still mounted"
+    left = [m.path for m in mounts if is_mounted(m.path)]
+    for path in left:
+        _mounts.force_unmount(path)
+    assert not left, f"still mounted after unmount: {left}"
 
 
 def make_tree(root, spec):
@@ -124,12 +183,22 @@ def set_dummy_aws_env(mp) -> None:
     """Dummy S3 credentials for this test process only: no shared config, no proxy, no instance metadata.
 
     ``mp`` is a ``pytest.MonkeyPatch`` (undone when its context ends)."""
-    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN", "HTTP_PROXY", "HTTPS_PROXY",
-                 "http_proxy", "https_proxy"):
+    for name in AWS_ENV_DROP:
         mp.delenv(name, raising=False)
-    for name, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"),
-                        ("AWS_DEFAULT_REGION", "us-east-1"),
-                        ("AWS_CONFIG_FILE", "/nonexistent/shadefs-test-aws-config"),
-                        ("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent/shadefs-test-aws-credentials"),
-                        ("AWS_EC2_METADATA_DISABLED", "true"), ("NO_PROXY", "127.0.0.1,localhost")):
+    for name, value in DUMMY_AWS_ENV.items():
         mp.setenv(name, value)
+
+
+@pytest.fixture(scope="session")
+def moto_server(tmp_path_factory):
+    """One ``python -m moto.server`` process on a free loopback port for the whole session (a
+    :class:`shadefs.testing.s3.MotoServer`: ``.endpoint``, ``.port``, ``.client()``). Tests use their
+    own bucket names; the dummy AWS environment is set for the session."""
+    require("moto.server", "boto3", "s3fs")
+    with pytest.MonkeyPatch.context() as mp:
+        set_dummy_aws_env(mp)
+        server = MotoServer(log_file=str(tmp_path_factory.mktemp("moto") / "moto.log")).start()
+        try:
+            yield server
+        finally:
+            server.stop()

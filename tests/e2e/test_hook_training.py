@@ -7,9 +7,10 @@ import os
 
 import numpy as np
 import pytest
+from conftest import require
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("torchvision")
+torch = require("torch")
+require("torchvision")
 import torch.nn.functional as F  # noqa: E402
 from PIL import Image  # noqa: E402
 from torch import nn  # noqa: E402

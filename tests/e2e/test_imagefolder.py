@@ -3,9 +3,10 @@ import os
 
 import numpy as np
 import pytest
+from conftest import require
 
-torch = pytest.importorskip("torch")
-torchvision = pytest.importorskip("torchvision")
+torch = require("torch")
+torchvision = require("torchvision")
 from PIL import Image  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 from torchvision import transforms  # noqa: E402

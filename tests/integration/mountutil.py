@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import time
 import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
+
+from shadefs.testing.mounts import force_unmount, wait_for, wait_pid_gone  # noqa: F401  (tests import them from here)
 
 
 def read(path) -> bytes:
@@ -41,33 +41,8 @@ def scrape(port: int, host: str = "127.0.0.1") -> dict:
     return out
 
 
-def wait_for(predicate, timeout=10.0, interval=0.05):
-    """Poll ``predicate`` until it is truthy; returns its value or raises AssertionError."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(interval)
-
-
 def pid_gone(pid: int, timeout: float = 10.0) -> bool:
-    def gone():
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        # a zombie child of ours counts as gone
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                return f.read().split(") ")[1].startswith("Z")
-        except FileNotFoundError:
-            return True
-    return wait_for(gone, timeout)
-
-
-def force_unmount(path) -> None:
-    subprocess.run(["fusermount", "-uz", str(path)], capture_output=True)
-    subprocess.run(["umount", "-l", str(path)], capture_output=True)
+    """Wait for ``pid`` to exit (a zombie counts as gone); AssertionError after ``timeout`` s."""
+    if not wait_pid_gone(pid, timeout):
+        raise AssertionError(f"pid {pid} still running after {timeout:g} s")
+    return True

@@ -12,18 +12,17 @@ import time
 
 import pytest
 
-from conftest import make_tree, run_cli
+from conftest import make_tree
 from mountutil import metrics_port, pid_gone, read, scrape, wait_for
 from shadefs import metrics as M
 
-pytestmark = pytest.mark.skipif(not os.path.exists("/dev/fuse"), reason="needs /dev/fuse")
+pytestmark = pytest.mark.usefixtures("fuse")  # skipped without /dev/fuse + fusermount3; failed under CI=true
 
 
 def remount(m, *args):
-    """Mount ``m.source`` again at ``m.path`` (the fixture still unmounts it at teardown)."""
-    r = run_cli("mount", m.source, m.path, "--log-file", m.log_file, *(args or m.args))
-    m.pid = int(r.stdout.split("(pid ")[1].split(",")[0])
-    return r
+    """Mount ``m.source`` again at ``m.path`` (same log file; the fixture still unmounts it at teardown);
+    returns the CLI's CompletedProcess."""
+    return m.start(*args).result
 
 
 def eio_or_enoent(path):

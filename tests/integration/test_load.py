@@ -13,7 +13,7 @@ import pytest
 
 from mountutil import read
 
-pytestmark = pytest.mark.skipif(not os.path.exists("/dev/fuse"), reason="needs /dev/fuse")
+pytestmark = pytest.mark.usefixtures("fuse")  # skipped without /dev/fuse + fusermount3; failed under CI=true
 
 NUM_FILES = 3000
 READERS = 16
@@ -68,10 +68,8 @@ def test_sixteen_readers_three_epochs_with_score_traffic(many_files, mount, tmp_
     src, names = many_files
     m = mount(src, "--ram-cache", "15%", "--disk-cache", tmp_path / "cache", "--disk-cache-size", "30%",
               "--policy", policy)
-    try:
-        from shadefs.control.client import ControlClient, find_endpoint
-    except ImportError:  # pragma: no cover
-        pytest.skip("shadefs.control.client is not available: no score traffic to send")
+    from shadefs.control.client import ControlClient, find_endpoint
+
     endpoint = find_endpoint(m.path)
     stop = threading.Event()
     sent = {"batches": 0, "resident_queries": 0}

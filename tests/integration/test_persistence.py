@@ -15,7 +15,7 @@ from mountutil import force_unmount, pid_gone, read, wait_for
 from shadefs.cache import persist
 from shadefs.cache.tiers import DiskTier
 
-pytestmark = pytest.mark.skipif(not os.path.exists("/dev/fuse"), reason="needs /dev/fuse")
+pytestmark = pytest.mark.usefixtures("fuse")  # skipped without /dev/fuse + fusermount3; failed under CI=true
 
 
 def ns_dir(cache, src):
@@ -32,11 +32,10 @@ def entries(cache, src):
     return sorted(os.path.join(d, s, e) for s in os.listdir(d) if len(s) == 2 for e in os.listdir(os.path.join(d, s)))
 
 
-def remount(m):
-    """Mount again at the same mountpoint (the fixture's Mount is reused so teardown unmounts it)."""
-    r = run_cli("mount", m.source, m.path, "--log-file", m.log_file, *m.args)
-    m.pid = int(r.stdout.split("(pid ")[1].split(",")[0])
-    return r
+def remount(m, *args):
+    """Mount ``m.source`` again at ``m.path`` (same log file; the fixture still unmounts it at teardown);
+    returns the CLI's CompletedProcess."""
+    return m.start(*args).result
 
 
 def stop(m):

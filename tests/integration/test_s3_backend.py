@@ -7,22 +7,19 @@ is the moto process killed, a recovery is the process started again on the same 
 import collections
 import concurrent.futures as cf
 import hashlib
-import http.client
 import logging
 import os
 import socket
 import struct
-import subprocess
-import sys
 import threading
-import time
 
 import pytest
-from conftest import set_dummy_aws_env
+from conftest import require, set_dummy_aws_env
 
-boto3 = pytest.importorskip("boto3")
-pytest.importorskip("s3fs")
-pytest.importorskip("moto.server")
+boto3 = require("boto3")
+require("s3fs", "moto.server")
+
+from shadefs.testing.s3 import MotoServer  # noqa: E402
 
 from shadefs.backends import BackendError, open_backend  # noqa: E402
 from shadefs.backends.fsspec import FsspecBackend  # noqa: E402
@@ -41,49 +38,6 @@ FILES = {
 MARKERS = ["train/", "train/1/deep/"]  # zero-byte "directory" objects, as consoles create them
 ODD = {"train//double.png": b"odd", "train/dirlike/": b"content"}  # no POSIX path: skipped, logged
 OUTSIDE = {"datasets/fmnist2/x": b"no", "datasets/other/y": b"no", "top": b"no"}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class MotoServer:
-    """``python -m moto.server`` as a child process on a loopback port; stop() is an outage."""
-
-    def __init__(self, port: int = 0):
-        self.port = port or _free_port()
-        self.proc = None
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self, timeout_s: float = 30.0) -> "MotoServer":
-        self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1",
-                                      "-p", str(self.port)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"moto server exited with {self.proc.returncode}")
-            try:
-                conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=1)
-                conn.request("GET", "/moto-api/")
-                conn.getresponse().read()
-                conn.close()
-                return self
-            except OSError:
-                time.sleep(0.05)
-        self.stop()
-        raise RuntimeError(f"moto server did not answer on port {self.port}")
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
-        self.proc = None
 
 
 class FaultProxy:
@@ -243,11 +197,10 @@ def seed(endpoint: str, many: int = 0) -> None:
 
 
 @pytest.fixture(scope="module")
-def moto(aws_env):
-    server = MotoServer().start()
-    seed(server.endpoint, many=1005)  # more than one ListObjectsV2 page (1000 keys)
-    yield server
-    server.stop()
+def moto(moto_server):
+    """The session's moto process, seeded once for this module (bucket BUCKET)."""
+    seed(moto_server.endpoint, many=1005)  # more than one ListObjectsV2 page (1000 keys)
+    return moto_server
 
 
 @pytest.fixture
@@ -421,7 +374,7 @@ def test_concurrent_reads_from_eight_threads(backend):
 
 
 def test_outage_is_eio_and_recovery_reads_again(aws_env):
-    server = MotoServer().start()
+    server = MotoServer().start()  # its own process: this test kills it
     try:
         seed(server.endpoint)
         b = make_backend(server.endpoint, retries="2")

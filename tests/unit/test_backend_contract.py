@@ -1,13 +1,13 @@
 """The backend contract (shadefs/backends/base.py), one suite run against every backend.
 
 posix on a temporary directory, fsspec on ``memory://``, and fsspec on ``s3://`` against moto's
-in-process server (skipped without moto/s3fs). A new backend earns its place by passing this file.
+server process (the session's ``moto_server``; skipped without moto/s3fs, failed under CI=true).
+A new backend earns its place by passing this file.
 """
 import os
 import uuid
 
 import pytest
-from conftest import set_dummy_aws_env
 
 from shadefs.backends import BackendError, backend_for, open_backend
 
@@ -36,20 +36,10 @@ class Source:
 
 
 @pytest.fixture(scope="module")
-def moto_endpoint():
-    pytest.importorskip("s3fs")
-    boto3 = pytest.importorskip("boto3")
-    server_mod = pytest.importorskip("moto.server")
-    with pytest.MonkeyPatch.context() as mp:
-        set_dummy_aws_env(mp)
-        server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-        server.start()
-        host, port = server.get_host_and_port()
-        endpoint = f"http://{host}:{port}"
-        client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
-        client.create_bucket(Bucket="contract")
-        yield endpoint, client
-        server.stop()
+def moto_endpoint(moto_server):
+    client = moto_server.client()
+    client.create_bucket(Bucket="contract")
+    return moto_server.endpoint, client
 
 
 @pytest.fixture(params=["posix", "memory", "s3"])

@@ -21,10 +21,12 @@ class CountingBackend(PosixBackend):
         self.reads = []
         self.gate = gate
         self.lock = threading.Lock()
+        self.reading = threading.Event()  # set once a read has started (bounded waits, no busy loops)
 
     def read(self, path, size):
         with self.lock:
             self.reads.append(path)
+        self.reading.set()
         if self.gate is not None:
             assert self.gate.wait(10)
         return super().read(path, size)
@@ -104,8 +106,7 @@ def test_single_flight_shares_one_backend_read(small_tree, tmp_path):
     threads = [threading.Thread(target=lambda: results.append(cache.open(f))) for _ in range(4)]
     for t in threads:
         t.start()
-    while len(backend.reads) < 1:
-        pass
+    assert backend.reading.wait(10), "no backend read started within 10 s"
     # a hit on another (cached) file must not wait behind the held miss
     other = fid(ns, "dog/00.bin")
     cache.ram_index.admit(other, 1000)
@@ -114,6 +115,7 @@ def test_single_flight_shares_one_backend_read(small_tree, tmp_path):
     gate.set()
     for t in threads:
         t.join(10)
+    assert not any(t.is_alive() for t in threads), "an open is still blocked 10 s after the read was released"
     assert backend.reads == ["cat/05.bin"]
     assert [r[0] == spec["cat/05.bin"] for r in results] == [True] * 4
     assert cache.stats()["misses"] == 4 and cache.stats()["backend_bytes"] == 6000

@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from conftest import require
+
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 SCRIPT = SCRIPTS / "make_fashion_mnist.py"
 SOURCE = Path("/usr/share/datasets/fashion-mnist")
@@ -81,10 +83,8 @@ def test_missing_source_exits_2(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.skipif(not SOURCE.is_dir(),
-                    reason=f"{SOURCE} missing (apt-get install "
-                           "dataset-fashion-mnist)")
 def test_build_small_tree(tmp_path):
+    require(str(SOURCE))  # apt-get install dataset-fashion-mnist (make test installs it)
     out = tmp_path / "fmnist"
     cmd = [sys.executable, str(SCRIPT), str(out),
            "--limit-train", "30", "--limit-test", "10"]

@@ -14,8 +14,10 @@ from shadefs.backends import BackendError, backend_for, open_backend
 from shadefs.backends.fsspec import FsspecBackend, parse_options
 from shadefs.backends.retry import RetryPolicy, is_transient, redact
 
-bx = pytest.importorskip("botocore.exceptions")
-aiohttp = pytest.importorskip("aiohttp")
+from conftest import require
+
+bx = require("botocore.exceptions")
+aiohttp = require("aiohttp")
 
 
 def client_error(code, status, op="GetObject"):
@@ -201,7 +203,7 @@ def test_parse_options_rejects_a_collision():
 
 @pytest.fixture
 def s3_options():
-    pytest.importorskip("s3fs")
+    require("s3fs")
     return dict(endpoint_url="http://127.0.0.1:9", anon="false", key="AKIDEXAMPLE",
                 secret="very-secret-value-42", region="eu-west-1", read_timeout="3")
 

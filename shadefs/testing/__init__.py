@@ -1,0 +1,18 @@
+"""Shared harness of the tests and the benchmark scripts (no sys.path edits needed).
+
+- :mod:`shadefs.testing.mounts`: :class:`Mount` (a real mount through the CLI; waits for the daemon,
+  unmounts and waits for it to exit), :func:`unmount`, :func:`wait_for`, :func:`pid_alive`,
+  :func:`tracebacks` (what the test fixture checks every daemon log for).
+- :mod:`shadefs.testing.s3`: :class:`MotoServer` (``python -m moto.server`` as a process) and
+  :class:`LatencyProxyProcess` (:mod:`shadefs.testing.latency_proxy` in front of it), dummy AWS settings.
+- :mod:`shadefs.testing.docsection`: the tables and the generated sections of docs/performance.md.
+
+Used by tests/conftest.py and scripts/bench_*.py; ships with the package (it needs the ``test``
+extra only for the S3 pieces).
+"""
+from shadefs.testing.mounts import (
+    Mount, ShadefsError, force_unmount, pid_alive, shadefs, tracebacks, unmount, wait_for, wait_pid_gone,
+)
+
+__all__ = ["Mount", "ShadefsError", "force_unmount", "pid_alive", "shadefs", "tracebacks", "unmount", "wait_for",
+           "wait_pid_gone"]
