@@ -21,7 +21,7 @@ from typing import List, Optional
 from .config import ConfigError, MountConfig, format_bytes, parse_size
 
 STATS_KEYS = ("policy", "uptime_s", "opens", "hits", "misses", "hit_ratio", "byte_hit_ratio",
-              "backend_bytes", "tiers")
+              "backend_bytes", "tiers", "shared_errors")  # shared_errors: only with --shared-tier
 
 
 class UserError(Exception):
@@ -110,6 +110,50 @@ def _backend_options(pairs: List[str]) -> tuple:
     return tuple(out)
 
 
+def _shared_tier_config(args) -> dict:
+    """The --shared-tier* flags (issue 13), validated; {} without --shared-tier."""
+    shared_flags = ("shared_tier_size", "shared_tier_password_file")
+    if not args.shared_tier:
+        for name in shared_flags:
+            if getattr(args, name, None) is not None:
+                raise UserError(f"--{name.replace('_', '-')} needs --shared-tier URL")
+        return {}
+    try:
+        from .cache.shared import SharedTierConfigError, parse_urls
+
+        urls = parse_urls(args.shared_tier)
+    except ImportError as e:
+        raise UserError(f"--shared-tier needs the redis and xxhash packages: pip install 'shadefs[shared]' ({e})") \
+            from None
+    except SharedTierConfigError as e:
+        raise UserError(str(e)) from None
+    try:
+        size = parse_size(args.shared_tier_size if args.shared_tier_size is not None else "0")
+        max_file = parse_size(args.shared_max_file)
+    except ConfigError as e:
+        raise UserError(f"--shared-tier-size / --shared-max-file: {e}") from None
+    if max_file.nbytes is None:
+        raise UserError("--shared-max-file: give bytes or a unit (16MiB), not a percentage")
+    if not 0 < args.shared_tier_timeout <= 60:
+        raise UserError(f"--shared-tier-timeout {args.shared_tier_timeout:g}: seconds in (0, 60]")
+    if not 0.05 <= args.shared_tier_heartbeat <= 600:
+        raise UserError(f"--shared-tier-heartbeat {args.shared_tier_heartbeat:g}: seconds in [0.05, 600]")
+    if not 1 <= args.shared_tier_partitions <= 16384:
+        raise UserError(f"--shared-tier-partitions {args.shared_tier_partitions}: 1..16384")
+    pw = None
+    if args.shared_tier_password_file:
+        pw = os.path.abspath(args.shared_tier_password_file)
+        try:
+            with open(pw):
+                pass
+        except OSError as e:
+            raise UserError(f"--shared-tier-password-file {pw!r}: {e.strerror}") from None
+    return dict(shared_tier=tuple(urls), shared_tier_size=size, shared_tier_password_file=pw,
+                shared_tier_timeout_s=float(args.shared_tier_timeout), shared_max_file=max_file.nbytes,
+                shared_tier_heartbeat_s=float(args.shared_tier_heartbeat),
+                shared_tier_partitions=int(args.shared_tier_partitions))
+
+
 def build_config(args) -> MountConfig:
     """Validate the mount arguments into a :class:`MountConfig` (raises UserError)."""
     from .policies.base import PolicyError, get_policy
@@ -153,6 +197,7 @@ def build_config(args) -> MountConfig:
         fuse_threads=args.fuse_loop == "multi", backend_options=_backend_options(args.backend_opt),
         score_transform=args.score_transform, checkpoint_interval_s=args.checkpoint_interval,
     )
+    kwargs.update(_shared_tier_config(args))
     if "ram_cache" in sizes:
         kwargs["ram_cache"] = sizes["ram_cache"]
     if disk_size is not None:
@@ -294,17 +339,20 @@ def _client(mountpoint: str):
 
 def format_stats(s: dict) -> str:
     """A short human table of the stats JSON."""
-    hits = s["hits"]["ram"] + s["hits"]["disk"]
+    hits = sum(s["hits"].values())
+    per_tier = ", ".join(f"{k} {v}" for k, v in s["hits"].items())
     lines = [
         f"policy          {s['policy']}      uptime {s['uptime_s']:.0f} s",
         f"opens           {s['opens']}",
-        f"hits            {hits}  (ram {s['hits']['ram']}, disk {s['hits']['disk']})",
+        f"hits            {hits}  ({per_tier})",
         f"misses          {s['misses']}",
         f"hit ratio       {s['hit_ratio'] * 100:.2f} %   (byte hit ratio {s['byte_hit_ratio'] * 100:.2f} %)",
         f"backend read    {format_bytes(s['backend_bytes'])}",
         "tier   used / capacity            files   evictions",
     ]
-    for name in ("ram", "disk"):
+    for name in ("ram", "disk", "shared"):
+        if name not in s["tiers"]:
+            continue
         t = s["tiers"][name]
         lines.append(f"{name:<6} {format_bytes(t['used_bytes']):>10} / {format_bytes(t['capacity_bytes']):<10} "
                      f"{t['files']:>8} {t['evictions']:>11}")
@@ -323,7 +371,7 @@ def cmd_stats(args) -> int:
     finally:
         client.close()
     if args.json:
-        print(json.dumps({k: s[k] for k in STATS_KEYS}, indent=2))
+        print(json.dumps({k: s[k] for k in STATS_KEYS if k in s}, indent=2))
     else:
         print(format_stats(s))
     return 0
@@ -359,7 +407,7 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-SIZE_OPTIONS = ("--ram-cache", "--disk-cache-size", "--disk-min-free")
+SIZE_OPTIONS = ("--ram-cache", "--disk-cache-size", "--disk-min-free", "--shared-tier-size", "--shared-max-file")
 
 
 def _attach_negative_sizes(argv: List[str]) -> List[str]:
@@ -407,6 +455,22 @@ def make_parser() -> argparse.ArgumentParser:
     m.add_argument("--fuse-loop", choices=("multi", "single"), default="multi",
                    help="multi (default): a hit never waits behind a miss; single: fastest hits, misses block")
     m.add_argument("--backend-opt", action="append", metavar="KEY=VALUE", help="backend option (repeatable)")
+    # the shared tier (issue 13; docs/operations.md, "A shared tier across nodes")
+    m.add_argument("--shared-tier", metavar="URL[,URL...]",
+                   help="a Redis Cluster (or one Redis server) shared by the mounts of this source on all "
+                   "nodes: redis://[user:password@]host:port or rediss:// (TLS), seed nodes comma-separated")
+    m.add_argument("--shared-tier-size", metavar="SIZE",
+                   help="this mount's contribution to the group's shared budget (units or %% of the source)")
+    m.add_argument("--shared-tier-password-file", metavar="FILE",
+                   help="read the Redis password from FILE (instead of the URL)")
+    m.add_argument("--shared-tier-timeout", type=float, default=0.05, metavar="SECONDS",
+                   help="deadline of one shared-tier call (default 0.05; +10 ms per MiB of value)")
+    m.add_argument("--shared-max-file", default="16MiB", metavar="SIZE",
+                   help="files above SIZE bypass the shared tier (default 16MiB)")
+    m.add_argument("--shared-tier-heartbeat", type=float, default=2.0, metavar="SECONDS",
+                   help="membership heartbeat (default 2; a silent member drops out after 3 periods)")
+    m.add_argument("--shared-tier-partitions", type=int, default=64, metavar="K",
+                   help="hash-tagged partitions of the group (default 64; the same on every node)")
     m.set_defaults(func=cmd_mount)
 
     u = sub.add_parser("umount", help="unmount MOUNTPOINT (the daemon exits)")

@@ -119,3 +119,11 @@ class MountConfig:
     fuse_threads: bool = True                 # multithreaded FUSE loop: a hit never waits on a miss
     backend_options: tuple = ()               # (key, value) pairs for fsspec backends
     scan_workers: int = 16
+    # the shared tier (issue 13): None = off
+    shared_tier: Optional[tuple] = dataclasses.field(default=None, repr=False)  # Redis URLs: may hold a password
+    shared_tier_size: Size = Size(nbytes=0)   # this mount's contribution to the group's budget
+    shared_tier_password_file: Optional[str] = None
+    shared_tier_timeout_s: float = 0.05
+    shared_max_file: int = 16 * 2**20
+    shared_tier_heartbeat_s: float = 2.0
+    shared_tier_partitions: int = 64

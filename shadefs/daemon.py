@@ -102,8 +102,9 @@ class Daemon:
             disk = (TierIndex("disk", disk_bytes, policy_cls(disk_bytes, self.importance)), store)
         if cfg.trace:
             self.trace = TraceWriter(cfg.trace)
+        self.shared = self._build_shared(ns)
         self.cache = TieredCache(ns, self.backend, ram, disk, self.importance, trace=self.trace,
-                                 on_backend_read=self._on_backend_read)
+                                 on_backend_read=self._on_backend_read, shared=self.shared)
         self._transform = get_transform(cfg.score_transform)
         log.info("mount %s -> %s: policy %s, RAM tier %s, disk tier %s%s, kernel cache %s, FUSE loop %s",
                  self.backend.describe(), cfg.mountpoint, cfg.policy, format_bytes(ram_bytes),
@@ -112,6 +113,22 @@ class Daemon:
                  "on" if cfg.kernel_cache else "off", "multithreaded" if cfg.fuse_threads else "single-threaded")
         if disk is not None:
             self._restore(disk)
+
+    def _build_shared(self, ns):
+        """The shared tier of ``--shared-tier`` (not connected yet: threads start after the mount), or None."""
+        cfg = self.cfg
+        if not cfg.shared_tier:
+            return None
+        from .cache.shared import SharedTier
+
+        password = None
+        if cfg.shared_tier_password_file:
+            with open(cfg.shared_tier_password_file) as f:
+                password = f.read().strip()
+        return SharedTier(list(cfg.shared_tier), cfg.source, cfg.shared_tier_size.resolve(ns.total_bytes),
+                          policy=cfg.policy, timeout_s=cfg.shared_tier_timeout_s, max_file=cfg.shared_max_file,
+                          partitions=cfg.shared_tier_partitions, password=password,
+                          heartbeat_s=cfg.shared_tier_heartbeat_s)
 
     def _restore(self, disk) -> None:
         """Reload importance, then the disk tier's entries, from the previous run's cache directory."""
@@ -201,6 +218,8 @@ class Daemon:
         self.endpoint = self.control.endpoint
         if self.checkpointer is not None:
             self.checkpointer.start()
+        if self.shared is not None:
+            self.shared.start()  # joins the group; Redis down is logged and retried, never fatal
         if cfg.metrics_port is not None:
             from .metrics import MetricsServer
 
@@ -228,6 +247,8 @@ class Daemon:
             self.metrics.stop()
         if self.checkpointer is not None:
             self.checkpointer.stop()
+        if getattr(self, "shared", None) is not None:
+            self.shared.close(leave=True)  # the group's budget shrinks by ours now
         if self.cache.disk is not None:
             self.cache.disk.close()
         if self.trace is not None:
@@ -274,6 +295,9 @@ class Daemon:
                 log.warning("warm: %s: %s", self.namespace.path(int(fid)), e)
                 return "failed", 0
 
+        # what the group holds comes in pipelined batches from the shared tier first
+        if self.shared is not None:
+            out["shared"] = self.cache.warm_shared(fids)
         with cf.ThreadPoolExecutor(max_workers=4, thread_name_prefix="warm") as pool:
             for outcome, size in pool.map(one, fids):
                 out[outcome] += 1

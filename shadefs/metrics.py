@@ -28,7 +28,7 @@ log = logging.getLogger("shadefs.metrics")
 INFO = "shadefs_info"
 UPTIME = "shadefs_uptime_seconds"
 OPENS = "shadefs_opens_total"
-HITS = "shadefs_hits_total"                       # {tier="ram"|"disk"}
+HITS = "shadefs_hits_total"                       # {tier="ram"|"disk"|"shared"}
 MISSES = "shadefs_misses_total"
 OPEN_BYTES = "shadefs_open_bytes_total"
 HIT_BYTES = "shadefs_hit_bytes_total"
@@ -49,11 +49,21 @@ DISK_RELOAD_SECONDS = "shadefs_disk_reload_seconds"
 SCORE_MESSAGES = "shadefs_score_messages_total"
 SCORE_REJECTED = "shadefs_score_messages_rejected_total"  # {reason}
 CHECKPOINTS = "shadefs_importance_checkpoints_total"
+# the shared tier (only with --shared-tier; tier="shared" in the TIER_* gauges is this member's share)
+SHARED_ERRORS = "shadefs_shared_errors_total"
+SHARED_SKIPPED = "shadefs_shared_skipped_total"
+SHARED_CORRUPT = "shadefs_shared_corrupt_total"
+SHARED_OFFERS = "shadefs_shared_offers_total"     # {result="admitted"|"resident"|"refused"|"dropped"|"failed"}
+SHARED_GROUP_USED = "shadefs_shared_group_used_bytes"
+SHARED_GROUP_CAPACITY = "shadefs_shared_group_capacity_bytes"
+SHARED_GROUP_FILES = "shadefs_shared_group_files"
+SHARED_MEMBERS = "shadefs_shared_members"
 
 NAMES = (INFO, UPTIME, OPENS, HITS, MISSES, OPEN_BYTES, HIT_BYTES, BACKEND_BYTES, BACKEND_ERRORS,
          BACKEND_READ_SECONDS, EVICTIONS, PROMOTIONS, DEMOTIONS, TIER_USED, TIER_CAPACITY, TIER_FILES,
          CORRUPT, DISK_WRITE_ERRORS, DISK_WRITES_REFUSED, DISK_RELOAD_ENTRIES, DISK_RELOAD_SECONDS,
-         SCORE_MESSAGES, SCORE_REJECTED, CHECKPOINTS)
+         SCORE_MESSAGES, SCORE_REJECTED, CHECKPOINTS, SHARED_ERRORS, SHARED_SKIPPED, SHARED_CORRUPT,
+         SHARED_OFFERS, SHARED_GROUP_USED, SHARED_GROUP_CAPACITY, SHARED_GROUP_FILES, SHARED_MEMBERS)
 
 # 100 us (page-cached NFS) .. 30 s (a throttled object store)
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
@@ -90,6 +100,8 @@ class CacheCollector:
                                    labels=["tier"])
         hits.add_metric(["ram"], c["hits_ram"])
         hits.add_metric(["disk"], c["hits_disk"])
+        if c.get("shared") is not None:
+            hits.add_metric(["shared"], c["hits_shared"])
         yield hits
         yield CounterMetricFamily(MISSES, "Opens that read the backend (including failed reads).",
                                   value=c["misses"])
@@ -104,7 +116,7 @@ class CacheCollector:
         used = GaugeMetricFamily(TIER_USED, "Bytes resident in the tier.", labels=["tier"])
         cap = GaugeMetricFamily(TIER_CAPACITY, "The tier's byte budget.", labels=["tier"])
         files = GaugeMetricFamily(TIER_FILES, "Files resident in the tier.", labels=["tier"])
-        for tier in TIERS:
+        for tier in TIERS + (("shared",) if "shared" in c["tiers"] else ()):
             t = c["tiers"].get(tier, {"used_bytes": 0, "capacity_bytes": 0, "files": 0, "evictions": 0})
             evictions.add_metric([tier], t["evictions"])
             used.add_metric([tier], t["used_bytes"])
@@ -119,6 +131,8 @@ class CacheCollector:
                                   "file is served but not cached.", value=c["disk_write_errors"])
         yield CounterMetricFamily(DISK_WRITES_REFUSED, "Disk tier writes refused to keep --disk-min-free "
                                   "free on the cache filesystem.", value=c["disk_writes_refused"])
+        if c.get("shared") is not None:
+            yield from _shared_metrics(c["shared"], c["tiers"]["shared"])
         rep = getattr(d, "reload_report", None)
         if rep is not None:
             entries = GaugeMetricFamily(DISK_RELOAD_ENTRIES, "Disk tier entries found at mount, by result.",
@@ -141,6 +155,27 @@ class CacheCollector:
             for reason, n in sorted(cc.get("scores_rejected", {}).items()):
                 rejected.add_metric([reason], n)
             yield rejected
+
+
+def _shared_metrics(sc: dict, st: dict):
+    yield CounterMetricFamily(SHARED_ERRORS, "Shared-tier calls that failed or ran past their deadline "
+                              "(each cost a hit, never an error).", value=sc["errors"])
+    yield CounterMetricFamily(SHARED_SKIPPED, "Shared-tier calls skipped while backing off after repeated "
+                              "failures.", value=sc["skipped"])
+    yield CounterMetricFamily(SHARED_CORRUPT, "Shared-tier values that failed verification (deleted).",
+                              value=sc["corrupt"])
+    offers = CounterMetricFamily(SHARED_OFFERS, "Files this member offered to the group, by result.",
+                                 labels=["result"])
+    for result, n in sorted(sc["offers"].items()):
+        offers.add_metric([result], n)
+    yield offers
+    yield GaugeMetricFamily(SHARED_GROUP_USED, "Bytes the whole group stores in the shared tier.",
+                            value=st["group_used_bytes"])
+    yield GaugeMetricFamily(SHARED_GROUP_CAPACITY, "The group's budget: sum of live members' sizes.",
+                            value=st["group_capacity_bytes"])
+    yield GaugeMetricFamily(SHARED_GROUP_FILES, "Files the whole group stores.", value=st["files"])
+    yield GaugeMetricFamily(SHARED_MEMBERS, "Live members of the group (mounts of this source).",
+                            value=st["members"])
 
 
 class MetricsServer:

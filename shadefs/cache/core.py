@@ -49,12 +49,17 @@ class TieredCache:
         trace: an object with ``record(path, size, outcome)`` called once per open, or None.
         on_backend_read: optional ``callback(seconds: float)`` after every successful backend read
             (the latency histogram); every other figure is a counter read at scrape time.
+        shared: the group's :class:`~shadefs.cache.shared.SharedTier` (between the NVMe tier and the
+            backend), or None. A miss asks it first (within its deadline); a shared hit is counted
+            ``"shared"`` and offered to the node's tiers like a backend read; a backend read is offered
+            to the group off the request path.
     """
 
     def __init__(self, namespace: Namespace, backend: Backend, ram: Tuple[TierIndex, MemoryTier],
                  disk: Optional[Tuple[TierIndex, DiskTier]], importance: Importance,
-                 trace=None, on_backend_read=None, stream_threshold: int = 64 * 2**20):
+                 trace=None, on_backend_read=None, stream_threshold: int = 64 * 2**20, shared=None):
         self.ns = namespace
+        self.shared = shared
         # a file above this size that no tier can hold is streamed from the backend by ranges
         self.stream_threshold = int(stream_threshold)
         self.backend = backend
@@ -71,6 +76,7 @@ class TieredCache:
         self.opens = 0
         self.hits_ram = 0
         self.hits_disk = 0
+        self.hits_shared = 0
         self.misses = 0
         self.open_bytes = 0
         self.hit_bytes = 0
@@ -120,7 +126,7 @@ class TieredCache:
                     self._count(fid, size, "disk")
                 self._promote(fid, data)
                 return data, "disk"
-        return self._miss(fid, size), "miss"
+        return self._miss(fid, size)
 
     def _fits_no_tier(self, size: int) -> bool:
         return size > self.ram_index.capacity_bytes and (
@@ -156,18 +162,37 @@ class TieredCache:
         elif outcome == "disk":
             self.hits_disk += 1
             self.hit_bytes += size
+        elif outcome == "shared":
+            self.hits_shared += 1
+            self.hit_bytes += size
         else:
             self.misses += 1
         if self.trace is not None:
             self.trace.record(self.ns.path(fid), size, outcome)
 
-    def _miss(self, fid: int, size: int) -> bytes:
-        with self.lock:
-            self._count(fid, size, "miss")
-        return self._fetch(fid, size)
+    def _miss(self, fid: int, size: int) -> Tuple[bytes, Outcome]:
+        # counted once the source is known: "shared" when the group served it, else "miss"
+        if self.shared is None:
+            with self.lock:
+                self._count(fid, size, "miss")
+            return self._fetch(fid, size), "miss"
+        outcome = "miss"
+        try:
+            data, outcome = self._fetch(fid, size, with_source=True)
+        finally:
+            with self.lock:
+                self._count(fid, size, outcome)
+        return data, outcome
 
-    def _fetch(self, fid: int, size: int) -> bytes:
-        """Read ``fid`` from the backend once for all concurrent callers (single-flight), then admit it."""
+    def shared_key(self, fid: int) -> str:
+        """The group-wide key of file ``fid`` (path, size and mtime: a changed file never matches)."""
+        return self.shared.key(self.ns.path(fid), int(self.ns.size(fid)), round(float(self.ns.mtimes[fid]) * 1e9))
+
+    def _fetch(self, fid: int, size: int, with_source: bool = False):
+        """Read ``fid`` once for all concurrent callers (single-flight): from the shared tier when the group
+        has it, else from the backend (then offered to the group); then admit it to the node's tiers.
+
+        Returns the bytes, or (bytes, ``"shared"`` | ``"miss"``) with ``with_source``."""
         with self.lock:
             fut = self._inflight.get(fid)
             leader = fut is None
@@ -175,7 +200,17 @@ class TieredCache:
                 fut = cf.Future()
                 self._inflight[fid] = fut
         if not leader:
-            return fut.result()  # single-flight: share the leader's backend read
+            data, source = fut.result()  # single-flight: share the leader's read
+            return (data, source) if with_source else data
+        shared = self.shared
+        if shared is not None and size <= shared.max_file:
+            data = shared.get(self.shared_key(fid), size)  # None past its deadline: a miss, never an error
+            if data is not None:
+                with self.lock:
+                    del self._inflight[fid]
+                fut.set_result((data, "shared"))
+                self._admit(fid, data)
+                return (data, "shared") if with_source else data
         try:
             t0 = time.monotonic()
             data = self.backend.read(self.ns.path(fid), size)
@@ -192,9 +227,11 @@ class TieredCache:
         with self.lock:
             self.backend_bytes += size
             del self._inflight[fid]
-        fut.set_result(data)
+        fut.set_result((data, "miss"))
         self._admit(fid, data)
-        return data
+        if shared is not None and size <= shared.max_file:
+            shared.offer_async(self.shared_key(fid), data, self.importance.get(fid))
+        return (data, "miss") if with_source else data
 
     # -- admission, promotion, demotion ------------------------------------------------------------
     def _admit(self, fid: int, data: bytes) -> None:
@@ -297,16 +334,48 @@ class TieredCache:
 
     # -- control-plane queries -------------------------------------------------------------------
     def resident(self, fids: np.ndarray) -> np.ndarray:
-        """Residency flags (shape like ``fids``, bool) in any tier."""
+        """Residency flags (shape like ``fids``, bool) in any tier, the group's shared tier included (one
+        pipelined query for the files not resident on this node; False where it fails)."""
         with self.lock:
             ram, disk = self.ram_index, self.disk_index
-            return np.fromiter(((f in ram) or (disk is not None and f in disk) for f in map(int, fids)),
-                               dtype=bool, count=len(fids))
+            out = np.fromiter(((f in ram) or (disk is not None and f in disk) for f in map(int, fids)),
+                              dtype=bool, count=len(fids))
+        if self.shared is not None and not out.all():
+            rest = np.flatnonzero(~out)
+            rest = rest[[int(self.ns.size(int(fids[i]))) <= self.shared.max_file for i in rest]]
+            if rest.size:
+                flags = self.shared.contains_many([self.shared_key(int(fids[i])) for i in rest])
+                out[rest] = flags
+        return out
 
     def update_importance(self, fids: np.ndarray, values: np.ndarray) -> None:
-        """Set importance of ``fids`` (int64, shape (n,)) to ``values`` (float32, shape (n,)); policies re-rank."""
+        """Set importance of ``fids`` (int64, shape (n,)) to ``values`` (float32, shape (n,)); policies re-rank.
+        The shared tier's ranks of those files follow in the background (under ``shade``)."""
         with self.lock:
             self.importance.update(fids, values)
+        if self.shared is not None and self.shared.mode == "imp":
+            fids = np.asarray(fids).tolist()
+            self.shared.rescore_async([self.shared_key(f) for f in fids],
+                                      self.importance.values[fids].tolist())
+
+    def warm_shared(self, fids) -> int:
+        """Read the files of ``fids`` the group holds in one pipelined batch and admit them to this node's
+        tiers (``warm``); not counted as opens. Returns how many came from the shared tier."""
+        if self.shared is None:
+            return 0
+        with self.lock:
+            todo = [int(f) for f in fids if int(f) not in self.ram_index and int(f) not in self._inflight
+                    and (self.disk_index is None or int(f) not in self.disk_index)]
+        todo = [f for f in todo if int(self.ns.size(f)) <= self.shared.max_file]
+        n = 0
+        for i in range(0, len(todo), 64):
+            batch = todo[i:i + 64]
+            got = self.shared.get_many([self.shared_key(f) for f in batch], [int(self.ns.size(f)) for f in batch])
+            for f, data in zip(batch, got):
+                if data is not None:
+                    self._admit(f, data)
+                    n += 1
+        return n
 
     def counters(self) -> dict:
         """Every counter and tier figure at one instant (what :mod:`shadefs.metrics` exports)."""
@@ -314,8 +383,12 @@ class TieredCache:
             tiers = {"ram": self.ram_index.snapshot()}
             if self.disk_index is not None:
                 tiers["disk"] = self.disk_index.snapshot()
+            if self.shared is not None:
+                tiers["shared"] = self.shared.stats()
             return {
                 "opens": self.opens, "hits_ram": self.hits_ram, "hits_disk": self.hits_disk,
+                "hits_shared": self.hits_shared,
+                "shared": self.shared.counters() if self.shared is not None else None,
                 "misses": self.misses, "open_bytes": self.open_bytes, "hit_bytes": self.hit_bytes,
                 "backend_bytes": self.backend_bytes, "backend_errors": self.backend_errors,
                 "corrupt_entries": self.corrupt_entries, "disk_write_errors": self.disk_write_errors,
@@ -326,10 +399,10 @@ class TieredCache:
     def stats(self) -> dict:
         """The stats JSON of docs/metrics.md (exact keys)."""
         with self.lock:
-            hits = self.hits_ram + self.hits_disk
+            hits = self.hits_ram + self.hits_disk + self.hits_shared
             disk = (self.disk_index.snapshot() if self.disk_index is not None
                     else {"used_bytes": 0, "capacity_bytes": 0, "files": 0, "evictions": 0})
-            return {
+            out = {
                 "policy": self.ram_index.policy.name,
                 "uptime_s": round(time.monotonic() - self.started, 3),
                 "opens": self.opens,
@@ -340,3 +413,8 @@ class TieredCache:
                 "backend_bytes": self.backend_bytes,
                 "tiers": {"ram": self.ram_index.snapshot(), "disk": disk},
             }
+            if self.shared is not None:  # only with --shared-tier: the keys of a plain mount stay as they are
+                out["hits"]["shared"] = self.hits_shared
+                out["tiers"]["shared"] = self.shared.stats()
+                out["shared_errors"] = self.shared.counters()["errors"]
+            return out

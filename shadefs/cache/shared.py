@@ -351,6 +351,7 @@ class SharedTier:
         self.offers = {"admitted": 0, "resident": 0, "refused": 0, "dropped": 0, "failed": 0}
         self.cap_evictions = 0   # evicted by a budget shrink (a member left), as applied by this member
         self._group = {"used_bytes": 0, "files": 0, "evictions": 0}
+        self._free: List[Optional[int]] = [None] * self.K  # per partition, as of the last refresh
 
     # -- keys ------------------------------------------------------------------------------------------------
     @staticmethod
@@ -567,6 +568,11 @@ class SharedTier:
         queue is full (counted ``dropped``): the group will get it from the next member that misses."""
         if len(data) > self.max_file or not self.joined:
             return False
+        if self.mode == "static":  # a full partition refuses every newcomer: save the transfer
+            free = self._free[self.partition(key)]
+            if free is not None and free < len(data):
+                self._count_offer("refused")
+                return False
         try:
             self._offers.put_nowait((key, data, score))
             return True
@@ -583,7 +589,10 @@ class SharedTier:
             if item is None:
                 break
             try:
-                self.offer(*item)
+                if item[0] is None:
+                    self.rescore(item[1], item[2])
+                else:
+                    self.offer(*item)
             finally:
                 self._offers.task_done()
 
@@ -595,6 +604,16 @@ class SharedTier:
                 return True
             time.sleep(0.005)
         return False
+
+    def rescore_async(self, keys: Sequence[str], scores: Sequence[float]) -> bool:
+        """Queue :meth:`rescore` for the offer thread; False (dropped) when the queue is full."""
+        if self.mode != "imp" or not keys or not self.joined:
+            return False
+        try:
+            self._offers.put_nowait((None, list(keys), list(scores)))
+            return True
+        except queue.Full:
+            return False
 
     def evict(self, key: str) -> bool:
         """Remove ``key`` from the group (a corrupt value, a test). True when it was resident."""
@@ -684,11 +703,14 @@ class SharedTier:
         if res is _SKIP:
             return None
         g = {"used_bytes": 0, "files": 0, "evictions": 0, "cap_bytes": 0}
+        free = []
         for row in res:
             for name, v in zip(("used_bytes", "files", "evictions", "cap_bytes"), row):
                 g[name] += int(v or 0)
+            free.append(int(row[3] or 0) - int(row[0] or 0))
         with self._lock:
             self._group = g
+            self._free = free
         return g
 
     def partition_figures(self) -> List[dict]:

@@ -44,8 +44,10 @@ def free_port() -> int:
 class RedisServer:
     """One ``redis-server`` process."""
 
-    def __init__(self, workdir, cluster: bool = False, extra: Optional[List[str]] = None):
+    def __init__(self, workdir, cluster: bool = False, extra: Optional[List[str]] = None,
+                 password: Optional[str] = None):
         self.port = free_port()
+        self.password = password
         self.dir = os.path.join(str(workdir), f"redis-{self.port}")
         os.makedirs(self.dir, exist_ok=True)
         args = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
@@ -55,13 +57,16 @@ class RedisServer:
             args += ["--cluster-enabled", "yes", "--cluster-config-file", os.path.join(self.dir, "nodes.conf"),
                      "--cluster-node-timeout", "1000", "--cluster-require-full-coverage", "no",
                      "--cluster-replica-validity-factor", "0"]
+        if password:
+            args += ["--requirepass", password]
         args += list(extra or [])
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.url = f"redis://127.0.0.1:{self.port}"
         self.wait_ready()
 
     def cli(self, *args, check=True, timeout=20) -> str:
-        r = subprocess.run(["redis-cli", "-p", str(self.port), *map(str, args)], capture_output=True,
+        auth = ["-a", self.password, "--no-auth-warning"] if self.password else []
+        r = subprocess.run(["redis-cli", "-p", str(self.port), *auth, *map(str, args)], capture_output=True,
                            text=True, timeout=timeout)
         if check and r.returncode != 0:
             raise AssertionError(f"redis-cli {' '.join(map(str, args))}: {r.stderr}{r.stdout}")
@@ -73,7 +78,7 @@ class RedisServer:
             if self.proc.poll() is not None:
                 raise AssertionError(f"redis-server on {self.port} exited: {self.log()}")
             r = subprocess.run(["redis-cli", "-p", str(self.port), "ping"], capture_output=True, text=True)
-            if r.stdout.strip() == "PONG":
+            if r.stdout.strip() == "PONG" or "NOAUTH" in r.stdout:
                 return
             time.sleep(0.05)
         raise AssertionError(f"redis-server on {self.port} not ready: {self.log()}")

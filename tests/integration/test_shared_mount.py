@@ -1,0 +1,151 @@
+"""Two mounts of one source on one Redis act as two nodes of a group: real FUSE mounts, real redis-server
+processes (standalone and a 3-master cluster)."""
+from __future__ import annotations
+
+import pytest
+
+from mountutil import metrics_port, read, scrape, wait_for
+from redisutil import redis_cluster, redis_server  # noqa: F401  (fixtures)
+from shadefs.cache.shared import SharedTier, parse_urls
+
+pytestmark = pytest.mark.timeout(60)
+
+FAST = ("--shared-tier-heartbeat", "0.1", "--shared-tier-partitions", "4", "--shared-tier-timeout", "0.5")
+
+
+def invariant(s: dict) -> None:
+    assert s["opens"] == sum(s["hits"].values()) + s["misses"], s
+
+
+def read_all(m, spec) -> None:
+    for rel, data in sorted(spec.items()):
+        assert read(f"{m.path}/{rel}") == data, rel
+
+
+def test_what_node_a_read_is_a_shared_hit_on_node_b(small_tree, mount, redis_server):
+    src, spec = small_tree
+    a = mount(src, "--shared-tier", redis_server.url, "--shared-tier-size", "100KB", *FAST, name="a")
+    b = mount(src, "--shared-tier", redis_server.url, "--shared-tier-size", "100KB", "--metrics-port", "0",
+              *FAST, name="b")
+    read_all(a, spec)
+    total = sum(map(len, spec.values()))
+    # A's offers go to Redis off the request path: wait until the group holds all ten
+    wait_for(lambda: a.stats()["tiers"]["shared"]["files"] == 10, timeout=10)
+    sa = a.stats()
+    assert sa["hits"] == {"ram": 0, "disk": 0, "shared": 0} and sa["misses"] == 10
+    t = sa["tiers"]["shared"]
+    assert t["group_used_bytes"] == total and t["group_capacity_bytes"] == 200_000 and t["members"] == 2
+    assert t["capacity_bytes"] == 100_000 and t["used_bytes"] == total // 2
+    read_all(b, spec)  # node B: every byte exact, none from the backend
+    sb = b.stats()
+    assert sb["hits"] == {"ram": 0, "disk": 0, "shared": 10} and sb["misses"] == 0
+    assert sb["backend_bytes"] == 0 and sb["shared_errors"] == 0
+    invariant(sa)
+    invariant(sb)
+    m = scrape(metrics_port(b))
+    assert m[("shadefs_hits_total", (("tier", "shared"),))] == 10
+    assert m[("shadefs_shared_errors_total", ())] == 0
+    assert m[("shadefs_shared_group_used_bytes", ())] == total
+    assert "redis://127.0.0.1" in b.log() and "shared tier" in b.log()
+
+
+def test_shared_hit_is_promoted_by_node_policy(small_tree, mount, redis_server):
+    src, spec = small_tree
+    a = mount(src, "--shared-tier", redis_server.url, "--shared-tier-size", "100KB", *FAST, name="a")
+    b = mount(src, "--ram-cache", "100KB", "--shared-tier", redis_server.url, "--shared-tier-size", "100KB",
+              *FAST, name="b")
+    read_all(a, spec)
+    wait_for(lambda: a.stats()["tiers"]["shared"]["files"] == 10, timeout=10)
+    read_all(b, spec)
+    read_all(b, spec)  # the second pass: B's RAM tier admitted the shared hits
+    sb = b.stats()
+    assert sb["hits"] == {"ram": 10, "disk": 0, "shared": 10} and sb["misses"] == 0
+    invariant(sb)
+
+
+def test_dead_redis_costs_hits_never_an_error(small_tree, mount, redis_server):
+    src, spec = small_tree
+    a = mount(src, "--shared-tier", redis_server.url, "--shared-tier-size", "1MB", *FAST, name="a")
+    read_all(a, spec)
+    wait_for(lambda: a.stats()["tiers"]["shared"]["files"] == 10, timeout=10)
+    redis_server.kill()
+    b = mount(src, "--shared-tier", redis_server.url, "--shared-tier-size", "1MB", *FAST, name="b")
+    read_all(b, spec)  # Redis is gone: every file from the backend, exact
+    read_all(a, spec)
+    sb, sa = b.stats(), a.stats()
+    assert sb["hits"]["shared"] == 0 and sb["misses"] == 10
+    assert sa["hits"]["shared"] == 0 and sa["misses"] == 20
+    assert sa["shared_errors"] >= 1
+    invariant(sa)
+    invariant(sb)
+    assert "not reachable yet" in b.log()
+
+
+def test_member_leaving_shrinks_the_group_budget(small_tree, mount, redis_cluster):
+    src, spec = small_tree
+    args = ("--shared-tier", redis_cluster.urls, "--shared-tier-size", "30000", *FAST)
+    a = mount(src, *args, name="a")
+    b = mount(src, *args, name="b")
+    read_all(a, spec)
+    total = sum(map(len, spec.values()))  # 55000 bytes: fits 60000 (4 partitions of 15000)
+    probe = SharedTier(parse_urls(redis_cluster.urls), str(src), 0, partitions=4, timeout_s=0.5)
+    try:
+        wait_for(lambda: probe.refresh() and probe.refresh()["used_bytes"] > 0 and a.stats()["tiers"]["shared"]
+                 ["group_used_bytes"] == sum(p["used"] for p in probe.partition_figures()), timeout=10)
+        before = probe.partition_figures()
+        assert sum(p["cap"] for p in before) == 60_000
+        stored = sum(p["used"] for p in before)
+        assert 0 < stored <= total
+        b.umount()  # B leaves the group: the budget is A's 30000 bytes now, the excess evicted
+        wait_for(lambda: sum(p["cap"] for p in probe.partition_figures()) == 30_000, timeout=10)
+        after = probe.partition_figures()
+        for p in after:
+            assert p["used"] == p["sizes_sum"] == p["values_sum"] <= p["cap"], p
+        assert sum(p["used"] for p in after) <= 30_000
+        wait_for(lambda: a.stats()["tiers"]["shared"]["group_capacity_bytes"] == 30_000
+                 and a.stats()["tiers"]["shared"]["members"] == 1, timeout=10)
+        read_all(a, spec)  # whatever is left is still exact
+        invariant(a.stats())
+    finally:
+        probe.close(leave=False)
+
+
+def test_password_is_used_and_never_logged(small_tree, mount, tmp_path):
+    from redisutil import RedisServer, require_redis
+
+    require_redis()
+    secret = "s3cr3t-pw-" + "x" * 8
+    server = RedisServer(tmp_path, password=secret)
+    try:
+        src, spec = small_tree
+        url = f"redis://default:{secret}@127.0.0.1:{server.port}"
+        a = mount(src, "--shared-tier", url, "--shared-tier-size", "1MB", *FAST, name="a")
+        pw = tmp_path / "pw"
+        pw.write_text(secret + "\n")
+        b = mount(src, "--shared-tier", server.url, "--shared-tier-password-file", pw, "--shared-tier-size", "1MB",
+                  *FAST, name="b")
+        read_all(a, spec)
+        wait_for(lambda: a.stats()["tiers"]["shared"]["files"] == 10, timeout=10)
+        read_all(b, spec)
+        sa, sb = a.stats(), b.stats()
+        assert sb["hits"]["shared"] == 10 and sa["shared_errors"] == sb["shared_errors"] == 0
+        assert sa["tiers"]["shared"]["url"] == f"redis://default:***@127.0.0.1:{server.port}"
+        for m in (a, b):
+            assert secret not in m.log() and secret not in str(m.full_stats())
+        assert f"redis://default:***@127.0.0.1:{server.port}" in a.log()
+    finally:
+        server.stop()
+
+
+def test_bad_shared_tier_flags_are_one_line_errors(small_tree, tmp_path, cli):
+    src, _ = small_tree
+    mp = tmp_path / "mp"
+    mp.mkdir()
+    for args, msg in ((["--shared-tier", "http://h:1"], "redis:// or rediss://"),
+                      (["--shared-tier-size", "1GiB"], "--shared-tier-size needs --shared-tier"),
+                      (["--shared-tier", "redis://h:1", "--shared-tier-timeout", "0"], "--shared-tier-timeout"),
+                      (["--shared-tier", "redis://h:1", "--shared-tier-size", "lots"], "--shared-tier-size"),
+                      (["--shared-tier", "redis://h:1", "--shared-tier-password-file", tmp_path / "nope"],
+                       "--shared-tier-password-file")):
+        r = cli("mount", src, mp, *args, check=False)
+        assert r.returncode == 2 and msg in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
