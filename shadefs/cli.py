@@ -21,7 +21,7 @@ from typing import List, Optional
 from .config import ConfigError, MountConfig, format_bytes, parse_size
 
 STATS_KEYS = ("policy", "uptime_s", "opens", "hits", "misses", "hit_ratio", "byte_hit_ratio",
-              "backend_bytes", "tiers", "shared_errors")  # shared_errors: only with --shared-tier
+              "backend_bytes", "tiers", "shared_errors", "namespace")  # shared_errors: only with --shared-tier
 
 
 class UserError(Exception):
@@ -196,6 +196,7 @@ def build_config(args) -> MountConfig:
         allow_other=args.allow_other, kernel_cache=not args.no_kernel_cache,
         fuse_threads=args.fuse_loop == "multi", backend_options=_backend_options(args.backend_opt),
         score_transform=args.score_transform, checkpoint_interval_s=args.checkpoint_interval,
+        follow_symlinks=args.follow_symlinks, rescan=args.rescan,
     )
     kwargs.update(_shared_tier_config(args))
     if "ram_cache" in sizes:
@@ -471,6 +472,11 @@ def make_parser() -> argparse.ArgumentParser:
                    help="membership heartbeat (default 2; a silent member drops out after 3 periods)")
     m.add_argument("--shared-tier-partitions", type=int, default=64, metavar="K",
                    help="hash-tagged partitions of the group (default 64; the same on every node)")
+    m.add_argument("--follow-symlinks", action="store_true",
+                   help="also serve symlinks whose target lies outside the source tree (off: skipped and "
+                        "counted; docs/operations.md, Security)")
+    m.add_argument("--rescan", action="store_true",
+                   help="scan the source even when a namespace snapshot beside the disk tier is still valid")
     m.set_defaults(func=cmd_mount)
 
     u = sub.add_parser("umount", help="unmount MOUNTPOINT (the daemon exits)")

@@ -127,3 +127,5 @@ class MountConfig:
     shared_max_file: int = 16 * 2**20
     shared_tier_heartbeat_s: float = 2.0
     shared_tier_partitions: int = 64
+    follow_symlinks: bool = False             # serve symlinks whose target lies outside the source tree
+    rescan: bool = False                      # ignore a persisted namespace snapshot: scan the source

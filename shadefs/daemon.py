@@ -24,7 +24,7 @@ from .cache.index import TierIndex
 from .cache.tiers import DiskTier, MemoryTier
 from .cache.trace import TraceWriter
 from .config import MountConfig, format_bytes
-from .namespace import Namespace
+from .namespace import SNAPSHOT_FILE, Namespace
 from .policies.base import Importance, get_policy
 from .policies.shade import get_transform
 
@@ -83,10 +83,12 @@ class Daemon:
         if "://" not in cfg.source:
             options.setdefault("scan_workers", cfg.scan_workers)
         self.backend = open_backend(cfg.source, **options)
-        self.namespace = Namespace(self.backend.walk())
+        self.namespace = self._namespace()
         ns = self.namespace
-        log.info("scanned %s: %d files, %d directories, %s in %.2f s", self.backend.describe(), ns.num_files,
-                 len(ns.dir_paths), format_bytes(ns.total_bytes), time.monotonic() - t0)
+        log.info("%s %s: %d files, %d directories, %s in %.2f s", "snapshot of" if ns.from_snapshot else "scanned",
+                 self.backend.describe(), ns.num_files, ns.num_dirs, format_bytes(ns.total_bytes),
+                 time.monotonic() - t0)
+        ns.report.log(log, self.backend.describe())
         ram_bytes = cfg.ram_cache.resolve(ns.total_bytes)
         disk_bytes = cfg.disk_cache.resolve(ns.total_bytes) if cfg.disk_cache_dir else 0
         self.importance = Importance(ns.num_files)
@@ -99,6 +101,7 @@ class Daemon:
             fs = os.statvfs(cfg.disk_cache_dir)
             min_free = cfg.disk_min_free.resolve(fs.f_blocks * fs.f_frsize)  # a % is of the cache filesystem
             store = DiskTier(cfg.disk_cache_dir, cfg.source, min_free=min_free)
+            self._save_snapshot(os.path.join(store.dir, SNAPSHOT_FILE))
             disk = (TierIndex("disk", disk_bytes, policy_cls(disk_bytes, self.importance)), store)
         if cfg.trace:
             self.trace = TraceWriter(cfg.trace)
@@ -130,6 +133,40 @@ class Daemon:
                           partitions=cfg.shared_tier_partitions, password=password,
                           heartbeat_s=cfg.shared_tier_heartbeat_s)
 
+    def _namespace(self) -> Namespace:
+        """The namespace: the snapshot beside the disk tier when it is still valid (same source and
+        settings, every directory's mtime and ctime unchanged), else a scan of the source."""
+        cfg = self.cfg
+        key = self.backend.snapshot_key(cfg.follow_symlinks)
+        if key is not None and cfg.disk_cache_dir:
+            path = os.path.join(DiskTier.dir_for(cfg.disk_cache_dir, cfg.source), SNAPSHOT_FILE)
+            if cfg.rescan:
+                why = "--rescan"
+            else:
+                ns, why = Namespace.load(path, key)
+                if ns is not None:
+                    why = self.backend.snapshot_changed(*ns.snapshot_dirs(), [])
+                    if why is None:
+                        log.info("namespace snapshot %s is current (%d directories unchanged); loaded in %.2f s",
+                                 path, ns.num_dirs, ns.scan_seconds)
+                        return ns
+            if why != "no snapshot":
+                log.info("namespace snapshot %s not used (%s): scanning the source", path, why)
+        return Namespace.scan(self.backend, follow_symlinks=cfg.follow_symlinks)
+
+    def _save_snapshot(self, path: str) -> None:
+        ns = self.namespace
+        key = self.backend.snapshot_key(self.cfg.follow_symlinks)
+        if key is None or ns.from_snapshot:
+            return
+        t0 = time.monotonic()
+        try:
+            n = ns.save(path, key)
+        except OSError as e:
+            log.warning("cannot write the namespace snapshot %s: %s", path, e)
+            return
+        log.info("namespace snapshot written to %s (%s) in %.2f s", path, format_bytes(n), time.monotonic() - t0)
+
     def _restore(self, disk) -> None:
         """Reload importance, then the disk tier's entries, from the previous run's cache directory."""
         index, store = disk
@@ -139,7 +176,8 @@ class Daemon:
         if restored or skipped:
             log.info("importance: restored %d scores from %s (%d no longer in the source) in %.2f s",
                      restored, scores_path, skipped, time.monotonic() - t0)
-        digests = persist.PathDigests(self.namespace.paths, os.path.join(store.dir, persist.DIGESTS_FILE))
+        digests = persist.PathDigests(self.namespace.paths, os.path.join(store.dir, persist.DIGESTS_FILE),
+                                      fingerprint=self.namespace.fingerprint)
         rep = persist.reload_disk_tier(store, index, self.namespace, digests)
         self.reload_report = rep
         self.cache.corrupt_entries += rep.corrupt
@@ -271,7 +309,9 @@ class Daemon:
         if self.trace is not None:
             with self.cache.lock:
                 self.trace.flush()
-        return self.cache.stats()
+        out = self.cache.stats()
+        out["namespace"] = self.namespace.info()
+        return out
 
     def apply_scores(self, fids: np.ndarray, values: np.ndarray) -> None:
         """One minibatch of raw per-sample scores (losses): transform, then update importance."""

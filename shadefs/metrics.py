@@ -58,12 +58,17 @@ SHARED_GROUP_USED = "shadefs_shared_group_used_bytes"
 SHARED_GROUP_CAPACITY = "shadefs_shared_group_capacity_bytes"
 SHARED_GROUP_FILES = "shadefs_shared_group_files"
 SHARED_MEMBERS = "shadefs_shared_members"
+NAMESPACE_FILES = "shadefs_namespace_files"
+NAMESPACE_DIRS = "shadefs_namespace_directories"
+NAMESPACE_SKIPPED = "shadefs_namespace_skipped"       # {reason}
+NAMESPACE_SCAN_SECONDS = "shadefs_namespace_scan_seconds"
 
 NAMES = (INFO, UPTIME, OPENS, HITS, MISSES, OPEN_BYTES, HIT_BYTES, BACKEND_BYTES, BACKEND_ERRORS,
          BACKEND_READ_SECONDS, EVICTIONS, PROMOTIONS, DEMOTIONS, TIER_USED, TIER_CAPACITY, TIER_FILES,
          CORRUPT, DISK_WRITE_ERRORS, DISK_WRITES_REFUSED, DISK_RELOAD_ENTRIES, DISK_RELOAD_SECONDS,
          SCORE_MESSAGES, SCORE_REJECTED, CHECKPOINTS, SHARED_ERRORS, SHARED_SKIPPED, SHARED_CORRUPT,
-         SHARED_OFFERS, SHARED_GROUP_USED, SHARED_GROUP_CAPACITY, SHARED_GROUP_FILES, SHARED_MEMBERS)
+         SHARED_OFFERS, SHARED_GROUP_USED, SHARED_GROUP_CAPACITY, SHARED_GROUP_FILES, SHARED_MEMBERS,
+         NAMESPACE_FILES, NAMESPACE_DIRS, NAMESPACE_SKIPPED, NAMESPACE_SCAN_SECONDS)
 
 # 100 us (page-cached NFS) .. 30 s (a throttled object store)
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
@@ -142,6 +147,18 @@ class CacheCollector:
             yield entries
             yield GaugeMetricFamily(DISK_RELOAD_SECONDS, "Seconds the disk tier reload took at mount.",
                                     value=rep.seconds)
+        ns = getattr(d, "namespace", None)
+        if ns is not None:
+            yield GaugeMetricFamily(NAMESPACE_FILES, "Files served (the namespace snapshot).", value=ns.num_files)
+            yield GaugeMetricFamily(NAMESPACE_DIRS, "Directories served, the root and empty ones included.",
+                                    value=ns.num_dirs)
+            skipped = GaugeMetricFamily(NAMESPACE_SKIPPED, "Source entries the scan left out, by reason "
+                                        "(docs/operations.md, Security).", labels=["reason"])
+            for reason, n in ns.report.as_dict().items():
+                skipped.add_metric([reason], n)
+            yield skipped
+            yield GaugeMetricFamily(NAMESPACE_SCAN_SECONDS, "Seconds to scan the source (or load the "
+                                    "snapshot) at mount.", value=ns.scan_seconds)
         checkpointer = getattr(d, "checkpointer", None)
         if checkpointer is not None:
             yield CounterMetricFamily(CHECKPOINTS, "Importance checkpoints written.", value=checkpointer.saves)

@@ -1,31 +1,54 @@
 """The metadata snapshot: every directory and file of the source, scanned once at mount.
 
-File ids are dense integers ``0..num_files-1`` (sorted by path), directories get ids after them.
-Per-file attributes live in numpy arrays (size, mtime), so a million files cost tens of MB, not a Python
-object each. lookup/getattr/readdir are answered from here and never touch the backend; the dataset
-is taken to be immutable while mounted (the kernel is told so through long entry/attr timeouts).
+Node ids are dense integers: files ``0..num_files-1`` (sorted by path, as Python sorts strings),
+directories ``num_files..num_nodes-1`` (the root first, then in path order). lookup/getattr/readdir are
+answered from here and never touch the backend; the dataset is taken to be immutable while mounted (the
+kernel is told so through long entry/attr timeouts).
+
+Layout (no Python object per file; about 60 bytes per file for ImageNet-like names, docs/performance.md):
+
+- every node's name (one path component, UTF-8 with ``surrogateescape``) in one byte blob, with an
+  offset array (uint32, or int64 past 4 GiB of names) and a parent array (int32);
+- per file ``sizes`` (int64 bytes) and ``mtimes`` (float64 seconds); per node an index into a small
+  table of distinct (permission bits, uid, gid);
+- children of each directory as one CSR array sorted by name (readdir);
+- a lookup table: ``xxh3_64(name)`` mixed with the parent's id, sorted, with the node id of each
+  (``child()`` is one binary search plus one name comparison; no per-directory dict);
+- directory paths (one Python string per directory, not per file) and their mtime and ctime, which
+  validate a persisted snapshot (:meth:`Namespace.save` / :meth:`Namespace.load`).
+
+Must never: hold a Python object per file, or answer a query by touching the backend.
 """
 from __future__ import annotations
 
+import json
 import logging
-import operator
 import os
 import posixpath
 import stat as stat_mod
+import struct
 import time
-from typing import Dict, Iterable, List, Optional, Tuple
+from bisect import bisect_left
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
+from xxhash import xxh3_64_intdigest, xxh3_128_hexdigest
 
-from .backends.base import Entry
+from .backends.base import BackendError, DirChunk, Entry, ScanReport, chunks_from_entries
 
-__all__ = ["Namespace", "normalize"]
+__all__ = ["Namespace", "normalize", "SNAPSHOT_FILE"]
 
 log = logging.getLogger("shadefs.namespace")
 
 ROOT = ""
+SNAPSHOT_FILE = "namespace.bin"
 _DIR_MODE = stat_mod.S_IFDIR | 0o555
 _FILE_MODE = stat_mod.S_IFREG | 0o444
+_SERVED_BITS = 0o555      # read-only mount: no write bits, no setuid/setgid/sticky
+_K = 0x9E3779B97F4A7C15   # golden-ratio multiplier: mixes the parent id into a name hash
+_M64 = (1 << 64) - 1
+_MAGIC = b"SHADEFS-NAMESPACE-2\n"
+_ALIGN = 64
 
 
 def normalize(path: str) -> Optional[str]:
@@ -46,86 +69,346 @@ def normalize(path: str) -> Optional[str]:
     return p
 
 
+def _encode(name: str) -> Optional[bytes]:
+    try:
+        return name.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a lone surrogate no decoded name can contain
+        return None
+
+
+def _libc():
+    import ctypes
+    import ctypes.util
+
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return None
+
+
+def _one_heap() -> None:
+    """Let every thread allocate from one glibc heap (M_ARENA_MAX = 1) before the scan's threads start.
+
+    A scan allocates and frees millions of small objects on several threads; with per-thread heaps the
+    freed memory stays scattered over them and the daemon keeps ~50 bytes per file of RSS it no longer
+    uses. The daemon's Python threads hold the GIL anyway. No-op outside glibc.
+    """
+    libc = _libc()
+    if libc is not None and hasattr(libc, "mallopt"):
+        libc.mallopt(-8, 1)  # M_ARENA_MAX
+
+
+def _trim_heap() -> None:
+    """Return the heap's free pages to the system after a build (glibc ``malloc_trim``; else no-op)."""
+    import gc
+
+    gc.collect()
+    libc = _libc()
+    if libc is not None and hasattr(libc, "malloc_trim"):
+        libc.malloc_trim(0)
+
+
+class _Paths(Sequence):
+    """``ns.paths``: file paths by id, built on access (the namespace keeps no string per file)."""
+
+    def __init__(self, ns: "Namespace"):
+        self._ns = ns
+
+    def __len__(self) -> int:
+        return self._ns.num_files
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self._ns.path(j) for j in range(*i.indices(len(self)))]
+        if i < 0:
+            i += len(self)
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        return self._ns.path(i)
+
+    def __iter__(self) -> Iterator[str]:
+        return self._ns.iter_paths()
+
+
 class Namespace:
-    """An immutable tree of files and directories.
+    """An immutable tree of files and directories (see the module docstring for the layout).
+
+    Build it with ``Namespace(entries)`` (flat :class:`~shadefs.backends.base.Entry` records; directories
+    inferred from paths) or :meth:`scan` (a backend's structured listing, empty directories and source
+    permissions included), or :meth:`load` a persisted snapshot.
 
     Attributes:
-        paths: file paths (``list[str]``, index = file id), relative to the root.
+        num_files, num_dirs, num_nodes: counts; ``root`` is the root directory's id (``num_files``).
         sizes: ``np.ndarray[int64]`` of shape (num_files,), bytes.
         mtimes: ``np.ndarray[float64]`` of shape (num_files,), seconds since the epoch.
         total_bytes: sum of ``sizes``.
+        paths: a read-only sequence of file paths (built per access).
+        dir_paths: directory paths by ``id - num_files`` (``""`` = the root).
+        report: :class:`~shadefs.backends.base.ScanReport` of what the scan left out.
+        scan_seconds: seconds spent building (or loading) this namespace.
+        from_snapshot: True when loaded from a persisted snapshot.
+        fingerprint: hex digest of names and tree shape (changes when any path does).
     """
 
-    def __init__(self, entries: Iterable[Entry]):
-        t0 = time.monotonic()
-        items = sorted(entries, key=operator.itemgetter(0))  # Entry is a (path, size, mtime) tuple
-        # An object store may hold both "a" and "a/b": the directory wins, the file is skipped.
-        prefixes = set()
-        for parent in {posixpath.dirname(p) for p, _, _ in items}:
-            while parent and parent not in prefixes:
-                prefixes.add(parent)
-                parent = posixpath.dirname(parent)
-        self.skipped = [p for p, _, _ in items if p in prefixes]
-        if self.skipped:
-            log.warning("skipping %d files that are also directory prefixes (first: %r)",
-                        len(self.skipped), self.skipped[0])
-            items = [t for t in items if t[0] not in prefixes]
-        self.paths: List[str] = [p for p, _, _ in items]
-        self.sizes = np.fromiter((s for _, s, _ in items), dtype=np.int64, count=len(items))
-        self.mtimes = np.fromiter((m for _, _, m in items), dtype=np.float64, count=len(items))
-        self.num_files = len(self.paths)
-        self.total_bytes = int(self.sizes.sum()) if self.num_files else 0
-        # path -> id for files and directories (directories: id >= num_files)
-        self._ids: Dict[str, int] = {p: i for i, p in enumerate(self.paths)}
-        self.dir_paths: List[str] = [ROOT]
-        self._ids[ROOT] = self.num_files
-        children: Dict[int, List[str]] = {self.num_files: []}
-        for i, p in enumerate(self.paths):
-            parent, name = posixpath.split(p)
-            pid = self._ensure_dir(parent, children)
-            children[pid].append(name)
-        # readdir answers: names per directory id, kept as a tuple (sorted, immutable)
-        self._children: Dict[int, Tuple[str, ...]] = {d: tuple(sorted(c)) for d, c in children.items()}
-        self.root = self.num_files
-        self.num_nodes = self.num_files + len(self.dir_paths)
-        self._uid, self._gid = os.getuid(), os.getgid()
-        self.scan_seconds = time.monotonic() - t0
-        self.mount_time = time.time()
+    def __init__(self, entries: Iterable[Entry] = ()):
+        report = ScanReport()
+        self._build(chunks_from_entries(entries, report), report)
 
-    def _ensure_dir(self, path: str, children: Dict[int, List[str]]) -> int:
-        did = self._ids.get(path)
-        if did is not None:
-            if did < self.num_files:
-                raise ValueError(f"{path!r} is both a file and a directory")
-            return did
-        did = self.num_files + len(self.dir_paths)
-        self.dir_paths.append(path)
-        self._ids[path] = did
-        children[did] = []
-        parent, name = posixpath.split(path)
-        pid = self._ensure_dir(parent, children)
-        children[pid].append(name)
-        return did
+    @classmethod
+    def scan(cls, backend, follow_symlinks: bool = False) -> "Namespace":
+        """Scan ``backend`` (:meth:`~shadefs.backends.base.Backend.scan`) and build the namespace.
+
+        Raises:
+            FileNotFoundError: the source root does not exist.
+            BackendError: the root cannot be listed, or listing failed.
+        """
+        _one_heap()
+        chunks, report = backend.scan(follow_symlinks=follow_symlinks)
+        ns = cls.__new__(cls)
+        ns._build(chunks, report)
+        _trim_heap()
+        return ns
+
+    # -- construction ------------------------------------------------------------------------------
+    def _build(self, chunks: Iterable[DirChunk], report: ScanReport) -> None:
+        t0 = time.monotonic()
+        by_path: Dict[str, DirChunk] = {}
+        for c in chunks:
+            by_path[c.path] = c
+        if ROOT not in by_path:
+            raise BackendError("the source root could not be listed")
+        dirs = [ROOT] + sorted((p for p in by_path if p), key=lambda p: p + "/")  # preorder = path order
+        nf = sum(c.num_files for c in by_path.values())
+        nd = len(dirs)
+        n = nf + nd
+        dir_id = {p: nf + i for i, p in enumerate(dirs)}
+        chunk_list = [by_path[p] for p in dirs]
+        del by_path
+        # byte offsets of names inside each chunk, and the chunk's names as strings where needed
+        offs = [np.concatenate(([0], np.cumsum(c.name_lens))) for c in chunk_list]
+        decoded: Dict[int, List[str]] = {}
+
+        def names_of(ci: int) -> List[str]:
+            if ci not in decoded:
+                c, o = chunk_list[ci], offs[ci].tolist()
+                decoded[ci] = [c.names[o[i]:o[i + 1]].decode("utf-8", "surrogateescape")
+                               for i in range(c.num_files)]
+            return decoded[ci]
+
+        # the files of one directory are split where a subdirectory's subtree sorts between them
+        # ("a/b.txt" < "a/b/x" < "a/b0"): sort those runs by their first path
+        segments: List[Tuple[str, int, int, int]] = []
+        present_subdirs: List[List[str]] = []
+        for ci, c in enumerate(chunk_list):
+            base = f"{c.path}/" if c.path else ""
+            subs = [s for s in c.subdirs if (base + s) in dir_id]
+            present_subdirs.append(subs)
+            k = c.num_files
+            if not k:
+                continue
+            if subs:
+                names = names_of(ci)
+                cuts = sorted({bisect_left(names, s + "/") for s in subs} - {0, k})
+            else:
+                cuts = []
+            bounds = [0, *cuts, k]
+            first = c.names[:int(c.name_lens[0])].decode("utf-8", "surrogateescape") if not cuts else None
+            for a, b in zip(bounds, bounds[1:]):
+                name = first if first is not None else names_of(ci)[a]
+                segments.append((base + name, ci, a, b))
+        segments.sort(key=lambda s: s[0])
+        # files, in id order
+        pieces_names, lens, sizes, mtimes, modes, uids, gids, hashes, parents = ([] for _ in range(9))
+        chunk_fids: List[List[np.ndarray]] = [[] for _ in chunk_list]
+        next_id = 0
+        for _, ci, a, b in segments:
+            c, o = chunk_list[ci], offs[ci]
+            pieces_names.append(c.names[int(o[a]):int(o[b])])
+            lens.append(c.name_lens[a:b])
+            sizes.append(c.sizes[a:b])
+            mtimes.append(c.mtimes[a:b])
+            modes.append(c.modes[a:b])
+            uids.append(c.uids[a:b])
+            gids.append(c.gids[a:b])
+            hashes.append(c.name_hashes[a:b])
+            parents.append(np.full(b - a, nf + ci, dtype=np.int64))
+            chunk_fids[ci].append(np.arange(next_id, next_id + b - a, dtype=np.int64))
+            next_id += b - a
+        assert next_id == nf
+        # directories, in id order
+        dnames = [_encode(posixpath.basename(p)) or b"" for p in dirs]
+        pieces_names.extend(dnames)
+        lens.append(np.fromiter(map(len, dnames), dtype=np.int64, count=nd))
+        modes.append(np.array([c.mode for c in chunk_list], dtype=np.uint16))
+        uids.append(np.array([c.uid for c in chunk_list], dtype=np.uint32))
+        gids.append(np.array([c.gid for c in chunk_list], dtype=np.uint32))
+        hashes.append(np.fromiter(map(xxh3_64_intdigest, dnames), dtype=np.uint64, count=nd))
+        parents.append(np.array([dir_id[posixpath.dirname(p)] if p else nf for p in dirs], dtype=np.int64))
+        blob = b"".join(pieces_names)
+        del pieces_names, dnames
+        all_lens = np.concatenate(lens)
+        off_dtype = np.uint32 if len(blob) < 2**32 else np.int64
+        self._off = np.zeros(n + 1, dtype=off_dtype)
+        np.cumsum(all_lens, out=self._off[1:])
+        del lens, all_lens
+        self._blob = memoryview(blob)
+        id_dtype = np.int32 if n < 2**31 else np.int64
+        parent = np.concatenate(parents)
+        self._parent = parent.astype(id_dtype)
+        self.sizes = np.concatenate(sizes) if nf else np.zeros(0, np.int64)
+        self.mtimes = np.concatenate(mtimes) if nf else np.zeros(0, np.float64)
+        del sizes, mtimes
+        # distinct (permission bits, uid, gid)
+        all_modes = (np.concatenate(modes).astype(np.uint32) & _SERVED_BITS)
+        all_uids, all_gids = np.concatenate(uids), np.concatenate(gids)
+        del modes, uids, gids
+        owner = (all_uids.astype(np.uint64) << np.uint64(32)) | all_gids.astype(np.uint64)
+        owners, owner_idx = np.unique(owner, return_inverse=True)
+        classes, perm = np.unique((owner_idx.astype(np.uint64) << np.uint64(12)) | all_modes, return_inverse=True)
+        cls_owner = owners[(classes >> np.uint64(12)).astype(np.int64)]
+        self._perm_table = np.stack([(classes & np.uint64(0o7777)).astype(np.uint32),
+                                     (cls_owner >> np.uint64(32)).astype(np.uint32),
+                                     (cls_owner & np.uint64(0xFFFFFFFF)).astype(np.uint32)], axis=1)
+        self._perm = perm.reshape(-1).astype(np.uint16 if len(classes) < 2**16 else np.uint32)
+        del all_modes, all_uids, all_gids, owner, owner_idx, perm
+        # lookup table: (name hash ^ mixed parent) sorted, with the node of each
+        keys = np.concatenate(hashes) ^ ((parent.astype(np.uint64) + np.uint64(1)) * np.uint64(_K))
+        del hashes, parent, parents
+        order = np.argsort(keys, kind="stable")
+        self._keys = keys[order]
+        self._key_ids = order.astype(id_dtype)
+        del keys, order
+        # children of each directory, sorted by name (files and subdirectories merged)
+        kids: List[np.ndarray] = []
+        starts = np.zeros(nd + 1, dtype=np.int64)
+        nlink = np.full(nd, 2, dtype=np.int64)
+        for ci, c in enumerate(chunk_list):
+            fids = np.concatenate(chunk_fids[ci]) if chunk_fids[ci] else np.zeros(0, np.int64)
+            subs = present_subdirs[ci]
+            if subs:
+                base = f"{c.path}/" if c.path else ""
+                sub_ids = np.array([dir_id[base + s] for s in subs], dtype=np.int64)
+                pos = [bisect_left(names_of(ci), s) for s in subs] if c.num_files else [0] * len(subs)
+                fids = np.insert(fids, pos, sub_ids)
+                nlink[ci] += len(subs)
+            kids.append(fids)
+            starts[ci + 1] = starts[ci] + len(fids)
+            decoded.pop(ci, None)
+        self._kids = (np.concatenate(kids) if kids else np.zeros(0, np.int64)).astype(id_dtype)
+        self._dir_start = starts
+        self._dir_nlink = nlink.astype(np.uint32)
+        self._dir_mtime_ns = np.array([c.mtime_ns for c in chunk_list], dtype=np.int64)
+        self._dir_ctime_ns = np.array([c.ctime_ns for c in chunk_list], dtype=np.int64)
+        del chunk_list, chunk_fids, kids, offs
+        self._finish(nf, dirs, report, time.monotonic() - t0, from_snapshot=False,
+                     fingerprint=self._compute_fingerprint())
+
+    def _finish(self, nf: int, dirs: List[str], report: ScanReport, seconds: float, from_snapshot: bool,
+                fingerprint: str) -> None:
+        self.num_files = nf
+        self.dir_paths: List[str] = dirs
+        self.num_dirs = len(dirs)
+        self.num_nodes = nf + len(dirs)
+        self.root = nf
+        self._dir_ids: Dict[str, int] = {p: nf + i for i, p in enumerate(dirs)}
+        self.total_bytes = int(self.sizes.sum()) if nf else 0
+        self.report = report
+        self.scan_seconds = seconds
+        self.from_snapshot = from_snapshot
+        self.fingerprint = fingerprint
+        self.mount_time = time.time()
+        self._mount_ns = int(self.mount_time * 1e9)
+        self._uid, self._gid = os.getuid(), os.getgid()
+        self.paths = _Paths(self)
+
+    def _compute_fingerprint(self) -> str:
+        h = xxh3_128_hexdigest(self._blob)
+        return xxh3_128_hexdigest(h.encode() + self._parent.tobytes() + struct.pack("<Q", len(self.sizes)))
+
+    @property
+    def skipped(self) -> List[str]:
+        """Paths of files skipped because they are also directory prefixes (first few)."""
+        return list(self.report.examples.get("conflicts", ()))
 
     # -- queries ---------------------------------------------------------------------------------
+    def _name_bytes(self, node: int) -> bytes:
+        o = self._off
+        return bytes(self._blob[int(o[node]):int(o[node + 1])])
+
+    def name(self, node: int) -> str:
+        """The last path component of ``node`` (``""`` for the root)."""
+        return self._name_bytes(node).decode("utf-8", "surrogateescape")
+
     def lookup(self, path: str) -> Optional[int]:
         """Return the id of ``path`` (FUSE ``/a/b`` or relative ``a/b``), or None if absent."""
         key = normalize(path)
         if key is None:
             return None
-        return self._ids.get(key)
+        d = self._dir_ids.get(key)
+        if d is not None:
+            return d
+        head, _, tail = key.rpartition("/")
+        parent = self._dir_ids.get(head)
+        return None if parent is None else self._child(parent, tail)
 
     def file_id(self, relpath: str) -> Optional[int]:
         """Return the file id of a relative file path, or None (directories and bad paths: None)."""
-        fid = self._ids.get(relpath)
-        return fid if fid is not None and fid < self.num_files else None
+        if relpath.startswith("/"):
+            return None
+        node = self.lookup(relpath)
+        return node if node is not None and node < self.num_files else None
+
+    def file_ids(self, relpaths: Iterable[str]) -> np.ndarray:
+        """File ids of relative paths, -1 where a path names no file. Shape (n,), int64."""
+        fid = self.file_id
+        return np.fromiter((-1 if (f := fid(p)) is None else f for p in relpaths), dtype=np.int64)
 
     def is_dir(self, node: int) -> bool:
         return node >= self.num_files
 
+    def child(self, parent: int, name: str) -> Optional[int]:
+        """Return the id of entry ``name`` directly below directory ``parent``, or None.
+
+        ``name`` is one path component (no ``/``); ``.``, ``..``, ``""`` and a file ``parent`` give None.
+        One ``xxh3_64`` of the name, one binary search, one name comparison.
+        """
+        if not self.num_files <= parent < self.num_nodes or name in ("", ".", "..") \
+                or "/" in name or "\x00" in name:
+            return None
+        return self._child(parent, name)
+
+    def _child(self, parent: int, name: str) -> Optional[int]:
+        b = _encode(name)
+        if b is None:
+            return None
+        k = xxh3_64_intdigest(b) ^ (((parent + 1) * _K) & _M64)
+        keys = self._keys
+        i = int(np.searchsorted(keys, np.uint64(k)))
+        n = len(keys)
+        while i < n and int(keys[i]) == k:
+            node = int(self._key_ids[i])
+            if int(self._parent[node]) == parent and self._name_bytes(node) == b:
+                return node
+            i += 1
+        return None
+
+    def parent(self, node: int) -> int:
+        """Return the id of the directory holding ``node``; the root is its own parent."""
+        return int(self._parent[node])
+
+    def _kid_ids(self, node: int) -> np.ndarray:
+        d = node - self.num_files
+        return self._kids[int(self._dir_start[d]):int(self._dir_start[d + 1])]
+
+    def listdir(self, node: int) -> List[Tuple[str, int]]:
+        """``(name, node_id)`` for each entry directly below directory ``node``, sorted by name."""
+        name = self.name
+        return [(name(i), i) for i in self._kid_ids(node).tolist()]
+
     def children(self, node: int) -> Tuple[str, ...]:
         """Names directly below directory ``node``, sorted."""
-        return self._children[node]
+        name = self.name
+        return tuple(name(i) for i in self._kid_ids(node).tolist())
 
     def entries(self, node: int) -> List[Tuple[str, int, int]]:
         """``(name, st_mode, 0)`` for each entry directly below directory ``node``, sorted by name.
@@ -133,58 +416,147 @@ class Namespace:
         readdir reports each entry's type (d_type) from this, so a directory walk (ImageFolder) needs no
         LOOKUP round trip per file. Built per call: a readdir is rare next to opens.
         """
-        base = self.dir_paths[node - self.num_files]
-        prefix = f"{base}/" if base else ""
-        ids, nf = self._ids, self.num_files
-        return [(n, _DIR_MODE if ids[prefix + n] >= nf else _FILE_MODE, 0) for n in self._children[node]]
-
-    def _node_path(self, node: int) -> str:
-        return self.paths[node] if node < self.num_files else self.dir_paths[node - self.num_files]
-
-    def child(self, parent: int, name: str) -> Optional[int]:
-        """Return the id of entry ``name`` directly below directory ``parent``, or None.
-
-        ``name`` is one path component (no ``/``); ``.``, ``..``, ``""`` and a file ``parent`` give None.
-        """
-        if parent < self.num_files or parent >= self.num_nodes or name in ("", ".", "..") \
-                or "/" in name or "\x00" in name:
-            return None
-        base = self.dir_paths[parent - self.num_files]
-        return self._ids.get(f"{base}/{name}" if base else name)
-
-    def parent(self, node: int) -> int:
-        """Return the id of the directory holding ``node``; the root is its own parent."""
-        if node == self.root:
-            return self.root
-        return self._ids[posixpath.dirname(self._node_path(node))]
-
-    def listdir(self, node: int) -> List[Tuple[str, int]]:
-        """``(name, node_id)`` for each entry directly below directory ``node``, sorted by name."""
-        base = self.dir_paths[node - self.num_files]
-        prefix = f"{base}/" if base else ""
-        ids = self._ids
-        return [(n, ids[prefix + n]) for n in self._children[node]]
-
-    def attr(self, node: int) -> Tuple[int, int, int, int, int, int]:
-        """``(st_mode, size in bytes, mtime in ns, uid, gid, nlink)`` of ``node`` (for the kernel front end)."""
-        if node >= self.num_files:
-            nsub = sum(1 for _, i in self.listdir(node) if i >= self.num_files)
-            return _DIR_MODE, 0, int(self.mount_time * 1e9), self._uid, self._gid, 2 + nsub
-        return (_FILE_MODE, int(self.sizes[node]), int(self.mtimes[node] * 1e9), self._uid, self._gid, 1)
+        nf, name = self.num_files, self.name
+        return [(name(i), _DIR_MODE if i >= nf else _FILE_MODE, 0) for i in self._kid_ids(node).tolist()]
 
     def path(self, fid: int) -> str:
-        return self.paths[fid]
+        """The path of node ``fid`` relative to the root (``""`` for the root)."""
+        if fid >= self.num_files:
+            return self.dir_paths[fid - self.num_files]
+        d = self.dir_paths[int(self._parent[fid]) - self.num_files]
+        name = self.name(fid)
+        return f"{d}/{name}" if d else name
+
+    def iter_paths(self, batch: int = 65536) -> Iterator[str]:
+        """Every file path in id order, built batch by batch (bounded transient memory)."""
+        nf, dirs = self.num_files, self.dir_paths
+        prefixes = [f"{d}/" if d else "" for d in dirs]
+        blob = self._blob
+        for lo in range(0, nf, batch):
+            hi = min(nf, lo + batch)
+            o = self._off[lo:hi + 1].tolist()
+            par = self._parent[lo:hi].tolist()
+            for j in range(hi - lo):
+                yield prefixes[par[j] - nf] + bytes(blob[o[j]:o[j + 1]]).decode("utf-8", "surrogateescape")
 
     def size(self, fid: int) -> int:
         return int(self.sizes[fid])
 
+    def attr(self, node: int) -> Tuple[int, int, int, int, int, int]:
+        """``(st_mode, size in bytes, mtime in ns, uid, gid, nlink)`` of ``node``.
+
+        Permission bits, uid and gid are the source's (write, setuid, setgid and sticky bits cleared:
+        the mount is read-only); an object store's files are 0444 and directories 0555, owned by the
+        daemon's user. Directory mtimes are the source's (the mount time for object stores).
+        """
+        bits, uid, gid = self._perm_table[int(self._perm[node])].tolist()
+        if node >= self.num_files:
+            d = node - self.num_files
+            mt = int(self._dir_mtime_ns[d]) or self._mount_ns
+            return stat_mod.S_IFDIR | bits, 0, mt, uid, gid, int(self._dir_nlink[d])
+        return stat_mod.S_IFREG | bits, int(self.sizes[node]), int(self.mtimes[node] * 1e9), uid, gid, 1
+
     def stat(self, node: int) -> dict:
         """A ``struct stat`` as the dict fusepy expects (times in integer nanoseconds, ``use_ns``)."""
-        if node >= self.num_files:
-            t = int(self.mount_time * 1e9)
-            return {"st_mode": _DIR_MODE, "st_nlink": 2, "st_size": 0,
-                    "st_mtime": t, "st_ctime": t, "st_atime": t}
-        t = int(self.mtimes[node] * 1e9)
-        size = int(self.sizes[node])
-        return {"st_mode": _FILE_MODE, "st_nlink": 1, "st_size": size,
-                "st_blocks": (size + 511) // 512, "st_mtime": t, "st_ctime": t, "st_atime": t}
+        mode, size, t, uid, gid, nlink = self.attr(node)
+        st = {"st_mode": mode, "st_nlink": nlink, "st_size": size, "st_uid": uid, "st_gid": gid,
+              "st_mtime": t, "st_ctime": t, "st_atime": t}
+        if node < self.num_files:
+            st["st_blocks"] = (size + 511) // 512
+        return st
+
+    def info(self) -> Dict[str, Any]:
+        """Counts for the stats JSON: files, directories, scan seconds, snapshot use, skips by reason."""
+        return {"files": self.num_files, "directories": self.num_dirs, "scan_seconds": round(self.scan_seconds, 3),
+                "from_snapshot": self.from_snapshot, "skipped": self.report.as_dict()}
+
+    # -- snapshots ---------------------------------------------------------------------------------
+    _ARRAYS = ("_off", "_parent", "sizes", "mtimes", "_perm", "_perm_table", "_keys", "_key_ids", "_kids",
+               "_dir_start", "_dir_nlink", "_dir_mtime_ns", "_dir_ctime_ns")
+
+    def save(self, path: str, key: Dict[str, Any]) -> int:
+        """Persist this namespace to ``path`` atomically (temporary file + rename), tagged with ``key``
+        (what the source and scan options were; :meth:`load` rejects a snapshot whose key differs).
+
+        Format: magic line, ``<Q`` header length, a JSON header (key, counts, report, directory paths,
+        each array's dtype, shape and offset), the name blob and the arrays (64-byte aligned), then an
+        ``xxh3_64`` (``<Q``) of everything before it. Returns the bytes written.
+
+        Raises:
+            OSError: the file cannot be written.
+        """
+        from .fsutil import atomic_write
+
+        layout: List[Tuple[str, int, str, List[int]]] = []
+        pieces: List[bytes] = []
+        pos = 0
+
+        def add(name: str, data: bytes, dtype: str, shape: List[int]) -> None:
+            nonlocal pos
+            pad = (-pos) % _ALIGN
+            if pad:
+                pieces.append(b"\0" * pad)
+                pos += pad
+            layout.append((name, pos, dtype, shape))
+            pieces.append(data)
+            pos += len(data)
+
+        add("_blob", bytes(self._blob), "|u1", [len(self._blob)])
+        for name in self._ARRAYS:
+            a = np.ascontiguousarray(getattr(self, name))
+            add(name, a.tobytes(), a.dtype.str, list(a.shape))
+        header = json.dumps({"key": key, "num_files": self.num_files, "dirs": self.dir_paths,
+                             "fingerprint": self.fingerprint,
+                             "report": {"counts": self.report.counts, "examples": self.report.examples},
+                             "arrays": layout}, ensure_ascii=True).encode()
+        head = _MAGIC + struct.pack("<Q", len(header)) + header
+        head += b"\0" * ((-len(head)) % _ALIGN)
+        body = b"".join(pieces)
+        digest = xxh3_64_intdigest(head + body)
+        atomic_write(path, head + body + struct.pack("<Q", digest),
+                     tmp_dir=os.path.join(os.path.dirname(path), "tmp")
+                     if os.path.isdir(os.path.join(os.path.dirname(path), "tmp")) else None, fsync=False)
+        return len(head) + len(body) + 8
+
+    @classmethod
+    def load(cls, path: str, key: Dict[str, Any]) -> Tuple[Optional["Namespace"], str]:
+        """Read a snapshot written by :meth:`save`. Returns (namespace, "") or (None, why not): missing,
+        damaged (checksum), another format, or written for another ``key``. Never raises."""
+        t0 = time.monotonic()
+        try:
+            buf = np.fromfile(path, dtype=np.uint8)
+        except FileNotFoundError:
+            return None, "no snapshot"
+        except OSError as e:
+            return None, f"cannot read it: {e}"
+        try:
+            m = len(_MAGIC)
+            if len(buf) < m + 16 or buf[:m].tobytes() != _MAGIC:
+                return None, "not a namespace snapshot (or an older format)"
+            (hlen,) = struct.unpack("<Q", buf[m:m + 8].tobytes())
+            if xxh3_64_intdigest(memoryview(buf)[:-8]) != struct.unpack("<Q", buf[-8:].tobytes())[0]:
+                return None, "checksum mismatch (a damaged snapshot)"
+            header = json.loads(buf[m + 8:m + 8 + hlen].tobytes())
+            if header.get("key") != key:
+                return None, "written for another source, user or --follow-symlinks setting"
+            base = m + 8 + hlen
+            base += (-base) % _ALIGN
+            ns = cls.__new__(cls)
+            for name, off, dtype, shape in header["arrays"]:
+                dt = np.dtype(dtype)
+                count = int(np.prod(shape)) if shape else 1
+                a = np.frombuffer(buf, dtype=dt, count=count, offset=base + off).reshape(shape)
+                if name == "_blob":
+                    ns._blob = memoryview(a)
+                else:
+                    setattr(ns, name, a)
+            rep = ScanReport(counts=dict(header["report"]["counts"]), examples=dict(header["report"]["examples"]))
+            ns._finish(int(header["num_files"]), list(header["dirs"]), rep, time.monotonic() - t0,
+                       from_snapshot=True, fingerprint=header["fingerprint"])
+            return ns, ""
+        except (ValueError, KeyError, TypeError, struct.error) as e:
+            return None, f"unreadable ({e})"
+
+    def snapshot_dirs(self) -> Tuple[List[str], np.ndarray, np.ndarray]:
+        """Directory paths with their source mtime and ctime (ns), to validate a loaded snapshot."""
+        return self.dir_paths, self._dir_mtime_ns, self._dir_ctime_ns

@@ -8,9 +8,14 @@ be safe to call from several threads at once. It never caches: caching is the ca
 from __future__ import annotations
 
 import abc
-from typing import Dict, Iterator, NamedTuple, Tuple, Type
+import dataclasses
+from typing import Any, Dict, Iterable, Iterator, List, NamedTuple, Optional, Tuple, Type
 
-__all__ = ["Backend", "BackendError", "Entry", "register", "open_backend", "backend_for"]
+import numpy as np
+from xxhash import xxh3_64_intdigest as _xxh3
+
+__all__ = ["Backend", "BackendError", "Entry", "DirChunk", "ScanReport", "make_chunk", "encode_name",
+           "chunks_from_entries", "register", "open_backend", "backend_for"]
 
 
 class BackendError(OSError):
@@ -24,11 +29,133 @@ class Entry(NamedTuple):
         path: relative to the source root, ``/``-separated, no leading slash.
         size: bytes.
         mtime: seconds since the epoch (float).
+        mode: the source's permission bits (``st_mode & 0o7777``), or None where the source has none
+            (object stores: served as 0444).
+        uid, gid: the source's owner and group, or None (served as the daemon's own).
     """
 
     path: str
     size: int
     mtime: float
+    mode: Optional[int] = None
+    uid: Optional[int] = None
+    gid: Optional[int] = None
+
+
+@dataclasses.dataclass
+class DirChunk:
+    """One directory of a structured listing (:meth:`Backend.scan`): the directory's own attributes
+    and its regular files as arrays, so a listing of millions of files keeps no Python object per file.
+
+    Attributes:
+        path: relative to the source root (``""`` = the root), ``/``-separated.
+        mode, uid, gid: the directory's permission bits, owner and group.
+        mtime_ns, ctime_ns: the directory's mtime and ctime (integer nanoseconds; 0 if unknown).
+        names: the file names, UTF-8 (``surrogateescape``), sorted as Python strings, concatenated.
+        name_lens: shape (k,) int64, bytes of each name in ``names``.
+        name_hashes: shape (k,) uint64, ``xxh3_64`` of each encoded name.
+        sizes: shape (k,) int64 bytes. mtimes: shape (k,) float64 seconds.
+        modes: shape (k,) uint16 permission bits. uids, gids: shape (k,) uint32.
+        subdirs: names of the subdirectories listed in this directory; each has its own chunk, and a
+            name without one (a subdirectory that could not be listed) is left out of the tree.
+    """
+
+    path: str
+    mode: int
+    uid: int
+    gid: int
+    mtime_ns: int
+    ctime_ns: int
+    names: bytes
+    name_lens: np.ndarray
+    name_hashes: np.ndarray
+    sizes: np.ndarray
+    mtimes: np.ndarray
+    modes: np.ndarray
+    uids: np.ndarray
+    gids: np.ndarray
+    subdirs: List[str]
+
+    @property
+    def num_files(self) -> int:
+        return len(self.sizes)
+
+
+def encode_name(name: str) -> bytes:
+    """A file name as the namespace stores it: UTF-8, undecodable bytes kept (``surrogateescape``)."""
+    return name.encode("utf-8", "surrogateescape")
+
+
+def make_chunk(path: str, names: List[str], sizes, mtimes, modes, uids, gids, subdirs: List[str],
+               mode: int, uid: int, gid: int, mtime_ns: int = 0, ctime_ns: int = 0) -> DirChunk:
+    """Build a :class:`DirChunk` from per-file sequences in any order (sorted here by name)."""
+    n = len(names)
+    order = sorted(range(n), key=names.__getitem__)
+    names = [names[i] for i in order]
+    idx = np.asarray(order, dtype=np.int64)
+    encoded = [encode_name(x) for x in names]
+    lens = np.fromiter(map(len, encoded), dtype=np.int64, count=n)
+    hashes = np.fromiter(map(_xxh3, encoded), dtype=np.uint64, count=n)
+
+    def arr(values, dtype):
+        a = np.asarray(values, dtype=dtype).reshape(-1)
+        return a[idx] if n else a[:0]
+
+    return DirChunk(path, mode, uid, gid, mtime_ns, ctime_ns, b"".join(encoded), lens, hashes,
+                    arr(sizes, np.int64), arr(mtimes, np.float64), arr(modes, np.uint16), arr(uids, np.uint32),
+                    arr(gids, np.uint32), sorted(subdirs))
+
+
+@dataclasses.dataclass
+class ScanReport:
+    """What a listing left out of the tree, by reason (counts), with the first few paths of each.
+
+    Reasons: ``symlinks_outside`` (a symlink whose target lies outside the source tree, without
+    ``--follow-symlinks``), ``symlinks_dangling`` (target missing or a symlink loop), ``loops`` (a
+    directory that is its own ancestor, by device and inode), ``unreadable`` (a file or directory the
+    daemon may not read or list), ``special`` (fifos, sockets, devices), ``conflicts`` (an object-store
+    key that is also a prefix of other keys: the directory wins).
+    """
+
+    REASONS = ("symlinks_outside", "symlinks_dangling", "loops", "unreadable", "special", "conflicts")
+    EXAMPLES = 5
+
+    counts: Dict[str, int] = dataclasses.field(default_factory=dict)
+    examples: Dict[str, List[str]] = dataclasses.field(default_factory=dict)
+
+    def add(self, reason: str, path: str, n: int = 1) -> None:
+        self.counts[reason] = self.counts.get(reason, 0) + n
+        ex = self.examples.setdefault(reason, [])
+        if len(ex) < self.EXAMPLES:
+            ex.append(path)
+
+    def merge(self, other: "ScanReport") -> None:
+        for reason, n in other.counts.items():
+            for p in other.examples.get(reason, ())[:max(0, self.EXAMPLES - len(self.examples.get(reason, ())))]:
+                self.add(reason, p, 0)
+            self.counts[reason] = self.counts.get(reason, 0) + n
+
+    def count(self, reason: str) -> int:
+        return self.counts.get(reason, 0)
+
+    def as_dict(self) -> Dict[str, int]:
+        """Every reason with its count (0 included), for the stats JSON and Prometheus."""
+        return {r: self.counts.get(r, 0) for r in self.REASONS}
+
+    def log(self, logger, source: str) -> None:
+        """One warning per reason that occurred, with its total and the first paths."""
+        text = {"symlinks_outside": "symlinks pointing outside the source tree (use --follow-symlinks to "
+                                    "serve them)",
+                "symlinks_dangling": "dangling or looping symlinks",
+                "loops": "directories that loop back to an ancestor (symlink or bind-mount loops)",
+                "unreadable": "files or directories the daemon may not read",
+                "special": "special files (fifos, sockets, devices)",
+                "conflicts": "files that are also directory prefixes"}
+        for reason in self.REASONS:
+            n = self.counts.get(reason, 0)
+            if n:
+                logger.warning("%s: skipped %d %s, e.g. %s", source, n, text[reason],
+                               ", ".join(repr(p) for p in self.examples.get(reason, ())))
 
 
 class Backend(abc.ABC):
@@ -48,6 +175,30 @@ class Backend(abc.ABC):
             FileNotFoundError: the root does not exist.
             BackendError: listing failed.
         """
+
+    def scan(self, follow_symlinks: bool = False) -> Tuple[Iterator[DirChunk], ScanReport]:
+        """List the tree as directories (:class:`DirChunk`, any order, the root's path ``""``) and a
+        :class:`ScanReport` of what was left out (filled while the iterator runs).
+
+        The default builds chunks from :meth:`walk`; directories are inferred from file paths.
+        ``follow_symlinks`` matters only to sources that have symlinks.
+
+        Raises:
+            FileNotFoundError: the root does not exist.
+            BackendError: listing failed.
+        """
+        report = ScanReport()
+        return chunks_from_entries(self.walk(), report), report
+
+    def snapshot_key(self, follow_symlinks: bool) -> Optional[Dict[str, Any]]:
+        """What a persisted namespace snapshot of this source must match to be reused (a JSON-able
+        dict), or None when this backend cannot validate a snapshot cheaply (then every mount scans)."""
+        return None
+
+    def snapshot_changed(self, dir_paths: List[str], mtimes_ns: np.ndarray, ctimes_ns: np.ndarray,
+                         watched: List[Tuple[str, int, int]]) -> Optional[str]:
+        """Why a snapshot with these directories (mtime and ctime in ns each) is out of date, or None."""
+        return "this backend does not validate snapshots"
 
     @abc.abstractmethod
     def read(self, path: str, size: int) -> bytes:
@@ -73,6 +224,44 @@ class Backend(abc.ABC):
 
     def close(self) -> None:
         """Release connections; the backend is not used afterwards."""
+
+
+def chunks_from_entries(entries: Iterable[Entry], report: Optional[ScanReport] = None) -> Iterator[DirChunk]:
+    """Group flat file entries (any order) into :class:`DirChunk` s: every directory that holds a file,
+    and each of its ancestors; a path that is both a file and a directory prefix (object stores allow
+    ``a`` beside ``a/b``) keeps the directory and is recorded as a ``conflicts`` skip in ``report``.
+    Files without permission bits are served 0444, directories 0555, owned by the daemon's user."""
+    import os
+    import posixpath
+
+    uid, gid = os.getuid(), os.getgid()
+    files: Dict[str, List[Entry]] = {}
+    for e in entries:
+        files.setdefault(posixpath.dirname(e.path), []).append(e)
+    dirs = set(files)
+    for d in list(dirs):
+        while d:
+            d = posixpath.dirname(d)
+            if d in dirs:
+                break
+            dirs.add(d)
+    dirs.add("")
+    subdirs: Dict[str, List[str]] = {d: [] for d in dirs}
+    for d in dirs:
+        if d:
+            subdirs[posixpath.dirname(d)].append(posixpath.basename(d))
+    for d in sorted(dirs):
+        kept = []
+        for e in files.get(d, ()):
+            if e.path in dirs:
+                if report is not None:
+                    report.add("conflicts", e.path)
+                continue
+            kept.append(e)
+        yield make_chunk(d, [posixpath.basename(e.path) for e in kept], [e.size for e in kept],
+                         [e.mtime for e in kept], [0o444 if e.mode is None else e.mode for e in kept],
+                         [uid if e.uid is None else e.uid for e in kept],
+                         [gid if e.gid is None else e.gid for e in kept], subdirs[d], 0o555, uid, gid)
 
 
 _REGISTRY: Dict[str, str] = {}

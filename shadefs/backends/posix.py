@@ -11,9 +11,12 @@ from __future__ import annotations
 import concurrent.futures as cf
 import os
 import stat as stat_mod
-from typing import Iterator, List, Tuple
+from typing import Any, Dict, FrozenSet, Iterator, List, Optional, Tuple
 
-from .base import Backend, BackendError, Entry
+import numpy as np
+from xxhash import xxh3_64_intdigest as _xxh3
+
+from .base import Backend, BackendError, DirChunk, Entry, ScanReport
 
 __all__ = ["PosixBackend"]
 
@@ -36,39 +39,93 @@ class PosixBackend(Backend):
     def _full(self, path: str) -> str:
         return os.path.join(self.root, path)
 
-    @staticmethod
-    def _scan_dir(top: str, rel: str) -> Tuple[List[Entry], List[Tuple[str, str]]]:
-        files: List[Entry] = []
-        dirs: List[Tuple[str, str]] = []
-        with os.scandir(top) as it:
-            for de in it:
-                name = de.name
-                relname = f"{rel}/{name}" if rel else name
-                try:
-                    if de.is_dir(follow_symlinks=True):
-                        dirs.append((de.path, relname))
-                    elif de.is_file(follow_symlinks=True):
-                        st = de.stat(follow_symlinks=True)
-                        files.append(Entry(relname, st.st_size, st.st_mtime))
-                except FileNotFoundError:
-                    continue  # vanished during the scan (or a dangling symlink)
-        return files, dirs
-
+    # -- listing -------------------------------------------------------------------------------------
     def walk(self) -> Iterator[Entry]:
-        if not os.path.isdir(self.root):
+        """Yield every served regular file (the rules of :meth:`scan`, without symlink following)."""
+        chunks, _ = self.scan()
+        for c in chunks:
+            prefix = f"{c.path}/" if c.path else ""
+            offs = np.concatenate(([0], np.cumsum(c.name_lens))).tolist()
+            for i in range(c.num_files):
+                name = c.names[offs[i]:offs[i + 1]].decode("utf-8", "surrogateescape")
+                yield Entry(prefix + name, int(c.sizes[i]), float(c.mtimes[i]), int(c.modes[i]),
+                            int(c.uids[i]), int(c.gids[i]))
+
+    def scan(self, follow_symlinks: bool = False) -> Tuple[Iterator[DirChunk], ScanReport]:
+        """List the tree, one :class:`DirChunk` per directory (empty ones included), in parallel.
+
+        The rules (docs/operations.md, "Security"):
+
+        - a symlink is served as its target when the target lies inside the source tree (its real path
+          is below the root's real path); outside it, it is skipped (``symlinks_outside``) unless
+          ``follow_symlinks``; a dangling one is skipped (``symlinks_dangling``);
+        - a directory whose (st_dev, st_ino) is one of its ancestors' is a loop and skipped (``loops``),
+          so symlink loops (``a/l -> .``) cost one ``stat`` each;
+        - a directory that cannot be listed, or a file the daemon may not read (its permission bits
+          against the daemon's uid, groups and capabilities), is skipped (``unreadable``); the rest of
+          the tree is served;
+        - fifos, sockets and devices are skipped (``special``).
+
+        Raises:
+            FileNotFoundError: the root is not a directory.
+        """
+        try:
+            st = os.stat(self.root)
+        except FileNotFoundError:
+            raise FileNotFoundError(f"source {self.root!r} is not a directory") from None
+        if not stat_mod.S_ISDIR(st.st_mode):
             raise FileNotFoundError(f"source {self.root!r} is not a directory")
-        with cf.ThreadPoolExecutor(max_workers=self.scan_workers, thread_name_prefix="scan") as pool:
-            pending = {pool.submit(self._scan_dir, self.root, "")}
+        report = ScanReport()
+        return self._scan(st, follow_symlinks, report), report
+
+    def _scan(self, root_st, follow: bool, report: ScanReport) -> Iterator[DirChunk]:
+        real_root = os.path.realpath(self.root)
+        check = _ReadCheck()
+        workers = max(1, self.scan_workers)
+        root_task = (self.root, "", frozenset([(root_st.st_dev, root_st.st_ino)]), root_st)
+        if workers == 1:
+            stack = [root_task]
+            while stack:
+                chunk, tasks, rep = _scan_dir(*stack.pop(), real_root, follow, check)
+                report.merge(rep)
+                stack.extend(tasks)
+                if chunk is not None:
+                    yield chunk
+            return
+        with cf.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="scan") as pool:
+            pending = {pool.submit(_scan_dir, *root_task, real_root, follow, check)}
             while pending:
                 done, pending = cf.wait(pending, return_when=cf.FIRST_COMPLETED)
                 for fut in done:
-                    try:
-                        files, dirs = fut.result()
-                    except OSError as e:
-                        raise BackendError(f"listing {self.root!r} failed: {e}") from e
-                    yield from files
-                    for full, rel in dirs:
-                        pending.add(pool.submit(self._scan_dir, full, rel))
+                    chunk, tasks, rep = fut.result()
+                    report.merge(rep)
+                    for t in tasks:
+                        pending.add(pool.submit(_scan_dir, *t, real_root, follow, check))
+                    if chunk is not None:
+                        yield chunk
+
+    # -- snapshots -----------------------------------------------------------------------------------
+    def snapshot_key(self, follow_symlinks: bool) -> Optional[Dict[str, Any]]:
+        """The root's real path, the symlink rule and who reads (uid, groups, capabilities)."""
+        c = _ReadCheck()
+        return {"backend": "posix", "root": os.path.realpath(self.root), "follow_symlinks": bool(follow_symlinks),
+                "euid": c.euid, "groups": sorted(c.groups), "override": c.override}
+
+    def snapshot_changed(self, dir_paths: List[str], mtimes_ns: np.ndarray, ctimes_ns: np.ndarray,
+                         watched: List[Tuple[str, int, int]]) -> Optional[str]:
+        """Compare every directory's mtime and ctime (one ``stat`` each) with the snapshot's: an entry
+        added, removed or renamed changes its directory's mtime, a chmod or chown its ctime."""
+        m = mtimes_ns.tolist()
+        c = ctimes_ns.tolist()
+        items = [(p, m[i], c[i]) for i, p in enumerate(dir_paths)] + list(watched)
+        for rel, mt, ct in items:
+            try:
+                st = os.stat(os.path.join(self.root, rel) if rel else self.root)
+            except OSError as e:
+                return f"{rel or '.'}: {e.strerror or e}"
+            if st.st_mtime_ns != mt or st.st_ctime_ns != ct:
+                return f"directory {rel or '.'!r} changed"
+        return None
 
     def read(self, path: str, size: int) -> bytes:
         full = self._full(path)
@@ -125,3 +182,161 @@ class PosixBackend(Backend):
         if not stat_mod.S_ISREG(st.st_mode):
             raise FileNotFoundError(path)
         return st.st_size, st.st_mtime
+
+
+_CAP_DAC_OVERRIDE, _CAP_DAC_READ_SEARCH = 1, 2
+
+
+class _ReadCheck:
+    """May this process read a file, judged from its mode, uid and gid (no syscall per file)?
+
+    The kernel's rule: the owner's bits apply to the owner, the group's to members, the others' to the
+    rest; CAP_DAC_OVERRIDE or CAP_DAC_READ_SEARCH read anything. ACLs are not evaluated (a file an ACL
+    denies is listed and its reads fail with EIO).
+    """
+
+    def __init__(self):
+        self.euid = os.geteuid()
+        self.groups = frozenset(os.getgroups()) | {os.getegid()}
+        self.override = False
+        try:
+            with open("/proc/self/status") as f:
+                for line in f:
+                    if line.startswith("CapEff:"):
+                        eff = int(line.split()[1], 16)
+                        self.override = bool(eff & ((1 << _CAP_DAC_OVERRIDE) | (1 << _CAP_DAC_READ_SEARCH)))
+        except OSError:
+            self.override = self.euid == 0
+        self._groups = np.array(sorted(self.groups), dtype=np.uint32)
+
+    def readable(self, modes: np.ndarray, uids: np.ndarray, gids: np.ndarray) -> np.ndarray:
+        if self.override:
+            return np.ones(len(modes), dtype=bool)
+        own = uids == self.euid
+        grp = ~own & np.isin(gids, self._groups)
+        oth = ~own & ~grp
+        return ((own & (modes & 0o400 != 0)) | (grp & (modes & 0o040 != 0)) | (oth & (modes & 0o004 != 0)))
+
+
+Task = Tuple[str, str, FrozenSet[Tuple[int, int]], os.stat_result]
+
+
+def _scan_dir(full: str, rel: str, ancestors: FrozenSet[Tuple[int, int]], dst: os.stat_result, real_root: str,
+              follow: bool, check: _ReadCheck) -> Tuple[Optional[DirChunk], List[Task], ScanReport]:
+    """List one directory: its chunk (None if it cannot be listed), the subdirectories to list next,
+    and what was skipped. Never raises for one bad entry."""
+    rep = ScanReport()
+    names: List[str] = []
+    sts: List[os.stat_result] = []
+    tasks: List[Task] = []
+    subdirs: List[str] = []
+    prefix = f"{rel}/" if rel else ""
+    try:
+        fd = os.open(full, os.O_RDONLY | os.O_DIRECTORY)
+    except FileNotFoundError:
+        return None, tasks, rep  # vanished during the scan
+    except OSError:
+        rep.add("unreadable", rel or ".")
+        return None, tasks, rep
+    try:
+        with os.scandir(fd) as it:
+            for de in it:
+                name = de.name
+                try:
+                    if de.is_file(follow_symlinks=False):
+                        sts.append(de.stat(follow_symlinks=False))
+                        names.append(name)
+                        continue
+                    if de.is_dir(follow_symlinks=False):
+                        st = de.stat(follow_symlinks=False)
+                    elif de.is_symlink():
+                        st = _resolve_link(os.path.join(full, name), prefix + name, real_root, follow, rep)
+                        if st is None:
+                            continue
+                        if stat_mod.S_ISREG(st.st_mode):
+                            sts.append(st)
+                            names.append(name)
+                            continue
+                        if not stat_mod.S_ISDIR(st.st_mode):
+                            rep.add("special", prefix + name)
+                            continue
+                    else:
+                        rep.add("special", prefix + name)
+                        continue
+                except PermissionError:
+                    rep.add("unreadable", prefix + name)
+                    continue
+                except FileNotFoundError:
+                    continue  # vanished during the scan
+                key = (st.st_dev, st.st_ino)
+                if key in ancestors:
+                    rep.add("loops", prefix + name)
+                    continue
+                subdirs.append(name)
+                tasks.append((os.path.join(full, name), prefix + name, ancestors | {key}, st))
+    except OSError:
+        rep.add("unreadable", rel or ".")
+        return None, [], rep
+    finally:
+        os.close(fd)
+    n = len(names)
+    if n:
+        modes = np.fromiter((s.st_mode for s in sts), dtype=np.int64, count=n) & 0o7777
+        uids = np.fromiter((s.st_uid for s in sts), dtype=np.int64, count=n)
+        gids = np.fromiter((s.st_gid for s in sts), dtype=np.int64, count=n)
+        sizes = np.fromiter((s.st_size for s in sts), dtype=np.int64, count=n)
+        mtimes = np.fromiter((s.st_mtime for s in sts), dtype=np.float64, count=n)
+        del sts
+        ok = check.readable(modes, uids, gids)
+        if not ok.all():
+            bad = np.flatnonzero(~ok)
+            for i in bad[:ScanReport.EXAMPLES].tolist():
+                rep.add("unreadable", prefix + names[i], 0)
+            rep.counts["unreadable"] = rep.counts.get("unreadable", 0) + len(bad)
+            keep = np.flatnonzero(ok)
+            names = [names[i] for i in keep.tolist()]
+            modes, uids, gids, sizes, mtimes = modes[keep], uids[keep], gids[keep], sizes[keep], mtimes[keep]
+            n = len(names)
+    else:
+        modes = uids = gids = sizes = np.zeros(0, dtype=np.int64)
+        mtimes = np.zeros(0, dtype=np.float64)
+    order = sorted(range(n), key=names.__getitem__)
+    names = [names[i] for i in order]
+    idx = np.array(order, dtype=np.int64)
+    joined = "".join(names)
+    try:
+        blob = joined.encode("utf-8")
+        ascii_ = len(blob) == len(joined)
+        encoded = None if ascii_ else [x.encode("utf-8") for x in names]
+    except UnicodeEncodeError:  # undecodable bytes in a name (surrogateescape)
+        encoded = [x.encode("utf-8", "surrogateescape") for x in names]
+        blob = b"".join(encoded)
+    if encoded is None:
+        lens = np.fromiter(map(len, names), dtype=np.int64, count=n)
+        hashes = np.fromiter((_xxh3(x.encode("ascii")) for x in names), dtype=np.uint64, count=n)
+    else:
+        lens = np.fromiter(map(len, encoded), dtype=np.int64, count=n)
+        hashes = np.fromiter(map(_xxh3, encoded), dtype=np.uint64, count=n)
+    chunk = DirChunk(rel, dst.st_mode & 0o7777, dst.st_uid, dst.st_gid, dst.st_mtime_ns, dst.st_ctime_ns,
+                     blob, lens, hashes, sizes[idx], mtimes[idx], modes[idx].astype(np.uint16), uids[idx].astype(np.uint32),
+                     gids[idx].astype(np.uint32), sorted(subdirs))
+    return chunk, tasks, rep
+
+
+def _resolve_link(path: str, rel: str, real_root: str, follow: bool, rep: ScanReport) -> Optional[os.stat_result]:
+    """The stat of a symlink's target, or None (skipped and counted): dangling, or outside the tree
+    and not ``follow``."""
+    try:
+        st = os.stat(path)
+    except PermissionError:
+        rep.add("unreadable", rel)
+        return None
+    except OSError:  # missing target, ELOOP
+        rep.add("symlinks_dangling", rel)
+        return None
+    if not follow:
+        real = os.path.realpath(path)
+        if real != real_root and not real.startswith(real_root.rstrip("/") + "/"):
+            rep.add("symlinks_outside", rel)
+            return None
+    return st

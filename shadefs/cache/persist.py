@@ -110,13 +110,21 @@ def _fingerprint(paths: Sequence[str]) -> bytes:
     return hashlib.sha256("\0".join(paths).encode("utf-8", "surrogateescape")).digest()
 
 
-def path_digests(paths: Sequence[str], cache_file: Optional[str] = None) -> np.ndarray:
+def path_digests(paths: Sequence[str], cache_file: Optional[str] = None,
+                 fingerprint: Optional[str] = None) -> np.ndarray:
     """sha256 of every path: shape (n, 32) uint8, row i = ``bytes.fromhex(DiskTier.key(paths[i]))``.
 
     With ``cache_file``, reuse the digests stored there when they were computed for the same path list
     (a fingerprint and a CRC guard it), else compute them and store them (atomically) for next time.
+    ``fingerprint`` (e.g. :attr:`shadefs.namespace.Namespace.fingerprint`) stands for the path list when
+    given, so an unchanged dataset needs no pass over its paths.
     """
-    fp = _fingerprint(paths) if cache_file else b""
+    if not cache_file:
+        fp = b""
+    elif fingerprint is not None:
+        fp = hashlib.sha256(b"namespace:" + fingerprint.encode()).digest()
+    else:
+        fp = _fingerprint(paths)
     n = len(paths)
     if cache_file:
         try:
@@ -144,8 +152,8 @@ def path_digests(paths: Sequence[str], cache_file: Optional[str] = None) -> np.n
 class PathDigests:
     """:func:`path_digests` of a snapshot, computed (or loaded from ``cache_file``) on first use only."""
 
-    def __init__(self, paths: Sequence[str], cache_file: Optional[str] = None):
-        self._paths, self._file = paths, cache_file
+    def __init__(self, paths: Sequence[str], cache_file: Optional[str] = None, fingerprint: Optional[str] = None):
+        self._paths, self._file, self._fingerprint = paths, cache_file, fingerprint
         self._value: Optional[np.ndarray] = None
         self._lock = threading.Lock()
 
@@ -153,7 +161,7 @@ class PathDigests:
         """All digests, shape (n, 32) uint8."""
         with self._lock:
             if self._value is None:
-                self._value = path_digests(self._paths, self._file)
+                self._value = path_digests(self._paths, self._file, self._fingerprint)
             return self._value
 
     def rows(self, fids: np.ndarray) -> np.ndarray:
@@ -334,7 +342,7 @@ def reload_disk_tier(disk: DiskTier, index: TierIndex, ns: Namespace,
         return rep
     t1 = time.monotonic()
     if digests is None:
-        digests = PathDigests(ns.paths, os.path.join(disk.dir, DIGESTS_FILE))
+        digests = PathDigests(ns.paths, os.path.join(disk.dir, DIGESTS_FILE), getattr(ns, "fingerprint", None))
     table = digests.get() if ns.num_files else np.zeros((0, 32), np.uint8)
     ent_keys = _keys(ent)
     fids = _match(table, *_sorted_keys(table), ent, ent_keys)

@@ -93,11 +93,16 @@ class DiskTier:
     name = "disk"
     LOCK_FILE = "lock"
 
+    @staticmethod
+    def dir_for(root: str, source_url: str) -> str:
+        """The namespace directory of ``source_url`` inside the cache directory ``root``."""
+        ns = hashlib.sha256(source_url.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+        return os.path.join(os.path.abspath(root), ns)
+
     def __init__(self, root: str, source_url: str, min_free: int = 0, lock: bool = True,
                  lock_wait_s: float = 5.0):
         self.root = os.path.abspath(root)
-        ns = hashlib.sha256(source_url.encode("utf-8", "surrogateescape")).hexdigest()[:16]
-        self.dir = os.path.join(self.root, ns)
+        self.dir = self.dir_for(root, source_url)
         self.tmp_dir = os.path.join(self.dir, "tmp")
         os.makedirs(self.tmp_dir, mode=0o700, exist_ok=True)
         os.chmod(self.dir, 0o700)

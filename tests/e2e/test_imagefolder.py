@@ -48,3 +48,18 @@ def test_every_image_decodes_with_the_right_label(png_tree, mount):
     assert torch.equal(x[:, 0, 0, 0].long(), y)
     s = m.stats()
     assert s["opens"] == 120 and s["misses"] == 120  # one open per sample, all cold
+
+
+def test_an_empty_class_folder_keeps_the_labels_of_the_source(png_tree, mount):
+    """ImageFolder(allow_empty=True) numbers classes by sorted folder name: an empty class folder that
+    vanished from the mount would shift every later label by one (issue 9)."""
+    train = png_tree / "train"
+    (train / "Boot").mkdir()  # sorts between Bag and Coat, holds no image
+    src = ImageFolder(str(train), allow_empty=True)
+    m = mount(png_tree, "--ram-cache", "30%")
+    over = ImageFolder(os.path.join(m.path, "train"), allow_empty=True)
+    assert src.class_to_idx == {"Bag": 0, "Boot": 1, "Coat": 2, "Dress": 3}
+    assert over.class_to_idx == src.class_to_idx
+    assert [(os.path.relpath(p, os.path.join(m.path, "train")), y) for p, y in over.samples] == \
+        [(os.path.relpath(p, str(train)), y) for p, y in src.samples]
+    assert sorted({y for _, y in over.samples}) == [0, 2, 3]

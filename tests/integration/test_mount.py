@@ -39,7 +39,9 @@ def test_stats_counters_are_exact_for_a_scripted_sequence(small_tree, mount, tmp
         assert read(os.path.join(m.path, rel)) == spec[rel]
     s = m.stats()
     assert set(s) == {"policy", "uptime_s", "opens", "hits", "misses", "hit_ratio", "byte_hit_ratio",
-                      "backend_bytes", "tiers"}
+                      "backend_bytes", "tiers", "namespace"}
+    assert s["namespace"]["files"] == 10 and s["namespace"]["directories"] == 3
+    assert set(s["namespace"]["skipped"].values()) == {0}
     assert s["policy"] == "static"
     assert s["opens"] == 9 and s["hits"] == {"ram": 3, "disk": 1} and s["misses"] == 5
     assert s["hit_ratio"] == pytest.approx(4 / 9)

@@ -54,3 +54,77 @@ def test_attr():
     assert ns.attr(ns.root)[5] == 3
     st = ns.stat(3)
     assert (st["st_mode"], st["st_size"], st["st_mtime"]) == ns.attr(3)[:3]
+
+
+# -- the structured scan of a real directory tree, and snapshots -------------------------------------------
+import pytest  # noqa: E402
+
+from shadefs.backends.posix import PosixBackend  # noqa: E402
+
+TRICKY = ["a/b.txt", "a/b/x", "a/b/c/z", "a/b0", "a/b-", "a/ü.png", "a/z z", "top.bin", "a/\udcff.raw", "e/1"]
+
+
+@pytest.fixture
+def tricky(tmp_path):
+    root = tmp_path / "src"
+    for i, rel in enumerate(TRICKY):
+        p = os.path.join(os.fsencode(str(root)), os.fsencode(rel))
+        os.makedirs(os.path.dirname(p), exist_ok=True)
+        with open(p, "wb") as f:
+            f.write(b"x" * i)
+    os.makedirs(root / "empty" / "deeper")
+    os.chmod(root / "top.bin", 0o640)
+    return root
+
+
+def check_tree(ns, root):
+    paths = sorted(TRICKY)
+    assert ns.num_files == len(paths) and list(ns.paths) == paths
+    assert [ns.path(i) for i in range(ns.num_files)] == paths
+    assert ns.dir_paths == ["", "a", "a/b", "a/b/c", "e", "empty", "empty/deeper"]
+    for i, p in enumerate(paths):
+        assert ns.lookup(p) == i and ns.lookup("/" + p) == i and ns.file_id(p) == i
+        assert ns.size(i) == TRICKY.index(p)
+        assert ns.parent(i) == ns.lookup(os.path.dirname(p))
+        assert ns.child(ns.parent(i), os.path.basename(p)) == i
+    assert ns.file_ids(["a/b/x", "nope", "a"]).tolist() == [paths.index("a/b/x"), -1, -1]
+    a = ns.lookup("a")
+    assert [n for n, _ in ns.listdir(a)] == sorted(["b.txt", "b", "b0", "b-", "ü.png", "z z", "\udcff.raw"])
+    assert ns.children(ns.lookup("empty")) == ("deeper",) and ns.listdir(ns.lookup("empty/deeper")) == []
+    assert ns.attr(a)[5] == 3 and ns.attr(ns.root)[5] == 5
+    mode, _, mtime_ns, uid, gid, _ = ns.attr(ns.lookup("top.bin"))
+    st = os.stat(root / "top.bin")
+    assert (mode, uid, gid) == (stat.S_IFREG | 0o440, st.st_uid, st.st_gid)
+    assert abs(mtime_ns - st.st_mtime_ns) < 1000
+    assert ns.attr(ns.lookup("a/b"))[2] == os.stat(root / "a" / "b").st_mtime_ns
+    for bad in ("a/b/", "a//b", "a/./b", "nope/x", "a/b.txt/x"):
+        assert ns.lookup(bad) is None
+
+
+def test_scan_of_a_real_tree(tricky):
+    for workers in (1, 4):
+        ns = Namespace.scan(PosixBackend(str(tricky), scan_workers=workers))
+        check_tree(ns, tricky)
+
+
+def test_snapshot_round_trip_and_rejections(tricky, tmp_path):
+    ns = Namespace.scan(PosixBackend(str(tricky)))
+    path = str(tmp_path / "ns.bin")
+    key = {"root": str(tricky), "v": 1}
+    ns.save(path, key)
+    loaded, why = Namespace.load(path, key)
+    assert why == "" and loaded.from_snapshot and loaded.fingerprint == ns.fingerprint
+    check_tree(loaded, tricky)
+    assert Namespace.load(path, {"root": "elsewhere", "v": 1})[0] is None
+    assert Namespace.load(str(tmp_path / "missing"), key) == (None, "no snapshot")
+    data = bytearray(open(path, "rb").read())
+    data[len(data) // 2] ^= 1
+    open(path, "wb").write(bytes(data))
+    loaded, why = Namespace.load(path, key)
+    assert loaded is None and "checksum" in why
+
+
+def test_a_key_that_is_also_a_prefix_keeps_the_directory():
+    ns = Namespace([Entry("a", 1, 0.0), Entry("a/b", 2, 0.0), Entry("c", 3, 0.0)])
+    assert list(ns.paths) == ["a/b", "c"] and ns.skipped == ["a"] and ns.report.count("conflicts") == 1
+    assert ns.is_dir(ns.lookup("a"))
