@@ -254,6 +254,7 @@ class Daemon:
                                      curve_secret_key_file=cfg.curve_server_secret)
         self.control.start()
         self.endpoint = self.control.endpoint
+        self.cache.start_background()  # threads only now: after the FUSE fork
         if self.checkpointer is not None:
             self.checkpointer.start()
         if self.shared is not None:
@@ -285,13 +286,13 @@ class Daemon:
             self.metrics.stop()
         if self.checkpointer is not None:
             self.checkpointer.stop()
+        self.cache.close()
         if getattr(self, "shared", None) is not None:
             self.shared.close(leave=True)  # the group's budget shrinks by ours now
         if self.cache.disk is not None:
             self.cache.disk.close()
         if self.trace is not None:
-            with self.cache.lock:
-                self.trace.close()
+            self.trace.close()
             self._write_scores(self.cfg.trace + ".scores.csv")
         log.info("unmounted %s; final stats %s", self.cfg.mountpoint, self.cache.stats())
 
@@ -307,8 +308,7 @@ class Daemon:
     def stats(self) -> dict:
         """The stats JSON (docs/metrics.md). Also flushes the trace so it can be replayed while mounted."""
         if self.trace is not None:
-            with self.cache.lock:
-                self.trace.flush()
+            self.trace.flush()  # its own lock: never the cache lock
         out = self.cache.stats()
         out["namespace"] = self.namespace.info()
         return out

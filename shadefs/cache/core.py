@@ -35,6 +35,7 @@ __all__ = ["TieredCache", "Outcome"]
 log = logging.getLogger("shadefs.cache")
 
 Outcome = str  # "ram" | "disk" | "miss"
+RAM_BIT, DISK_BIT = 1, 2  # bits of TieredCache.resident_flags
 
 
 class TieredCache:
@@ -88,6 +89,18 @@ class TieredCache:
         self.promotions = 0
         self.demotions = 0
         self._write_error_log = RateLimitedLog(log, 10.0)
+        # residency of every file id, one bit per tier, maintained by the tier indexes on commit/remove:
+        # resident() and the checkpoint read it instead of walking the indexes under the lock
+        self.resident_flags = np.zeros(namespace.num_files, dtype=np.uint8)
+        self.ram_index.track_residency(self.resident_flags, RAM_BIT)
+        if self.disk_index is not None:
+            self.disk_index.track_residency(self.resident_flags, DISK_BIT, keep_order=True)
+        # deferred policy bookkeeping (score batches, hit touches), applied by a background thread
+        self.apply_slice = 64            # ids per lock acquisition (~100 us at 1M residents)
+        self._bg_policies: List = []
+        self._bg_wake = threading.Event()
+        self._bg_stop = threading.Event()
+        self._bg_thread: Optional[threading.Thread] = None
 
     # -- the read path -----------------------------------------------------------------------------
     def open(self, fid: int) -> Tuple[Optional[bytes], Outcome]:
@@ -335,24 +348,45 @@ class TieredCache:
     # -- control-plane queries -------------------------------------------------------------------
     def resident(self, fids: np.ndarray) -> np.ndarray:
         """Residency flags (shape like ``fids``, bool) in any tier, the group's shared tier included (one
-        pipelined query for the files not resident on this node; False where it fails)."""
-        with self.lock:
-            ram, disk = self.ram_index, self.disk_index
-            out = np.fromiter(((f in ram) or (disk is not None and f in disk) for f in map(int, fids)),
-                              dtype=bool, count=len(fids))
-        if self.shared is not None and not out.all():
-            rest = np.flatnonzero(~out)
+        pipelined query for the files not resident on this node; False where it fails). An id out of
+        range is not resident.
+
+        This node's tiers: reads the maintained residency array without the cache lock (a file moving
+        between tiers at this instant may read as either); O(len(fids)) in numpy.
+        """
+        fids = np.asarray(fids, dtype=np.int64)
+        flags = self.resident_flags
+        if fids.size and (fids.min() < 0 or fids.max() >= len(flags)):
+            ok = (fids >= 0) & (fids < len(flags))
+            out = np.zeros(fids.shape, dtype=bool)
+            out[ok] = flags[fids[ok]] != 0
+        else:
+            ok = None
+            out = flags[fids] != 0
+        if self.shared is not None and out.ndim == 1 and not out.all():
+            rest = np.flatnonzero(~out if ok is None else (~out & ok))
             rest = rest[[int(self.ns.size(int(fids[i]))) <= self.shared.max_file for i in rest]]
             if rest.size:
-                flags = self.shared.contains_many([self.shared_key(int(fids[i])) for i in rest])
-                out[rest] = flags
+                got = self.shared.contains_many([self.shared_key(int(fids[i])) for i in rest])
+                out[rest] = got
         return out
 
     def update_importance(self, fids: np.ndarray, values: np.ndarray) -> None:
         """Set importance of ``fids`` (int64, shape (n,)) to ``values`` (float32, shape (n,)); policies re-rank.
-        The shared tier's ranks of those files follow in the background (under ``shade``)."""
-        with self.lock:
+        The shared tier's ranks of those files follow in the background (under ``shade``).
+
+        Once :meth:`start_background` ran, policies only queue the ids and a background thread applies
+        them in slices of ``apply_slice`` ids per lock acquisition; before, they re-rank in this call,
+        under the lock.
+
+        Raises:
+            ValueError: as :meth:`shadefs.policies.base.Importance.update` (nothing changes).
+        """
+        if self._bg_thread is not None:
             self.importance.update(fids, values)
+        else:
+            with self.lock:
+                self.importance.update(fids, values)
         if self.shared is not None and self.shared.mode == "imp":
             fids = np.asarray(fids).tolist()
             self.shared.rescore_async([self.shared_key(f) for f in fids],
@@ -376,6 +410,40 @@ class TieredCache:
                     self._admit(f, data)
                     n += 1
         return n
+
+    # -- background work -------------------------------------------------------------------------
+    def start_background(self) -> None:
+        """Start the threads that keep work off the read path (after the FUSE fork, from the daemon's
+        ``on_mounted``): policy bookkeeping in bounded slices and the trace writer. Idempotent."""
+        if self._bg_thread is not None:
+            return
+        for index in (self.ram_index, self.disk_index):
+            if index is not None and index.capacity_bytes > 0 and index.policy.defer(self._bg_wake.set):
+                self._bg_policies.append(index.policy)
+        if self.trace is not None and hasattr(self.trace, "start"):
+            self.trace.start()
+        self._bg_thread = threading.Thread(target=self._background, name="shadefs-rerank", daemon=True)
+        self._bg_thread.start()
+
+    def _background(self) -> None:
+        while not self._bg_stop.is_set():
+            self._bg_wake.wait(0.05)  # hit touches are applied at least this often
+            self._bg_wake.clear()
+            for policy in self._bg_policies:
+                more = True
+                while more and not self._bg_stop.is_set():
+                    with self.lock:
+                        more = policy.apply_pending(self.apply_slice)
+                    if more:
+                        time.sleep(0)  # let a waiting open take the lock between slices
+
+    def close(self) -> None:
+        """Stop the background thread (the trace is closed by its owner). Idempotent."""
+        self._bg_stop.set()
+        self._bg_wake.set()
+        t = self._bg_thread
+        if t is not None and t is not threading.current_thread():
+            t.join(10)
 
     def counters(self) -> dict:
         """Every counter and tier figure at one instant (what :mod:`shadefs.metrics` exports)."""

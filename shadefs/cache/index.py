@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Sequence
 
+import numpy as np
+
 from ..policies.base import Policy
 
 __all__ = ["TierIndex"]
@@ -34,6 +36,28 @@ class TierIndex:
         self.reserved_bytes = 0
         self.evictions = 0
         self.changes = 0                       # bumped whenever the resident set changes (checkpoints)
+        self.flags = None                      # optional residency array (track_residency)
+        self.bit = 0
+        self.order = None                      # optional commit sequence per file id (checkpoints)
+
+    def track_residency(self, flags: np.ndarray, bit: int, keep_order: bool = False) -> None:
+        """Keep ``flags[fid] & bit`` set exactly while ``fid`` is resident here.
+
+        ``flags`` is a numpy uint8 array over file ids (shape (num_files,)), shared by a cache's tiers
+        (one bit each), so a residency query or a checkpoint reads an array instead of walking the index
+        under the lock. With ``keep_order``, ``self.order[fid]`` (int64, 8 bytes per file id) also records
+        when ``fid`` became resident, so a checkpoint can list entries oldest first. Files already
+        resident are marked at once (in the index's order).
+        """
+        self.flags, self.bit = flags, int(bit)
+        if keep_order:
+            self.order = np.zeros(len(flags), dtype=np.int64)
+        if self.sizes:
+            ids = np.fromiter(self.sizes, dtype=np.int64, count=len(self.sizes))
+            flags[ids] |= self.bit
+            if self.order is not None:
+                self.order[ids] = np.arange(1, len(ids) + 1) + self.changes
+                self.changes += len(ids)
 
     def __contains__(self, fid: int) -> bool:
         return fid in self.sizes
@@ -80,6 +104,10 @@ class TierIndex:
         self.sizes[fid] = size
         self.used_bytes += size
         self.changes += 1
+        if self.flags is not None:
+            self.flags[fid] |= self.bit
+            if self.order is not None:
+                self.order[fid] = self.changes
         self.policy.on_insert(fid, size)
 
     def abort(self, fid: int) -> None:
@@ -119,6 +147,12 @@ class TierIndex:
             raise ValueError(f"restore: {total} bytes do not fit in the free budget")
         self.sizes.update(zip(fids, sizes))
         self.used_bytes += total
+        if self.flags is not None and fids:
+            ids = np.asarray(fids, dtype=np.int64)
+            self.flags[ids] |= self.bit
+            if self.order is not None:
+                self.order[ids] = self.changes + 1 + np.arange(len(ids))
+                self.changes += len(ids)
         self.changes += 1
         if type(self.policy).on_insert is not Policy.on_insert:  # skip a million no-op calls (static)
             on_insert = self.policy.on_insert
@@ -132,6 +166,8 @@ class TierIndex:
             return False
         self.used_bytes -= size
         self.changes += 1
+        if self.flags is not None:
+            self.flags[fid] &= ~self.bit & 0xFF
         self.policy.on_remove(fid)
         return True
 

@@ -477,8 +477,9 @@ class Checkpointer:
     """Checkpoint importance (``scores.bin``) and the disk tier manifest (``index.bin``) at :meth:`start`,
     then every ``interval_s`` seconds when they changed, and at :meth:`stop` (unmount).
 
-    Start it after the mount exists (FUSE ``init``). State is copied under ``lock`` (the cache lock,
-    which importance updates and index changes hold); files are written outside it.
+    Start it after the mount exists (FUSE ``init``). Only O(1) reads and a copy of the residency array
+    (1 byte per file id) happen under ``lock`` (the cache lock, which index changes hold); everything
+    else, files included, outside it (:meth:`save`).
 
     Args:
         directory: the disk tier's namespace directory.
@@ -526,19 +527,34 @@ class Checkpointer:
 
     def save(self) -> bool:
         """Write what changed since the last checkpoint. Returns whether anything was written; a
-        failure is logged, never raised."""
+        failure is logged, never raised.
+
+        The cache lock is held only to read two counters and, when the index keeps a residency array
+        (:meth:`TierIndex.track_residency`), to copy it: one byte per file id, a memcpy (~50 us per
+        million files). Importance is copied without the lock (the version is read first, so an update
+        racing the copy is written again by the next save). Entries are whole files, so their sizes are
+        the snapshot's. Without a residency array the index's dict is walked under the lock.
+        """
         with self._save_lock:
             wrote = False
-            values = fids = None
+            fids = flags = None
             with self.lock:
                 version = self._version
-                if version != self._saved_scores:
-                    values = self.importance.values.copy()
-                changes = self.index.changes if self.index is not None else None
-                if self.index is not None and changes != self._saved_index:
-                    n = len(self.index.sizes)
-                    fids = np.fromiter(self.index.sizes.keys(), dtype=np.int64, count=n)
-                    sizes = np.fromiter(self.index.sizes.values(), dtype=np.int64, count=n)
+                index = self.index
+                changes = index.changes if index is not None else None
+                if index is not None and changes != self._saved_index:
+                    if index.flags is not None:
+                        flags = index.flags.copy()
+                    else:
+                        n = len(index.sizes)
+                        fids = np.fromiter(index.sizes.keys(), dtype=np.int64, count=n)
+                        sizes = np.fromiter(index.sizes.values(), dtype=np.int64, count=n)
+            values = self.importance.values.copy() if version != self._saved_scores else None
+            if flags is not None:
+                fids = np.flatnonzero(flags & index.bit)
+                if index.order is not None:  # oldest first (read racily: only the order of files
+                    fids = fids[np.argsort(index.order[fids], kind="stable")]  # changing now may move)
+                sizes = self.ns.sizes[fids]
             try:
                 if values is not None:
                     scored = np.flatnonzero(values != self.importance.default)

@@ -44,7 +44,10 @@ class Importance:
         return len(self.values)
 
     def subscribe(self, callback) -> None:
-        """Call ``callback(fids: np.ndarray[int64])`` after every :meth:`update`."""
+        """Call ``callback(fids: np.ndarray[int64])`` after every :meth:`update` (in the updating thread).
+
+        The callback must be cheap and must not keep ``fids`` unboundedly: a policy queues at most a
+        bounded number of ids (:class:`shadefs.policies.shade.ShadePolicy`)."""
         self._listeners.append(callback)
 
     def update(self, fids: np.ndarray, values: np.ndarray) -> None:
@@ -78,7 +81,8 @@ class Policy(abc.ABC):
 
     Subclasses set ``name`` and implement :meth:`victims`; they override the ``on_*`` hooks to keep
     whatever order they need. Every method is O(log n) or better per call except :meth:`victims`,
-    which may return several ids.
+    which may return several ids; :meth:`on_hit` runs on every cache hit under the cache lock and should
+    be O(1) (see docs/performance.md, "Lock hold").
 
     Args:
         capacity_bytes: the tier's budget (bytes); a file larger than this is never admitted.
@@ -99,6 +103,17 @@ class Policy(abc.ABC):
 
     def on_remove(self, fid: int) -> None:
         """``fid`` left the tier (evicted, promoted or dropped as corrupt)."""
+
+    def defer(self, wake=None) -> bool:
+        """Switch to deferred bookkeeping: from now on hits and importance updates only queue work, which
+        :meth:`apply_pending` applies in bounded slices (the daemon's background thread, under the tier's
+        lock). ``wake()`` is called, without the lock, whenever work is queued. Returns whether this
+        policy has such work at all (False here: nothing to defer)."""
+        return False
+
+    def apply_pending(self, limit: int = 256) -> bool:
+        """Apply at most ``limit`` queued items (tier's lock held). Returns True while work remains."""
+        return False
 
     @abc.abstractmethod
     def victims(self, fid: int, size: int, free_bytes: int) -> Optional[List[int]]:

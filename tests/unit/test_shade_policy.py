@@ -23,8 +23,7 @@ def make(capacity, n=16, importance=True):
 
 
 def state(tier):
-    tier.policy.ranking()  # apply queued importance updates first: they are not decisions
-    return dict(tier.sizes), list(tier.policy._order), dict(tier.policy._key), tier.policy._seq
+    return dict(tier.sizes), tier.policy.ranking(), dict(tier.policy._level_of)
 
 
 # -- transforms ---------------------------------------------------------------------------------
@@ -112,19 +111,21 @@ def test_refusal_when_a_needed_victim_is_not_less_important_changes_nothing():
     assert tier.admit(9, 50) == [0, 1]                    # two victims suffice: admitted
 
 
-def test_ties_fewer_accesses_then_least_recent():
+def test_ties_least_recently_accessed_inserted_or_scored_first():
     tier, imp = make(30)
     for f in (0, 1, 2):
         tier.admit(f, 10)
-    assert tier.policy.ranking() == [0, 1, 2]             # all 1.0, one access: insertion order
+    assert tier.policy.ranking() == [0, 1, 2]             # all 1.0: insertion order
     tier.hit(0)
-    assert tier.policy.ranking() == [1, 2, 0]             # fewer accesses first
+    assert tier.policy.ranking() == [1, 2, 0]             # least recently used first
     tier.hit(1)
-    assert tier.policy.ranking() == [2, 0, 1]             # then least recently used
+    assert tier.policy.ranking() == [2, 0, 1]
+    imp.update(np.array([2]), np.array([1.0], dtype=np.float32))
+    assert tier.policy.ranking() == [0, 1, 2]             # a score, even unchanged, counts as an access
     imp.update(np.array([5]), np.array([2.0], dtype=np.float32))
-    assert tier.admit(5, 10) == [2]
+    assert tier.admit(5, 10) == [0]
     imp.update(np.array([6]), np.array([2.0], dtype=np.float32))
-    assert tier.admit(6, 20) == [0, 1]
+    assert tier.admit(6, 20) == [1, 2]
 
 
 def test_reranks_after_updates():
@@ -137,6 +138,8 @@ def test_reranks_after_updates():
     assert tier.policy.ranking() == [2, 1, 0]
     imp.update(np.array([1, 1]), np.array([5.0, 0.5], dtype=np.float32))   # repeated id: last wins
     assert tier.policy.ranking() == [1, 2, 0]
+    imp.update(np.array([2, 0]), np.array([3.0, 3.0], dtype=np.float32))   # same level: ascending id
+    assert tier.policy.ranking() == [1, 0, 2]
     assert tier.admit(7, 10) == [1]
 
 
@@ -225,11 +228,19 @@ def test_without_scores_shade_is_exactly_static(capacity, sizes, ops, with_impor
 
 
 class Model:
-    """Brute force: sort every resident by (importance, accesses, last access, fid) on each decision."""
+    """Brute force: sort every resident by (importance, last access/insert/score) on each decision."""
 
     def __init__(self, capacity, importance):
         self.capacity, self.imp = capacity, importance
-        self.sizes, self.acc, self.last, self.seq = {}, {}, {}, 0
+        self.sizes, self.last, self.seq = {}, {}, 0
+
+    def key(self, f):
+        return (self.imp.values[f], self.last[f])
+
+    def scored(self, fids):
+        for f in sorted(set(fids)):   # the ids of one update, ascending
+            if f in self.sizes:
+                self.hit(f)
 
     def admit(self, fid, size):
         if size > self.capacity:
@@ -238,7 +249,7 @@ class Model:
         if size <= free:
             out = []
         else:
-            order = sorted(self.sizes, key=lambda f: (self.imp.values[f], self.acc[f], self.last[f], f))
+            order = sorted(self.sizes, key=self.key)
             out, freed = [], 0
             for f in order:
                 if self.imp.values[f] >= self.imp.values[fid]:
@@ -252,18 +263,17 @@ class Model:
         for f in out:
             self.remove(f)
         self.seq += 1
-        self.sizes[fid], self.acc[fid], self.last[fid] = size, 1, self.seq
+        self.sizes[fid], self.last[fid] = size, self.seq
         return out
 
     def hit(self, fid):
         self.seq += 1
-        self.acc[fid] += 1
         self.last[fid] = self.seq
 
     def remove(self, fid):
         if self.sizes.pop(fid, None) is None:
             return False
-        del self.acc[fid], self.last[fid]
+        del self.last[fid]
         return True
 
 
@@ -271,17 +281,81 @@ update_st = st.tuples(st.just("update"), st.lists(st.integers(0, N_FILES - 1), m
                       st.lists(st.sampled_from([0.5, 1.0, 2.0, 2.5, 3.0]), min_size=N_FILES, max_size=N_FILES))
 
 
+def drain(policy, limit=3):
+    rounds = 0
+    while policy.apply_pending(limit):
+        rounds += 1
+        assert rounds < 10_000
+    return rounds
+
+
+def test_deferred_updates_wait_for_apply_pending_in_bounded_slices():
+    imp = Importance(2000)
+    tier = TierIndex("ram", 1000, ShadePolicy(1000, imp))
+    woken = []
+    tier.policy.defer(lambda: woken.append(1))
+    for f in range(1000):
+        tier.admit(f, 1)
+    imp.update(np.arange(1000), np.linspace(5, 2, 1000).astype(np.float32))   # 999 least important
+    assert woken == [1]
+    assert tier.policy.ranking() == list(range(1000))        # not applied yet: a hit or admit never does
+    tier.hit(5)                                               # deferred: only queued
+    assert tier.policy.ranking() == list(range(1000))
+    assert tier.policy.pending() == 1001
+    assert tier.policy.apply_pending(256) is True             # the touch + 255 ids
+    assert tier.policy.pending() == 745
+    assert tier.policy.apply_pending(256) is True
+    assert tier.policy.apply_pending(256) is True
+    assert tier.policy.apply_pending(256) is False
+    assert tier.policy.pending() == 0
+    assert tier.policy.ranking() == list(range(999, -1, -1))
+
+
+def test_deferred_queue_is_bounded_and_collapses_into_a_rescan():
+    imp = Importance(100)
+    tier = TierIndex("ram", 10, ShadePolicy(10, imp, max_pending=8))
+    tier.policy.defer()
+    for f in range(10):
+        tier.admit(f, 1)
+    for b in range(50):                                       # 50 batches of 5 ids: never 250 queued
+        imp.update(np.arange(5) + 5 * (b % 20), np.full(5, 2.0 + b, dtype=np.float32))
+        assert tier.policy._queued_ids <= 8
+    assert tier.policy._rescan and not tier.policy._queued
+    for f in range(20):
+        tier.hit(f % 10)
+    assert len(tier.policy._touches) == 8                     # the oldest touches were dropped
+    drain(tier.policy, limit=16)
+    assert tier.policy.pending() == 0 and not tier.policy._rescan
+    # the last values: ids 0-4 got 2+40=42, 5-9 got 2+41=43: ranked by importance after the re-scan
+    assert tier.policy.ranking() == [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]
+    assert [tier.policy._level_of[f] for f in (0, 9)] == [42.0, 43.0]
+
+
+def test_capacity_zero_does_not_subscribe():
+    imp = Importance(10)
+    ShadePolicy(0, imp)
+    assert imp._listeners == []
+    ShadePolicy(10, imp)
+    assert len(imp._listeners) == 1
+
+
 @TRACE
 @given(st.integers(0, 120), sizes_st,
-       st.lists(st.one_of(op_st, op_st, op_st, update_st), min_size=20, max_size=150))
-def test_matches_brute_force_model(capacity, sizes, ops):
+       st.lists(st.one_of(op_st, op_st, op_st, update_st), min_size=20, max_size=150), st.booleans())
+def test_matches_brute_force_model(capacity, sizes, ops, deferred):
+    """Immediate mode, and deferred mode drained (in slices of 3) after every step, decide as the model."""
     imp = Importance(N_FILES)
     tier = TierIndex("ram", capacity, ShadePolicy(capacity, imp))
+    if deferred:
+        assert tier.policy.defer() is True
     model = Model(capacity, imp)
     for op in ops:
         if op[0] == "update":
             fids = np.array(op[1])
             imp.update(fids, np.array(op[2][:len(fids)], dtype=np.float32))
+            model.scored(op[1])
+            if deferred:
+                drain(tier.policy)
             continue
         fid = op[1]
         if op[0] == "access":
@@ -299,6 +373,8 @@ def test_matches_brute_force_model(capacity, sizes, ops):
                     assert all(imp.values[v] < imp.values[fid] for v in got)
         elif op[0] == "remove":
             assert tier.remove(fid) == model.remove(fid)
+        if deferred:
+            drain(tier.policy)
         assert tier.sizes == model.sizes
         assert tier.used_bytes <= capacity
-    assert tier.policy.ranking() == sorted(model.sizes, key=lambda f: (imp.values[f], model.acc[f], model.last[f], f))
+    assert tier.policy.ranking() == sorted(model.sizes, key=model.key)
