@@ -137,17 +137,33 @@ def test_paths_cannot_escape_the_snapshot(small_tree, mount):
     # the kernel resolves '..' before FUSE sees a path: it never leaves the mount through us
     assert read(os.path.join(m.path, "cat/../dog/00.bin")) == spec["dog/00.bin"]
     assert os.path.realpath(os.path.join(m.path, "..")) == os.path.dirname(m.path)
+    import zmq
+
     from shadefs.control import protocol as P
     from shadefs.control.client import ControlClient, find_endpoint
-    from shadefs.namespace import normalize
 
-    for bad in ("../etc/passwd", "cat/../dog/00.bin", "cat//01.bin", "./cat/01.bin", "a\x00b", "cat/.."):
-        assert normalize(bad) is None and m.path  # names nothing in the snapshot: ENOENT
-    with ControlClient(find_endpoint(m.path)) as c:
-        with pytest.raises(P.ProtocolError):  # the client refuses to send such a path ...
-            c.send_scores(["../etc/passwd"], [1.0])
-        sock = c._socket()  # ... and the daemon refuses it when a client sends it anyway
-        for bad in ("../etc/passwd", "cat/../dog/00.bin"):
+    # every path that is not a snapshot key, asked of the LIVE daemon (a raw socket: the client would
+    # refuse to send them): each request is rejected as bad_path, and the daemon keeps serving
+    bad_paths = ("../etc/passwd", "cat/../dog/00.bin", "cat//01.bin", "./cat/01.bin", "cat/..", "/etc/passwd",
+                 "cat/01.bin/", "..")
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(find_endpoint(m.path))
+    try:
+        for bad in bad_paths:
+            rid = P.new_request_id()
+            sock.send_multipart([P.VERSION, P.RESIDENT, rid, bad.encode()])
+            assert sock.poll(10_000), f"no reply to a resident request for {bad!r}"
+            reply = P.decode_reply(sock.recv_multipart())
+            assert isinstance(reply, P.ErrorReply) and reply.request_id == rid, (bad, reply)
+            assert reply.reason == "bad_path", (bad, reply.message)
+        for bad in ("../etc/passwd", "cat/../dog/00.bin"):  # one-way scores: counted, never applied
             sock.send_multipart([P.VERSION, P.SCORES, P._encode_paths([bad], P.MAX_PATHS), b"\x00\x00\x80\x3f"])
+    finally:
+        sock.close()
+    with ControlClient(find_endpoint(m.path)) as c:
+        with pytest.raises(P.ProtocolError):  # the client refuses to send such a path
+            c.send_scores(["../etc/passwd"], [1.0])
+        assert c.resident(["cat/01.bin", "dog/00.bin"]).tolist() == [False, True]  # still serving (dog/00 read above)
         stats = c.stats()
-    assert stats["scores_rejected"]["bad_path"] == 2 and stats["scores_received"] == 0
+    assert stats["scores_rejected"]["bad_path"] == len(bad_paths) + 2 and stats["scores_received"] == 0

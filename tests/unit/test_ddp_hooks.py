@@ -11,15 +11,16 @@ from torch.utils.data import DataLoader
 
 from shadefs.hooks import ScoreReporter, ShadeSampler
 from shadefs.hooks.distributed import sender_ranks
-from shadefs.hooks.sampler import rank_transform
+from shadefs.hooks.sampler import _GLOBAL_STREAM, rank_transform
 
-MOUNT = "/mnt/fake-shadefs"
+from hookfakes import LiveDaemon
+
 N, BS, EPOCHS, WORLD = 37, 5, 3, 2
 
 
 class IndexDataset:
-    def __init__(self, n):
-        self.root = MOUNT + "/train"
+    def __init__(self, n, mount_root):
+        self.root = mount_root + "/train"
         self.samples = [(f"{self.root}/c{i % 3}/img{i:05d}.png", i % 3) for i in range(n)]
 
     def __len__(self):
@@ -29,35 +30,20 @@ class IndexDataset:
         return torch.zeros(1), i % 3, i
 
 
-class RecordingClient:
-    """Both ranks see the same endpoint on the same host: one daemon, so one sender."""
-
-    mount_root = MOUNT
-    endpoint = "ipc:///tmp/shadefs-test-node.sock"
-    dropped = 0
-
-    def __init__(self):
-        self.sent = []
-
-    def resident(self, paths):
-        return np.zeros(len(paths), dtype=bool)
-
-    def send_scores(self, paths, scores):
-        self.sent.append((list(paths), np.asarray(scores, dtype=np.float32).copy()))
-        return True
-
-
 def fake_loss(idx, rank):
     return (np.sin(np.asarray(idx) * 1.7 + rank) + 1.5).astype(np.float32)
 
 
-def _worker(rank, tmp):
+def _worker(rank, tmp, endpoint, mount_root):
     import torch.distributed as dist
+
+    from shadefs.hooks import Client
 
     dist.init_process_group("gloo", init_method=f"file://{tmp}/rendezvous", rank=rank, world_size=WORLD)
     try:
-        ds = IndexDataset(N)
-        client = RecordingClient()
+        ds = IndexDataset(N, mount_root)
+        # both ranks see the same endpoint on the same host: one daemon, so one sender
+        client = Client(endpoint=endpoint, mount_root=mount_root)
         sampler = ShadeSampler(ds, seed=3, client=client)  # num_replicas, rank from torch.distributed
         reporter = ScoreReporter(ds, sampler=sampler, batch_size=BS)
         loader = DataLoader(ds, batch_size=BS, sampler=sampler)
@@ -75,7 +61,10 @@ def _worker(rank, tmp):
             p = sampler.plan
             epochs.append(dict(mode=p.mode, global_order=p.global_order, positions=p.positions, order=p.order,
                                steps=steps, weights=sampler.weights.copy(), ls=sampler.ls))
-        out = dict(rank=sampler.rank, world=sampler.num_replicas, epochs=epochs, sent=client.sent)
+        stats = client.stats()  # after this rank's scores on the same socket
+        out = dict(rank=sampler.rank, world=sampler.num_replicas, epochs=epochs, stats=stats,
+                   dropped=client.dropped)
+        client.close()
         with open(f"{tmp}/rank{rank}.pkl", "wb") as f:
             pickle.dump(out, f)
     finally:
@@ -83,9 +72,16 @@ def _worker(rank, tmp):
 
 
 @pytest.fixture(scope="module")
-def ranks(tmp_path_factory):
+def live(tmp_path_factory):
+    """The real daemon both ranks talk to ("--score-transform raw": importance = the last raw loss)."""
+    with LiveDaemon(tmp_path_factory.mktemp("ddp-src"), N, score_transform="raw") as d:
+        yield d
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory, live):
     tmp = tmp_path_factory.mktemp("ddp")
-    ctx = mp.spawn(_worker, args=(str(tmp),), nprocs=WORLD, join=False)
+    ctx = mp.spawn(_worker, args=(str(tmp), live.endpoint, live.root), nprocs=WORLD, join=False)
     deadline = time.monotonic() + 120
     while not ctx.join(timeout=1):
         if time.monotonic() > deadline:
@@ -134,28 +130,70 @@ def test_all_gathered_scores_are_identical_and_global(ranks):
         assert a["ls"] == b["ls"]
 
 
+def _global_weights_and_losses(ranks, epoch):
+    """The weights every rank should hold after ``epoch`` (each rank's minibatch ranked on its own, in
+    rank order, as test_all_gathered_scores_are_identical_and_global checks) and that epoch's mean loss
+    over all ranks, both from the recorded minibatches and fake_loss alone."""
+    w = np.ones(N)
+    losses = []
+    for e in range(epoch + 1):
+        steps = [o["epochs"][e]["steps"] for o in ranks]
+        for k in range(len(steps[0])):
+            for r in range(WORLD):
+                w[steps[r][k]] = rank_transform(fake_loss(steps[r][k], r))
+        if e == epoch:
+            losses = np.concatenate([fake_loss(i, r) for r in range(WORLD) for i in steps[r]])
+    return w, float(losses.astype(np.float64).mean())
+
+
+def _documented_draw(weights, ls, epoch, seed=3):
+    """global_draw's documented contract: inverse-CDF sampling of total_size uniforms from a Generator
+    seeded with (seed, epoch, _GLOBAL_STREAM), P(i) = (w_i + ls) / sum_j (w_j + ls)."""
+    total = -(-N // WORLD) * WORLD
+    rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, epoch, _GLOBAL_STREAM])))
+    cdf = np.cumsum(np.asarray(weights, dtype=np.float64) + ls)
+    return np.minimum(np.searchsorted(cdf, rng.random(total) * cdf[-1], side="right"), N - 1)
+
+
 def test_next_draw_uses_the_global_scores(ranks):
-    ref = ShadeSampler(IndexDataset(N), seed=3, num_replicas=WORLD, rank=0, client=False)
+    smoothing = 1e-2  # ShadeSampler's default
+    ls = 0.0
+    prev_loss = None
     for e in range(1, EPOCHS):
-        prev = ranks[0]["epochs"][e - 1]
-        cur = ranks[0]["epochs"][e]
-        ref.weights[:] = prev["weights"]
-        losses = np.concatenate([fake_loss(i, r) for r in range(WORLD) for i in ranks[r]["epochs"][e - 1]["steps"]])
-        ref.on_epoch_end(float(losses.astype(np.float64).mean()))
-        ref.mode = cur["mode"]
-        np.testing.assert_array_equal(ref.plan_epoch(e).global_order, cur["global_order"])
+        w, loss = _global_weights_and_losses(ranks, e - 1)
+        ls = smoothing * loss if prev_loss is None else ls * np.exp((loss - prev_loss) / prev_loss)
+        prev_loss = loss
+        want = _documented_draw(w, ls, e)
+        assert not np.array_equal(np.sort(want), np.sort(_documented_draw(np.ones(N), ls, e)))  # scores matter
+        for o in ranks:
+            cur = o["epochs"][e]
+            assert cur["ls"] == pytest.approx(ls, rel=1e-9)
+            got = np.asarray(cur["global_order"])
+            np.testing.assert_array_equal(np.sort(got), np.sort(want))  # the same draw, on every rank
+            if cur["mode"] == "relaxed":
+                np.testing.assert_array_equal(got, want)  # in draw order
+            else:  # aggressive: grouped by sample, most-drawn first (tie order is the sampler's choice)
+                starts = np.flatnonzero(np.r_[True, got[1:] != got[:-1]])
+                counts = np.diff(np.r_[starts, got.size])
+                assert len(set(got[starts].tolist())) == starts.size  # each sample's draws contiguous
+                assert np.all(np.diff(counts) <= 0)
 
 
-def test_one_sender_per_daemon_sends_every_ranks_minibatch(ranks):
-    assert ranks[1]["sent"] == []
-    sent = ranks[0]["sent"]
-    steps = [s for e in range(EPOCHS) for k in range(len(ranks[0]["epochs"][e]["steps"]))
-             for s in [(e, k, r) for r in range(WORLD)]]
-    assert len(sent) == len(steps)  # one message per rank's minibatch, not one concatenated batch
-    for (paths, vals), (e, k, r) in zip(sent, steps):
+def test_one_sender_per_daemon_sends_every_ranks_minibatch(ranks, live):
+    steps = [(e, k, r) for e in range(EPOCHS) for k in range(len(ranks[0]["epochs"][e]["steps"]))
+             for r in range(WORLD)]
+    # rank 0 sends one message per rank's minibatch (not one concatenated batch), rank 1 sends none:
+    # the daemon received exactly that many, none rejected, none dropped
+    assert ranks[0]["stats"]["scores_received"] == len(steps)
+    assert sum(ranks[0]["stats"]["scores_rejected"].values()) == 0
+    assert ranks[0]["dropped"] == ranks[1]["dropped"] == 0
+    assert live.server.counters()["scores_received"] == len(steps)
+    # and what arrived is every rank's raw losses for the right files, in that order (the last one wins)
+    want = np.ones(N)
+    for e, k, r in steps:
         idx = ranks[r]["epochs"][e]["steps"][k]
-        assert paths == [f"train/c{i % 3}/img{i:05d}.png" for i in idx]
-        np.testing.assert_array_equal(vals, fake_loss(idx, r))
+        want[idx] = fake_loss(idx, r)
+    np.testing.assert_array_equal(live.importance(range(N)), want.astype(np.float32))
 
 
 def test_sender_election():

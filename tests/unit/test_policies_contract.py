@@ -1,5 +1,6 @@
 """The policy contract, parametrized over every registered policy, with exact hit counts on small
 hand-written traces (replayed through TierIndex exactly as the daemon and the simulator do)."""
+import numpy as np
 import pytest
 
 from shadefs.cache.index import TierIndex
@@ -52,12 +53,38 @@ def test_capacity_zero_admits_nothing(policy):
     assert hits == 0 and len(idx) == 0
 
 
-@pytest.mark.parametrize("policy", policy_names())
-def test_refusal_changes_nothing(policy):
+def _state(idx):
+    return (dict(idx.sizes), dict(idx.pending), idx.used_bytes, idx.reserved_bytes, idx.evictions,
+            getattr(idx.policy, "ranking", lambda: None)())
+
+
+@pytest.mark.parametrize("policy", ["static", "shade"])
+def test_a_policy_refusal_changes_nothing(policy):
+    """A file that FITS the tier (1 byte of 2), refused by the policy itself: static never evicts; shade
+    keeps residents more important than the newcomer. Nothing changes, not even the ranking."""
+    imp = Importance(16)
+    idx = TierIndex("ram", 2, get_policy(policy)(2, imp))
+    assert idx.admit(0, 1) == [] and idx.admit(1, 1) == []
+    imp.update(np.array([0, 1, 2], dtype=np.int64), np.array([5.0, 3.0, 1.0], dtype=np.float32))
+    before = _state(idx)
+    assert idx.reserve(2, 1) is None
+    assert _state(idx) == before
+    assert 2 not in idx
+
+
+@pytest.mark.parametrize("policy", ["lru", "fifo"])
+def test_recency_policies_never_refuse_a_file_that_fits(policy):
     _, idx = replay(policy, "ab", {}, 2)
-    before = (dict(idx.sizes), idx.used_bytes, idx.evictions)
-    assert idx.reserve(5, 3) is None  # larger than the tier
-    assert (dict(idx.sizes), idx.used_bytes, idx.evictions) == before
+    assert idx.reserve(2, 1) == [0]  # the oldest goes; the newcomer's byte is reserved
+    assert sorted(idx.sizes) == [1] and idx.reserved_bytes == 1 and idx.evictions == 1
+
+
+@pytest.mark.parametrize("policy", policy_names())
+def test_the_index_refuses_a_file_larger_than_the_tier_before_asking_the_policy(policy):
+    _, idx = replay(policy, "ab", {}, 2)
+    before = _state(idx)
+    assert idx.reserve(5, 3) is None
+    assert _state(idx) == before
 
 
 def test_lru_victim_order():

@@ -1,10 +1,8 @@
 """ScoreReporter: batch -> dataset index mapping by the sampler's yielded order, the rank transform on
 exactly those indices, raw losses to the daemon (fake and real ControlServer), and a tiny training run
 with no daemon (the three-line user change, verbatim)."""
-import os
 import subprocess
 import sys
-import threading
 
 import numpy as np
 import pytest
@@ -15,7 +13,7 @@ from torch.utils.data import DataLoader
 from shadefs.hooks import Client, ScoreReporter, ShadeSampler
 from shadefs.hooks.sampler import rank_transform
 
-from hookfakes import MOUNT, FakeDataset
+from hookfakes import FakeDataset, LiveDaemon
 
 
 class IndexDataset(FakeDataset):
@@ -23,21 +21,6 @@ class IndexDataset(FakeDataset):
 
     def __getitem__(self, i):
         return torch.tensor([float(i % 7), float(i % 3)]), i % 3, i
-
-
-class FakeClient:
-    def __init__(self, mount_root=MOUNT):
-        self.mount_root = mount_root
-        self.endpoint = "ipc:///fake.sock"
-        self.sent = []
-        self.dropped = 0
-
-    def resident(self, paths):
-        return np.zeros(len(paths), dtype=bool)
-
-    def send_scores(self, paths, scores):
-        self.sent.append((list(paths), np.asarray(scores, dtype=np.float32).copy()))
-        return True
 
 
 def expected_weights(n, batches):
@@ -96,29 +79,34 @@ def test_report_rejects_a_mean_loss_and_a_foreign_loader():
     r.report(np.ones(2))  # the last, short batch is fine
 
 
-def test_nonfinite_losses_are_dropped():
-    client = FakeClient()
-    s = ShadeSampler(FakeDataset(10), client=client)
-    r = ScoreReporter(FakeDataset(10), sampler=s)
-    r.report(np.array([1.0, np.nan, 0.5, np.inf]), indices=[1, 2, 3, 4])
-    assert s.nonfinite == 2
-    np.testing.assert_allclose(s.weights[[1, 2, 3, 4]], [np.log(11.0), 1.0, np.log(10.0), 1.0], rtol=1e-6)
-    (paths, vals), = client.sent
-    assert paths == ["train/c1/img00001.png", "train/c0/img00003.png"]
-    np.testing.assert_array_equal(vals, [1.0, 0.5])
+def test_nonfinite_losses_are_dropped(tmp_path):
+    with LiveDaemon(tmp_path, 10) as live, live.client() as client:
+        ds = live.dataset
+        s = ShadeSampler(ds, client=client)
+        r = ScoreReporter(ds, sampler=s)
+        r.report(np.array([2.0, np.nan, 0.5, np.inf]), indices=[1, 2, 3, 4])
+        assert s.nonfinite == 2
+        np.testing.assert_allclose(s.weights[[1, 2, 3, 4]], [np.log(11.0), 1.0, np.log(10.0), 1.0], rtol=1e-6)
+        stats = client.stats()  # after the scores on the same socket
+        assert stats["scores_received"] == 1 and sum(stats["scores_rejected"].values()) == 0
+        # only the finite ones arrived, raw ("--score-transform raw"); the others keep the default 1.0
+        np.testing.assert_array_equal(live.importance([1, 3]), [2.0, 0.5])
+        np.testing.assert_array_equal(live.importance([0, 2, 4, 5]), [1.0, 1.0, 1.0, 1.0])
 
 
-def test_sends_raw_losses_with_mount_relative_paths():
-    client = FakeClient()
-    ds = FakeDataset(12)
-    s = ShadeSampler(ds, client=client, seed=1)
-    r = ScoreReporter(ds, sampler=s)
-    assert r.client is client
-    order = list(s)
-    r.report(np.array([2.5, 0.25, 1.0, 7.0], dtype=np.float32))
-    (paths, vals), = client.sent
-    assert paths == [os.path.relpath(ds.samples[i][0], MOUNT) for i in order[:4]]
-    np.testing.assert_array_equal(vals, [2.5, 0.25, 1.0, 7.0])  # raw: the daemon ranks them itself
+def test_sends_raw_losses_with_mount_relative_paths(tmp_path):
+    with LiveDaemon(tmp_path, 12) as live, live.client() as client:
+        ds = live.dataset
+        s = ShadeSampler(ds, client=client, seed=1)
+        r = ScoreReporter(ds, sampler=s)
+        assert r.client is client
+        order = list(s)
+        r.report(np.array([2.5, 0.25, 1.0, 7.0], dtype=np.float32))
+        assert client.stats()["scores_received"] == 1
+        # the daemon resolved the mount-relative paths to the right files and got the raw losses
+        np.testing.assert_array_equal(live.importance(order[:4]), [2.5, 0.25, 1.0, 7.0])
+        rest = [i for i in range(12) if i not in set(order[:4])]
+        np.testing.assert_array_equal(live.importance(rest), np.ones(len(rest)))
 
 
 def test_smoothing_term_from_reported_losses():
@@ -137,45 +125,13 @@ def test_smoothing_term_from_reported_losses():
     assert s.ls == pytest.approx(0.2 * np.exp(-0.5))
 
 
-# ------------------------------------------------------------------------- a real ControlServer
-class _Namespace:
-    def __init__(self, paths):
-        self._ids = {p: i for i, p in enumerate(paths)}
-
-    def file_id(self, path):
-        return self._ids.get(path)
-
-
-class _Daemon:
-    def __init__(self, paths, resident):
-        self.namespace = _Namespace(paths)
-        self._resident = set(resident)
-        self.scores = []
-        self.got = threading.Event()
-
-    def stats(self):
-        return {"opens": 0}
-
-    def apply_scores(self, fids, values):
-        self.scores.append((np.asarray(fids).copy(), np.asarray(values).copy()))
-        self.got.set()
-
-    def resident(self, fids):
-        return np.array([int(f) in self._resident for f in fids], dtype=bool)
-
-
+# ------------------------------------------------------------------- a real daemon and ControlServer
 def test_with_a_real_control_server(tmp_path, monkeypatch):
-    from shadefs.control import server as server_mod
-
     monkeypatch.delenv("SHADEFS_ENDPOINT", raising=False)
     n = 40
-    ds = FakeDataset(n, root=str(tmp_path / "train"))
-    rel = [os.path.relpath(p, tmp_path) for p, _ in ds.samples]
-    daemon = _Daemon(rel, resident=range(4))
-    server = server_mod.ControlServer("tcp://127.0.0.1:0", daemon, mountpoint=str(tmp_path))
-    server.start()
-    try:
-        client = Client(endpoint=server.endpoint, mount_root=str(tmp_path))
+    with LiveDaemon(tmp_path, n, resident=range(4)) as live:
+        ds = live.dataset
+        client = live.client()
         client.RESIDENT_CHUNK = 7  # several requests per epoch
         s = ShadeSampler(ds, client=client, seed=2, rep_factor=3)
         r = ScoreReporter(ds, sampler=s, batch_size=8)
@@ -184,15 +140,12 @@ def test_with_a_real_control_server(tmp_path, monkeypatch):
         assert np.all(order[: s.plan.hits] < 4) and np.all(order[s.plan.hits :] >= 4)
         losses = np.linspace(0.1, 0.8, 8).astype(np.float32)
         r.report(losses)
-        assert daemon.got.wait(5.0)
-        fids, values = daemon.scores[0]
-        np.testing.assert_array_equal(fids, order[:8])  # file ids = dataset indices in this namespace
-        np.testing.assert_array_equal(values, losses)
         stats = client.stats()
         assert stats["scores_received"] == 1 and client.dropped == 0
+        first = order[:8]
+        want = {int(i): float(v) for i, v in zip(first, losses)}  # a file drawn twice: its last value wins
+        np.testing.assert_array_equal(live.importance(list(want)), list(want.values()))
         client.close()
-    finally:
-        server.stop()
 
 
 # -------------------------------------------------------------------- no daemon: tiny training

@@ -9,35 +9,24 @@ import numpy as np
 import pytest
 import torch
 
-from shadefs.hooks import ShadeSampler
+from shadefs.hooks import Client, ShadeSampler
 from shadefs.hooks.client import DatasetPaths, find_mount_root
 from shadefs.hooks.sampler import pads_sort, rank_transform
 
-from hookfakes import MOUNT, FakeDataset
+from hookfakes import MOUNT, FakeDataset, LiveDaemon
 
 
-class FakeClient:
-    """A daemon stand-in: resident = the given dataset indices; records sends."""
+def counting(client):
+    """The real ``client``, counting its residency queries in ``client.queries`` (a spy, not a fake)."""
+    client.queries = 0
+    real = client.resident
 
-    def __init__(self, resident_indices=(), n=0, mount_root=MOUNT, fail=False):
-        self.mount_root = mount_root
-        self.endpoint = "ipc:///fake.sock"
-        ds = FakeDataset(max(n, 1))
-        self.resident_paths = {os.path.relpath(ds.samples[i][0], mount_root) for i in resident_indices}
-        self.fail = fail
-        self.queries = 0
-        self.sent = []
-        self.dropped = 0
+    def resident(paths):
+        client.queries += 1
+        return real(paths)
 
-    def resident(self, paths):
-        self.queries += 1
-        if self.fail:
-            raise TimeoutError("no reply from control endpoint")
-        return np.array([p in self.resident_paths for p in paths], dtype=bool)
-
-    def send_scores(self, paths, scores):
-        self.sent.append((list(paths), np.asarray(scores, dtype=np.float32).copy()))
-        return True
+    client.resident = resident
+    return client
 
 
 def make(n=100, **kw):
@@ -68,7 +57,7 @@ def test_same_seed_and_epoch_same_order_and_independent_of_global_rng():
         assert np.array_equal(np.random.get_state()[1], state[0])
         assert random.getstate() == state[1]
         assert torch.equal(torch.get_rng_state(), state[2])
-    assert orders_a[0] != orders_a[1] != orders_a[2]
+    assert len({tuple(o) for o in orders_a}) == 3  # three epochs, three different orders (0 vs 2 too)
     c = make(seed=8)
     c.set_epoch(0)
     assert list(c) != orders_a[0]
@@ -195,71 +184,82 @@ def test_aggressive_contiguous_blocks_keep_repeats_on_one_rank():
 
 
 # --------------------------------------------------------------------------- cache awareness
-def test_resident_draws_repeated_and_first():
+def test_resident_draws_repeated_and_first(tmp_path):
     n = 60
     resident = set(range(6))
-    client = FakeClient(resident, n)
-    s = ShadeSampler(FakeDataset(n), client=client, rep_factor=3, seed=4)
-    order = np.array(list(s))
-    plan = s.plan
-    assert client.queries == 1 and len(order) == n
-    shard = plan.shard
-    h = int(np.isin(shard, list(resident)).sum())
-    assert h > 0 and plan.resident == h and plan.hits == 3 * h
-    head, tail = order[: plan.hits], order[plan.hits :]
-    assert np.isin(head, list(resident)).all() and not np.isin(tail, list(resident)).any()
-    for i in resident:
-        assert (head == i).sum() == 3 * (shard == i).sum()
-    misses = shard[~np.isin(shard, list(resident))]
-    assert set(tail.tolist()) <= set(misses.tolist()) and len(tail) == n - 3 * h
-    # same (seed, epoch, residency): same order
-    s2 = ShadeSampler(FakeDataset(n), client=FakeClient(resident, n), rep_factor=3, seed=4)
-    assert list(s2) == order.tolist()
+    with LiveDaemon(tmp_path, n, resident=resident) as live, counting(live.client()) as client:
+        s = ShadeSampler(live.dataset, client=client, rep_factor=3, seed=4)
+        order = np.array(list(s))
+        plan = s.plan
+        assert client.queries == 1 and len(order) == n
+        shard = plan.shard
+        h = int(np.isin(shard, list(resident)).sum())
+        assert h > 0 and plan.resident == h and plan.hits == 3 * h
+        head, tail = order[: plan.hits], order[plan.hits :]
+        assert np.isin(head, list(resident)).all() and not np.isin(tail, list(resident)).any()
+        for i in resident:
+            assert (head == i).sum() == 3 * (shard == i).sum()
+        misses = shard[~np.isin(shard, list(resident))]
+        assert set(tail.tolist()) <= set(misses.tolist()) and len(tail) == n - 3 * h
+        # same (seed, epoch, residency): same order
+        s2 = ShadeSampler(live.dataset, client=client, rep_factor=3, seed=4)
+        assert list(s2) == order.tolist()
 
 
-def test_fractional_rep_factor():
+def test_fractional_rep_factor(tmp_path):
     n = 80
-    resident = set(range(10))
-    s = ShadeSampler(FakeDataset(n), client=FakeClient(resident, n), rep_factor=2.5, seed=6)
-    list(s)
+    with LiveDaemon(tmp_path, n, resident=range(10)) as live, live.client() as client:
+        s = ShadeSampler(live.dataset, client=client, rep_factor=2.5, seed=6)
+        list(s)
     h = s.plan.resident
     assert h >= 2 and s.plan.hits == 2 * h + h // 2
 
 
+@pytest.fixture(scope="module")
+def half_resident(tmp_path_factory):
+    """100 files, the first 50 resident (r * h >= 1: the reference code's epoch would be all hits)."""
+    with LiveDaemon(tmp_path_factory.mktemp("half"), 100, resident=range(50)) as live:
+        yield live
+
+
 @pytest.mark.parametrize("mmf,expect_misses", [(0.0, 0), (0.2, 20), (0.1, 10)])
-def test_min_miss_fraction_prevents_all_hit_epochs(mmf, expect_misses):
-    n = 100
-    resident = set(range(50))  # r * h >= 1: the reference code's epoch would be all hits
-    s = ShadeSampler(FakeDataset(n), client=FakeClient(resident, n), rep_factor=3, seed=1, min_miss_fraction=mmf)
-    order = np.array(list(s))
-    assert len(order) == n
-    misses = ~np.isin(order, list(resident))
+def test_min_miss_fraction_prevents_all_hit_epochs(half_resident, mmf, expect_misses):
+    with half_resident.client() as client:
+        s = ShadeSampler(half_resident.dataset, client=client, rep_factor=3, seed=1, min_miss_fraction=mmf)
+        order = np.array(list(s))
+    assert len(order) == 100
+    misses = ~np.isin(order, list(range(50)))
     assert misses.sum() == expect_misses
     assert not misses[: s.plan.hits].any()
 
 
-def test_residency_failure_warns_once_and_degrades():
+def test_residency_failure_warns_once_and_degrades(tmp_path):
     n = 30
-    client = FakeClient(range(5), n, fail=True)
-    s = ShadeSampler(FakeDataset(n), client=client, seed=0)
-    with pytest.warns(RuntimeWarning, match="residency query failed"):
-        order = list(s)
-    assert len(order) == n and s.plan.hits == 0
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
+    # a real client of an endpoint nobody serves: every residency query times out
+    client = counting(Client(endpoint=f"ipc://{tmp_path}/nobody.sock", mount_root=MOUNT, timeout_s=0.2))
+    try:
+        s = ShadeSampler(FakeDataset(n), client=client, seed=0)
+        with pytest.warns(RuntimeWarning, match="residency query failed"):
+            order = list(s)
+        assert len(order) == n and s.plan.hits == 0
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            list(s)
+        assert client.queries == 2
+    finally:
+        client.close()
+
+
+def test_paths_outside_the_mount_are_never_resident(tmp_path):
+    with LiveDaemon(tmp_path, 20, resident=range(20)) as live, live.client() as client:
+        ds = live.dataset
+        ds.samples[3] = ("/elsewhere/x.png", 0)
+        s = ShadeSampler(ds, client=client, seed=0, min_miss_fraction=0.0)
         list(s)
-    assert client.queries == 2
-
-
-def test_paths_outside_the_mount_are_never_resident():
-    ds = FakeDataset(20)
-    ds.samples[3] = ("/elsewhere/x.png", 0)
-    client = FakeClient(range(20), 20)
-    s = ShadeSampler(ds, client=client, seed=0, min_miss_fraction=0.0)
-    list(s)
-    assert 3 not in s.plan.order[: s.plan.hits]
-    assert DatasetPaths(ds, MOUNT).rel_path(3) is None
-    assert DatasetPaths(ds, MOUNT).rel_path(4) == "train/c1/img00004.png"
+        assert s.plan.hits > 0
+        assert 3 not in s.plan.order[: s.plan.hits]
+        assert DatasetPaths(ds, live.root).rel_path(3) is None
+        assert DatasetPaths(ds, live.root).rel_path(4) == "train/c1/img00004.png"
 
 
 def test_dataset_paths_follow_subsets():

@@ -242,8 +242,9 @@ class Model:
             if f in self.sizes:
                 self.hit(f)
 
-    def admit(self, fid, size):
-        if size > self.capacity:
+    def reserve(self, fid, size):
+        """The victims of admitting ``fid`` (removed), or None; ``fid`` itself is not made resident."""
+        if size > self.capacity or fid in self.sizes:
             return None
         free = self.capacity - sum(self.sizes.values())
         if size <= free:
@@ -262,8 +263,13 @@ class Model:
                 return None
         for f in out:
             self.remove(f)
-        self.seq += 1
-        self.sizes[fid], self.last[fid] = size, self.seq
+        return out
+
+    def admit(self, fid, size):
+        out = self.reserve(fid, size)
+        if out is not None:
+            self.seq += 1
+            self.sizes[fid], self.last[fid] = size, self.seq
         return out
 
     def hit(self, fid):
@@ -373,6 +379,18 @@ def test_matches_brute_force_model(capacity, sizes, ops, deferred):
                     assert all(imp.values[v] < imp.values[fid] for v in got)
         elif op[0] == "remove":
             assert tier.remove(fid) == model.remove(fid)
+        else:  # reserve_abort: a fill that failed; its victims stay evicted, fid is not resident
+            assert op[0] == "reserve_abort", op
+            expected = model.reserve(fid, sizes[fid])
+            before = state(tier)
+            got = tier.reserve(fid, sizes[fid])
+            assert got == expected
+            if got is None:
+                assert state(tier) == before          # a refusal changes nothing
+            else:
+                assert tier.reserved_bytes == sizes[fid]
+                tier.abort(fid)
+                assert fid not in tier and tier.reserved_bytes == 0
         if deferred:
             drain(tier.policy)
         assert tier.sizes == model.sizes
