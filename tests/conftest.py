@@ -43,7 +43,7 @@ def _missing(name: str):
     return None if shutil.which(name) else f"program {name} (not on PATH)"
 
 
-_MODULES = {"moto", "s3fs", "boto3", "botocore", "torch", "torchvision", "redis", "aiohttp", "fsspec", "PIL"}
+_MODULES = {"moto", "s3fs", "boto3", "botocore", "torch", "torchvision", "redis", "xxhash", "aiohttp", "fsspec", "PIL"}
 
 
 def require(*names: str):

@@ -52,8 +52,10 @@ class TieredCache:
             (the latency histogram); every other figure is a counter read at scrape time.
         shared: the group's :class:`~shadefs.cache.shared.SharedTier` (between the NVMe tier and the
             backend), or None. A miss asks it first (within its deadline); a shared hit is counted
-            ``"shared"`` and offered to the node's tiers like a backend read; a backend read is offered
-            to the group off the request path.
+            ``"shared"`` and offered to the node's tiers like a backend read. A file read from the
+            backend that no tier of the node admits, and a RAM victim no disk tier takes, is offered to
+            the group off the request path (the group is the node's victim cache: it holds what the
+            node does not).
     """
 
     def __init__(self, namespace: Namespace, backend: Backend, ram: Tuple[TierIndex, MemoryTier],
@@ -241,14 +243,13 @@ class TieredCache:
             self.backend_bytes += size
             del self._inflight[fid]
         fut.set_result((data, "miss"))
-        self._admit(fid, data)
-        if shared is not None and size <= shared.max_file:
-            shared.offer_async(self.shared_key(fid), data, self.importance.get(fid))
+        if not self._admit(fid, data):
+            self._offer_shared(fid, data)
         return (data, "miss") if with_source else data
 
     # -- admission, promotion, demotion ------------------------------------------------------------
-    def _admit(self, fid: int, data: bytes) -> None:
-        """Offer a file just read from the backend to RAM, else to the disk tier."""
+    def _admit(self, fid: int, data: bytes) -> bool:
+        """Offer a file just read to RAM, else to the disk tier. Returns whether a tier admitted it."""
         with self.lock:
             victims = self.ram_index.reserve(fid, len(data))
             if victims is not None:
@@ -257,8 +258,14 @@ class TieredCache:
                 self.ram_index.commit(fid)
         if victims is not None:
             self._demote(demote)
-        else:
-            self._write_disk(fid, data)
+            return True
+        return self._write_disk(fid, data)
+
+    def _offer_shared(self, fid: int, data: bytes) -> None:
+        """A file leaves this node (refused by its tiers, or a victim no lower tier takes): offer it to
+        the group, off the request path. The group then holds what the node does not (f + s, not max)."""
+        if self.shared is not None and len(data) <= self.shared.max_file:
+            self.shared.offer_async(self.shared_key(fid), data, self.importance.get(fid))
 
     def _promote(self, fid: int, data: bytes) -> None:
         """A disk hit moves to RAM if RAM admits it."""
@@ -281,7 +288,7 @@ class TieredCache:
         out = []
         for v in victims:
             data = self.ram.pop(v)
-            if data is not None and self.disk_index is not None:
+            if data is not None and (self.disk_index is not None or self.shared is not None):
                 self._moving[v] = data
                 out.append((v, data))
         return out
@@ -292,6 +299,8 @@ class TieredCache:
                 if self._write_disk(fid, data):
                     with self.lock:
                         self.demotions += 1
+                else:
+                    self._offer_shared(fid, data)
             finally:
                 with self.lock:
                     self._moving.pop(fid, None)

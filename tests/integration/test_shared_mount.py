@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from mountutil import metrics_port, read, scrape, wait_for
-from redisutil import redis_cluster, redis_server  # noqa: F401  (fixtures)
-from shadefs.cache.shared import SharedTier, parse_urls
+from redisutil import require_redis, redis_cluster, redis_server  # noqa: F401  (fixtures)
+require_redis()
+from shadefs.cache.shared import SharedTier, parse_urls  # noqa: E402
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -9,8 +9,9 @@ import time
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from redisutil import redis_cluster, redis_cluster_replica, redis_server  # noqa: F401  (fixtures)
-from shadefs.cache.shared import HEADER, SharedTier, SharedTierConfigError, parse_urls, redact_url
+from redisutil import require_redis, redis_cluster, redis_cluster_replica, redis_server  # noqa: F401  (fixtures)
+require_redis()
+from shadefs.cache.shared import HEADER, SharedTier, SharedTierConfigError, parse_urls, redact_url  # noqa: E402
 
 pytestmark = pytest.mark.timeout(60)
 
