@@ -46,7 +46,7 @@ class RedisServer:
         if cluster:
             args += ["--cluster-enabled", "yes", "--cluster-config-file", os.path.join(self.dir, "nodes.conf"),
                      "--cluster-node-timeout", "1000", "--cluster-require-full-coverage", "no",
-                     "--cluster-replica-validity-factor", "0"]
+                     "--cluster-replica-validity-factor", "0", "--repl-diskless-sync-delay", "0"]
         if password:
             args += ["--requirepass", password]
         args += list(extra or [])
@@ -121,12 +121,12 @@ class RedisCluster:
         for _ in range(replicas):
             rep = RedisServer(workdir, cluster=True)
             self.replicas.append(rep)
-            r = subprocess.run(["redis-cli", "--cluster", "add-node", f"127.0.0.1:{rep.port}", addrs[0],
-                                "--cluster-slave", "--cluster-master-id", self.masters[0].node_id()],
-                               capture_output=True, text=True, timeout=60)
-            if r.returncode != 0:
-                self.stop()
-                raise AssertionError(f"add replica failed: {r.stdout}{r.stderr}")
+            # what `redis-cli --cluster add-node --cluster-slave` does, without its 1 s polling
+            master_id = self.masters[0].node_id()
+            rep.cli("cluster", "meet", "127.0.0.1", self.masters[0].port)
+            self._wait(lambda: master_id in rep.cli("cluster", "nodes"), "replica meets the cluster")
+            self._wait(lambda: rep.cli("cluster", "replicate", master_id, check=False).strip() == "OK",
+                       "cluster replicate")
         for rep in self.replicas:
             self._wait(lambda: "master_link_status:up" in rep.cli("info", "replication"), "replica link up")
         self.wait_ok()

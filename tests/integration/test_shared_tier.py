@@ -270,3 +270,29 @@ def test_cluster_failover_is_survived(redis_cluster_replica):
         assert hits == 64  # every value again, from the promoted replica
     finally:
         t.close(leave=False)
+
+
+def test_the_documented_acl_user_is_enough(redis_cluster):
+    """docs/operations.md's ACL line, applied to every master: the tier works through it, errors 0."""
+    import re
+
+    doc = open(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "operations.md")).read()
+    rule = re.search(r"^\s*user shadefs on (.+)$", doc, re.M).group(1).split()
+    rule = [">pw-123" if r.startswith(">") else r for r in rule]
+    for s in redis_cluster.masters:
+        s.cli("acl", "setuser", "shadefs", "on", *rule)
+    urls = ",".join(f"redis://shadefs:pw-123@127.0.0.1:{s.port}" for s in redis_cluster.masters)
+    a = tier(urls, member_id="a", policy="shade")
+    b = tier(urls, member_id="b", policy="lru")
+    try:
+        assert a.cluster and a.heartbeat()
+        k = SharedTier.key("x", 500)
+        assert a.offer(k, blob(1, 500), 2.0) == "admitted"
+        assert b.get(k, 500) == blob(1, 500)
+        assert b.get_many([k], [500]) == [blob(1, 500)] and b.contains_many([k]) == [True]
+        assert a.rescore([k], [3.0]) == 1 and a.evict(k)
+        a.refresh()
+        assert a.counters()["errors"] == b.counters()["errors"] == 0
+    finally:
+        a.close()
+        b.close()
