@@ -32,7 +32,7 @@ from bisect import bisect_left
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
-from xxhash import xxh3_64_intdigest, xxh3_128_hexdigest
+from xxhash import xxh3_64, xxh3_64_intdigest, xxh3_128_hexdigest
 
 from .backends.base import BackendError, DirChunk, Entry, ScanReport, chunks_from_entries
 
@@ -320,6 +320,16 @@ class Namespace:
         self._mount_ns = int(self.mount_time * 1e9)
         self._uid, self._gid = os.getuid(), os.getgid()
         self.paths = _Paths(self)
+        # memoryviews of the arrays: indexing one gives a Python int or float without a numpy scalar
+        # (3-10x cheaper per access); they share the arrays' memory
+        self._m_keys = memoryview(self._keys)
+        self._m_key_ids = memoryview(self._key_ids)
+        self._m_parent = memoryview(self._parent)
+        self._m_off = memoryview(self._off)
+        self._m_perm = memoryview(self._perm)
+        self._m_sizes = memoryview(self.sizes)
+        self._m_mtimes = memoryview(self.mtimes)
+        self._perms = [tuple(r) for r in self._perm_table.tolist()]
 
     def _compute_fingerprint(self) -> str:
         h = xxh3_128_hexdigest(self._blob)
@@ -332,8 +342,8 @@ class Namespace:
 
     # -- queries ---------------------------------------------------------------------------------
     def _name_bytes(self, node: int) -> bytes:
-        o = self._off
-        return bytes(self._blob[int(o[node]):int(o[node + 1])])
+        o = self._m_off
+        return bytes(self._blob[o[node]:o[node + 1]])
 
     def name(self, node: int) -> str:
         """The last path component of ``node`` (``""`` for the root)."""
@@ -382,19 +392,21 @@ class Namespace:
         if b is None:
             return None
         k = xxh3_64_intdigest(b) ^ (((parent + 1) * _K) & _M64)
-        keys = self._keys
-        i = int(np.searchsorted(keys, np.uint64(k)))
+        keys = self._m_keys
+        i = bisect_left(keys, k)
         n = len(keys)
-        while i < n and int(keys[i]) == k:
-            node = int(self._key_ids[i])
-            if int(self._parent[node]) == parent and self._name_bytes(node) == b:
-                return node
+        while i < n and keys[i] == k:
+            node = self._m_key_ids[i]
+            if self._m_parent[node] == parent:
+                o = self._m_off
+                if self._blob[o[node]:o[node + 1]] == b:
+                    return node
             i += 1
         return None
 
     def parent(self, node: int) -> int:
         """Return the id of the directory holding ``node``; the root is its own parent."""
-        return int(self._parent[node])
+        return self._m_parent[node]
 
     def _kid_ids(self, node: int) -> np.ndarray:
         d = node - self.num_files
@@ -423,7 +435,7 @@ class Namespace:
         """The path of node ``fid`` relative to the root (``""`` for the root)."""
         if fid >= self.num_files:
             return self.dir_paths[fid - self.num_files]
-        d = self.dir_paths[int(self._parent[fid]) - self.num_files]
+        d = self.dir_paths[self._m_parent[fid] - self.num_files]
         name = self.name(fid)
         return f"{d}/{name}" if d else name
 
@@ -440,7 +452,7 @@ class Namespace:
                 yield prefixes[par[j] - nf] + bytes(blob[o[j]:o[j + 1]]).decode("utf-8", "surrogateescape")
 
     def size(self, fid: int) -> int:
-        return int(self.sizes[fid])
+        return self._m_sizes[fid]
 
     def attr(self, node: int) -> Tuple[int, int, int, int, int, int]:
         """``(st_mode, size in bytes, mtime in ns, uid, gid, nlink)`` of ``node``.
@@ -449,12 +461,12 @@ class Namespace:
         the mount is read-only); an object store's files are 0444 and directories 0555, owned by the
         daemon's user. Directory mtimes are the source's (the mount time for object stores).
         """
-        bits, uid, gid = self._perm_table[int(self._perm[node])].tolist()
+        bits, uid, gid = self._perms[self._m_perm[node]]
         if node >= self.num_files:
             d = node - self.num_files
             mt = int(self._dir_mtime_ns[d]) or self._mount_ns
             return stat_mod.S_IFDIR | bits, 0, mt, uid, gid, int(self._dir_nlink[d])
-        return stat_mod.S_IFREG | bits, int(self.sizes[node]), int(self.mtimes[node] * 1e9), uid, gid, 1
+        return stat_mod.S_IFREG | bits, self._m_sizes[node], int(self._m_mtimes[node] * 1e9), uid, gid, 1
 
     def stat(self, node: int) -> dict:
         """A ``struct stat`` as the dict fusepy expects (times in integer nanoseconds, ``use_ns``)."""
@@ -485,38 +497,57 @@ class Namespace:
         Raises:
             OSError: the file cannot be written.
         """
-        from .fsutil import atomic_write
-
+        parts: List[Tuple[str, Any]] = [("_blob", self._blob)]
+        parts += [(name, np.ascontiguousarray(getattr(self, name))) for name in self._ARRAYS]
         layout: List[Tuple[str, int, str, List[int]]] = []
-        pieces: List[bytes] = []
         pos = 0
-
-        def add(name: str, data: bytes, dtype: str, shape: List[int]) -> None:
-            nonlocal pos
-            pad = (-pos) % _ALIGN
-            if pad:
-                pieces.append(b"\0" * pad)
-                pos += pad
-            layout.append((name, pos, dtype, shape))
-            pieces.append(data)
-            pos += len(data)
-
-        add("_blob", bytes(self._blob), "|u1", [len(self._blob)])
-        for name in self._ARRAYS:
-            a = np.ascontiguousarray(getattr(self, name))
-            add(name, a.tobytes(), a.dtype.str, list(a.shape))
+        for name, a in parts:
+            pos += (-pos) % _ALIGN
+            if name == "_blob":
+                layout.append((name, pos, "|u1", [len(a)]))
+                pos += len(a)
+            else:
+                layout.append((name, pos, a.dtype.str, list(a.shape)))
+                pos += a.nbytes
         header = json.dumps({"key": key, "num_files": self.num_files, "dirs": self.dir_paths,
                              "fingerprint": self.fingerprint,
                              "report": {"counts": self.report.counts, "examples": self.report.examples},
                              "arrays": layout}, ensure_ascii=True).encode()
         head = _MAGIC + struct.pack("<Q", len(header)) + header
         head += b"\0" * ((-len(head)) % _ALIGN)
-        body = b"".join(pieces)
-        digest = xxh3_64_intdigest(head + body)
-        atomic_write(path, head + body + struct.pack("<Q", digest),
-                     tmp_dir=os.path.join(os.path.dirname(path), "tmp")
-                     if os.path.isdir(os.path.join(os.path.dirname(path), "tmp")) else None, fsync=False)
-        return len(head) + len(body) + 8
+        # streamed from the arrays' own memory (no copy of the namespace), hashed on the way
+        d = os.path.dirname(os.path.abspath(path))
+        tmp_dir = os.path.join(d, "tmp") if os.path.isdir(os.path.join(d, "tmp")) else d
+        tmp = os.path.join(tmp_dir, f".{os.path.basename(path)}.{os.getpid()}.tmp")
+        h = xxh3_64()
+        written = 0
+        try:
+            with open(tmp, "wb") as f:
+                def put(data) -> None:
+                    nonlocal written
+                    h.update(data)
+                    f.write(data)
+                    written += len(data)
+
+                put(head)
+                body = 0
+                for (name, a), (_, off, _, _) in zip(parts, layout):
+                    if off > body:
+                        put(b"\0" * (off - body))
+                        body = off
+                    mv = a if name == "_blob" else memoryview(a).cast("B")
+                    put(mv)
+                    body += len(mv)
+                f.write(struct.pack("<Q", h.intdigest()))
+                written += 8
+            os.replace(tmp, path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+        return written
 
     @classmethod
     def load(cls, path: str, key: Dict[str, Any]) -> Tuple[Optional["Namespace"], str]:

@@ -9,6 +9,7 @@ an error (EIO) that heals when the source comes back.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import operator
 import os
 import stat as stat_mod
 from typing import Any, Dict, FrozenSet, Iterator, List, Optional, Tuple
@@ -185,6 +186,8 @@ class PosixBackend(Backend):
 
 
 _CAP_DAC_OVERRIDE, _CAP_DAC_READ_SEARCH = 1, 2
+_MODE, _UID, _GID, _SIZE, _MTIME = (operator.attrgetter(f) for f in ("st_mode", "st_uid", "st_gid", "st_size",
+                                                                     "st_mtime"))
 
 
 class _ReadCheck:
@@ -281,11 +284,11 @@ def _scan_dir(full: str, rel: str, ancestors: FrozenSet[Tuple[int, int]], dst: o
         os.close(fd)
     n = len(names)
     if n:
-        modes = np.fromiter((s.st_mode for s in sts), dtype=np.int64, count=n) & 0o7777
-        uids = np.fromiter((s.st_uid for s in sts), dtype=np.int64, count=n)
-        gids = np.fromiter((s.st_gid for s in sts), dtype=np.int64, count=n)
-        sizes = np.fromiter((s.st_size for s in sts), dtype=np.int64, count=n)
-        mtimes = np.fromiter((s.st_mtime for s in sts), dtype=np.float64, count=n)
+        modes = np.fromiter(map(_MODE, sts), dtype=np.int64, count=n) & 0o7777
+        uids = np.fromiter(map(_UID, sts), dtype=np.int64, count=n)
+        gids = np.fromiter(map(_GID, sts), dtype=np.int64, count=n)
+        sizes = np.fromiter(map(_SIZE, sts), dtype=np.int64, count=n)
+        mtimes = np.fromiter(map(_MTIME, sts), dtype=np.float64, count=n)
         del sts
         ok = check.readable(modes, uids, gids)
         if not ok.all():

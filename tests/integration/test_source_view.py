@@ -2,11 +2,8 @@
 served as their targets, symlinks outside it are skipped unless --follow-symlinks, loops are cut,
 permissions and owners are the source's and enforced by the kernel, unreadable parts are skipped,
 and every directory appears, empty ones included. Real mounts through the real CLI."""
-import errno
-import json
 import os
 import subprocess
-import sys
 import time
 
 import pytest

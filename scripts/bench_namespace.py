@@ -1,0 +1,239 @@
+#!/usr/bin/env python3
+"""Namespace cost at 1M+ files: daemon RSS per file, scan time, restart time from the snapshot.
+
+For each N, builds (once, kept with ``--keep``) a source of N empty files, 1000 per directory, with
+ImageNet-like names (``n01440764/n01440764_10000.JPEG``), under ``--workdir``; with ``--bind K`` the
+tree is K bind mounts of one N/K-file tree instead (N distinct paths over N/K inodes: creating 10M
+files takes an hour on a shared disk). Then, side by side in one run:
+
+- ``find SOURCE -printf '%s %T@'``: the same ``stat`` of every file in C, the physical floor of a scan
+  (page cache warm: it runs first and warms it);
+- the scan in this process (``Namespace.scan``): wall and CPU seconds, RSS grown, bytes of its arrays;
+- per-call costs of ``lookup``, ``child``, ``attr``, ``path`` (CPU microseconds, 20k calls);
+- the daemon through the real CLI with a disk tier (so it persists the snapshot): ``shadefs mount``
+  wall time and daemon RSS (VmRSS) after a scan, then after a restart from the snapshot; and the RSS of a
+  daemon serving a 1-file source (the fixed cost), so (RSS - that) / N is the per-file cost.
+
+The machine is shared: the load average is printed beside every timed figure.
+
+Reproduce: ``python scripts/bench_namespace.py --files 1000000 --workdir /tmp/shadefs-bench-ns --keep``
+and ``--files 1000000 10000000:10``; ``--write-doc`` rewrites the "Namespace" section of
+docs/performance.md (the rows of every N measured in this run).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import time
+
+from shadefs.testing import docsection
+from shadefs.testing.mounts import Mount
+
+DOC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "performance.md")
+PER_DIR = 1000
+
+
+def load() -> str:
+    return f"{os.getloadavg()[0]:.1f}"
+
+
+def rss_of(pid) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+def build_tree(root: str, n: int) -> None:
+    """N empty files, PER_DIR per directory (idempotent: a finished tree has a marker file beside it)."""
+    done = root + ".done"
+    if os.path.exists(done):
+        return
+    t0 = time.monotonic()
+    for d in range((n + PER_DIR - 1) // PER_DIR):
+        syn = f"n{1440764 + d * 7919:08d}"
+        dp = os.path.join(root, syn)
+        os.makedirs(dp, exist_ok=True)
+        for i in range(min(PER_DIR, n - d * PER_DIR)):
+            os.close(os.open(os.path.join(dp, f"{syn}_{i + 10000}.JPEG"), os.O_CREAT | os.O_WRONLY, 0o644))
+    open(done, "w").close()
+    print(f"built {root}: {n} files in {time.monotonic() - t0:.0f} s", flush=True)
+
+
+def mounted(path: str) -> bool:
+    """Is ``path`` a mount point? (``os.path.ismount`` misses bind mounts within one file system.)"""
+    return subprocess.run(["mountpoint", "-q", path]).returncode == 0
+
+
+def bind_tree(root: str, part: str, k: int) -> None:
+    os.makedirs(root, exist_ok=True)
+    for i in range(k):
+        p = os.path.join(root, f"part{i:02d}")
+        os.makedirs(p, exist_ok=True)
+        if not mounted(p):
+            subprocess.run(["mount", "--bind", part, p], check=True)
+
+
+def unbind(root: str, k: int) -> None:
+    for i in range(k):
+        p = os.path.join(root, f"part{i:02d}")
+        if mounted(p):
+            subprocess.run(["umount", p], check=True)
+
+
+def timed(cmd) -> tuple:
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.monotonic()
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    wall = time.monotonic() - t0
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+
+
+def in_process(src: str, n: int) -> dict:
+    """Scan in this process; returns seconds, RSS growth and per-call costs."""
+    from shadefs.backends.posix import PosixBackend
+    from shadefs.namespace import Namespace
+
+    before = rss_of(os.getpid())
+    t0, c0 = time.monotonic(), time.process_time()
+    ns = Namespace.scan(PosixBackend(src))
+    wall, cpu = time.monotonic() - t0, time.process_time() - c0
+    grown = rss_of(os.getpid()) - before
+    arrays = len(ns._blob) + sum(getattr(ns, a).nbytes for a in ns._ARRAYS)
+    assert ns.num_files == n, (ns.num_files, n)
+    step = max(1, n // 20000)
+    fids = list(range(0, n, step))
+    paths = [ns.path(i) for i in fids]
+    pairs = [(ns.parent(i), p.rsplit("/", 1)[1]) for i, p in zip(fids, paths)]
+    costs = {}
+    for name, fn, args in (("lookup", ns.lookup, paths), ("attr", ns.attr, fids), ("path", ns.path, fids)):
+        c = time.process_time()
+        for a in args:
+            fn(a)
+        costs[name] = (time.process_time() - c) / len(args) * 1e6
+    c = time.process_time()
+    for parent, name in pairs:
+        ns.child(parent, name)
+    costs["child"] = (time.process_time() - c) / len(pairs) * 1e6
+    assert all(ns.lookup(p) == i for i, p in zip(fids[:1000], paths[:1000]))
+    out = {"wall": wall, "cpu": cpu, "grown": grown, "arrays": arrays, "load": load(), **costs}
+    del ns
+    return out
+
+
+def daemon_runs(src: str, work: str, n: int) -> dict:
+    cache = os.path.join(work, f"cache-{n}")
+    shutil.rmtree(cache, ignore_errors=True)
+    mnt = os.path.join(work, f"mnt-{n}")
+    args = ["--disk-cache", cache, "--disk-cache-size", "1MiB", "--ram-cache", "0"]
+    out = {}
+    for run in ("scan", "snapshot"):
+        m = Mount(src, mnt, args, log_file=os.path.join(work, f"daemon-{n}-{run}.log"), mount_timeout=1800)
+        t0 = time.monotonic()
+        m.start()
+        ready = time.monotonic() - t0
+        time.sleep(2)
+        ns = m.stats()["namespace"]
+        assert ns["files"] == n and ns["from_snapshot"] == (run == "snapshot"), ns
+        out[run] = {"ready": ready, "rss": rss_of(m.pid), "load": load(), "scan_s": ns["scan_seconds"]}
+        m.umount()
+    snap = [os.path.join(d, f) for d, _, fs in os.walk(cache) for f in fs if f == "namespace.bin"]
+    out["snapshot_bytes"] = os.path.getsize(snap[0]) if snap else 0
+    shutil.rmtree(cache, ignore_errors=True)
+    return out
+
+
+def baseline_rss(work: str) -> int:
+    src = os.path.join(work, "one")
+    os.makedirs(os.path.join(src, "c"), exist_ok=True)
+    open(os.path.join(src, "c", "x.JPEG"), "w").close()
+    m = Mount(src, os.path.join(work, "mnt-one"), ["--disk-cache", os.path.join(work, "cache-one"),
+                                                   "--disk-cache-size", "1MiB"],
+              log_file=os.path.join(work, "daemon-one.log"))
+    m.start()
+    time.sleep(2)
+    rss = rss_of(m.pid)
+    m.umount()
+    return rss
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--files", nargs="+", default=["1000000"], metavar="N[:K]",
+                    help="file counts; N:K serves N files as K bind mounts of one N/K-file tree (root)")
+    ap.add_argument("--workdir", default="/tmp/shadefs-bench-ns")
+    ap.add_argument("--keep", action="store_true", help="keep the trees for the next run")
+    ap.add_argument("--no-daemon", action="store_true", help="only the in-process figures")
+    ap.add_argument("--write-doc", action="store_true", help="rewrite the Namespace section of docs/performance.md")
+    a = ap.parse_args(argv)
+    os.makedirs(a.workdir, exist_ok=True)
+    base = None if a.no_daemon else baseline_rss(a.workdir)
+    rows, rows2 = [], []
+    for spec in a.files:
+        n, _, k = spec.partition(":")
+        n, bind = int(n), int(k or 1)
+        if bind > 1:
+            part = os.path.join(a.workdir, f"tree-{n // bind}")
+            build_tree(part, n // bind)
+            src = os.path.join(a.workdir, f"bind-{n}")
+            bind_tree(src, part, bind)
+        else:
+            src = os.path.join(a.workdir, f"tree-{n}")
+            build_tree(src, n)
+        try:
+            timed(["find", src, "-printf", "%s %T@\n"])  # warm the page cache
+            fwall, fcpu = timed(["find", src, "-printf", "%s %T@\n"])
+            floa = load()
+            p = in_process(src, n)
+            label = f"{n:,}" + (f" ({bind} bind mounts)" if bind > 1 else "")
+            rows.append([label, f"{fwall:.2f} / {fcpu:.2f}", floa, f"{p['wall']:.2f} / {p['cpu']:.2f}", p["load"],
+                         f"{p['grown'] / n:.0f}", f"{p['arrays'] / n:.0f}", f"{p['lookup']:.1f}",
+                         f"{p['child']:.1f}", f"{p['attr']:.2f}", f"{p['path']:.2f}"])
+            if base is not None:
+                d = daemon_runs(src, a.workdir, n)
+                s, r = d["scan"], d["snapshot"]
+                rows2.append([label, f"{s['ready']:.2f}", f"{s['scan_s']:.2f}", f"{s['rss'] / 2**20:.0f}",
+                              f"{(s['rss'] - base) / n:.0f}", s["load"], f"{r['ready']:.2f}", f"{r['scan_s']:.2f}",
+                              f"{r['rss'] / 2**20:.0f}", f"{(r['rss'] - base) / n:.0f}", r["load"],
+                              f"{d['snapshot_bytes'] / n:.0f}"])
+        finally:
+            if bind > 1:
+                unbind(src, bind)
+            elif not a.keep:
+                shutil.rmtree(src, ignore_errors=True)
+                os.unlink(src + ".done")
+    t1 = docsection.Table(
+        "Scan in process (page cache warm)",
+        ["files", "find wall / CPU s", "load", "scan wall / CPU s", "load", "RSS grown B/file", "arrays B/file",
+         "lookup us", "child us", "attr us", "path us"], rows,
+        "find = the same stat() of every file, in C (the floor); costs per call are CPU microseconds.")
+    tables = [t1]
+    if rows2:
+        tables.append(docsection.Table(
+            "The daemon: shadefs mount with a disk tier, then a restart from the snapshot",
+            ["files", "mount ready s", "scan s", "RSS MiB", "B/file", "load", "restart ready s", "load s",
+             "RSS MiB", "B/file", "load", "snapshot B/file"], rows2,
+            f"B/file = (daemon RSS - {base / 2**20:.0f} MiB, a daemon serving 1 file) / files. "
+            "'mount ready' = `shadefs mount` wall time until it returns (the mount serves)."))
+    for t in tables:
+        print(t.text(), flush=True)
+        print()
+    if a.write_doc:
+        start, end = docsection.markers("bench_namespace")
+        body = [start, "## Namespace", "",
+                "Reproduce: `" + " ".join(["python scripts/bench_namespace.py", *sys.argv[1:]]) + "`", ""]
+        for t in tables:
+            body += [t.markdown(), ""]
+        body.append(end)
+        docsection.write_section(DOC, "bench_namespace", "\n".join(body))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
