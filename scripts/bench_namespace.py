@@ -95,6 +95,45 @@ def timed(cmd) -> tuple:
     return wall, (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
 
 
+REF_CODE = """
+import json, os, sys, time
+sys.path.insert(0, sys.argv[1])
+from shadefs_ref.backends.posix import PosixBackend
+from shadefs_ref.namespace import Namespace
+def rss():
+    return int([l for l in open("/proc/self/status") if l.startswith("VmRSS:")][0].split()[1]) * 1024
+before = rss()
+t0, c0 = time.monotonic(), time.process_time()
+ns = Namespace(PosixBackend(sys.argv[2]).walk())
+wall, cpu = time.monotonic() - t0, time.process_time() - c0
+paths = [ns.paths[i] for i in range(0, ns.num_files, max(1, ns.num_files // 20000))]
+c = time.process_time()
+for p in paths:
+    ns.lookup(p)
+lookup = (time.process_time() - c) / len(paths) * 1e6
+print(json.dumps({"wall": wall, "cpu": cpu, "grown": rss() - before, "files": ns.num_files, "lookup": lookup}))
+"""
+
+
+def reference(rev: str, src: str, work: str) -> dict:
+    """The namespace of commit ``rev`` (its namespace.py and backends/, as package shadefs_ref), scanning
+    ``src`` in a fresh process: the "before" of this run."""
+    import json
+
+    pkg = os.path.join(work, f"ref-{rev}")
+    if not os.path.isdir(os.path.join(pkg, "shadefs_ref")):
+        os.makedirs(pkg, exist_ok=True)
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        tar = subprocess.run(["git", "-C", root, "archive", rev, "shadefs/__init__.py", "shadefs/namespace.py",
+                              "shadefs/backends"], check=True, capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", pkg], input=tar, check=True)
+        os.rename(os.path.join(pkg, "shadefs"), os.path.join(pkg, "shadefs_ref"))
+    r = subprocess.run([sys.executable, "-c", REF_CODE, pkg, src], capture_output=True, text=True, check=True)
+    out = json.loads(r.stdout)
+    out["load"] = load()
+    return out
+
+
 def in_process(src: str, n: int) -> dict:
     """Scan in this process; returns seconds, RSS growth and per-call costs."""
     from shadefs.backends.posix import PosixBackend
@@ -170,6 +209,8 @@ def main(argv=None) -> int:
     ap.add_argument("--workdir", default="/tmp/shadefs-bench-ns")
     ap.add_argument("--keep", action="store_true", help="keep the trees for the next run")
     ap.add_argument("--no-daemon", action="store_true", help="only the in-process figures")
+    ap.add_argument("--ref", default="362a0bd", metavar="REV",
+                    help="also scan with the namespace of commit REV, side by side ('' = skip)")
     ap.add_argument("--write-doc", action="store_true", help="rewrite the Namespace section of docs/performance.md")
     a = ap.parse_args(argv)
     os.makedirs(a.workdir, exist_ok=True)
@@ -190,8 +231,13 @@ def main(argv=None) -> int:
             timed(["find", src, "-printf", "%s %T@\n"])  # warm the page cache
             fwall, fcpu = timed(["find", src, "-printf", "%s %T@\n"])
             floa = load()
-            p = in_process(src, n)
             label = f"{n:,}" + (f" ({bind} bind mounts)" if bind > 1 else "")
+            if a.ref:
+                r = reference(a.ref, src, a.workdir)
+                rows.append([f"{label}, before ({a.ref})", f"{fwall:.2f} / {fcpu:.2f}", floa,
+                             f"{r['wall']:.2f} / {r['cpu']:.2f}", r["load"], f"{r['grown'] / n:.0f}", "-",
+                             f"{r['lookup']:.1f}", "-", "-", "-"])
+            p = in_process(src, n)
             rows.append([label, f"{fwall:.2f} / {fcpu:.2f}", floa, f"{p['wall']:.2f} / {p['cpu']:.2f}", p["load"],
                          f"{p['grown'] / n:.0f}", f"{p['arrays'] / n:.0f}", f"{p['lookup']:.1f}",
                          f"{p['child']:.1f}", f"{p['attr']:.2f}", f"{p['path']:.2f}"])
