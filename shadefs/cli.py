@@ -185,6 +185,9 @@ def build_config(args) -> MountConfig:
         raise UserError(f"--metrics-port {args.metrics_port}: a port is 0-65535 (0 picks a free one)")
     if not 0 <= args.checkpoint_interval < float("inf"):
         raise UserError(f"--checkpoint-interval {args.checkpoint_interval:g}: seconds must be a finite number >= 0")
+    if not 0 <= args.backend_timeout < float("inf"):
+        raise UserError(f"--backend-timeout {args.backend_timeout:g}: seconds must be a finite number >= 0 "
+                        "(0 = no deadline)")
     if args.score_transform not in ("rank", "raw"):
         raise UserError(f"--score-transform {args.score_transform!r}: choose rank or raw")
     kwargs = dict(
@@ -197,6 +200,7 @@ def build_config(args) -> MountConfig:
         fuse_threads=args.fuse_loop == "multi", backend_options=_backend_options(args.backend_opt),
         score_transform=args.score_transform, checkpoint_interval_s=args.checkpoint_interval,
         follow_symlinks=args.follow_symlinks, rescan=args.rescan,
+        backend_timeout_s=float(args.backend_timeout),
     )
     kwargs.update(_shared_tier_config(args))
     if "ram_cache" in sizes:
@@ -456,6 +460,8 @@ def make_parser() -> argparse.ArgumentParser:
     m.add_argument("--fuse-loop", choices=("multi", "single"), default="multi",
                    help="multi (default): a hit never waits behind a miss; single: fastest hits, misses block")
     m.add_argument("--backend-opt", action="append", metavar="KEY=VALUE", help="backend option (repeatable)")
+    m.add_argument("--backend-timeout", type=float, default=60.0, metavar="SECONDS",
+                   help="a backend read that takes longer fails with EIO (default 60; 0 = no deadline)")
     # the shared tier (issue 13; docs/operations.md, "A shared tier across nodes")
     m.add_argument("--shared-tier", metavar="URL[,URL...]",
                    help="a Redis Cluster (or one Redis server) shared by the mounts of this source on all "

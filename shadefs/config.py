@@ -119,6 +119,7 @@ class MountConfig:
     fuse_threads: bool = True                 # multithreaded FUSE loop: a hit never waits on a miss
     backend_options: tuple = ()               # (key, value) pairs for fsspec backends
     scan_workers: int = 16
+    backend_timeout_s: float = 60.0           # deadline of one backend read (EIO after); 0 = none
     # the shared tier (issue 13): None = off
     shared_tier: Optional[tuple] = dataclasses.field(default=None, repr=False)  # Redis URLs: may hold a password
     shared_tier_size: Size = Size(nbytes=0)   # this mount's contribution to the group's budget

@@ -18,6 +18,7 @@ from typing import Optional
 import numpy as np
 
 from .backends.base import open_backend
+from .backends.timeout import TimeoutBackend
 from .cache.core import TieredCache
 from .cache import persist
 from .cache.index import TierIndex
@@ -82,7 +83,11 @@ class Daemon:
         options = dict(cfg.backend_options)
         if "://" not in cfg.source:
             options.setdefault("scan_workers", cfg.scan_workers)
+        if "://" in cfg.source and cfg.backend_timeout_s > 0:
+            options.setdefault("timeout_s", cfg.backend_timeout_s)  # fsspec: connect/read timeouts
         self.backend = open_backend(cfg.source, **options)
+        if cfg.backend_timeout_s > 0:  # the deadline of every read, whatever the backend does
+            self.backend = TimeoutBackend(self.backend, cfg.backend_timeout_s)
         self.namespace = self._namespace()
         ns = self.namespace
         log.info("%s %s: %d files, %d directories, %s in %.2f s", "snapshot of" if ns.from_snapshot else "scanned",

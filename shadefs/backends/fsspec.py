@@ -34,6 +34,7 @@ _S3 = ("s3", "s3a")
 # Convenience spellings for s3fs, moved to where botocore wants them.
 _S3_CLIENT_KWARGS = {"endpoint_url": "endpoint_url", "region": "region_name", "region_name": "region_name"}
 _S3_CONFIG_KWARGS = ("connect_timeout", "read_timeout", "max_pool_connections")
+S3FS_CONNECT_TIMEOUT_S, S3FS_READ_TIMEOUT_S = 5.0, 15.0  # s3fs's per-attempt defaults (S3FileSystem)
 # Listing caches would keep a second copy of a million-key listing and serve stale stat(); off.
 _NO_LISTINGS_CACHE = _S3 + ("gs", "gcs", "http", "https")
 
@@ -152,6 +153,9 @@ class FsspecBackend(Backend):
         retry_base_s (float): first backoff in seconds (default 0.1); doubles per retry.
         retry_max_s (float): cap on one backoff in seconds (default 5).
         retry_seed (int): seeds the backoff jitter (default: random).
+        timeout_s (float, s3): caps the default ``connect_timeout`` (5 s) and ``read_timeout`` (15 s) of
+            one attempt (the daemon passes ``--backend-timeout``); other protocols are bounded only by
+            the daemon's per-read deadline (:mod:`shadefs.backends.timeout`).
         endpoint_url (str, s3): an S3-compatible endpoint (MinIO, Ceph, moto); goes into
             ``client_kwargs``. ``region`` likewise; ``connect_timeout``, ``read_timeout`` (seconds)
             and ``max_pool_connections`` go into botocore's ``config_kwargs``.
@@ -169,7 +173,7 @@ class FsspecBackend(Backend):
     scheme = "fsspec"
 
     def __init__(self, url: str, retries: Any = 5, retry_base_s: Any = 0.1, retry_max_s: Any = 5.0,
-                 retry_seed: Any = None, **options: Any):
+                 retry_seed: Any = None, timeout_s: Any = None, **options: Any):
         storage_options = parse_options(options)
         self._secrets = _secret_values(storage_options)
         super().__init__(url, **_mask(storage_options))
@@ -188,8 +192,12 @@ class FsspecBackend(Backend):
         except ValueError as e:
             raise BackendError(f"no backend for {self.protocol}:// URLs (fsspec: {e})") from e
         self._is_s3 = self.protocol in _S3
+        try:
+            self.timeout_s = None if timeout_s in (None, "") else float(timeout_s)
+        except ValueError as e:
+            raise BackendError(f"bad timeout_s option: {e}") from e
         if self._is_s3:
-            self._s3_defaults(storage_options)
+            self._s3_defaults(storage_options, self.timeout_s)
         if self.protocol in _NO_LISTINGS_CACHE:
             storage_options.setdefault("use_listings_cache", False)
         kwargs = dict(cls._get_kwargs_from_urls(url))
@@ -210,8 +218,14 @@ class FsspecBackend(Backend):
         self._closed = False
 
     @staticmethod
-    def _s3_defaults(opts: Dict[str, Any]) -> None:
-        """Move s3 convenience options into place and set shadefs's defaults (in place)."""
+    def _s3_defaults(opts: Dict[str, Any], timeout_s: Optional[float] = None) -> None:
+        """Move s3 convenience options into place and set shadefs's defaults (in place).
+
+        ``timeout_s`` (``--backend-timeout``) caps botocore's ``connect_timeout`` and ``read_timeout`` per
+        attempt (s3fs's defaults, 5 s and 15 s, when the timeout is longer) unless those are given, so a
+        stalled attempt fails and is retried within the deadline; the whole read, retries included, is
+        bounded by :class:`shadefs.backends.timeout.TimeoutBackend` (6 attempts x 15 s + backoff was the
+        ~94 s a stalled GET took before)."""
         client = opts.setdefault("client_kwargs", {})
         for name, target in _S3_CLIENT_KWARGS.items():
             if name in opts:
@@ -220,6 +234,9 @@ class FsspecBackend(Backend):
         for name in _S3_CONFIG_KWARGS:
             if name in opts:
                 config[name] = opts.pop(name)
+        if timeout_s is not None and timeout_s > 0:
+            config.setdefault("connect_timeout", min(S3FS_CONNECT_TIMEOUT_S, timeout_s))
+            config.setdefault("read_timeout", min(S3FS_READ_TIMEOUT_S, timeout_s))
         # One retry policy, ours: botocore's retries would multiply with it (6 x 5 attempts).
         config.setdefault("retries", {"total_max_attempts": 1})
         # One GET per read: with max_concurrency > 1, s3fs sends a HEAD first and splits big objects.

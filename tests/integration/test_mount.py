@@ -156,6 +156,8 @@ def test_readdir_lists_only_the_source(small_tree, mount):
     (["--disk-min-free", "101%"], "--disk-min-free"),
     (["--checkpoint-interval", "-1"], "--checkpoint-interval"),
     (["--checkpoint-interval", "nan"], "--checkpoint-interval"),
+    (["--backend-timeout", "-1"], "--backend-timeout -1: seconds must be a finite number >= 0"),
+    (["--backend-timeout", "inf"], "--backend-timeout inf"),
     (["--metrics-port", "70000"], "--metrics-port 70000"),
     (["--metrics-port", "-1"], "--metrics-port -1"),
 ])

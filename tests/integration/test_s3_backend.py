@@ -12,6 +12,7 @@ import os
 import socket
 import struct
 import threading
+import time
 
 import pytest
 from conftest import require, set_dummy_aws_env
@@ -46,7 +47,8 @@ class FaultProxy:
     Every client connection carries one request (``Connection: close`` both ways), so a fault hits
     exactly one request. ``inject(kind, n)`` queues faults for the next ``n`` requests:
     ``"503"`` (S3 SlowDown), ``"500"`` (InternalError), ``"403"`` (AccessDenied), ``"reset"``
-    (TCP RST instead of a response), ``"truncate"`` (half the body, then RST).
+    (TCP RST instead of a response), ``"truncate"`` (half the body, then RST), ``"stall"`` (read the
+    request, never answer: a hung server; the connection is held until :meth:`close`).
     ``requests`` records ``(method, path)`` of every request, faulted or not.
     """
 
@@ -67,6 +69,7 @@ class FaultProxy:
         self._listener.listen(128)
         self.port = self._listener.getsockname()[1]
         self._closed = False
+        self._released = threading.Event()   # stalled connections wait on it
         self._thread = threading.Thread(target=self._accept_loop, name="faultproxy", daemon=True)
         self._thread.start()
 
@@ -89,6 +92,7 @@ class FaultProxy:
 
     def close(self) -> None:
         self._closed = True
+        self._released.set()
         try:
             self._listener.shutdown(socket.SHUT_RDWR)
         except OSError:
@@ -146,6 +150,10 @@ class FaultProxy:
                 fault = self._faults.popleft() if self._faults else None
             if fault == "reset":
                 self._reset(conn)
+                return
+            if fault == "stall":
+                self._released.wait(120)
+                conn.close()
                 return
             if fault in self._CANNED:
                 status, reason, code, message = self._CANNED[fault]
@@ -400,3 +408,49 @@ def test_closed_backend_refuses_reads(proxy):
     b.close()  # idempotent
     with pytest.raises(BackendError, match="closed"):
         b.read("README", 6)
+
+
+# -- --backend-timeout: a stalled GET is EIO in about the timeout ------------------------------------
+
+def test_stalled_get_is_eio_in_about_the_read_timeout_per_attempt(proxy, caplog):
+    """timeout_s (the daemon passes --backend-timeout) is botocore's read timeout: each stalled attempt
+    fails after it and is retried; after the retries, EIO. Without it a stalled GET took ~94 s."""
+    b = make_backend(proxy.endpoint, retries="1", timeout_s="1")
+    try:
+        assert b.read("README", 6) == FILES["README"]   # the session is up
+        proxy.clear()
+        proxy.inject("stall", 10)
+        t0 = time.monotonic()
+        with caplog.at_level(logging.ERROR):
+            with pytest.raises(BackendError, match=r"read 'README': failed after 2 attempts") as e:
+                b.read("README", 6)
+        took = time.monotonic() - t0
+        assert 1.9 <= took < 6, took
+        assert proxy.count("GET", "README") == 2
+        assert "timeout" in str(e.value).lower()
+    finally:
+        b.close()
+
+
+def test_stalled_get_under_the_deadline_wrapper_is_eio_at_the_deadline(proxy, caplog):
+    """The daemon's wrapper bounds the whole read (retries included) at --backend-timeout."""
+    from shadefs.backends.timeout import TimeoutBackend
+
+    inner = make_backend(proxy.endpoint, retries="5", timeout_s="1.5")
+    b = TimeoutBackend(inner, 1.5)
+    try:
+        assert b.read("README", 6) == FILES["README"]
+        proxy.clear()
+        proxy.inject("stall", 100)
+        t0 = time.monotonic()
+        with caplog.at_level(logging.ERROR):
+            with pytest.raises(BackendError, match=r"read 'README': no answer from the backend within 1.5 s"):
+                b.read("README", 6)
+        took = time.monotonic() - t0
+        assert 1.4 <= took < 3, took
+        assert "read 'README'" in caplog.text
+        proxy.clear()                                    # the server answers again: served, exact
+        assert b.read("train/1/c.png", len(FILES["train/1/c.png"])) == FILES["train/1/c.png"]
+    finally:
+        proxy.close()                                    # releases the stalled connections
+        b.close()

@@ -1,0 +1,75 @@
+"""``--backend-timeout`` on a real mount: a source file replaced by a FIFO after the scan makes the
+backend's open() block in the kernel; the reader gets EIO at the deadline (logged with the path) while
+the other files keep being served, and the stuck thread does not take serving capacity."""
+import errno
+import os
+import threading
+import time
+
+import pytest
+
+from mountutil import read
+
+pytestmark = pytest.mark.usefixtures("fuse")
+
+
+def unblock(fifo):
+    """A writer that appears and leaves at once: every open() stuck on the FIFO returns (then EOF)."""
+    for _ in range(20):
+        try:
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        except OSError:  # ENXIO: no reader (left already)
+            return
+        time.sleep(0.05)
+
+
+def test_a_read_stuck_in_the_kernel_is_eio_at_the_deadline_and_others_are_served(small_tree, mount):
+    src, spec = small_tree
+    m = mount(src, "--ram-cache", "0", "--backend-timeout", "1.5")
+    fifo = os.path.join(src, "dog/04.bin")
+    os.remove(fifo)
+    os.mkfifo(fifo)          # the snapshot still says a 5000-byte regular file
+    results = {}
+
+    def stuck_reader(i):
+        t0 = time.monotonic()
+        try:
+            read(os.path.join(m.path, "dog/04.bin"))
+            results[i] = ("data", time.monotonic() - t0)
+        except OSError as e:
+            results[i] = (e.errno, time.monotonic() - t0)
+
+    try:
+        threads = [threading.Thread(target=stuck_reader, args=(i,)) for i in range(3)]
+        for t in threads:
+            t.start()
+            time.sleep(0.05)
+        # meanwhile every other file is served, exact (each open is a backend read: --ram-cache 0)
+        t0 = time.monotonic()
+        for _ in range(3):
+            for rel, data in sorted(spec.items()):
+                if rel != "dog/04.bin":
+                    assert read(os.path.join(m.path, rel)) == data
+        served_in = time.monotonic() - t0
+        for t in threads:
+            t.join(20)
+        assert served_in < 1.5, served_in       # not queued behind the stuck reads
+        # single-flight: concurrent opens of one file share one backend read, so all three see its EIO
+        assert sorted(results) == [0, 1, 2]
+        for err, took in results.values():
+            assert err == errno.EIO
+            assert 1.3 <= took < 6, took
+        # again, after the deadline: a new read, a new thread, EIO again (never a short or empty file)
+        t0 = time.monotonic()
+        with pytest.raises(OSError) as e:
+            read(os.path.join(m.path, "dog/04.bin"))
+        assert e.value.errno == errno.EIO and 1.4 <= time.monotonic() - t0 < 6
+        for rel, data in sorted(spec.items()):
+            if rel != "dog/04.bin":
+                assert read(os.path.join(m.path, rel)) == data
+    finally:
+        unblock(fifo)
+    log = m.log()
+    assert "read 'dog/04.bin': no answer from the backend within 1.5 s (--backend-timeout)" in log
+    s = m.stats()
+    assert s["opens"] == sum(s["hits"].values()) + s["misses"]
