@@ -6,6 +6,10 @@ The whole change to a training loop (docs/hooks.md)::
     reporter = ScoreReporter(dataset, sampler=sampler)
     reporter.report(loss)                                    # per step, loss with reduction="none"
 
+or, to let the daemon prefetch and evict by the known future (any sampler's order)::
+
+    sampler = PlanSampler(dataset, seed=0)                   # instead of shuffle=True
+
 Importing this package never imports torch: the names below load on first use, and only
 ``ShadeSampler`` (a ``torch.utils.data.Sampler``) needs torch. Otherwise depends on numpy and pyzmq.
 """
@@ -14,14 +18,15 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__all__ = ["Client", "ScoreReporter", "ShadeSampler"]
+__all__ = ["Client", "ScoreReporter", "ShadeSampler", "PlanSampler"]
 
-_WHERE = {"Client": ".client", "ScoreReporter": ".reporter", "ShadeSampler": ".sampler"}
+_WHERE = {"Client": ".client", "ScoreReporter": ".reporter", "ShadeSampler": ".sampler", "PlanSampler": ".plan"}
 
 if TYPE_CHECKING:  # pragma: no cover
     from .client import Client
     from .reporter import ScoreReporter
     from .sampler import ShadeSampler
+    from .plan import PlanSampler
 
 
 def __getattr__(name: str) -> Any:

@@ -250,6 +250,32 @@ class Client:
         """The daemon's stats object (same as ``shadefs stats --json``)."""
         return self._cc.stats()
 
+    REGISTER_CHUNK = 262144
+
+    def register_paths(self, paths: Sequence[str]) -> bytes:
+        """Upload a path table (mount-relative paths, in table order) in chunks; returns its 8-byte handle.
+
+        Raises what the control client raises (TimeoutError, ControlError such as ``unknown_path``).
+        """
+        paths = list(paths)
+        handle = b""
+        size = 0
+        for start in range(0, max(1, len(paths)), self.REGISTER_CHUNK):
+            handle, size = self._cc.register(paths[start:start + self.REGISTER_CHUNK], handle)
+        if size != len(paths):
+            raise ValueError(f"register: the daemon holds {size} paths of {len(paths)}")
+        return handle
+
+    def send_plan(self, handle: bytes, stream: int, first_epoch: int, segments, ids, window: int = 0) -> bool:
+        """Queue a ``plan`` message; never blocks. Returns False when dropped (queue full, socket error)."""
+        try:
+            return bool(self._cc.send_plan(handle, stream, first_epoch, segments, ids, window=window))
+        except Exception as exc:
+            self._send_errors += 1
+            if self._send_errors == 1:
+                log.warning("shadefs: dropping a plan for %s: %s", self.endpoint, exc)
+            return False
+
     def close(self) -> None:
         self._cc.close()
 

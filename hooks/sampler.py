@@ -118,6 +118,8 @@ class ShadeSampler(torch.utils.data.Sampler):
         min_miss_fraction: the least fraction of each epoch left to draws that were not resident (as
             far as there are any), so repeated hits can never crowd out every miss and freeze the
             cache. 0.0 is the reference behaviour. See docs/hooks.md.
+        announce_plan: announce each epoch's order to the daemon (:class:`~shadefs.hooks.plan.PlanAnnouncer`),
+            so it prefetches ahead and evicts by the known future (Belady on the plan).
 
     Raises:
         ValueError: an argument out of range.
@@ -137,6 +139,7 @@ class ShadeSampler(torch.utils.data.Sampler):
         client: Union[Client, None, bool] = None,
         mode: str = "auto",
         min_miss_fraction: float = 0.1,
+        announce_plan: bool = True,
     ):
         n = len(dataset)
         if n <= 0:
@@ -190,6 +193,11 @@ class ShadeSampler(torch.utils.data.Sampler):
         self.client: Optional[Client] = None
         self.paths: Optional[DatasetPaths] = None
         self._attach(client)
+        self.announcer = None
+        if announce_plan and self.client is not None and self.paths is not None:
+            from .plan import PlanAnnouncer
+
+            self.announcer = PlanAnnouncer(dataset, self.client, stream=self.rank, owner="ShadeSampler")
 
     # ----------------------------------------------------------------------------------- daemon
     def _attach(self, client) -> None:
@@ -319,6 +327,8 @@ class ShadeSampler(torch.utils.data.Sampler):
             self._sync_state_from_rank0()
         self.plan = self.plan_epoch(self.epoch)
         self.generation += 1
+        if self.announcer is not None:  # the PADS draw, repeats included (issue 11); sent in the background
+            self.announcer.announce(self.epoch, [self.plan.order])
         return iter(self.plan.order.tolist())
 
     @property

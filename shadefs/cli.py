@@ -21,7 +21,7 @@ from typing import List, Optional
 from .config import ConfigError, MountConfig, format_bytes, parse_size
 
 STATS_KEYS = ("policy", "uptime_s", "opens", "hits", "misses", "hit_ratio", "byte_hit_ratio",
-              "backend_bytes", "tiers", "shared_errors", "namespace")  # shared_errors: only with --shared-tier
+              "backend_bytes", "tiers", "shared_errors", "namespace", "prefetch")  # shared_errors: only with --shared-tier
 
 
 class UserError(Exception):
@@ -209,6 +209,18 @@ def build_config(args) -> MountConfig:
         kwargs["disk_cache"] = disk_size
     if "disk_min_free" in sizes:
         kwargs["disk_min_free"] = sizes["disk_min_free"]
+    # clairvoyant caching (issue 11)
+    if args.prefetch_window is not None:
+        try:
+            pw = parse_size(args.prefetch_window)
+        except ConfigError as e:
+            raise UserError(f"--prefetch-window: {e}") from None
+        if pw.fraction is not None:
+            raise UserError("--prefetch-window: give bytes with a unit (256MiB); 0 turns prefetching off")
+        kwargs["prefetch_window"] = pw
+    if not 0 <= args.prefetch_concurrency <= 1024:
+        raise UserError(f"--prefetch-concurrency {args.prefetch_concurrency}: choose 0..1024 (0: no prefetching)")
+    kwargs["prefetch_concurrency"] = args.prefetch_concurrency
     if args.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise UserError(f"--log-level {args.log_level!r}: choose debug, info, warning or error")
     if args.control or args.curve_secret_key:
@@ -361,6 +373,11 @@ def format_stats(s: dict) -> str:
         t = s["tiers"][name]
         lines.append(f"{name:<6} {format_bytes(t['used_bytes']):>10} / {format_bytes(t['capacity_bytes']):<10} "
                      f"{t['files']:>8} {t['evictions']:>11}")
+    p = s.get("prefetch")
+    if p:
+        lines.append(f"prefetch        {p['ready']} ready, {p['late']} late ({p.get('late_wait_s', 0.0):.3f} s "
+                     f"waited), {format_bytes(p['fetched_bytes'])} fetched, {format_bytes(p['wasted_bytes'])} wasted")
+        lines.append(f"plans           {p['plans_active']} active, {p['plans_retired']} retired")
     if "scores_received" in s:
         rejected = sum(s.get("scores_rejected", {}).values())
         lines.append(f"score messages  {s['scores_received']} received, {rejected} rejected")
@@ -483,6 +500,11 @@ def make_parser() -> argparse.ArgumentParser:
                         "counted; docs/operations.md, Security)")
     m.add_argument("--rescan", action="store_true",
                    help="scan the source even when a namespace snapshot beside the disk tier is still valid")
+    # clairvoyant caching (issue 11)
+    m.add_argument("--prefetch-window", metavar="SIZE",
+                   help="RAM for prefetched files not yet opened (default min(256MiB, 5%% of RAM); 0 = off)")
+    m.add_argument("--prefetch-concurrency", type=int, default=32, metavar="N",
+                   help="prefetch reads in flight ahead of announced plans (default 32; 0 = off)")
     m.set_defaults(func=cmd_mount)
 
     u = sub.add_parser("umount", help="unmount MOUNTPOINT (the daemon exits)")

@@ -130,3 +130,7 @@ class MountConfig:
     shared_tier_partitions: int = 64
     follow_symlinks: bool = False             # serve symlinks whose target lies outside the source tree
     rescan: bool = False                      # ignore a persisted namespace snapshot: scan the source
+    # clairvoyant caching (issue 11): announced plans, Belady on the plan, the prefetcher
+    prefetch_window: Optional[Size] = None    # None: min(256 MiB, 5 % of RAM); 0 disables prefetching
+    prefetch_concurrency: int = 32            # prefetch reads in flight at most
+    plan_window: int = 8192                   # positions ahead of a plan's cursor an open may match

@@ -26,6 +26,9 @@ from .cache.tiers import DiskTier, MemoryTier
 from .cache.trace import TraceWriter
 from .config import MountConfig, format_bytes
 from .namespace import SNAPSHOT_FILE, Namespace
+from .plan.plans import PlanError, PlanRegistry
+from .plan.policy import PlanPolicy
+from .plan.prefetch import Prefetcher
 from .policies.base import Importance, get_policy
 from .policies.shade import get_transform
 
@@ -48,6 +51,15 @@ def select_libfuse() -> None:
     lib = find_library("fuse3")
     if lib:
         os.environ["FUSE_LIBRARY_PATH"] = lib
+
+
+def default_prefetch_window() -> int:
+    """min(256 MiB, 5 % of physical RAM), in bytes."""
+    try:
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        ram = 8 * 2**30
+    return int(min(256 * 2**20, 0.05 * ram))
 
 
 class Daemon:
@@ -97,7 +109,13 @@ class Daemon:
         ram_bytes = cfg.ram_cache.resolve(ns.total_bytes)
         disk_bytes = cfg.disk_cache.resolve(ns.total_bytes) if cfg.disk_cache_dir else 0
         self.importance = Importance(ns.num_files)
-        policy_cls = get_policy(cfg.policy)
+        # Every tier runs Belady on the announced plans (issue 11), the mount's --policy without one.
+        self.plans = PlanRegistry(ns.num_files, window=cfg.plan_window)
+        base_cls = get_policy(cfg.policy)
+
+        def policy_cls(capacity, importance):
+            return PlanPolicy(base_cls(capacity, importance), self.plans)
+
         ram = (TierIndex("ram", ram_bytes, policy_cls(ram_bytes, self.importance)), MemoryTier())
         disk = None
         min_free = 0
@@ -113,6 +131,12 @@ class Daemon:
         self.shared = self._build_shared(ns)
         self.cache = TieredCache(ns, self.backend, ram, disk, self.importance, trace=self.trace,
                                  on_backend_read=self._on_backend_read, shared=self.shared)
+        self.plans.lock = self.cache.lock  # cursors advance under the lock that counts the opens
+        window = (cfg.prefetch_window.resolve(0) if cfg.prefetch_window is not None else default_prefetch_window())
+        if cfg.prefetch_concurrency <= 0:
+            window = 0
+        self.prefetcher = Prefetcher(self.cache, self.plans, window, cfg.prefetch_concurrency)
+        self.cache.attach_plans(self.plans, self.prefetcher)
         self._transform = get_transform(cfg.score_transform)
         log.info("mount %s -> %s: policy %s, RAM tier %s, disk tier %s%s, kernel cache %s, FUSE loop %s",
                  self.backend.describe(), cfg.mountpoint, cfg.policy, format_bytes(ram_bytes),
@@ -260,6 +284,7 @@ class Daemon:
         self.control.start()
         self.endpoint = self.control.endpoint
         self.cache.start_background()  # threads only now: after the FUSE fork
+        self.prefetcher.start()
         if self.checkpointer is not None:
             self.checkpointer.start()
         if self.shared is not None:
@@ -287,6 +312,7 @@ class Daemon:
         self._stopped.set()
         if self.control is not None:
             self.control.stop()
+        self.prefetcher.stop()
         if self.metrics is not None:
             self.metrics.stop()
         if self.checkpointer is not None:
@@ -352,3 +378,24 @@ class Daemon:
 
     def resident(self, fids: np.ndarray) -> np.ndarray:
         return self.cache.resident(fids)
+
+    def register_paths(self, handle, fids: np.ndarray):
+        """``register``: a dataset's path table (resolved to ``fids``) -> (8-byte handle, table size)."""
+        from .control.protocol import ProtocolError
+
+        try:
+            return self.plans.register(handle, fids)
+        except PlanError as e:
+            raise ProtocolError(e.reason, e.message) from None
+
+    def apply_plan(self, msg) -> None:
+        """``plan``: install an announced order (:class:`shadefs.control.protocol.PlanMessage`)."""
+        from .control.protocol import ProtocolError
+
+        try:
+            plan = self.plans.announce(msg.handle, msg.stream, msg.first_epoch, msg.segments.tolist(), msg.ids,
+                                       window=msg.window)
+        except PlanError as e:
+            raise ProtocolError(e.reason, e.message) from None
+        log.info("announced %s", plan.describe())
+        self.prefetcher.wake()

@@ -35,7 +35,8 @@ from .namespace import normalize
 from .policies.base import Importance, get_policy, policy_names
 
 __all__ = [
-    "OPT", "SCORES_HEADER", "Trace", "Result", "read_trace", "simulate", "next_use", "belady", "run",
+    "OPT", "SCORES_HEADER", "Trace", "Result", "read_trace", "simulate", "simulate_plan", "next_use", "belady",
+    "run",
     "read_scores", "load_scores", "scores_to_importance", "write_scores", "format_table", "plot",
     "add_simulate_arguments", "main_simulate",
 ]
@@ -340,6 +341,57 @@ def simulate(trace: Trace, policy_name: str, cache_bytes: int,
     return _result(cls.name, cache_bytes, hits, hit_bytes, trace)
 
 
+PLAN_SUFFIX = "+plan"
+"""Results of :func:`simulate_plan` are named ``<policy>+plan``."""
+
+
+def simulate_plan(trace: Trace, policy_name: str, cache_bytes: int,
+                  importance: Optional[Importance] = None, hit_mask: Optional[np.ndarray] = None) -> Result:
+    """Replay ``trace`` with its future known: the daemon's Belady-on-plan, reported as ``<policy>+plan``.
+
+    The whole trace is announced as one plan (:class:`shadefs.plan.plans.PlanRegistry`) and the tier runs
+    :class:`shadefs.plan.policy.PlanPolicy` around ``policy_name`` -- the classes the daemon runs when a
+    training job announces its order. Each access first advances the plan's cursor (as the daemon's open
+    does), then hits or is offered to the tier. With the whole future known it makes Belady's MIN
+    decisions, so its hits equal :func:`belady`'s (tests check this); files the plan no longer names fall
+    back to ``policy_name``.
+
+    Args and raises: as :func:`simulate`; ``hit_mask`` as :func:`belady`.
+    """
+    from .plan.plans import PlanRegistry
+    from .plan.policy import PlanPolicy
+
+    cls = get_policy(policy_name)
+    cache_bytes = _cache_bytes(cache_bytes)
+    rank = trace.namespace_ids
+    imp = Importance(trace.distinct_files)
+    if importance is not None:
+        if len(importance) != trace.distinct_files:
+            raise ValueError(f"importance has {len(importance)} files, the trace {trace.distinct_files}")
+        imp.values[rank] = importance.values
+    plans = PlanRegistry(trace.distinct_files)
+    fids = rank[trace.ids]
+    handle, _ = plans.register(None, np.arange(trace.distinct_files, dtype=np.int64))
+    if trace.requests:
+        plans.announce(handle, 0, 0, [trace.requests], fids.astype(np.uint32))
+    index = TierIndex("ram", cache_bytes, PlanPolicy(cls(cache_bytes, imp), plans))
+    sizes = np.empty_like(trace.sizes)
+    sizes[rank] = trace.sizes
+    sizes = sizes.tolist()
+    hits = hit_bytes = 0
+    for i, fid in enumerate(fids.tolist()):
+        plans.observe(fid)
+        if fid in index:
+            index.hit(fid)
+            hits += 1
+            hit_bytes += sizes[fid]
+            if hit_mask is not None:
+                hit_mask[i] = True
+        else:
+            index.admit(fid, sizes[fid])
+    return _result(cls.name + PLAN_SUFFIX, cache_bytes, hits, hit_bytes, trace)
+
+
 def next_use(ids: np.ndarray) -> np.ndarray:
     """For each access ``i``, the index of the next access to the same file, or ``len(ids)`` if none.
 
@@ -454,7 +506,7 @@ def _policy_list(policies: Union[str, Sequence[str]]) -> List[str]:
 
 
 def run(trace: Trace, sizes: Sequence[Union[Size, str]], policies: Union[str, Sequence[str]] = "all",
-        scores: Optional[Importance] = None) -> dict:
+        scores: Optional[Importance] = None, plan: bool = False) -> dict:
     """Replay ``trace`` for every cache size and policy, plus ``"opt"``.
 
     Args:
@@ -464,6 +516,8 @@ def run(trace: Trace, sizes: Sequence[Union[Size, str]], policies: Union[str, Se
         policies: ``"all"`` (every registered policy), a name, a comma-separated list, or a list of
             names. ``"opt"`` (Belady) is always included, last at each size.
         scores: per-file importance (:func:`load_scores`) for importance-aware policies.
+        plan: also replay every policy with the future known (:func:`simulate_plan`), as ``<policy>+plan``
+            right after the policy itself.
 
     Returns:
         ``{"requests", "distinct_files", "distinct_bytes", "results": [{"policy", "cache_bytes",
@@ -478,9 +532,12 @@ def run(trace: Trace, sizes: Sequence[Union[Size, str]], policies: Union[str, Se
     results = []
     for cap in caps:
         for name in names:
-            r = simulate(trace, name, cap, scores)
-            results.append({"policy": r.policy, "cache_bytes": r.cache_bytes,
-                            "hit_ratio": r.hit_ratio, "byte_hit_ratio": r.byte_hit_ratio})
+            runs = [simulate(trace, name, cap, scores)]
+            if plan and name != OPT:
+                runs.append(simulate_plan(trace, name, cap, scores))
+            for r in runs:
+                results.append({"policy": r.policy, "cache_bytes": r.cache_bytes,
+                                "hit_ratio": r.hit_ratio, "byte_hit_ratio": r.byte_hit_ratio})
     return {"requests": trace.requests, "distinct_files": trace.distinct_files,
             "distinct_bytes": trace.distinct_bytes, "results": results}
 
@@ -637,6 +694,10 @@ def add_simulate_arguments(parser: argparse.ArgumentParser) -> argparse.Argument
     parser.add_argument("--scores", metavar="FILE",
                         help="importance per file (CSV path,importance, as the daemon writes it) for "
                              "importance-aware policies; unlisted files weigh 1.0")
+    parser.add_argument("--plan", action="store_true",
+                        help="also replay each policy with the trace's future known, as a training job "
+                             "announcing its order makes the daemon do (Belady on the plan); reported as "
+                             "POLICY+plan")
     return parser
 
 
@@ -654,7 +715,7 @@ def main_simulate(args: argparse.Namespace) -> int:
                 print(f"shadefs simulate: warning: no path in {args.scores} occurs in the trace; "
                       f"every file weighs 1.0", file=sys.stderr)
             scores = scores_to_importance(scored, trace)
-        result = run(trace, sizes, policies, scores)
+        result = run(trace, sizes, policies, scores, plan=getattr(args, "plan", False))
         if args.plot:
             plot(result, args.plot)
     except (ValueError, OSError, ImportError) as e:

@@ -34,7 +34,7 @@ __all__ = ["TieredCache", "Outcome"]
 
 log = logging.getLogger("shadefs.cache")
 
-Outcome = str  # "ram" | "disk" | "miss"
+Outcome = str  # "ram" | "disk" | "miss" | "prefetch" (a completed prefetch) | "late" (waited on one)
 RAM_BIT, DISK_BIT = 1, 2  # bits of TieredCache.resident_flags
 
 
@@ -103,6 +103,14 @@ class TieredCache:
         self._bg_wake = threading.Event()
         self._bg_stop = threading.Event()
         self._bg_thread: Optional[threading.Thread] = None
+        self.plans = None        # shadefs.plan.plans.PlanRegistry: cursors follow every counted open
+        self.prefetcher = None   # shadefs.plan.prefetch.Prefetcher
+
+    def attach_plans(self, plans, prefetcher=None) -> None:
+        """Follow announced plans (issue 11): ``plans`` shares this cache's lock; ``prefetcher`` reads
+        ahead of them into its window. Call before serving."""
+        self.plans = plans
+        self.prefetcher = prefetcher
 
     # -- the read path -----------------------------------------------------------------------------
     def open(self, fid: int) -> Tuple[Optional[bytes], Outcome]:
@@ -128,6 +136,29 @@ class TieredCache:
             on_disk = self.disk_index is not None and fid in self.disk_index
             if on_disk:
                 self.disk_index.hit(fid)
+            elif self.prefetcher is not None:
+                data = self.prefetcher.take(fid)
+                if data is not None:
+                    self._count(fid, size, "prefetch")
+                else:
+                    fut = self._inflight.get(fid)
+                    if fut is None or not getattr(fut, "prefetch", False):
+                        fut = None
+        if not on_disk and self.prefetcher is not None:
+            if data is not None:
+                self._admit(fid, data)
+                return data, "prefetch"
+            if fut is not None:  # single-flight: wait for the prefetch's read, never start another
+                t0 = time.monotonic()
+                got = fut.result()
+                if got is not None:
+                    data = got[0]
+                    with self.lock:
+                        self.prefetcher.took_late(fid, time.monotonic() - t0)
+                        self._count(fid, size, "late")
+                    self._admit(fid, data)
+                    return data, "late"
+                # the prefetch failed: read it ourselves, counted as a miss
         if on_disk:
             try:
                 data = self.disk.get(self.ns.path(fid), size)
@@ -180,8 +211,11 @@ class TieredCache:
         elif outcome == "shared":
             self.hits_shared += 1
             self.hit_bytes += size
-        else:
+        elif outcome == "miss":
             self.misses += 1
+        # "prefetch" / "late" are counted by the prefetcher (ready / late)
+        if self.plans is not None:
+            self.plans.observe(fid)
         if self.trace is not None:
             self.trace.record(self.ns.path(fid), size, outcome)
 
@@ -214,9 +248,21 @@ class TieredCache:
             if leader:
                 fut = cf.Future()
                 self._inflight[fid] = fut
-        if not leader:
-            data, source = fut.result()  # single-flight: share the leader's read
-            return (data, source) if with_source else data
+        while not leader:
+            got = fut.result()  # single-flight: share the leader's read
+            if got is not None:
+                if getattr(fut, "prefetch", False):
+                    with self.lock:
+                        self.prefetcher.discard(fid)
+                data, source = got
+                return (data, source) if with_source else data
+            # a failed prefetch resolves to None: read the file ourselves
+            with self.lock:
+                fut = self._inflight.get(fid)
+                leader = fut is None
+                if leader:
+                    fut = cf.Future()
+                    self._inflight[fid] = fut
         shared = self.shared
         if shared is not None and size <= shared.max_file:
             data = shared.get(self.shared_key(fid), size)  # None past its deadline: a miss, never an error
@@ -470,8 +516,18 @@ class TieredCache:
                 "backend_bytes": self.backend_bytes, "backend_errors": self.backend_errors,
                 "corrupt_entries": self.corrupt_entries, "disk_write_errors": self.disk_write_errors,
                 "disk_writes_refused": self.disk_writes_refused, "promotions": self.promotions,
-                "demotions": self.demotions, "tiers": tiers,
+                "demotions": self.demotions, "tiers": tiers, "prefetch": self._prefetch_stats(),
             }
+
+    def _prefetch_stats(self) -> dict:
+        # caller holds self.lock
+        out = {"ready": 0, "late": 0, "late_wait_s": 0.0, "fetched_bytes": 0, "wasted_bytes": 0,
+               "plans_active": 0, "plans_retired": 0}
+        if self.prefetcher is not None:
+            out.update(self.prefetcher.counters())
+        if self.plans is not None:
+            out.update(self.plans.counters())
+        return out
 
     def stats(self) -> dict:
         """The stats JSON of docs/metrics.md (exact keys)."""
@@ -489,6 +545,7 @@ class TieredCache:
                 "byte_hit_ratio": self.hit_bytes / self.open_bytes if self.open_bytes else 0.0,
                 "backend_bytes": self.backend_bytes,
                 "tiers": {"ram": self.ram_index.snapshot(), "disk": disk},
+                "prefetch": self._prefetch_stats(),
             }
             if self.shared is not None:  # only with --shared-tier: the keys of a plain mount stay as they are
                 out["hits"]["shared"] = self.hits_shared

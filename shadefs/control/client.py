@@ -187,6 +187,41 @@ class ControlClient:
             raise P.ProtocolError("malformed", "warm reply expected")
         return reply.result
 
+    def register(self, paths: Sequence[str], handle: bytes = b"") -> "tuple[bytes, int]":
+        """Upload (part of) a dataset's path table for plans: ``handle`` b"" creates a table, an 8-byte
+        handle appends to it. Returns (handle, table size so far).
+
+        Raises:
+            TimeoutError, ControlError (``unknown_path``, ``unknown_handle``, ``flood``), ProtocolError.
+        """
+        rid = P.new_request_id()
+        reply = self._request(rid, P.encode_register_request(rid, handle, paths))
+        if not isinstance(reply, P.RegisterReply):
+            raise P.ProtocolError("malformed", "register reply expected")
+        return reply.handle, reply.size
+
+    def send_plan(self, handle: bytes, stream: int, first_epoch: int, segments: Sequence[int], ids, *,
+                  window: int = 0) -> bool:
+        """Announce epochs ``first_epoch, ...`` of stream ``stream`` (uint32 table indices); never blocks.
+
+        Returns:
+            True if queued, False if the send queue was full (counted in ``dropped``).
+
+        Raises:
+            ProtocolError: the plan is invalid (see :func:`shadefs.control.protocol.encode_plan`).
+        """
+        import zmq
+
+        frames = P.encode_plan(handle, stream, first_epoch, segments, ids, window=window)
+        sock = self._socket()
+        try:
+            sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            self.dropped += 1
+            return False
+        self.sent += 1
+        return True
+
     def stats(self) -> dict:
         """The daemon's stats JSON (``shadefs stats --json``), with ``scores_received``/``scores_rejected``.
 

@@ -18,7 +18,19 @@ of these checks that fails (the precedence, also in docs/protocol.md):
 8. ``length_mismatch`` the values frame is not exactly 4 bytes per path.
 9. ``bad_path``      a path is empty, absolute, or has an empty, ``.`` or ``..`` component.
 10. ``non_finite``   a value is NaN or infinite.
-11. ``unknown_path`` a path is not a file of the mount's snapshot (checked by the server, not here).
+11. ``unknown_path`` a path is not a file of the mount's snapshot, or a plan index lies beyond its
+                     path table (checked by the server, not here).
+12. ``unknown_handle`` a ``plan`` or ``register`` names a path table the daemon does not hold (server).
+13. ``flood``        too many plans, tables, or plan announcements per second (server).
+
+``register`` and ``plan`` (clairvoyant caching, docs/protocol.md): ``register`` uploads a dataset's path
+table (in chunks) and gets a handle; ``plan`` announces epochs as uint32 indices into that table. Their
+own checks slot into the order above: a handle frame that is not 0/8 (``register``) or 8 (``plan``)
+bytes, a meta frame that is not 16 bytes, or a segments frame that is empty or not a multiple of 4 bytes
+is ``malformed`` (5); a meta format other than :data:`PLAN_FORMAT` is ``version`` (2, after the frame
+count); more than :data:`MAX_PLAN_IDS` ids or :data:`MAX_PLAN_SEGMENTS` segments is ``oversize`` (6); an
+ids frame that is not 4 bytes per id, or segment lengths that do not sum to the id count, is
+``length_mismatch`` (8).
 
 Never raises anything but :class:`ProtocolError` on bytes from the wire.
 """
@@ -39,6 +51,9 @@ __all__ = [
     "ErrorReply", "WarmRequest", "WarmReply", "encode_warm_request", "encode_warm_reply", "new_request_id", "encode_scores", "encode_resident_request", "encode_stats_request",
     "encode_resident_reply", "encode_stats_reply", "encode_error_reply", "decode_request",
     "decode_reply", "error_reply_id", "wants_reply", "check_paths",
+    "REGISTER", "PLAN", "PLAN_FORMAT", "PLAN_META_BYTES", "MAX_PLAN_IDS", "MAX_PLAN_SEGMENTS",
+    "RegisterRequest", "RegisterReply", "PlanMessage", "encode_register_request", "encode_register_reply",
+    "encode_plan",
 ]
 
 VERSION = b"SHADEFS1"
@@ -46,9 +61,11 @@ SCORES = b"scores"
 RESIDENT = b"resident"
 STATS = b"stats"
 WARM = b"warm"
+REGISTER = b"register"
+PLAN = b"plan"
 ERROR = b"error"
-REQUEST_KINDS = (SCORES, RESIDENT, STATS, WARM)
-REPLY_KINDS = (RESIDENT, STATS, WARM, ERROR)
+REQUEST_KINDS = (SCORES, RESIDENT, STATS, WARM, REGISTER, PLAN)
+REPLY_KINDS = (RESIDENT, STATS, WARM, REGISTER, ERROR)
 
 REQUEST_ID_BYTES = 8
 #: Largest accepted message, all frames together (bytes). 1M paths of ~60 bytes fit.
@@ -56,12 +73,19 @@ MAX_MESSAGE_BYTES = 64 * 2**20
 #: Most paths in one message (``scores`` or ``resident``).
 MAX_PATHS = 1_048_576
 #: Most frames any valid message has; a receiver may keep only MAX_FRAMES + 1 frames of a message.
-MAX_FRAMES = 4
+MAX_FRAMES = 6
+#: The layout version of a ``plan`` message's meta frame (``<IIII``: format, stream, first epoch, window).
+PLAN_FORMAT = 1
+PLAN_META_BYTES = 16
+#: Most ids in one ``plan`` message (4 bytes each: 32 MiB); a 1.28M-sample epoch is 5 MiB.
+MAX_PLAN_IDS = 8 * 2**20
+#: Most epochs (segments) in one ``plan`` message.
+MAX_PLAN_SEGMENTS = 16
 
 REASONS = ("version", "unknown_kind", "malformed", "length_mismatch", "non_finite", "bad_path",
-           "unknown_path", "oversize")
+           "unknown_path", "oversize", "unknown_handle", "flood")
 
-_FRAME_COUNTS = {SCORES: 4, RESIDENT: 4, STATS: 3, WARM: 4}
+_FRAME_COUNTS = {SCORES: 4, RESIDENT: 4, STATS: 3, WARM: 4, REGISTER: 5, PLAN: 6}
 
 
 class ProtocolError(ValueError):
@@ -153,8 +177,40 @@ class ErrorReply:
         return head if head in REASONS else "error"
 
 
-Request = Union[Scores, ResidentRequest, StatsRequest, WarmRequest]
-Reply = Union[ResidentReply, StatsReply, WarmReply, ErrorReply]
+@dataclasses.dataclass(frozen=True, eq=False)
+class RegisterRequest:
+    """``register``: add ``paths`` to path table ``handle`` (empty: a new table); answered with the handle."""
+
+    request_id: bytes
+    handle: bytes
+    paths: List[str]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class RegisterReply:
+    """Answer to ``register``: the table's ``handle`` (8 bytes) and its ``size`` (paths) so far."""
+
+    request_id: bytes
+    handle: bytes
+    size: int
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class PlanMessage:
+    """``plan`` (one-way): stream ``stream`` of table ``handle`` will read epochs ``first_epoch, ...``
+    in the order ``ids`` (uint32 table indices, shape (L,)), ``segments[i]`` positions per epoch;
+    ``window`` is the client's matching-window hint in positions (0: the daemon's default)."""
+
+    handle: bytes
+    stream: int
+    first_epoch: int
+    window: int
+    segments: np.ndarray
+    ids: np.ndarray
+
+
+Request = Union[Scores, ResidentRequest, StatsRequest, WarmRequest, RegisterRequest, PlanMessage]
+Reply = Union[ResidentReply, StatsReply, WarmReply, RegisterReply, ErrorReply]
 
 
 def new_request_id() -> bytes:
@@ -220,6 +276,67 @@ def encode_warm_reply(request_id: bytes, result: dict) -> List[bytes]:
     return frames
 
 
+def encode_register_request(request_id: bytes, handle: bytes, paths: Sequence[str], *,
+                            max_bytes: int = MAX_MESSAGE_BYTES, max_paths: int = MAX_PATHS) -> List[bytes]:
+    """Frames of a ``register`` request: ``handle`` b"" creates a table, 8 bytes appends to one.
+
+    Raises:
+        ProtocolError: as the daemon would reject it.
+    """
+    _check_request_id(request_id)
+    if len(handle) not in (0, 8):
+        raise ProtocolError("malformed", f"a table handle is 0 or 8 bytes, got {len(handle)}")
+    pf = _encode_paths(paths, max_paths)
+    frames = [VERSION, REGISTER, bytes(request_id), bytes(handle), pf]
+    _check_size(frames, max_bytes)
+    check_paths(paths)
+    return frames
+
+
+def encode_register_reply(request_id: bytes, handle: bytes, size: int) -> List[bytes]:
+    """Frames answering ``register``: JSON ``{"handle": "<16 hex digits>", "size": paths}``."""
+    frames = encode_stats_reply(request_id, {"handle": bytes(handle).hex(), "size": int(size)})
+    frames[1] = REGISTER
+    return frames
+
+
+def encode_plan(handle: bytes, stream: int, first_epoch: int, segments: Sequence[int], ids, *,
+                window: int = 0, max_ids: int = MAX_PLAN_IDS) -> List[bytes]:
+    """Frames of a ``plan`` message (one-way).
+
+    Args:
+        handle: the table's 8-byte handle (from ``register``).
+        stream: the announcing stream (e.g. the DDP rank), 0 .. 2**32-1.
+        first_epoch: the epoch of the first segment.
+        segments: positions per epoch, at least one, summing to ``len(ids)``.
+        ids: table indices (0 .. table size - 1), sent as little-endian uint32.
+        window: matching-window hint (positions; 0 = the daemon's default).
+
+    Raises:
+        ProtocolError: as the daemon would reject it.
+    """
+    if len(handle) != 8:
+        raise ProtocolError("malformed", f"a table handle is 8 bytes, got {len(handle)}")
+    ids = np.asarray(ids)
+    segs = np.asarray(segments, dtype=np.int64).reshape(-1)
+    if ids.ndim != 1:
+        raise ProtocolError("malformed", f"ids must be one-dimensional, got shape {ids.shape}")
+    if ids.size > max_ids:
+        raise ProtocolError("oversize", f"{ids.size} plan ids exceed the limit of {max_ids}")
+    if segs.size == 0 or segs.size > MAX_PLAN_SEGMENTS:
+        raise ProtocolError("malformed" if segs.size == 0 else "oversize",
+                            f"a plan has 1..{MAX_PLAN_SEGMENTS} segments, got {segs.size}")
+    if ids.size and (ids.min() < 0 or ids.max() > 0xFFFFFFFF):
+        raise ProtocolError("malformed", "plan ids must be in 0 .. 2**32-1")
+    if segs.min() < 0 or int(segs.sum()) != ids.size:
+        raise ProtocolError("length_mismatch", f"segments sum to {int(segs.sum())}, {ids.size} ids")
+    for name, v in (("stream", stream), ("first_epoch", first_epoch), ("window", window)):
+        if not 0 <= int(v) <= 0xFFFFFFFF:
+            raise ProtocolError("malformed", f"{name} {v} is not in 0 .. 2**32-1")
+    meta = np.array([PLAN_FORMAT, stream, first_epoch, window], dtype="<u4").tobytes()
+    return [VERSION, PLAN, bytes(handle), meta, segs.astype("<u4").tobytes(), ids.astype("<u4").tobytes()]
+
+
 def encode_stats_request(request_id: bytes) -> List[bytes]:
     """Frames of a ``stats`` request. Raises :class:`ProtocolError` for a bad request id."""
     _check_request_id(request_id)
@@ -266,6 +383,14 @@ def decode_request(frames: Sequence[bytes], *, total_bytes: Optional[int] = None
     if kind == STATS:
         _check_request_id(frames[2])
         return StatsRequest(frames[2])
+    if kind == PLAN:
+        return _decode_plan(frames)
+    if kind == REGISTER:
+        _check_request_id(frames[2])
+        if len(frames[3]) not in (0, 8):
+            raise ProtocolError("malformed", f"a table handle is 0 or 8 bytes, got {len(frames[3])}")
+        text, n = _paths_text(frames[4], max_paths, allow_empty=True)
+        return RegisterRequest(frames[2], frames[3], _split_checked(text, n))
     if kind in (RESIDENT, WARM):
         _check_request_id(frames[2])
         text, n = _paths_text(frames[3], max_paths, allow_empty=True)
@@ -278,6 +403,30 @@ def decode_request(frames: Sequence[bytes], *, total_bytes: Optional[int] = None
     values = np.frombuffer(frames[3], dtype="<f4").astype(np.float32)
     _check_finite(values)
     return Scores(paths, values)
+
+
+def _decode_plan(frames: List[bytes]) -> PlanMessage:
+    handle, meta, segs, ids = frames[2], frames[3], frames[4], frames[5]
+    if len(handle) != 8:
+        raise ProtocolError("malformed", f"a table handle is 8 bytes, got {len(handle)}")
+    if len(meta) != PLAN_META_BYTES:
+        raise ProtocolError("malformed", f"plan meta is {PLAN_META_BYTES} bytes, got {len(meta)}")
+    fmt, stream, first_epoch, window = np.frombuffer(meta, dtype="<u4").tolist()
+    if fmt != PLAN_FORMAT:
+        raise ProtocolError("version", f"plan format {fmt}, this daemon reads {PLAN_FORMAT}")
+    if not segs or len(segs) % 4:
+        raise ProtocolError("malformed", f"segments frame of {len(segs)} bytes (4 per epoch, at least one)")
+    if len(segs) // 4 > MAX_PLAN_SEGMENTS:
+        raise ProtocolError("oversize", f"{len(segs) // 4} segments exceed the limit of {MAX_PLAN_SEGMENTS}")
+    if len(ids) // 4 > MAX_PLAN_IDS:
+        raise ProtocolError("oversize", f"{len(ids) // 4} plan ids exceed the limit of {MAX_PLAN_IDS}")
+    if len(ids) % 4:
+        raise ProtocolError("length_mismatch", f"ids frame of {len(ids)} bytes is not 4 per id")
+    seg = np.frombuffer(segs, dtype="<u4").astype(np.int64)
+    if int(seg.sum()) != len(ids) // 4:
+        raise ProtocolError("length_mismatch", f"segments sum to {int(seg.sum())}, {len(ids) // 4} ids")
+    return PlanMessage(handle, int(stream), int(first_epoch), int(window), seg,
+                       np.frombuffer(ids, dtype="<u4"))
 
 
 def decode_reply(frames: Sequence[bytes], *, max_bytes: int = MAX_MESSAGE_BYTES) -> Reply:
@@ -310,12 +459,21 @@ def decode_reply(frames: Sequence[bytes], *, max_bytes: int = MAX_MESSAGE_BYTES)
         raise ProtocolError("malformed", "stats reply is not JSON") from None
     if not isinstance(stats, dict):
         raise ProtocolError("malformed", "stats reply is not a JSON object")
+    if kind == REGISTER:
+        try:
+            handle = bytes.fromhex(stats["handle"])
+            size = int(stats["size"])
+        except (KeyError, TypeError, ValueError):
+            raise ProtocolError("malformed", "register reply lacks a handle and a size") from None
+        if len(handle) != 8:
+            raise ProtocolError("malformed", "register reply's handle is not 8 bytes")
+        return RegisterReply(rid, handle, size)
     return (StatsReply if kind == STATS else WarmReply)(rid, stats)
 
 
 def wants_reply(frames: Sequence[bytes]) -> bool:
-    """Whether a (possibly invalid) inbound message gets a reply: everything but ``scores`` does."""
-    return not (len(frames) >= 2 and bytes(frames[1]) == SCORES)
+    """Whether a (possibly invalid) inbound message gets a reply: everything but ``scores`` and ``plan``."""
+    return not (len(frames) >= 2 and bytes(frames[1]) in (SCORES, PLAN))
 
 
 def error_reply_id(frames: Sequence[bytes]) -> bytes:

@@ -242,6 +242,7 @@ class ControlServer:
         self._ipc_path: Optional[str] = None
         self._lock = threading.Lock()
         self._received = 0
+        self._plans = 0
         self._rejected: Dict[str, int] = {r: 0 for r in P.REASONS}
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
@@ -344,14 +345,16 @@ class ControlServer:
         self.stop()
 
     def counters(self) -> dict:
-        """``{"scores_received": int, "scores_rejected": {reason: int}}``.
+        """``{"scores_received": int, "plans_received": int, "scores_rejected": {reason: int}}``.
 
-        ``scores_received`` counts accepted ``scores`` messages; ``scores_rejected`` counts every rejected
+        ``scores_received`` counts accepted ``scores`` messages, ``plans_received`` accepted ``plan``
+        messages; ``scores_rejected`` counts every rejected
         inbound message (whatever its kind: one that fails early has no kind to trust) by reason, all
         reasons present.
         """
         with self._lock:
-            return {"scores_received": self._received, "scores_rejected": dict(self._rejected)}
+            return {"scores_received": self._received, "plans_received": self._plans,
+                    "scores_rejected": dict(self._rejected)}
 
     # -- the thread -------------------------------------------------------------------------------
     def _serve(self) -> None:
@@ -403,7 +406,16 @@ class ControlServer:
             if isinstance(msg, P.StatsRequest):
                 self._reply(sock, ident, P.encode_stats_reply(msg.request_id, self._stats()))
                 return
+            if isinstance(msg, P.PlanMessage):
+                self._handler.apply_plan(msg)  # raises ProtocolError (unknown_handle, unknown_path, flood)
+                with self._lock:
+                    self._plans += 1
+                return
             fids = self._file_ids(msg.paths)
+            if isinstance(msg, P.RegisterRequest):
+                handle, size = self._handler.register_paths(msg.handle or None, fids)
+                self._reply(sock, ident, P.encode_register_reply(msg.request_id, handle, size))
+                return
             if isinstance(msg, P.Scores):
                 with self._lock:
                     self._received += 1

@@ -39,7 +39,7 @@ def test_stats_counters_are_exact_for_a_scripted_sequence(small_tree, mount, tmp
         assert read(os.path.join(m.path, rel)) == spec[rel]
     s = m.stats()
     assert set(s) == {"policy", "uptime_s", "opens", "hits", "misses", "hit_ratio", "byte_hit_ratio",
-                      "backend_bytes", "tiers", "namespace"}
+                      "backend_bytes", "tiers", "namespace", "prefetch"}
     assert s["namespace"]["files"] == 10 and s["namespace"]["directories"] == 3
     assert set(s["namespace"]["skipped"].values()) == {0}
     assert s["policy"] == "static"

@@ -1,0 +1,308 @@
+"""PlanSampler: announce each epoch's sample order to the shadefs daemon, so it prefetches ahead of the
+reader and evicts by the known future (clairvoyant caching; docs/hooks.md, issue 11).
+
+The one changed line of a training script::
+
+    sampler = PlanSampler(dataset, seed=0)                           # instead of shuffle=True
+    sampler = PlanSampler(dataset, sampler=DistributedSampler(dataset))   # or wrap any sampler
+
+It yields exactly what it wraps (default: a seeded uniform permutation per epoch, as ``RandomSampler``
+with a seeded ``torch.Generator``). At ``__iter__`` -- in the DataLoader's main process, whatever the
+number of workers or the start method -- it hands the epoch's order, and ``lookahead_epochs`` more where
+they are computable (the default permutation, or a wrapped sampler with ``set_epoch`` such as
+``DistributedSampler``), to a background thread that sends them (docs/protocol.md ``register`` /
+``plan``); ``__iter__`` itself only computes the order it yields anyway. Without a daemon it warns once
+and is a plain sampler.
+
+:class:`PlanAnnouncer` is the sending half, shared with :class:`~shadefs.hooks.ShadeSampler` (which
+announces its PADS draw, repeats included).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+import warnings
+from typing import Iterator, List, Optional, Sequence, Union
+
+import numpy as np
+import torch.utils.data
+
+from . import distributed as _dist
+from .client import Client, DatasetPaths, dataset_root
+
+__all__ = ["PlanSampler", "PlanAnnouncer"]
+
+log = logging.getLogger(__name__)
+
+_PLAN_STREAM = 0x5EED_0003
+
+
+class PlanAnnouncer:
+    """Send a sampler's epoch orders (dataset indices) to the daemon, from a background thread.
+
+    Args:
+        dataset: the dataset the orders index (an ImageFolder on a shadefs mount, or a Subset of one).
+        client: a :class:`~shadefs.hooks.Client`; None discovers the daemon from the dataset root (one
+            warning if there is none: announcing is then off); False turns announcing off.
+        stream: the stream id the daemon keys the plan by (default: the torch.distributed rank, else 0).
+        owner: names the sampler in the warning.
+
+    The first announcement registers the dataset's path table (once per announcer); then each
+    announcement is one ``plan`` message of 4 bytes per sample. Indices outside the mount are left out.
+    Announcements queue (the newest wins when the thread falls behind); :meth:`flush` waits for them.
+    Picklable (the thread and sockets are not carried; a copy announces on its own once used).
+    """
+
+    def __init__(self, dataset, client: Union[Client, None, bool] = None, *, stream: Optional[int] = None,
+                 owner: str = "PlanSampler"):
+        self.dataset = dataset
+        self.owner = owner
+        self._stream = stream
+        self.enabled = client is not False
+        self._client = client if isinstance(client, Client) else None
+        self._discovered = client is not None
+        self._init_runtime()
+        self.sent = 0
+        self.failed = 0
+
+    def _init_runtime(self) -> None:
+        self._queue: "queue.Queue" = queue.Queue(maxsize=4)
+        self._thread: Optional[threading.Thread] = None
+        self._handle: Optional[bytes] = None
+        self._table_index: Optional[np.ndarray] = None  # dataset index -> table index (-1: not on the mount)
+        self._sender = None
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        for k in ("_queue", "_thread", "_handle", "_table_index", "_sender", "_lock", "_pid"):
+            state.pop(k, None)
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._init_runtime()
+
+    # -- discovery ----------------------------------------------------------------------------------
+    def _ensure_client(self) -> Optional[Client]:
+        if not self.enabled:
+            return None
+        if self._client is None and not self._discovered:
+            self._discovered = True
+            root = dataset_root(self.dataset)
+            try:
+                self._client = Client(root)
+            except Exception as exc:  # EndpointNotFound, ImportError, a bad endpoint
+                warnings.warn(f"shadefs: no daemon for {root!r} ({exc}); {self.owner} samples as usual and "
+                              "announces nothing", RuntimeWarning, stacklevel=4)
+                self.enabled = False
+                return None
+        if self._client is None or self._client.mount_root is None:
+            if self._client is not None:
+                warnings.warn(f"shadefs: the mount root of {self._client.endpoint} is unknown (pass "
+                              f"Client(mount_root=...)); {self.owner} announces nothing", RuntimeWarning,
+                              stacklevel=4)
+            self.enabled = False
+            return None
+        return self._client
+
+    @property
+    def stream(self) -> int:
+        if self._stream is None:
+            _, _, rank = _dist.dist_info()
+            return int(rank)
+        return int(self._stream)
+
+    # -- announcing ------------------------------------------------------------------------------------
+    def announce(self, epoch: int, orders: Sequence[np.ndarray]) -> None:
+        """Queue epochs ``epoch, epoch + 1, ...`` (one int array of dataset indices each); never blocks."""
+        if not self.enabled or not orders:
+            return
+        if self._ensure_client() is None:
+            return
+        if self._pid != os.getpid():  # a forked copy: its own thread and socket
+            self._init_runtime()
+        stream = self.stream
+        item = (int(epoch), [np.asarray(o, dtype=np.int64) for o in orders], stream)
+        while True:
+            try:
+                self._queue.put_nowait(item)
+                break
+            except queue.Full:
+                try:
+                    self._queue.get_nowait()  # drop the oldest: the newest order is what matters
+                    self._queue.task_done()
+                except queue.Empty:
+                    pass
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="shadefs-plan", daemon=True)
+                self._thread.start()
+
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Wait until every queued announcement was sent (or failed); returns whether it finished in time."""
+        if self._thread is None:
+            return True
+        done = threading.Event()
+
+        def waiter():
+            self._queue.join()
+            done.set()
+
+        threading.Thread(target=waiter, daemon=True).start()
+        return done.wait(timeout)
+
+    def _run(self) -> None:
+        while True:
+            try:
+                item = self._queue.get(timeout=60.0)
+            except queue.Empty:
+                return  # idle: the next announce starts a fresh thread
+            try:
+                self._send(*item)
+                self.sent += 1
+            except Exception as exc:  # never into the training loop
+                self.failed += 1
+                if self.failed == 1:
+                    log.warning("shadefs: %s could not announce a plan: %s", self.owner, exc)
+            finally:
+                self._queue.task_done()
+
+    def _send(self, epoch: int, orders: List[np.ndarray], stream: int) -> None:
+        if self._sender is None:
+            c = self._client
+            self._sender = Client(endpoint=c.endpoint, mount_root=c.mount_root)  # this thread's own socket
+        if self._handle is None:
+            self._register()
+        if self._handle is None:
+            return
+        tindex = self._table_index
+        ids, segments = [], []
+        for o in orders:
+            t = tindex[o]
+            t = t[t >= 0]
+            ids.append(t)
+            segments.append(t.size)
+        self._sender.send_plan(self._handle, stream, epoch, segments,
+                               np.concatenate(ids).astype(np.uint32) if ids else np.zeros(0, np.uint32))
+
+    def _register(self) -> None:
+        paths = DatasetPaths(self.dataset, self._client.mount_root)
+        prefix = paths.mount_root.rstrip("/") + "/"
+        n = len(paths)
+        tindex = np.full(n, -1, dtype=np.int64)
+        table: List[str] = []
+        for i in range(n):
+            p = os.path.abspath(paths.abs_path(i))  # a relative dataset root is relative to the cwd
+            if p.startswith(prefix) and len(p) > len(prefix):
+                tindex[i] = len(table)
+                table.append(p[len(prefix):])
+        if not table:
+            warnings.warn(f"shadefs: no sample of the dataset lies in the mount {paths.mount_root}; "
+                          f"{self.owner} announces nothing", RuntimeWarning, stacklevel=2)
+            self.enabled = False
+            return
+        self._handle = self._sender.register_paths(table)
+        self._table_index = tindex
+
+    def close(self) -> None:
+        self.flush(5.0)
+        if self._sender is not None:
+            self._sender.close()
+            self._sender = None
+
+
+class PlanSampler(torch.utils.data.Sampler):
+    """A sampler that announces its order (module docstring).
+
+    Args:
+        dataset: the training dataset (``len(dataset)`` = N).
+        sampler: the sampler to wrap (any iterable of indices with a length); None: a seeded uniform
+            permutation of range(N) per epoch, as ``RandomSampler(dataset, generator=g)`` with ``g`` seeded
+            from (seed, epoch).
+        seed: seeds the default permutation (ignored with ``sampler``).
+        lookahead_epochs: further epochs announced with each epoch where their order is computable now:
+            the default permutation, or a wrapped sampler with ``set_epoch`` (``DistributedSampler``), whose
+            epoch is set, iterated and set back. A wrapped sampler without ``set_epoch`` is never iterated
+            ahead (that would change what it yields).
+        client: as :class:`PlanAnnouncer`.
+
+    The epoch advances with :meth:`set_epoch` (forwarded to the wrapped sampler), or by one on each further
+    ``iter()`` without it.
+    """
+
+    def __init__(self, dataset, sampler=None, *, seed: int = 0, lookahead_epochs: int = 1,
+                 client: Union[Client, None, bool] = None):
+        if int(lookahead_epochs) < 0:
+            raise ValueError(f"lookahead_epochs must be >= 0, got {lookahead_epochs}")
+        if int(seed) < 0:
+            raise ValueError(f"seed must be >= 0, got {seed}")
+        self.dataset = dataset
+        self.sampler = sampler
+        self.seed = int(seed)
+        self.lookahead_epochs = int(lookahead_epochs)
+        self.epoch = 0
+        self._epoch_set = False
+        self._iterated = False
+        self.announcer = PlanAnnouncer(dataset, client, owner="PlanSampler")  # stream = the DDP rank
+
+    def __len__(self) -> int:
+        return len(self.sampler) if self.sampler is not None else len(self.dataset)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+        self._epoch_set = True
+        if self.sampler is not None and hasattr(self.sampler, "set_epoch"):
+            self.sampler.set_epoch(self.epoch)
+
+    def order(self, epoch: int) -> np.ndarray:
+        """The default permutation of ``epoch`` (int64, shape (N,)): ``torch.randperm`` with a generator
+        seeded from (seed, epoch)."""
+        seed = int(np.random.SeedSequence([self.seed, int(epoch), _PLAN_STREAM]).generate_state(1, np.uint64)[0])
+        g = torch.Generator()
+        g.manual_seed(seed & 0x7FFF_FFFF_FFFF_FFFF)
+        return torch.randperm(len(self.dataset), generator=g).numpy().astype(np.int64)
+
+    def _wrapped_order(self, epoch: int) -> Optional[np.ndarray]:
+        s = self.sampler
+        if epoch == self.epoch:
+            return np.fromiter(iter(s), dtype=np.int64)
+        if not hasattr(s, "set_epoch"):
+            return None
+        s.set_epoch(epoch)
+        try:
+            return np.fromiter(iter(s), dtype=np.int64)
+        finally:
+            s.set_epoch(self.epoch)
+
+    def __iter__(self) -> Iterator[int]:
+        if self._iterated and not self._epoch_set:
+            self.epoch += 1
+            if self.sampler is not None and hasattr(self.sampler, "set_epoch"):
+                self.sampler.set_epoch(self.epoch)
+        self._epoch_set = False
+        self._iterated = True
+        if self.sampler is None:
+            current = self.order(self.epoch)
+            ahead = [self.order(self.epoch + k) for k in range(1, self.lookahead_epochs + 1)]
+        else:
+            current = self._wrapped_order(self.epoch)
+            ahead = []
+            for k in range(1, self.lookahead_epochs + 1):
+                o = self._wrapped_order(self.epoch + k)
+                if o is None:
+                    break
+                ahead.append(o)
+        self.announcer.announce(self.epoch, [current] + ahead)
+        return iter(current.tolist())
+
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Wait until the announcements so far reached the daemon's socket (tests, benchmarks)."""
+        return self.announcer.flush(timeout)
+
+    def __repr__(self) -> str:
+        return (f"PlanSampler(N={len(self.dataset)}, sampler={type(self.sampler).__name__ if self.sampler is not None else None}, "
+                f"seed={self.seed}, lookahead_epochs={self.lookahead_epochs}, epoch={self.epoch})")

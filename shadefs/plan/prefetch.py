@@ -1,0 +1,258 @@
+"""The prefetcher: reads ahead of each plan's cursor, in plan order, into a bounded RAM window.
+
+With a plan announced (:mod:`shadefs.plan.plans`), ``concurrency`` threads walk each plan from its cursor
+forward and read the files the reader will open next that no tier holds, many at once, so a
+latency-bound reader becomes bandwidth-bound (NoPFS, SC '21; DESIGN.md). A fetched file waits in the
+**window** (``--prefetch-window`` bytes, fetched-but-not-yet-opened bytes and in-flight prefetches
+together never exceed it) until its open takes it: the open is then counted ``prefetch.ready``, or
+``prefetch.late`` if it had to wait for the read to finish (with the wait in seconds). The open then offers
+the bytes to the tiers exactly as a miss would, so the tiers' decisions (Belady on the plan,
+:mod:`shadefs.plan.policy`) are the same with and without prefetching, and the prefetcher never evicts
+anything: a window entry only leaves by being opened (its one use) or as waste.
+
+Single-flight with the read path: a prefetch registers its read in the cache's in-flight table like a
+miss does, so an open of a file being prefetched waits for that read and never starts another; a file an
+open is already reading is skipped. A prefetch whose backend read fails (after the backend's own retries)
+is logged at a bounded rate and dropped: the open that wanted it reads the file itself and is counted a
+miss. Several plans share the window fairly (each may hold ``window / active plans`` bytes).
+
+``wasted_bytes`` counts prefetched bytes that left the window without being opened (their plan was
+retired, replaced or finished, or the cursor passed them). Threads start with :meth:`Prefetcher.start`
+(from FUSE ``init()``, like every daemon thread).
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import logging
+import threading
+import time
+from typing import Dict, List, Optional, Tuple
+
+from ..logutil import RateLimitedLog
+
+__all__ = ["Prefetcher", "PrefetchFuture"]
+
+log = logging.getLogger("shadefs.prefetch")
+
+
+class PrefetchFuture(cf.Future):
+    """The in-flight table's entry for a prefetch read: resolves to ``(bytes, "miss")`` like a miss's
+    read, or None if the read failed (the waiter then reads the file itself)."""
+
+    prefetch = True
+
+
+class Prefetcher:
+    """Prefetch ahead of the plans of one cache.
+
+    Args:
+        cache: the :class:`~shadefs.cache.core.TieredCache` (its lock, in-flight table, tiers, backend).
+        plans: the :class:`~shadefs.plan.plans.PlanRegistry` (sharing the cache's lock).
+        window_bytes: the window (bytes); 0 disables prefetching.
+        concurrency: backend reads in flight at most (threads).
+    """
+
+    def __init__(self, cache, plans, window_bytes: int, concurrency: int = 32):
+        self.cache = cache
+        self.plans = plans
+        self.window_bytes = int(window_bytes)
+        self.concurrency = int(concurrency)
+        self.cond = threading.Condition(cache.lock)
+        self.staged: Dict[int, Tuple[bytes, tuple]] = {}     # fid -> (data, owner plan key)
+        self.pending: Dict[int, Tuple[int, tuple]] = {}      # fid -> (bytes, owner plan key), in flight
+        self.owned: Dict[tuple, int] = {}                    # plan key -> bytes staged or in flight
+        self.reserved_bytes = 0
+        self.peak_bytes = 0
+        self.ready = 0
+        self.late = 0
+        self.late_wait_s = 0.0
+        self.fetched_bytes = 0
+        self.wasted_bytes = 0
+        self.errors = 0
+        self._rr = 0
+        self._stop = threading.Event()
+        self._threads: List[threading.Thread] = []
+        self._log_error = RateLimitedLog(log, 10.0)
+        plans.listeners.append(self._plan_ended)
+
+    # -- lifecycle --------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the reader threads (none when the window or the concurrency is 0)."""
+        if self._threads or self.window_bytes <= 0:
+            return
+        self._stop.clear()
+        for i in range(self.concurrency):
+            t = threading.Thread(target=self._run, name=f"shadefs-prefetch-{i}", daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop the threads (in-flight reads finish or are abandoned after ``timeout``). Idempotent."""
+        self._stop.set()
+        with self.cond:
+            self.cond.notify_all()
+        deadline = time.monotonic() + timeout
+        for t in self._threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        self._threads = []
+
+    def wake(self) -> None:
+        """Something changed (a plan arrived, an open took a file): let idle threads look again."""
+        with self.cond:
+            self.cond.notify_all()
+
+    # -- the read path's side (caller holds the cache lock) ------------------------------------------
+    def take(self, fid: int) -> Optional[bytes]:
+        """Hand a completed prefetch of ``fid`` to its open (``ready``), or None. Caller holds the lock."""
+        item = self.staged.pop(fid, None)
+        if item is None:
+            return None
+        self._release(len(item[0]), item[1])
+        self.ready += 1
+        self.cond.notify_all()
+        return item[0]
+
+    def took_late(self, fid: int, waited_s: float) -> None:
+        """An open waited ``waited_s`` seconds for the in-flight prefetch of ``fid`` and got its bytes."""
+        item = self.staged.pop(fid, None)
+        if item is not None:
+            self._release(len(item[0]), item[1])
+        self.late += 1
+        self.late_wait_s += waited_s
+        self.cond.notify_all()
+
+    def discard(self, fid: int) -> None:
+        """``fid``'s prefetched bytes were used outside :meth:`take` (a miss shared the read): drop them
+        from the window without counting waste. Caller holds the lock."""
+        item = self.staged.pop(fid, None)
+        if item is not None:
+            self._release(len(item[0]), item[1])
+            self.cond.notify_all()
+
+    def _release(self, size: int, owner: tuple) -> None:
+        self.reserved_bytes -= size
+        left = self.owned.get(owner, 0) - size
+        if left > 0:
+            self.owned[owner] = left
+        else:
+            self.owned.pop(owner, None)
+
+    # -- choosing what to read -------------------------------------------------------------------------
+    def _claim(self) -> Optional[Tuple[int, int, tuple, PrefetchFuture]]:
+        """The next file to prefetch, reserved in the window and registered in flight; or None.
+        Caller holds the lock."""
+        plans = self.plans.active()
+        if not plans or self.window_bytes <= 0:
+            return None
+        cache = self.cache
+        ns = cache.ns
+        share = max(1, self.window_bytes // len(plans))
+        n = len(plans)
+        self._rr = (self._rr + 1) % n
+        for k in range(n):
+            plan = plans[(self._rr + k) % n]
+            owned = self.owned.get(plan.key, 0)
+            q = max(plan.prefetch_pos, plan.pos)
+            L = len(plan)
+            ids, consumed = plan.ids, plan.consumed
+            while q < L:
+                if consumed[q]:
+                    q += 1
+                    continue
+                fid = int(ids[q])
+                if (fid in self.staged or fid in cache._inflight or fid in cache.ram_index
+                        or (cache.disk_index is not None and fid in cache.disk_index)):
+                    q += 1
+                    continue
+                size = int(ns.size(fid))
+                if size > self.window_bytes or size > cache.stream_threshold:
+                    q += 1  # never fits the window: its open reads it
+                    continue
+                if self.reserved_bytes + size > self.window_bytes or (owned and owned + size > share):
+                    break  # window (or this plan's share) full: wait for opens to take files
+                plan.prefetch_pos = q + 1
+                fut = PrefetchFuture()
+                cache._inflight[fid] = fut
+                self.pending[fid] = (size, plan.key)
+                self.reserved_bytes += size
+                self.owned[plan.key] = owned + size
+                self.peak_bytes = max(self.peak_bytes, self.reserved_bytes)
+                return fid, size, plan.key, fut
+            plan.prefetch_pos = q
+        return None
+
+    def _wanted(self, fid: int, owner: tuple) -> bool:
+        """Whether a just-fetched file is still ahead of a live plan's cursor (not consumed)."""
+        plan = self.plans.plans.get(owner)
+        if plan is None:
+            return False
+        return plan.next_position(fid) is not None
+
+    # -- reading ---------------------------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            with self.cond:
+                job = self._claim()
+                if job is None:
+                    self.plans.expire()
+                    self.cond.wait(0.5)
+                    continue
+            self._fetch(*job)
+
+    def step(self) -> bool:
+        """Run one prefetch on the calling thread (tests, the simulator); returns whether there was one."""
+        with self.cond:
+            job = self._claim()
+        if job is None:
+            return False
+        self._fetch(*job)
+        return True
+
+    def _fetch(self, fid: int, size: int, owner: tuple, fut: PrefetchFuture) -> None:
+        cache = self.cache
+        path = cache.ns.path(fid)
+        data = None
+        try:
+            t0 = time.monotonic()
+            data = cache.backend.read(path, size)
+            if len(data) != size:
+                raise OSError(f"backend returned {len(data)} bytes for {path!r}, expected {size}")
+            if cache.on_backend_read is not None:
+                cache.on_backend_read(time.monotonic() - t0)
+        except Exception as e:
+            data = None
+            with self.cond:
+                self.errors += 1
+                cache.backend_errors += not isinstance(e, FileNotFoundError)
+            self._log_error(logging.WARNING, "prefetch of %s failed (its open will read it): %s", path, e)
+        with self.cond:
+            del cache._inflight[fid]
+            self.pending.pop(fid, None)
+            if data is not None:
+                cache.backend_bytes += size
+                self.fetched_bytes += size
+            if data is not None and self._wanted(fid, owner):
+                self.staged[fid] = (data, owner)
+            else:
+                self._release(size, owner)
+                if data is not None:
+                    self.wasted_bytes += size
+            self.cond.notify_all()
+        fut.set_result(None if data is None else (data, "miss"))  # the in-flight table's (bytes, source)
+
+    def _plan_ended(self, plan, why: str) -> None:
+        # Called under the lock by the registry: drop what only this plan wanted.
+        if why == "replaced":
+            return  # the stream's new plan (same key) takes over its window entries
+        for fid, (data, owner) in list(self.staged.items()):
+            if owner == plan.key:
+                del self.staged[fid]
+                self._release(len(data), owner)
+                self.wasted_bytes += len(data)
+
+    def counters(self) -> dict:
+        """The ``prefetch`` object of the stats JSON (caller holds the lock)."""
+        return {"ready": self.ready, "late": self.late, "late_wait_s": round(self.late_wait_s, 6),
+                "fetched_bytes": self.fetched_bytes, "wasted_bytes": self.wasted_bytes,
+                "window_bytes": self.window_bytes, "window_used_bytes": self.reserved_bytes,
+                "window_peak_bytes": self.peak_bytes, "errors": self.errors}
