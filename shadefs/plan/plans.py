@@ -90,6 +90,8 @@ class Plan:
         self.matched = 0
         self.unmatched = 0
         self.unmatched_since_match = 0
+        self.block_opens = 0                   # opens of planned files in the current block
+        self.block_unmatched = 0
         self.skipped = 0
         self.last_match = now
         self.created = now
@@ -149,6 +151,7 @@ class Plan:
         g = self.group[fid]
         if g < 0:
             return None
+        self.block_opens += 1
         i = self.ptr[g]
         if i >= self.gend[g]:
             return self._unmatched()
@@ -169,6 +172,17 @@ class Plan:
     def _unmatched(self) -> bool:
         self.unmatched += 1
         self.unmatched_since_match += 1
+        self.block_unmatched += 1
+        return False
+
+    def stopped_matching(self, limit: int) -> bool:
+        """Whether the reader no longer follows this plan (module docstring); closes a full block."""
+        if self.unmatched_since_match > limit:
+            return True
+        if self.block_opens >= limit:
+            bad = self.block_unmatched * 2 > self.block_opens
+            self.block_opens = self.block_unmatched = 0
+            return bad
         return False
 
     def _advance(self) -> None:
@@ -309,6 +323,8 @@ class PlanRegistry:
             t = self.tables.get(bytes(handle))
             if t is None:
                 raise PlanError("unknown_handle", f"no path table {bytes(handle).hex()}")
+            if ids.size and int(ids.max()) >= t.fids.size:
+                raise PlanError("unknown_path", f"plan index {int(ids.max())} beyond the table's {t.fids.size} paths")
             key = (bytes(handle), int(stream))
             if key not in self.plans and len(self.plans) >= self.max_plans:
                 self._expire(now)
@@ -320,8 +336,6 @@ class PlanRegistry:
                 self._buckets[key] = (tokens, now)
                 raise PlanError("flood", f"stream {stream} announces faster than {self.announce_rate:g} plans/s")
             self._buckets[key] = (tokens - 1.0, now)
-            if ids.size and int(ids.max()) >= t.fids.size:
-                raise PlanError("unknown_path", f"plan index {int(ids.max())} beyond the table's {t.fids.size} paths")
             t.last_used = now
             fids = t.fids[ids.astype(np.int64)]
             segs = [(int(first_epoch) + i, int(n)) for i, n in enumerate(segments)]
@@ -368,8 +382,8 @@ class PlanRegistry:
                 matched += 1
                 if plan.finished:
                     ended = (ended or []) + [(plan, "finished")]
-            elif r is False and plan.unmatched_since_match > self.unmatched_limit:
-                ended = (ended or []) + [(plan, f"{plan.unmatched_since_match} opens in a row did not match it")]
+            if r is not None and plan.stopped_matching(self.unmatched_limit):
+                ended = (ended or []) + [(plan, "most opens of its files did not match it")]
         if ended:
             for plan, why in ended:
                 self._remove(plan, why)

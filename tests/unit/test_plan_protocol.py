@@ -1,0 +1,95 @@
+"""The ``register`` and ``plan`` messages: exact encoding, every rejection reason, fuzzing."""
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from shadefs.control import protocol as P
+
+H = b"\x01" * 8
+RID = b"\x02" * 8
+
+
+def test_plan_roundtrip_is_compact_and_exact():
+    ids = np.arange(1_280_000, dtype=np.uint32)[::-1]
+    frames = P.encode_plan(H, 3, 7, [640_000, 640_000], ids, window=512)
+    # 4 bytes per sample: a 1.28M-sample epoch (two announced) is 10 MiB, not 60 MB per epoch
+    assert sum(len(f) for f in frames) == 8 + 4 + 8 + 16 + 8 + 4 * 1_280_000
+    m = P.decode_request(frames)
+    assert isinstance(m, P.PlanMessage)
+    assert (m.handle, m.stream, m.first_epoch, m.window) == (H, 3, 7, 512)
+    assert m.segments.tolist() == [640_000, 640_000]
+    assert np.array_equal(m.ids, ids)
+    assert not P.wants_reply(frames)
+
+
+def test_register_roundtrip_and_reply():
+    frames = P.encode_register_request(RID, b"", ["a/b.png", "c.png"])
+    m = P.decode_request(frames)
+    assert isinstance(m, P.RegisterRequest) and m.handle == b"" and m.paths == ["a/b.png", "c.png"]
+    assert P.wants_reply(frames)
+    r = P.decode_reply(P.encode_register_reply(RID, H, 2))
+    assert isinstance(r, P.RegisterReply) and (r.request_id, r.handle, r.size) == (RID, H, 2)
+
+
+def _plan_frames(**over):
+    f = P.encode_plan(H, 0, 0, [3], np.array([0, 1, 2], dtype=np.uint32))
+    for i, v in over.items():
+        f[int(i[1:])] = v
+    return f
+
+
+@pytest.mark.parametrize("frames,reason", [
+    (_plan_frames(f2=b"short"), "malformed"),                                   # handle not 8 bytes
+    (_plan_frames(f3=b"\x00" * 15), "malformed"),                               # meta not 16 bytes
+    (_plan_frames(f3=np.array([2, 0, 0, 0], "<u4").tobytes()), "version"),      # unknown plan format
+    (_plan_frames(f4=b""), "malformed"),                                        # no segment
+    (_plan_frames(f4=b"\x00" * 5), "malformed"),                                # segments not 4-byte
+    (_plan_frames(f4=np.ones(P.MAX_PLAN_SEGMENTS + 1, "<u4").tobytes()), "oversize"),
+    (_plan_frames(f5=b"\x00" * 13), "length_mismatch"),                         # ids not 4-byte
+    (_plan_frames(f4=np.array([4], "<u4").tobytes()), "length_mismatch"),       # segments != ids
+    (_plan_frames(f5=b"\x00" * 4 * (P.MAX_PLAN_IDS + 1)), "oversize"),
+    (_plan_frames()[:5], "malformed"),                                          # frame count
+    (P.encode_register_request(RID, b"", ["a"])[:2] + [RID, b"abc", b"a"], "malformed"),
+    (P.encode_register_request(RID, b"", ["a"])[:4] + [b"/abs"], "bad_path"),
+])
+def test_each_defect_names_its_reason(frames, reason):
+    with pytest.raises(P.ProtocolError) as e:
+        P.decode_request(frames, max_bytes=2**31)
+    assert e.value.reason == reason
+
+
+def test_encoder_refuses_what_the_daemon_would():
+    with pytest.raises(P.ProtocolError) as e:
+        P.encode_plan(H, 0, 0, [2], np.array([1, 2, 3]))
+    assert e.value.reason == "length_mismatch"
+    with pytest.raises(P.ProtocolError) as e:
+        P.encode_plan(H, 0, 0, [1], np.array([-1]))
+    assert e.value.reason == "malformed"
+    with pytest.raises(P.ProtocolError) as e:
+        P.encode_plan(b"x", 0, 0, [0], np.array([], dtype=np.uint32))
+    assert e.value.reason == "malformed"
+    with pytest.raises(P.ProtocolError) as e:
+        P.encode_register_request(RID, b"", ["../up"])
+    assert e.value.reason == "bad_path"
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.binary(max_size=40), min_size=0, max_size=8), st.sampled_from([P.PLAN, P.REGISTER, b"x"]))
+def test_fuzzed_frames_only_ever_raise_protocol_error(rest, kind):
+    frames = [P.VERSION, kind] + rest
+    try:
+        m = P.decode_request(frames)
+    except P.ProtocolError as e:
+        assert e.reason in P.REASONS
+    else:
+        assert isinstance(m, (P.PlanMessage, P.RegisterRequest))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 2**32 - 1), max_size=20), min_size=1, max_size=4),
+       st.integers(0, 2**32 - 1), st.integers(0, 2**32 - 1), st.integers(0, 2**32 - 1))
+def test_valid_plans_roundtrip(segs, stream, epoch, window):
+    ids = np.array([i for s in segs for i in s], dtype=np.uint32)
+    m = P.decode_request(P.encode_plan(H, stream, epoch, [len(s) for s in segs], ids, window=window))
+    assert (m.stream, m.first_epoch, m.window) == (stream, epoch, window)
+    assert m.segments.tolist() == [len(s) for s in segs] and m.ids.tolist() == ids.tolist()

@@ -1,0 +1,175 @@
+"""The prefetcher on the real read path (posix backend, no mount): window bound, single-flight, counters."""
+import os
+import random
+import threading
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from shadefs.backends.posix import PosixBackend
+from shadefs.cache.core import TieredCache
+from shadefs.cache.index import TierIndex
+from shadefs.cache.tiers import MemoryTier
+from shadefs.namespace import Namespace
+from shadefs.plan.plans import PlanRegistry
+from shadefs.plan.policy import PlanPolicy
+from shadefs.plan.prefetch import Prefetcher
+from shadefs.policies import Importance, get_policy
+
+
+class CountingBackend(PosixBackend):
+    def __init__(self, url, gate=None, fail=()):
+        super().__init__(url)
+        self.reads = []
+        self.gate = gate
+        self.fail = set(fail)
+        self.lock = threading.Lock()
+
+    def read(self, path, size):
+        with self.lock:
+            self.reads.append(path)
+        if self.gate is not None:
+            assert self.gate.wait(10)
+        if path in self.fail:
+            raise OSError(5, "injected backend failure")
+        return super().read(path, size)
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory):
+    src = tmp_path_factory.mktemp("src")
+    rng = random.Random(3)
+    spec = {}
+    for i in range(30):
+        rel = f"c{i % 3}/{i:03d}.bin"
+        os.makedirs(src / f"c{i % 3}", exist_ok=True)
+        data = bytes(rng.getrandbits(8) for _ in range(100 * (1 + i % 7)))
+        (src / rel).write_bytes(data)
+        spec[rel] = data
+    return src, spec
+
+
+def build(src, ram, window, policy="static", gate=None, fail=()):
+    backend = CountingBackend(str(src), gate, fail)
+    ns = Namespace(backend.walk())
+    imp = Importance(ns.num_files)
+    cache = TieredCache(ns, backend, (None, MemoryTier()), None, imp)
+    plans = PlanRegistry(ns.num_files, lock=cache.lock)
+    cache.ram_index = TierIndex("ram", ram, PlanPolicy(get_policy(policy)(ram, imp), plans))
+    pf = Prefetcher(cache, plans, window, concurrency=0)
+    cache.attach_plans(plans, pf)
+    handle, _ = plans.register(None, np.arange(ns.num_files, dtype=np.int64))
+    return cache, ns, plans, pf, handle, backend
+
+
+def check_invariants(cache, pf):
+    s = cache.stats()
+    p = s["prefetch"]
+    assert s["opens"] == s["hits"]["ram"] + s["hits"]["disk"] + p["ready"] + p["late"] + s["misses"]
+    assert 0 <= pf.reserved_bytes <= pf.window_bytes
+    assert pf.reserved_bytes == sum(len(d) for d, _ in pf.staged.values()) + sum(z for z, _ in pf.pending.values())
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.data())
+def test_window_is_never_exceeded_and_outcomes_add_up(tree, data):
+    src, spec = tree
+    window = data.draw(st.integers(0, 3000))
+    ram = data.draw(st.integers(0, 4000))
+    cache, ns, plans, pf, h, backend = build(src, ram, window)
+    order = data.draw(st.lists(st.integers(0, ns.num_files - 1), min_size=1, max_size=60))
+    plans.announce(h, 0, 0, [len(order)], np.array(order, dtype=np.uint32))
+    i = 0
+    for _ in range(200):
+        action = data.draw(st.sampled_from(["step", "open", "stray", "reannounce"]))
+        if action == "step":
+            pf.step()
+        elif action == "open" and i < len(order):
+            got, outcome = cache.open(order[i])
+            assert bytes(got) == spec[ns.path(order[i])]
+            i += 1
+        elif action == "stray":
+            cache.open(data.draw(st.integers(0, ns.num_files - 1)))
+        elif action == "reannounce":
+            rest = data.draw(st.lists(st.integers(0, ns.num_files - 1), min_size=1, max_size=20))
+            try:
+                plans.announce(h, data.draw(st.integers(0, 1)), 1, [len(rest)], np.array(rest, dtype=np.uint32))
+            except Exception as e:   # a flood refusal is fine here
+                assert getattr(e, "reason", None) == "flood"
+        check_invariants(cache, pf)  # single-threaded: nothing moves between the reads
+        assert pf.peak_bytes <= window
+
+
+def test_a_planned_epoch_is_served_ready_and_read_once(tree):
+    src, spec = tree
+    cache, ns, plans, pf, h, backend = build(src, ram=0, window=10**6)
+    order = list(range(ns.num_files))
+    random.Random(0).shuffle(order)
+    plans.announce(h, 0, 0, [len(order)], np.array(order, dtype=np.uint32))
+    while pf.step():
+        pass
+    assert len(backend.reads) == ns.num_files
+    outcomes = [cache.open(f)[1] for f in order]
+    assert outcomes == ["prefetch"] * ns.num_files
+    s = cache.stats()
+    assert s["prefetch"]["ready"] == ns.num_files and s["misses"] == 0
+    assert s["prefetch"]["fetched_bytes"] == sum(len(v) for v in spec.values()) == s["backend_bytes"]
+    assert len(backend.reads) == ns.num_files and pf.reserved_bytes == 0
+
+
+def test_an_open_of_a_file_being_prefetched_waits_for_that_read(tree):
+    src, spec = tree
+    gate = threading.Event()
+    cache, ns, plans, pf, h, backend = build(src, ram=0, window=10**6, gate=gate)
+    plans.announce(h, 0, 0, [1], np.array([5], dtype=np.uint32))
+    t = threading.Thread(target=pf.step)
+    t.start()
+    while not backend.reads:
+        pass
+    out = {}
+    opener = threading.Thread(target=lambda: out.setdefault("r", cache.open(5)))
+    opener.start()
+    gate.set()
+    t.join(10)
+    opener.join(10)
+    assert out["r"][1] == "late" and bytes(out["r"][0]) == spec[ns.path(5)]
+    assert len(backend.reads) == 1   # single-flight: one backend read
+    s = cache.stats()["prefetch"]
+    assert s["late"] == 1 and s["late_wait_s"] > 0 and pf.reserved_bytes == 0
+
+
+def test_a_failed_prefetch_surfaces_only_as_a_miss(tree):
+    src, spec = tree
+    cache, ns, plans, pf, h, backend = build(src, ram=0, window=10**6, fail={ "c1/001.bin"})
+    f = ns.file_id("c1/001.bin")
+    plans.announce(h, 0, 0, [1], np.array([f], dtype=np.uint32))
+    assert pf.step()
+    backend.fail.clear()
+    data, outcome = cache.open(f)
+    assert outcome == "miss" and bytes(data) == spec["c1/001.bin"]
+    assert cache.stats()["prefetch"]["errors"] == 1 and pf.reserved_bytes == 0
+
+
+def test_two_plans_share_the_window(tree):
+    src, spec = tree
+    cache, ns, plans, pf, h, backend = build(src, ram=0, window=1400)
+    plans.announce(h, 0, 0, [10], np.arange(0, 10, dtype=np.uint32))
+    plans.announce(h, 1, 0, [10], np.arange(10, 20, dtype=np.uint32))
+    while pf.step():
+        pass
+    owned = {k[1]: v for k, v in pf.owned.items()}
+    assert set(owned) == {0, 1} and all(v <= 1400 // 2 for v in owned.values())
+
+
+def test_retired_plan_wastes_its_window(tree):
+    src, spec = tree
+    cache, ns, plans, pf, h, backend = build(src, ram=0, window=10**6)
+    plans.announce(h, 0, 0, [3], np.array([0, 1, 2], dtype=np.uint32))
+    while pf.step():
+        pass
+    with cache.lock:
+        plans.retire_all("test")
+    s = cache.stats()["prefetch"]
+    assert s["wasted_bytes"] == sum(ns.size(f) for f in (0, 1, 2)) and pf.reserved_bytes == 0
+    assert s["plans_retired"] == 1
