@@ -12,6 +12,7 @@ setup(
         "shadefs.policies",
         "shadefs.backends",
         "shadefs.control",
+        "shadefs.plan",
         "shadefs.hooks",
         "shadefs.testing",
     ],

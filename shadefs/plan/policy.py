@@ -55,6 +55,12 @@ class PlanPolicy(Policy):
         self._sizes.pop(fid, None)
         self.inner.on_remove(fid)
 
+    def defer(self, wake=None) -> bool:
+        return self.inner.defer(wake)
+
+    def apply_pending(self, limit: int = 256) -> bool:
+        return self.inner.apply_pending(limit)
+
     def _inner_order(self, fids: List[int]) -> List[int]:
         ranking = getattr(self.inner, "ranking", None)
         if ranking is not None:

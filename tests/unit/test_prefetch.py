@@ -54,9 +54,10 @@ def build(src, ram, window, policy="static", gate=None, fail=()):
     backend = CountingBackend(str(src), gate, fail)
     ns = Namespace(backend.walk())
     imp = Importance(ns.num_files)
-    cache = TieredCache(ns, backend, (None, MemoryTier()), None, imp)
-    plans = PlanRegistry(ns.num_files, lock=cache.lock)
-    cache.ram_index = TierIndex("ram", ram, PlanPolicy(get_policy(policy)(ram, imp), plans))
+    plans = PlanRegistry(ns.num_files)
+    index = TierIndex("ram", ram, PlanPolicy(get_policy(policy)(ram, imp), plans))
+    cache = TieredCache(ns, backend, (index, MemoryTier()), None, imp)
+    plans.lock = cache.lock  # as the daemon wires it
     pf = Prefetcher(cache, plans, window, concurrency=0)
     cache.attach_plans(plans, pf)
     handle, _ = plans.register(None, np.arange(ns.num_files, dtype=np.int64))
