@@ -59,7 +59,7 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
-from shadefs.testing import Mount, docsection, shadefs, unmount
+from shadefs.testing import Mount, docsection, proc_cpu_s, shadefs, unmount
 from shadefs.testing.docsection import markdown_table
 from shadefs.testing.s3 import DUMMY_AWS_ENV, LatencyProxyProcess, MotoServer, free_port
 
@@ -126,14 +126,7 @@ def build_dataset(root: str, n: int, noise: float, quality: int, seed: int) -> D
 # ============================================================================== moto, proxy, probes
 def proc_cpu(pid: Optional[int]) -> float:
     """CPU seconds (user + system, all threads) a live process has used so far; 0.0 if unknown."""
-    if not pid:
-        return 0.0
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return proc_cpu_s(pid) or 0.0
 
 
 def children_cpu() -> float:

@@ -300,7 +300,8 @@ def run_one(args, sampler: str, policy: str, pct: float, src: str, n_train: int)
         logf.write(msg + "\n")
 
     try:
-        m = Mount(src, mnt, ["--ram-cache", f"{pct:g}%", "--policy", policy, "--trace", trace],
+        # --follow-symlinks: a --train-limit subset is a tree of symlinks into DATA/train
+        m = Mount(src, mnt, ["--ram-cache", f"{pct:g}%", "--policy", policy, "--trace", trace, "--follow-symlinks"],
                   log_file=os.path.join(rdir, "daemon.log"))
         logf.write(f"$ shadefs mount {shlex.join([m.source, m.path, '--log-file', m.log_file, *m.args])}\n")
         m.start()

@@ -14,17 +14,15 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
-from shadefs.testing import docsection
+from shadefs.testing import Mount, docsection
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DOC = os.path.join(HERE, "..", "docs", "performance.md")
 START, END = docsection.markers("bench_imagefolder")
-SHADEFS = [sys.executable, "-m", "shadefs"]
 
 
 def drop_caches(enabled: bool) -> None:
@@ -63,15 +61,17 @@ def main(argv=None) -> int:
             mnt = os.path.join(tmp, "mnt")
             os.mkdir(mnt)
             drop_caches(args.drop_caches)
+            m = Mount(src, mnt, log_file=os.path.join(tmp, "log"))
             t0 = time.perf_counter()
-            subprocess.run(SHADEFS + ["mount", src, mnt, "--log-file", os.path.join(tmp, "log")], check=True,
-                           capture_output=True)
+            m.start()
             mount_s.append(time.perf_counter() - t0)
             try:
                 cold_mnt.append(build(mnt))
                 warm_mnt.append(build(mnt))
             finally:
-                subprocess.run(SHADEFS + ["umount", mnt], check=True)
+                err = m.umount()  # and wait for the daemon to exit before the next round
+                if err:
+                    raise SystemExit(f"bench_imagefolder: {err}")
     med = statistics.median
     rows = [("SOURCE directly, first", med(cold_src)), ("SOURCE directly, again", med(warm_src)),
             ("shadefs mount (scan + fork + mount)", med(mount_s)),

@@ -57,7 +57,7 @@ import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from shadefs.cli import is_mounted
-from shadefs.testing import Mount, ShadefsError, docsection, force_unmount, shadefs, unmount
+from shadefs.testing import Mount, ShadefsError, docsection, force_unmount, proc_cpu_s, shadefs, unmount
 from shadefs.testing.docsection import Table
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -467,18 +467,6 @@ def mount_options(tier: str, loop: str, kernel_cache: bool, trace: Optional[str]
     return opts
 
 
-def process_cpu_s(pid: Optional[int]) -> Optional[float]:
-    """User + system CPU seconds of process ``pid`` (all its threads, exited ones included), or None."""
-    if pid is None:
-        return None
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return None
-
-
 def interleaved_passes(pool: ReaderPool, targets: Dict[str, str], files, readers_list: List[int], repeat: int,
                        min_pass_s: float, pids: Optional[Dict[str, int]] = None
                        ) -> Tuple[Dict[str, dict], Dict[str, int]]:
@@ -504,9 +492,9 @@ def interleaved_passes(pool: ReaderPool, targets: Dict[str, str], files, readers
                 min(100, int(min_pass_s / max(first["wall_s"], 1e-3)) + 1)
         for rnd in range(repeat):
             for k in keys[rnd % len(keys):] + keys[:rnd % len(keys)]:
-                c0 = process_cpu_s(pids.get(k))
+                c0 = proc_cpu_s(pids.get(k))
                 r = pool.run(targets[k], files, readers, loops=loops[k])
-                c1 = process_cpu_s(pids.get(k))
+                c1 = proc_cpu_s(pids.get(k))
                 r["cpu_us"] = (c1 - c0) / r["opens"] * 1e6 if c0 is not None and c1 is not None else None
                 opens[k] += r["opens"]
                 runs[k].append(r)

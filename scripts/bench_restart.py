@@ -71,30 +71,33 @@ def synthesize(root: str, n: int, size: int) -> tuple:
 
 def timed_mount(src, mnt, cache, log_file) -> dict:
     open(log_file, "w").close()
-    m = Mount(src, mnt, ["--disk-cache", cache, "--disk-cache-size", "100%", "--ram-cache", "0"],
-              log_file=log_file, mount_timeout=900)
+    mount = Mount(src, mnt, ["--disk-cache", cache, "--disk-cache-size", "100%", "--ram-cache", "0"],
+                  log_file=log_file, mount_timeout=900)
     t0 = time.monotonic()
     try:
-        m.start()
+        mount.start()
     except ShadefsError as e:
         raise SystemExit(str(e))
     wall = time.monotonic() - t0
-    log = open(log_file).read()
-    scan = float(re.search(r"scanned .* in ([0-9.]+) s", log).group(1))
-    m = re.search(r"disk tier: reloaded (\d+) entries .* in ([0-9.]+) s \(listing ([0-9.]+) s, path hashes "
-                  r"([0-9.]+) s, (\d+) from the manifest, (\d+) stat'ed\); dropped (\d+) stale, (\d+) corrupt, "
-                  r"(\d+) over budget", log)
-    out = {"wall": wall, "scan": scan, "reloaded": int(m.group(1)), "reload": float(m.group(2)),
-           "entry_scan": float(m.group(3)), "hashes": float(m.group(4)),
-           "statted": int(m.group(6)), "dropped": sum(int(m.group(i)) for i in (7, 8, 9))}
-    # the first opens of the new epoch are disk hits
-    for i in (0, 1, 2):
-        rel = f"d{i // PER_DIR:05d}/f{i:07d}.bin"
-        with open(os.path.join(mnt, rel), "rb") as f:
-            f.read()
-    stats = m.stats()
-    out["first_opens_disk_hits"] = stats["hits"]["disk"] == 3 and stats["misses"] == 0
-    err = m.umount(exit_timeout=120)  # waits for the daemon to exit (it releases the namespace lock)
+    try:
+        log = open(log_file).read()
+        # "scanned SRC: ..." (a fresh scan) or "snapshot of SRC: ..." (the namespace snapshot, issue 12)
+        scan = float(re.search(r"(?:scanned|snapshot of) .* in ([0-9.]+) s", log).group(1))
+        m = re.search(r"disk tier: reloaded (\d+) entries .* in ([0-9.]+) s \(listing ([0-9.]+) s, path hashes "
+                      r"([0-9.]+) s, (\d+) from the manifest, (\d+) stat'ed\); dropped (\d+) stale, (\d+) corrupt, "
+                      r"(\d+) over budget", log)
+        out = {"wall": wall, "scan": scan, "reloaded": int(m.group(1)), "reload": float(m.group(2)),
+               "entry_scan": float(m.group(3)), "hashes": float(m.group(4)),
+               "statted": int(m.group(6)), "dropped": sum(int(m.group(i)) for i in (7, 8, 9))}
+        # the first opens of the new epoch are disk hits
+        for i in (0, 1, 2):
+            rel = f"d{i // PER_DIR:05d}/f{i:07d}.bin"
+            with open(os.path.join(mnt, rel), "rb") as f:
+                f.read()
+        stats = mount.stats()
+        out["first_opens_disk_hits"] = stats["hits"]["disk"] == 3 and stats["misses"] == 0
+    finally:
+        err = mount.umount(exit_timeout=120)  # waits for the daemon to exit (it releases the namespace lock)
     if err:
         raise SystemExit(f"umount failed: {err}")
     return out

@@ -11,8 +11,9 @@ Used by tests/conftest.py and scripts/bench_*.py; ships with the package (it nee
 extra only for the S3 pieces).
 """
 from shadefs.testing.mounts import (
-    Mount, ShadefsError, force_unmount, pid_alive, shadefs, tracebacks, unmount, wait_for, wait_pid_gone,
+    Mount, ShadefsError, force_unmount, pid_alive, proc_cpu_s, shadefs, tracebacks, unmount, wait_for,
+    wait_pid_gone,
 )
 
-__all__ = ["Mount", "ShadefsError", "force_unmount", "pid_alive", "shadefs", "tracebacks", "unmount", "wait_for",
-           "wait_pid_gone"]
+__all__ = ["Mount", "ShadefsError", "force_unmount", "pid_alive", "proc_cpu_s", "shadefs", "tracebacks",
+           "unmount", "wait_for", "wait_pid_gone"]

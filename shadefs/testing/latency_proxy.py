@@ -34,7 +34,8 @@ its due time; on a loaded one it can be late by a scheduler tick. The proxy repo
 Command line (prints ``PORT <n>`` and a settings line on stdout once listening; SIGTERM/SIGINT stop
 it and print one JSON line of counters)::
 
-    python -m shadefs.testing.latency_proxy --upstream 127.0.0.1:5000 [--port 0] [--delay-ms 1] [--rate 1gbit] [--mode http]
+    python -m shadefs.testing.latency_proxy --upstream 127.0.0.1:5000 [--port 0] [--delay-ms 1] \
+        [--rate 1gbit] [--mode http]
 
 As a library: ``LatencyProxy(upstream_port, delay_s=0.001, rate_bps=1e9).start()`` ... ``.close()``
 (in-process), or :class:`shadefs.testing.s3.LatencyProxyProcess` (a child process, its own GIL).

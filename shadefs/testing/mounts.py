@@ -24,8 +24,8 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 from shadefs.cli import is_mounted
 
-__all__ = ["SHADEFS", "ShadefsError", "shadefs", "pid_alive", "wait_for", "wait_pid_gone", "force_unmount",
-           "unmount", "Mount", "tracebacks"]
+__all__ = ["SHADEFS", "ShadefsError", "shadefs", "pid_alive", "proc_cpu_s", "wait_for", "wait_pid_gone",
+           "force_unmount", "unmount", "Mount", "tracebacks"]
 
 SHADEFS = [sys.executable, "-m", "shadefs"]
 _PID = re.compile(r"\(pid (\d+)")
@@ -62,6 +62,19 @@ def pid_alive(pid: Optional[int]) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except (OSError, IndexError):
         return False
+
+
+def proc_cpu_s(pid: Optional[int]) -> Optional[float]:
+    """User + system CPU seconds process ``pid`` has used so far (all its threads), from /proc; None if
+    unknown (no such process)."""
+    if not pid:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def wait_for(predicate: Callable[[], object], timeout: float = 10.0, interval: float = 0.02,

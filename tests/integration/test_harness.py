@@ -124,4 +124,5 @@ def test_table_writers(tmp_path):
     doc.write_text("# P\n\n<!-- s:start -->\nold\n<!-- s:end -->\ntail\n")
     write_section(str(doc), "s", "<!-- s:start -->\nnew\n<!-- s:end -->")
     write_section(str(doc), "t", "<!-- t:start -->\nT\n<!-- t:end -->")
-    assert doc.read_text() == "# P\n\n<!-- s:start -->\nnew\n<!-- s:end -->\ntail\n\n<!-- t:start -->\nT\n<!-- t:end -->\n"
+    assert doc.read_text() == ("# P\n\n<!-- s:start -->\nnew\n<!-- s:end -->\ntail\n\n"
+                               "<!-- t:start -->\nT\n<!-- t:end -->\n")

@@ -1,19 +1,21 @@
 """ScoreReporter: batch -> dataset index mapping by the sampler's yielded order, the rank transform on
-exactly those indices, raw losses to the daemon (fake and real ControlServer), and a tiny training run
+exactly those indices, raw losses to a real daemon behind a real ControlServer, and a tiny training run
 with no daemon (the three-line user change, verbatim)."""
 import subprocess
 import sys
 
 import numpy as np
 import pytest
-import torch
-import torch.nn.functional as F
-from torch.utils.data import DataLoader
+from conftest import require
 
-from shadefs.hooks import Client, ScoreReporter, ShadeSampler
-from shadefs.hooks.sampler import rank_transform
+torch = require("torch")  # skipped without torch; failed under CI=true
+import torch.nn.functional as F  # noqa: E402
+from torch.utils.data import DataLoader  # noqa: E402
 
-from hookfakes import FakeDataset, LiveDaemon
+from shadefs.hooks import Client, ScoreReporter, ShadeSampler  # noqa: E402
+from shadefs.hooks.sampler import rank_transform  # noqa: E402
+
+from hookfakes import FakeDataset, LiveDaemon  # noqa: E402
 
 
 class IndexDataset(FakeDataset):
