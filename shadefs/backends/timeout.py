@@ -148,6 +148,17 @@ class TimeoutBackend(Backend):
     def walk(self) -> Iterator[Entry]:
         return self.inner.walk()
 
+    # the scan and the snapshot checks are the inner backend's own (posix: the safe view of the source,
+    # its skip report, directory mtimes): the base class's generic versions would silently replace them
+    def scan(self, follow_symlinks: bool = False):
+        return self.inner.scan(follow_symlinks)
+
+    def snapshot_key(self, follow_symlinks: bool):
+        return self.inner.snapshot_key(follow_symlinks)
+
+    def snapshot_changed(self, *args, **kwargs):
+        return self.inner.snapshot_changed(*args, **kwargs)
+
     def read(self, path: str, size: int) -> bytes:
         return self._call(lambda: self.inner.read(path, size), f"read {path!r}")
 

@@ -6,8 +6,9 @@ import time
 
 import numpy as np
 import pytest
+from conftest import require
 
-torch = pytest.importorskip("torch")
+torch = require("torch")  # skipped without torch; failed under CI=true
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
 from shadefs import sim  # noqa: E402
