@@ -73,8 +73,8 @@ def _unmount(mountpoint: str, lazy: bool = False) -> None:
     raise UserError(f"cannot unmount {mountpoint}: {last or 'no fusermount or umount available'}")
 
 
-def _clear_stale(mountpoint: str) -> bool:
-    """Unmount a FUSE mount whose daemon died ("Transport endpoint is not connected"). Returns True if done."""
+def _is_stale(mountpoint: str) -> bool:
+    """Whether ``mountpoint`` is a FUSE mount whose daemon died ("Transport endpoint is not connected")."""
     try:
         # statvfs, not stat: the kernel answers stat from its attribute cache (attr_timeout=3600) even
         # after the daemon died; STATFS always reaches the (dead) connection.
@@ -82,10 +82,7 @@ def _clear_stale(mountpoint: str) -> bool:
         return False
     except OSError as e:
         # ENOTCONN once the connection is gone; ECONNABORTED for a request caught in the abort
-        if e.errno not in (errno.ENOTCONN, errno.ECONNABORTED):
-            return False
-    _unmount(mountpoint, lazy=True)
-    return True
+        return e.errno in (errno.ENOTCONN, errno.ECONNABORTED)
 
 
 def _parse_sizes(args) -> dict:
@@ -175,6 +172,15 @@ def build_config(args) -> MountConfig:
             backend_for(source)
         except BackendError as e:
             raise UserError(str(e)) from None
+    options = _backend_options(args.backend_opt)
+    if "://" not in source or source.startswith("file://"):
+        from .backends.base import BackendError
+        from .backends.posix import PosixBackend
+
+        try:  # cheap (no I/O): a bad option fails here, named, not in the daemon
+            PosixBackend(source, **dict(options))
+        except (BackendError, TypeError, ValueError) as e:
+            raise UserError(f"--backend-opt: {e}") from None
     disk_dir = os.path.abspath(args.disk_cache) if args.disk_cache else None
     disk_size = sizes.get("disk_cache_size")
     if disk_size is not None and disk_dir is None and (disk_size.nbytes or disk_size.fraction):
@@ -197,7 +203,7 @@ def build_config(args) -> MountConfig:
         metrics_port=args.metrics_port, metrics_addr=args.metrics_addr, trace=args.trace and os.path.abspath(args.trace),
         log_level=args.log_level.upper(), log_file=args.log_file and os.path.abspath(args.log_file),
         allow_other=args.allow_other, kernel_cache=not args.no_kernel_cache,
-        fuse_threads=args.fuse_loop == "multi", backend_options=_backend_options(args.backend_opt),
+        fuse_threads=args.fuse_loop == "multi", backend_options=options,
         score_transform=args.score_transform, checkpoint_interval_s=args.checkpoint_interval,
         follow_symlinks=args.follow_symlinks, rescan=args.rescan,
         backend_timeout_s=float(args.backend_timeout),
@@ -234,40 +240,150 @@ def build_config(args) -> MountConfig:
     return MountConfig(**kwargs)
 
 
-def preflight(cfg: MountConfig) -> None:
-    """Check everything a mount needs before forking (raises UserError)."""
-    mp = cfg.mountpoint
-    if _clear_stale(mp):
-        print(f"shadefs: cleared a stale mount at {mp} (its daemon had died)", file=sys.stderr)
-    if not os.path.isdir(mp):
-        raise UserError(f"mountpoint {mp!r} is not a directory" if os.path.exists(mp)
-                        else f"mountpoint {mp!r} does not exist")
-    if os.path.ismount(mp) or is_mounted(mp):
-        raise UserError(f"mountpoint {mp!r} is already mounted")
-    if os.listdir(mp):
-        raise UserError(f"mountpoint {mp!r} is not empty")
+def _inside(path: str, mountpoint: str) -> bool:
+    """Whether ``path`` lies inside (or is) ``mountpoint``; resolves symlinks of existing parents only."""
+    mp = os.path.realpath(mountpoint)
+    p = os.path.realpath(path)
+    return p == mp or p.startswith(mp.rstrip("/") + "/")
+
+
+def _existing_ancestor(path: str) -> str:
+    p = os.path.abspath(path)
+    while not os.path.lexists(p):
+        parent = os.path.dirname(p)
+        if parent == p:
+            break
+        p = parent
+    return p
+
+
+def _check_writable_dir(path: str, what: str) -> None:
+    """``path`` is a writable directory, or can be created as one; creates nothing (raises UserError)."""
+    if os.path.exists(path):
+        if not os.path.isdir(path):
+            raise UserError(f"{what} {path!r} is not writable (Not a directory)")
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise UserError(f"{what} {path!r} is not writable (Permission denied)")
+        return
+    anc = _existing_ancestor(path)
+    if not os.path.isdir(anc):
+        raise UserError(f"{what} {path!r} is not writable (Not a directory: {anc!r})")
+    if not os.access(anc, os.W_OK | os.X_OK):
+        raise UserError(f"{what} {path!r} is not writable (Permission denied on {anc!r})")
+
+
+def _check_writable_file(path: str, option: str) -> None:
+    """``path`` can be opened for appending; creates nothing (raises UserError)."""
+    if os.path.isdir(path):
+        raise UserError(f"{option} {path!r}: Is a directory")
+    if os.path.exists(path):
+        if not os.access(path, os.W_OK):
+            raise UserError(f"{option} {path!r}: Permission denied")
+        return
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise UserError(f"{option} {path!r}: directory {parent!r} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UserError(f"{option} {path!r}: Permission denied on {parent!r}")
+
+
+FUSE_DEVICE = "/dev/fuse"
+FUSE_MAJOR, FUSE_MINOR = 10, 229  # Documentation/admin-guide/devices.txt: misc 229 = /dev/fuse
+
+
+def check_fuse_device(path: str = FUSE_DEVICE) -> None:
+    """``path`` is the FUSE character device (10, 229) and opens read-write (raises UserError)."""
+    import stat as stat_mod
+
     try:
-        fd = os.open("/dev/fuse", os.O_RDWR)
+        st = os.stat(path)
+    except OSError as e:
+        raise UserError(f"{path} is missing ({e.strerror}); load the fuse module (modprobe fuse), or in a "
+                        f"container pass --device /dev/fuse") from None
+    if not stat_mod.S_ISCHR(st.st_mode) or (os.major(st.st_rdev), os.minor(st.st_rdev)) != (FUSE_MAJOR,
+                                                                                          FUSE_MINOR):
+        kind = (f"character device {os.major(st.st_rdev)},{os.minor(st.st_rdev)}" if stat_mod.S_ISCHR(st.st_mode)
+                else "block device" if stat_mod.S_ISBLK(st.st_mode) else "directory"
+                if stat_mod.S_ISDIR(st.st_mode) else "regular file" if stat_mod.S_ISREG(st.st_mode) else "not a device")
+        raise UserError(f"{path} is not the FUSE device (it is a {kind}; FUSE is character device "
+                        f"{FUSE_MAJOR},{FUSE_MINOR}); in a container pass --device /dev/fuse")
+    try:
+        fd = os.open(path, os.O_RDWR)
         os.close(fd)
     except OSError as e:
-        raise UserError(f"/dev/fuse is not usable ({e.strerror}); in a container pass --device /dev/fuse "
+        raise UserError(f"{path} is not usable ({e.strerror}); in a container pass --device /dev/fuse "
                         f"and CAP_SYS_ADMIN") from None
+
+
+def _check_cache_dir_free(cfg: MountConfig) -> None:
+    """Refuse a cache directory whose namespace for this source another live daemon holds (its flock)."""
+    import fcntl
+
+    from .cache.tiers import DiskTier
+
+    lock = os.path.join(DiskTier.dir_for(cfg.disk_cache_dir, cfg.source), DiskTier.LOCK_FILE)
+    try:
+        f = open(lock, "r")
+    except OSError:
+        return  # no lock file: nobody holds it (and we create nothing here)
+    with f:
+        deadline = time.monotonic() + 5.0  # a daemon just unmounted may still be writing its checkpoint
+        while True:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(f, fcntl.LOCK_UN)
+                return
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    owner = f.read().strip() or "another process"
+                    raise UserError(f"cache directory {cfg.disk_cache_dir!r} is in use for this source by "
+                                    f"{owner}; give each mount of the same source its own --disk-cache") from None
+                time.sleep(0.05)
+
+
+def preflight(cfg: MountConfig) -> None:
+    """Check everything a mount needs before forking (raises UserError).
+
+    Nothing is created or changed before every check passed: the only side effect, once they have, is
+    clearing a dead shadefs mount at the mountpoint (a stale FUSE entry whose daemon died).
+    """
+    mp = cfg.mountpoint
+    for path, what in ((cfg.disk_cache_dir, "the cache directory"), (cfg.trace, "the --trace file"),
+                       (cfg.log_file, "the --log-file")):
+        if path and _inside(path, mp):
+            raise UserError(f"{what} must not be inside the mountpoint")
+    if cfg.disk_cache_dir:
+        _check_writable_dir(cfg.disk_cache_dir, "cache directory")
+        _check_cache_dir_free(cfg)
+    if cfg.trace:
+        _check_writable_file(cfg.trace, "--trace")
+    if cfg.log_file:
+        _check_writable_file(cfg.log_file, "--log-file")
+    check_fuse_device()
     if _fusermount() is None:
         raise UserError("fusermount is missing; install it with: apt-get install fuse3")
-    if cfg.disk_cache_dir:
-        try:
-            os.makedirs(cfg.disk_cache_dir, exist_ok=True)
-            with tempfile.NamedTemporaryFile(dir=cfg.disk_cache_dir):
-                pass
-        except OSError as e:
-            raise UserError(f"cache directory {cfg.disk_cache_dir!r} is not writable ({e.strerror})") from None
-        if os.path.realpath(cfg.disk_cache_dir).startswith(os.path.realpath(mp) + os.sep):
-            raise UserError("the cache directory must not be inside the mountpoint")
-    if cfg.trace:
-        try:
-            open(cfg.trace, "a").close()
-        except OSError as e:
-            raise UserError(f"--trace {cfg.trace!r}: {e.strerror}") from None
+    stale = _is_stale(mp)
+    if stale and not _registry().is_shadefs(_registry().mount_entry(mp)):
+        raise UserError(f"mountpoint {mp!r} is a dead mount that shadefs did not make; unmount it first")
+    if not stale:
+        if not os.path.isdir(mp):
+            raise UserError(f"mountpoint {mp!r} is not a directory" if os.path.exists(mp)
+                            else f"mountpoint {mp!r} does not exist")
+        if os.path.ismount(mp) or is_mounted(mp):
+            raise UserError(f"mountpoint {mp!r} is already mounted")
+        if os.listdir(mp):
+            raise UserError(f"mountpoint {mp!r} is not empty")
+    else:
+        _unmount(mp, lazy=True)
+        print(f"shadefs: cleared a stale mount at {mp} (its daemon had died)", file=sys.stderr)
+        if os.path.isdir(mp) and os.listdir(mp):
+            raise UserError(f"mountpoint {mp!r} is not empty")
+
+
+def _registry():
+    from . import registry
+
+    return registry
 
 
 def _default_log_file(mountpoint: str) -> str:
@@ -288,18 +404,77 @@ def _setup_logging(level: str, log_file: Optional[str]) -> None:
         logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLevelName(level)))
 
 
-def _run_daemon(cfg: MountConfig, ready_fd: Optional[int]) -> int:
+def _is_refusal(e: BaseException) -> bool:
+    """An error of the daemon's build step that is the user's to fix (exit 2, like the CLI's checks)."""
+    from .backends.base import BackendError
+    from .cache.tiers import CacheDirInUse
+
+    return isinstance(e, (CacheDirInUse, ConfigError, BackendError, ValueError, PermissionError))
+
+
+def _run_daemon(cfg: MountConfig, ready_fd: Optional[int], stderr_file=None) -> int:
+    """Build and serve (in the forked daemon). A failure before the mount is reported on ``ready_fd``
+    as ``refused: MESSAGE`` (the user's to fix: exit 2) or ``error: MESSAGE``; when the mount itself
+    failed, what the FUSE library or fusermount wrote on stderr (``stderr_file``) is the message."""
     from .daemon import Daemon
 
     daemon = Daemon(cfg, ready_fd)
     try:
         daemon.build()
+    except BaseException as e:
+        logging.getLogger("shadefs").exception("daemon failed")
+        daemon._notify(f"{'refused' if _is_refusal(e) else 'error'}: {e}")
+        return 1
+    try:
         daemon.run()
     except BaseException as e:  # report to the waiting parent, then exit
         logging.getLogger("shadefs").exception("daemon failed")
-        daemon._notify(f"error: {e}")
+        daemon._notify(f"error: {_mount_error(e, stderr_file)}")
         return 1
     return 0
+
+
+def _mount_error(e: BaseException, stderr_file) -> str:
+    """What to tell the user about a failed mount: the mount helper's own words if it left any."""
+    said = ""
+    if stderr_file is not None:
+        try:
+            stderr_file.flush()
+            stderr_file.seek(0)
+            lines = [ln.strip() for ln in stderr_file.read().decode("utf-8", "replace").splitlines() if ln.strip()]
+            said = "; ".join(lines[-3:])
+        except (OSError, ValueError):
+            pass
+    text = str(e)
+    if said:
+        return said if not text or text.isdigit() else f"{text} ({said})"
+    if not text or text.isdigit():  # mfusepy raises RuntimeError(<fuse_main's status>)
+        return f"the FUSE library could not mount (status {text or '?'}) and said nothing; check /dev/fuse, " \
+               "fusermount and CAP_SYS_ADMIN"
+    return text
+
+
+def _stop_daemon(pid: int, grace_s: float = 3.0) -> None:
+    """SIGTERM the daemon's process group, SIGKILL after ``grace_s``, and reap it."""
+    import signal
+
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if done:
+                return
+            time.sleep(0.02)
 
 
 # -- commands -------------------------------------------------------------------------------------------
@@ -313,45 +488,145 @@ def cmd_mount(args) -> int:
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # the daemon
-        os.close(r)
-        os.setsid()
-        _setup_logging(cfg.log_level, log_file)
-        devnull = os.open(os.devnull, os.O_RDWR)
-        for fd in (0, 1, 2):
-            os.dup2(devnull, fd)
-        os._exit(_run_daemon(cfg, w))
+        code = 1
+        try:
+            os.close(r)
+            os.setsid()
+            _setup_logging(cfg.log_level, log_file)
+            devnull = os.open(os.devnull, os.O_RDWR)
+            err = tempfile.TemporaryFile()  # what libfuse / fusermount say about a failed mount
+            for fd in (0, 1):
+                os.dup2(devnull, fd)
+            os.dup2(err.fileno(), 2)
+            code = _run_daemon(cfg, w, err)
+        finally:
+            os._exit(code)
     os.close(w)
-    with os.fdopen(r) as f:
-        line = f.readline().strip()
+    try:
+        with os.fdopen(r) as f:
+            line = f.readline().strip()
+    except KeyboardInterrupt:
+        # Ctrl-C while waiting: the daemon (its own session, so it did not get the SIGINT) must not mount
+        # later behind the user's back.
+        _stop_daemon(pid)
+        if is_mounted(cfg.mountpoint) and _registry().is_shadefs(_registry().mount_entry(cfg.mountpoint)):
+            try:
+                _unmount(cfg.mountpoint, lazy=True)
+            except UserError:
+                pass
+        print(f"shadefs: interrupted; stopped the daemon (pid {pid}), nothing is mounted at {cfg.mountpoint}",
+              file=sys.stderr)
+        return 130
     if line == "ok":
         print(f"shadefs: mounted {cfg.source} at {cfg.mountpoint} (pid {pid}, policy {cfg.policy}, "
               f"log {log_file})")
         return 0
     os.waitpid(pid, 0)
-    msg = line[len("error: "):] if line.startswith("error: ") else f"the daemon exited; see {log_file}"
+    kind, sep, msg = line.partition(": ")
+    if not sep or kind not in ("error", "refused"):
+        kind, msg = "error", f"the daemon exited; see {log_file}"
+    if kind == "refused":
+        raise UserError(msg)
     print(f"shadefs: mount failed: {msg}", file=sys.stderr)
     return 1
 
 
-def cmd_umount(args) -> int:
-    mp = os.path.abspath(args.mountpoint)
-    if not (is_mounted(mp) or os.path.ismount(mp)):
-        raise UserError(f"{mp!r} is not mounted")
-    _unmount(mp)
-    deadline = time.monotonic() + 10
-    while is_mounted(mp) and time.monotonic() < deadline:
+def _wait_gone(pid: Optional[int], mountpoint: str, timeout_s: float = 10.0) -> None:
+    from .registry import pid_start_time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not is_mounted(mountpoint) and (pid is None or pid_start_time(pid) is None):
+            return
         time.sleep(0.05)
+
+
+def cmd_umount(args) -> int:
+    """Unmount a shadefs mount; refuse anything else. ``--force``: a daemon that does not answer its
+    control endpoint within ``--timeout`` is killed and its mount cleared."""
+    reg = _registry()
+    mp = os.path.abspath(args.mountpoint)
+    info = reg.mount_entry(mp)
+    known = reg.lookup(mp, alive_only=False)
+    entry = known if known is not None and known.alive() else None
+    if info is None:
+        if entry is not None:  # the daemon runs but its mount is gone (unmounted by hand)
+            raise UserError(f"{mp!r} is not mounted (its daemon, pid {entry.pid}, still runs)")
+        raise UserError(f"{mp!r} is not mounted")
+    if not reg.is_shadefs(info):
+        raise UserError(f"{mp!r} is a {info.fstype} mount ({info.source}), not a shadefs mount; refusing to "
+                        "unmount it")
+    # A registered live daemon means the mount is not stale: never stat a mount that may hang.
+    if entry is None and ((known is not None and not known.alive()) or _is_stale(mp)):
+        _unmount(mp, lazy=True)
+        print(f"shadefs: cleared a stale mount at {mp} (its daemon had died)", file=sys.stderr)
+        if known is not None:
+            _remove(known.path)
+        return 0
+    if args.force and (entry is None or not _answers(entry, args.timeout)):
+        if entry is not None:
+            print(f"shadefs: the daemon (pid {entry.pid}) did not answer within {args.timeout:g} s; "
+                  "killing it", file=sys.stderr)
+            _kill_registered(entry)
+        _unmount(mp, lazy=True)
+        _wait_gone(entry.pid if entry else None, mp)
+        if entry is not None:
+            _remove(entry.path)
+        return 0
+    _unmount(mp)
+    _wait_gone(entry.pid if entry else None, mp)
     return 0
 
 
-def _client(mountpoint: str):
-    from .control.client import ControlClient, EndpointNotFound, find_endpoint
-
+def _remove(path: str) -> None:
     try:
-        endpoint = find_endpoint(mountpoint)
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def _answers(entry, timeout_s: float) -> bool:
+    from .control.client import ControlClient
+
+    c = ControlClient(entry.endpoint, timeout_s=timeout_s, credentials=entry.credentials)
+    try:
+        c.stats()
+        return True
+    except Exception:
+        return False
+    finally:
+        c.close()
+
+
+def _kill_registered(entry) -> None:
+    import signal
+
+    from .registry import pid_start_time
+
+    if pid_start_time(entry.pid) != entry.start_time:
+        return  # gone already, or the pid is someone else's now
+    try:
+        os.kill(entry.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _client(path: str, timeout_s: float = 5.0):
+    """A control client for the mount holding ``path``, found without touching the mount when the daemon
+    registered itself (:mod:`shadefs.registry`), else from ``$SHADEFS_ENDPOINT`` or the mount's xattr."""
+    from .control.client import ENV_ENDPOINT, ControlClient, EndpointNotFound, find_endpoint
+
+    reg = _registry()
+    entry = reg.lookup_path(path)
+    if entry is not None:
+        return ControlClient(entry.endpoint, timeout_s=timeout_s, credentials=entry.credentials)
+    if not os.environ.get(ENV_ENDPOINT, "").strip() and not reg.is_shadefs(reg.mount_entry_for(path)):
+        raise UserError(f"{path!r} is not inside a shadefs mount")
+    try:
+        endpoint = find_endpoint(path)
     except EndpointNotFound as e:
         raise UserError(str(e)) from None
-    return ControlClient(endpoint)
+    return ControlClient(endpoint, timeout_s=timeout_s)
 
 
 def format_stats(s: dict) -> str:
@@ -385,11 +660,12 @@ def format_stats(s: dict) -> str:
 
 
 def cmd_stats(args) -> int:
-    client = _client(args.mountpoint)
+    client = _client(args.mountpoint, args.timeout)
     try:
         s = client.stats()
     except TimeoutError:
-        raise UserError(f"the daemon of {args.mountpoint} did not answer") from None
+        raise UserError(f"the daemon of {args.mountpoint} did not answer within {args.timeout:g} s "
+                        f"(if it hangs: shadefs umount --force)") from None
     finally:
         client.close()
     if args.json:
@@ -400,12 +676,16 @@ def cmd_stats(args) -> int:
 
 
 def cmd_endpoint(args) -> int:
-    from .control.client import EndpointNotFound, find_endpoint
+    client = _client(args.mountpoint)
+    print(client.endpoint)
+    client.close()
+    return 0
 
-    try:
-        print(find_endpoint(args.mountpoint))
-    except EndpointNotFound as e:
-        raise UserError(str(e)) from None
+
+def cmd_version(args) -> int:
+    from . import __version__
+
+    print(f"shadefs {__version__}")
     return 0
 
 
@@ -445,7 +725,10 @@ def _attach_negative_sizes(argv: List[str]) -> List[str]:
 
 
 def make_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
     p = _Parser(prog="shadefs", description="Read-only caching FUSE filesystem for training data.")
+    p.add_argument("--version", action="version", version=f"shadefs {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
     m = sub.add_parser("mount", help="mount SOURCE (a directory or an fsspec URL) read-only at MOUNTPOINT")
@@ -507,12 +790,18 @@ def make_parser() -> argparse.ArgumentParser:
                    help="prefetch reads in flight ahead of announced plans (default 32; 0 = off)")
     m.set_defaults(func=cmd_mount)
 
-    u = sub.add_parser("umount", help="unmount MOUNTPOINT (the daemon exits)")
+    u = sub.add_parser("umount", help="unmount MOUNTPOINT (the daemon exits); refuses non-shadefs mounts")
     u.add_argument("mountpoint", metavar="MOUNTPOINT")
+    u.add_argument("--force", action="store_true",
+                   help="if the daemon does not answer within --timeout, kill it and clear the mount")
+    u.add_argument("--timeout", type=float, default=2.0, metavar="SECONDS",
+                   help="how long --force waits for the daemon to answer (default 2)")
     u.set_defaults(func=cmd_umount)
 
     s = sub.add_parser("stats", help="print the cache figures of a running mount")
     s.add_argument("mountpoint", metavar="MOUNTPOINT")
+    s.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS",
+                   help="how long to wait for the daemon's answer (default 5)")
     s.add_argument("--json", action="store_true", help="print the stats JSON (docs/metrics.md)")
     s.set_defaults(func=cmd_stats)
 
@@ -530,6 +819,9 @@ def make_parser() -> argparse.ArgumentParser:
     w = sub.add_parser("warm", help="prefetch files into the cache of a running mount")
     add_warm_arguments(w)
     w.set_defaults(func=cmd_warm)
+
+    v = sub.add_parser("version", help="print the version")
+    v.set_defaults(func=cmd_version)
     return p
 
 

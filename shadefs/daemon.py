@@ -285,6 +285,7 @@ class Daemon:
         self.endpoint = self.control.endpoint
         self.cache.start_background()  # threads only now: after the FUSE fork
         self.prefetcher.start()
+        self._register()
         if self.checkpointer is not None:
             self.checkpointer.start()
         if self.shared is not None:
@@ -295,6 +296,18 @@ class Daemon:
             self.metrics = MetricsServer(self, cfg.metrics_addr, cfg.metrics_port)
             self.metrics.start()
             log.info("Prometheus metrics on http://%s:%d/metrics", cfg.metrics_addr, self.metrics.port)
+
+    def _register(self) -> None:
+        """Tell ``shadefs stats``/``umount`` and the hooks where we are, without them touching the mount."""
+        from . import registry
+
+        try:
+            registry.register(self.cfg.mountpoint, self.endpoint, self.cfg.source,
+                              credentials=getattr(self.control, "credentials", None))
+            self._registered = True
+        except OSError as e:
+            log.warning("could not register the mount in the runtime directory (%s); shadefs stats and "
+                        "umount will find the daemon through the mount", e)
 
     def _notify(self, line: str) -> None:
         if self.ready_fd is not None:
@@ -310,6 +323,10 @@ class Daemon:
         if self._stopped.is_set():
             return
         self._stopped.set()
+        if getattr(self, "_registered", False):
+            from . import registry
+
+            registry.unregister(self.cfg.mountpoint)
         if self.control is not None:
             self.control.stop()
         self.prefetcher.stop()

@@ -35,7 +35,12 @@ class PosixBackend(Backend):
         super().__init__(url, **options)
         root = url[len("file://"):] if url.startswith("file://") else url
         self.root = os.path.abspath(root)
-        self.scan_workers = int(scan_workers)
+        try:
+            self.scan_workers = int(scan_workers)
+        except (TypeError, ValueError):
+            self.scan_workers = 0
+        if self.scan_workers < 1 or str(scan_workers).strip() != str(self.scan_workers):
+            raise BackendError(f"backend option scan_workers={scan_workers}: must be a whole number >= 1")
 
     def _full(self, path: str) -> str:
         return os.path.join(self.root, path)

@@ -15,10 +15,33 @@ import numpy as np
 
 from . import protocol as P
 
-__all__ = ["ControlClient", "ControlError", "EndpointNotFound", "find_endpoint", "ENV_ENDPOINT", "XATTR"]
+__all__ = ["ControlClient", "ControlError", "EndpointNotFound", "find_endpoint", "load_credentials", "ENV_ENDPOINT",
+           "ENV_CREDENTIALS", "XATTR"]
 
 ENV_ENDPOINT = "SHADEFS_ENDPOINT"
+ENV_CREDENTIALS = "SHADEFS_CREDENTIALS"
 XATTR = "user.shadefs.endpoint"
+
+
+def load_credentials(path: str) -> dict:
+    """Read a CURVE credentials file (JSON with ``server_public``, ``client_public``, ``client_secret``,
+    Z85 strings): the mount registry's entry of a ``tcp://`` daemon is one, and so is a copy of it.
+
+    Raises:
+        ValueError: the file is unreadable or lacks a key.
+    """
+    import json
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"credentials file {path!r}: {e}") from None
+    doc = doc.get("credentials", doc) if isinstance(doc, dict) else doc
+    if not isinstance(doc, dict) or not all(isinstance(doc.get(k), str)
+                                            for k in ("server_public", "client_public", "client_secret")):
+        raise ValueError(f"credentials file {path!r} lacks server_public/client_public/client_secret")
+    return doc
 
 
 class EndpointNotFound(RuntimeError):
@@ -41,15 +64,21 @@ class ControlError(RuntimeError):
 def find_endpoint(path_inside_mount: str) -> str:
     """Return the control endpoint URL of the shadefs mount holding ``path_inside_mount``.
 
-    ``$SHADEFS_ENDPOINT`` wins when set and non-empty; otherwise the extended attribute
-    ``user.shadefs.endpoint`` of the path (any file or directory of the mount answers it).
+    ``$SHADEFS_ENDPOINT`` wins when set and non-empty; then this user's mount registry
+    (:mod:`shadefs.registry`: no access to the mount, so a hung mount cannot hang this); otherwise the
+    extended attribute ``user.shadefs.endpoint`` of the path (any file or directory of the mount answers it).
 
     Raises:
-        EndpointNotFound: neither is available (the message says how to fix it).
+        EndpointNotFound: none is available (the message says how to fix it).
     """
     env = os.environ.get(ENV_ENDPOINT, "").strip()
     if env:
         return env
+    from .. import registry
+
+    entry = registry.lookup_path(path_inside_mount)
+    if entry is not None:
+        return entry.endpoint
     try:
         raw = os.getxattr(path_inside_mount, XATTR)
     except OSError as e:
@@ -73,6 +102,12 @@ class ControlClient:
         curve_server_key: the server's public key file (``NAME.key``) for a CURVE-encrypted TCP endpoint.
         curve_client_key: this client's secret key file (``NAME.key_secret``); a fresh key pair when None
             (enough unless the daemon restricts clients with ``curve_authorized_clients``).
+        credentials: CURVE credentials of a ``tcp://`` endpoint, a dict ``{"server_public",
+            "client_public", "client_secret"}`` (Z85 strings) or the path of a JSON file holding them
+            (docs/operations.md, "Security"). None: ``$SHADEFS_CREDENTIALS`` (a file), else the mount
+            registry's entry for this endpoint, else none (a daemon requiring them ignores the client).
+
+    Pickling keeps the settings and drops the socket; the copy connects on first use in its process.
 
     Attributes:
         dropped: score batches dropped because the send queue was full.
@@ -80,8 +115,10 @@ class ControlClient:
     """
 
     def __init__(self, endpoint: str, timeout_s: float = 5.0, *, send_hwm: int = 1000, linger_s: float = 1.0,
-                 curve_server_key: Optional[str] = None, curve_client_key: Optional[str] = None):
+                 curve_server_key: Optional[str] = None, curve_client_key: Optional[str] = None,
+                 credentials=None):
         self.endpoint = endpoint
+        self._credentials = credentials
         self.timeout_s = float(timeout_s)
         self.send_hwm = int(send_hwm)
         self.linger_s = float(linger_s)
@@ -110,7 +147,12 @@ class ControlClient:
             sock.setsockopt(zmq.MAXMSGSIZE, P.MAX_MESSAGE_BYTES + 2**20)
             if self.endpoint.startswith("tcp://["):
                 sock.setsockopt(zmq.IPV6, 1)
-            if self._curve_server_key:
+            creds = self._resolve_credentials() if not self._curve_server_key else None
+            if creds:
+                sock.curve_serverkey = creds["server_public"].encode()
+                sock.curve_publickey = creds["client_public"].encode()
+                sock.curve_secretkey = creds["client_secret"].encode()
+            elif self._curve_server_key:
                 import zmq.auth
 
                 server_public, _ = zmq.auth.load_certificate(self._curve_server_key)
@@ -129,6 +171,28 @@ class ControlClient:
             raise
         self._ctx, self._sock, self._pid = ctx, sock, pid
         return sock
+
+    def _resolve_credentials(self) -> Optional[dict]:
+        creds = self._credentials
+        if creds is None and self.endpoint.startswith("tcp://"):
+            env = os.environ.get(ENV_CREDENTIALS, "").strip()
+            if env:
+                creds = env
+            else:
+                from .. import registry
+
+                for e in registry.entries():
+                    if e.endpoint == self.endpoint and e.credentials:
+                        creds = e.credentials
+                        break
+        if isinstance(creds, (str, os.PathLike)):
+            creds = load_credentials(os.fspath(creds))
+        return creds or None
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_ctx"] = state["_sock"] = state["_pid"] = None  # sockets never cross processes
+        return state
 
     def send_scores(self, paths: Sequence[str], values) -> bool:
         """Queue the raw per-sample values (e.g. losses) of one minibatch; never blocks.

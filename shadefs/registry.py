@@ -1,0 +1,227 @@
+"""Where the CLI and the hooks find a mount's daemon without touching the mount.
+
+Every daemon, once mounted, writes one small JSON file into the private runtime directory
+(:func:`shadefs.control.server.runtime_dir`, mode 0700): ``<runtime>/mounts/<key>.json`` where ``key``
+is a hash of the absolute mountpoint. It holds the mountpoint, the daemon's pid and its start time
+(``/proc/PID/stat`` field 22, so a reused pid is not mistaken for the daemon), the control endpoint,
+and for a ``tcp://`` endpoint the CURVE credentials a client needs (the file is 0600). The daemon removes
+it at unmount; an entry whose pid is gone (or belongs to another process now) is stale and ignored.
+
+``shadefs stats``, ``shadefs umount`` and ``find_endpoint`` read it first, so a hung mount (a stopped or
+wedged daemon) cannot hang them: nothing here stats, lists or reads an extended attribute of the mount.
+
+Also the one reader of ``/proc/self/mountinfo`` (:func:`mount_entry`): which filesystem is mounted at a
+path, to tell a shadefs mount (type ``fuse.shadefs``, source ``shadefs:...``) from anything else.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from typing import Iterator, List, Optional
+
+__all__ = ["Entry", "MountInfo", "register", "unregister", "lookup", "lookup_path", "entries",
+           "mount_entry", "mount_entry_for", "is_shadefs", "pid_start_time", "registry_dir"]
+
+FSTYPE = "fuse.shadefs"
+FSNAME_PREFIX = "shadefs:"
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    """One registered mount. ``credentials`` (tcp:// only): ``{"server_public", "client_public",
+    "client_secret"}``, Z85 strings."""
+
+    mountpoint: str
+    pid: int
+    start_time: Optional[int]
+    endpoint: str
+    source: str = ""
+    credentials: Optional[dict] = None
+    path: str = ""  # the registry file
+
+    def alive(self) -> bool:
+        """The registered daemon still runs (same pid, same start time)."""
+        return self.start_time is not None and pid_start_time(self.pid) == self.start_time
+
+
+def registry_dir(create: bool = False) -> str:
+    """``<runtime_dir>/mounts`` (0700). Raises PermissionError/OSError as ``runtime_dir`` does."""
+    from .control.server import runtime_dir
+
+    path = os.path.join(runtime_dir(), "mounts")
+    if create:
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            pass
+    return path
+
+
+def _key(mountpoint: str) -> str:
+    return hashlib.sha256(os.path.abspath(mountpoint).encode("utf-8", "surrogateescape")).hexdigest()[:24]
+
+
+def pid_start_time(pid: int) -> Optional[int]:
+    """Start time of ``pid`` in clock ticks since boot (``/proc/PID/stat`` field 22), None if no such pid."""
+    try:
+        with open(f"/proc/{int(pid)}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    try:
+        return int(data[data.rindex(b")") + 2:].split()[19])
+    except (ValueError, IndexError):
+        return None
+
+
+def register(mountpoint: str, endpoint: str, source: str = "", credentials: Optional[dict] = None) -> str:
+    """Write this process's entry for ``mountpoint`` (atomically, 0600); returns the file's path."""
+    from .fsutil import atomic_write
+
+    pid = os.getpid()
+    doc = {"mountpoint": os.path.abspath(mountpoint), "pid": pid, "start_time": pid_start_time(pid),
+           "endpoint": endpoint, "source": source}
+    if credentials:
+        doc["credentials"] = credentials
+    path = os.path.join(registry_dir(create=True), _key(mountpoint) + ".json")
+    atomic_write(path, json.dumps(doc).encode(), mode=0o600)
+    return path
+
+
+def unregister(mountpoint: str, pid: Optional[int] = None) -> None:
+    """Remove the entry of ``mountpoint`` if it is ``pid``'s (default: this process's)."""
+    e = lookup(mountpoint, alive_only=False)
+    if e is not None and e.pid == (os.getpid() if pid is None else pid):
+        try:
+            os.unlink(e.path)
+        except OSError:
+            pass
+
+
+def _read(path: str) -> Optional[Entry]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+        return Entry(mountpoint=str(doc["mountpoint"]), pid=int(doc["pid"]), start_time=doc.get("start_time"),
+                     endpoint=str(doc["endpoint"]), source=str(doc.get("source", "")),
+                     credentials=doc.get("credentials"), path=path)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def lookup(mountpoint: str, alive_only: bool = True) -> Optional[Entry]:
+    """The entry registered for exactly ``mountpoint`` (absolute, lexical), None if none (or stale)."""
+    try:
+        path = os.path.join(registry_dir(), _key(mountpoint) + ".json")
+    except OSError:
+        return None
+    e = _read(path)
+    if e is None or e.mountpoint != os.path.abspath(mountpoint):
+        return None
+    if alive_only and not e.alive():
+        return None
+    return e
+
+
+def lookup_path(path: str) -> Optional[Entry]:
+    """The live entry of the mount holding ``path``: the nearest lexical ancestor (``abspath``, no
+    symlinks resolved, nothing on the mount touched) that is a registered mountpoint."""
+    p = os.path.abspath(os.fspath(path))
+    while True:
+        e = lookup(p)
+        if e is not None:
+            return e
+        parent = os.path.dirname(p)
+        if parent == p:
+            return None
+        p = parent
+
+
+def entries(alive_only: bool = True) -> Iterator[Entry]:
+    """Every registered mount of this user."""
+    try:
+        d = registry_dir()
+        names = sorted(os.listdir(d))
+    except OSError:
+        return
+    for name in names:
+        if name.endswith(".json"):
+            e = _read(os.path.join(d, name))
+            if e is not None and (e.alive() or not alive_only):
+                yield e
+
+
+# -- /proc/self/mountinfo ------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class MountInfo:
+    """One line of /proc/self/mountinfo: ``mountpoint``, ``fstype`` (``fuse.shadefs``, ``tmpfs``, ...),
+    ``source`` (the fsname: ``shadefs:/data/x``, ``tmpfs``, ...)."""
+
+    mountpoint: str
+    fstype: str
+    source: str
+
+
+def _unescape(s: str) -> str:
+    # mountinfo escapes space, tab, newline and backslash as \ooo (octal)
+    out, i = [], 0
+    while i < len(s):
+        if s[i] == "\\" and s[i + 1:i + 4].isdigit():
+            out.append(chr(int(s[i + 1:i + 4], 8)))
+            i += 4
+        else:
+            out.append(s[i])
+            i += 1
+    return "".join(out)
+
+
+def _mountinfo() -> List[MountInfo]:
+    out = []
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
+            for line in f:
+                left, sep, right = line.rstrip("\n").partition(" - ")
+                fields, tail = left.split(" "), right.split(" ")
+                if not sep or len(fields) < 5 or len(tail) < 2:
+                    continue
+                out.append(MountInfo(_unescape(fields[4]), _unescape(tail[0]), _unescape(tail[1])))
+    except OSError:
+        pass
+    return out
+
+
+def mount_entry(mountpoint: str) -> Optional[MountInfo]:
+    """The filesystem mounted at exactly ``mountpoint`` (the top one if several are stacked), or None.
+
+    ``mountpoint`` is taken lexically (``abspath``) and also with symlinks resolved, without stat-ing it.
+    """
+    wanted = {os.path.abspath(mountpoint)}
+    try:
+        wanted.add(os.path.realpath(os.path.dirname(os.path.abspath(mountpoint))) + "/" +
+                   os.path.basename(os.path.abspath(mountpoint)))  # resolves the parents, not the mount
+    except OSError:
+        pass
+    found = None
+    for m in _mountinfo():
+        if m.mountpoint in wanted or (m.mountpoint == "/" and "/" in wanted):
+            found = m  # later lines are mounted on top
+    return found
+
+
+def mount_entry_for(path: str) -> Optional[MountInfo]:
+    """The mount holding ``path`` (the longest mountpoint prefix of its absolute path)."""
+    p = os.path.abspath(path)
+    best = None
+    for m in _mountinfo():
+        mp = m.mountpoint
+        if p == mp or p.startswith(mp.rstrip("/") + "/"):
+            if best is None or len(mp) >= len(best.mountpoint):
+                best = m
+    return best
+
+
+def is_shadefs(m: Optional[MountInfo]) -> bool:
+    """Whether a mountinfo entry is a shadefs mount (type ``fuse.shadefs``, fsname ``shadefs:...``)."""
+    return m is not None and m.fstype == FSTYPE and m.source.startswith(FSNAME_PREFIX)
