@@ -162,6 +162,9 @@ class Client:
         mount_root: the mount root, when it cannot be discovered (an endpoint given explicitly or
             through ``SHADEFS_ENDPOINT`` for a path whose xattr is not visible).
         timeout_s: reply timeout of ``resident`` and ``stats`` queries, seconds.
+        credentials: CURVE credentials of a ``tcp://`` endpoint (a dict or a JSON file, see
+            :class:`shadefs.control.client.ControlClient`); default ``$SHADEFS_CREDENTIALS``, else the
+            mount registry of this user (docs/operations.md, "Security").
 
     Raises:
         EndpointNotFound: neither ``endpoint`` nor a discoverable one.
@@ -181,6 +184,7 @@ class Client:
         *,
         mount_root: Optional[str] = None,
         timeout_s: float = 5.0,
+        credentials=None,
     ):
         cc = _control_module()
         if endpoint is None:
@@ -194,12 +198,18 @@ class Client:
             else:
                 endpoint = cc.find_endpoint(os.fspath(path_inside_mount))
         if mount_root is None and path_inside_mount is not None:
-            mount_root = find_mount_root(os.fspath(path_inside_mount))
+            from shadefs import registry
+
+            entry = registry.lookup_path(os.fspath(path_inside_mount))  # touches nothing on the mount
+            if entry is not None and entry.endpoint == endpoint:
+                mount_root = entry.mountpoint
+            else:
+                mount_root = find_mount_root(os.fspath(path_inside_mount))
         self.endpoint: str = endpoint
         self.mount_root: Optional[str] = (
             os.path.normpath(os.path.abspath(mount_root)) if mount_root is not None else None
         )
-        self._cc = cc.ControlClient(endpoint, timeout_s=timeout_s)
+        self._cc = cc.ControlClient(endpoint, timeout_s=timeout_s, credentials=credentials)
         self._send_errors = 0
 
     @property

@@ -200,6 +200,7 @@ def build_config(args) -> MountConfig:
         source=source, mountpoint=os.path.abspath(args.mountpoint), policy=args.policy,
         disk_cache_dir=disk_dir, foreground=args.foreground, control=args.control,
         control_allow_remote=args.control_allow_remote, curve_server_secret=args.curve_secret_key,
+        control_insecure=args.control_insecure,
         metrics_port=args.metrics_port, metrics_addr=args.metrics_addr, trace=args.trace and os.path.abspath(args.trace),
         log_level=args.log_level.upper(), log_file=args.log_file and os.path.abspath(args.log_file),
         allow_other=args.allow_other, kernel_cache=not args.no_kernel_cache,
@@ -229,6 +230,10 @@ def build_config(args) -> MountConfig:
     kwargs["prefetch_concurrency"] = args.prefetch_concurrency
     if args.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise UserError(f"--log-level {args.log_level!r}: choose debug, info, warning or error")
+    if args.control_insecure and not (args.control or "").startswith("tcp://"):
+        raise UserError("--control-insecure applies to tcp:// control endpoints only")
+    if args.control_insecure and args.curve_secret_key:
+        raise UserError("--control-insecure and --curve-secret-key exclude each other")
     if args.control or args.curve_secret_key:
         from .control.server import validate_endpoint
 
@@ -748,7 +753,11 @@ def make_parser() -> argparse.ArgumentParser:
     m.add_argument("--control", metavar="URL", help="control endpoint (default: a private ipc:// socket); "
                    "tcp://127.0.0.1:PORT for TCP")
     m.add_argument("--control-allow-remote", action="store_true", help="allow a non-loopback TCP control address")
-    m.add_argument("--curve-secret-key", metavar="FILE", help="ZeroMQ CURVE secret key file for a TCP endpoint")
+    m.add_argument("--curve-secret-key", metavar="FILE", help="ZeroMQ CURVE secret key file for a TCP endpoint "
+                   "(default: a key pair generated at mount)")
+    m.add_argument("--control-insecure", action="store_true",
+                   help="serve a tcp:// control endpoint without CURVE: any local user could send scores and "
+                   "warm requests (off by default)")
     m.add_argument("--metrics-port", type=int, metavar="PORT", help="serve Prometheus metrics on this port")
     m.add_argument("--metrics-addr", default="127.0.0.1", metavar="ADDR", help="metrics address (default loopback)")
     m.add_argument("--trace", metavar="FILE", help="record every open as CSV (time_s,path,size_bytes,outcome)")

@@ -280,7 +280,8 @@ class Daemon:
         cfg = self.cfg
         self.control = ControlServer(cfg.control, self, mountpoint=cfg.mountpoint,
                                      allow_remote=cfg.control_allow_remote,
-                                     curve_secret_key_file=cfg.curve_server_secret)
+                                     curve_secret_key_file=cfg.curve_server_secret,
+                                     insecure=cfg.control_insecure)
         self.control.start()
         self.endpoint = self.control.endpoint
         self.cache.start_background()  # threads only now: after the FUSE fork

@@ -105,7 +105,8 @@ class ControlClient:
         credentials: CURVE credentials of a ``tcp://`` endpoint, a dict ``{"server_public",
             "client_public", "client_secret"}`` (Z85 strings) or the path of a JSON file holding them
             (docs/operations.md, "Security"). None: ``$SHADEFS_CREDENTIALS`` (a file), else the mount
-            registry's entry for this endpoint, else none (a daemon requiring them ignores the client).
+            registry's entry for this endpoint, else none (a daemon requiring them ignores the client);
+            False: none.
 
     Pickling keeps the settings and drops the socket; the copy connects on first use in its process.
 
@@ -174,6 +175,8 @@ class ControlClient:
 
     def _resolve_credentials(self) -> Optional[dict]:
         creds = self._credentials
+        if creds is False:
+            return None
         if creds is None and self.endpoint.startswith("tcp://"):
             env = os.environ.get(ENV_CREDENTIALS, "").strip()
             if env:

@@ -1,6 +1,7 @@
 """The daemon's control endpoint: one ZeroMQ ROUTER socket per mount, served on a daemon thread.
 
-It receives ``scores`` (one-way), answers ``resident`` and ``stats`` (docs/protocol.md), validates every
+It receives ``scores`` (one-way), answers ``resident``, ``stats`` and ``warm`` (docs/protocol.md; warm on a
+worker thread, the reply sent by the control thread when it is done), validates every
 message with :mod:`shadefs.control.protocol` and resolves paths against the mount's snapshot. A bad
 message is counted under its reason and logged (at most once a second); it never stops the thread, and
 neither does an exception from the handler (logged with its traceback, answered with ``error``).
@@ -11,10 +12,12 @@ effects and is what the CLI calls before forking, so a bad ``--control`` fails i
 """
 from __future__ import annotations
 
+import concurrent.futures as cf
 import hashlib
 import ipaddress
 import logging
 import os
+import queue
 import socket
 import stat
 import threading
@@ -206,6 +209,18 @@ def _check_ipc_path_free(path: str) -> None:
 
 # -- the server ---------------------------------------------------------------------------------
 
+class _AllowedKeys:
+    """ZAP CURVE credentials provider: a client may connect if its public key (Z85) is in ``keys``
+    (or any key, for an explicitly configured server key without a client list)."""
+
+    def __init__(self, keys, any_key: bool = False):
+        self.keys = set(keys)
+        self.any_key = any_key
+
+    def callback(self, domain, key: bytes) -> bool:
+        return self.any_key or key in self.keys
+
+
 class ControlServer:
     """Serve the control protocol for one mount.
 
@@ -214,12 +229,23 @@ class ControlServer:
             :func:`runtime_dir` named by :func:`default_socket_name`.
         handler: the daemon: ``namespace`` (:class:`shadefs.namespace.Namespace`), ``stats() -> dict``,
             ``apply_scores(fids int64 (n,), values float32 (n,))`` (RAW values of one minibatch),
-            ``resident(fids int64 (n,)) -> bool (n,)``. Called from the server thread only.
+            ``resident(fids int64 (n,)) -> bool (n,)``, ``warm(fids int64 (n,)) -> dict``. Called from the
+            server thread only, except ``warm``, which runs on one worker thread (one warm at a time) so
+            that scores, residency and stats are answered while a warm reads.
         mountpoint: names the default socket.
         allow_remote: allow a non-loopback TCP endpoint.
         curve_secret_key_file: enable CURVE encryption (TCP) with this server secret key file.
         curve_authorized_clients: with CURVE, a directory of client public key files (``*.key``); only
-            those clients may connect. Without it any client knowing the server's public key may.
+            those clients (and the generated one, see below) may connect. Without it and with
+            ``curve_secret_key_file``, any client knowing the server's public key may.
+        insecure: serve a ``tcp://`` endpoint without CURVE (``--control-insecure``): any local user can
+            then send scores and warm requests.
+
+    A ``tcp://`` endpoint is CURVE-encrypted and authenticated unless ``insecure``: the server key pair is
+    ``curve_secret_key_file``'s or generated at :meth:`start`, and a client key pair is generated there
+    too; :attr:`credentials` holds ``{"server_public", "client_public", "client_secret"}`` (Z85 str),
+    which the daemon writes into its 0600 registry file for clients of the same user to find
+    (:mod:`shadefs.registry`). A client without them gets no answer; its messages are never read.
         max_message_bytes, max_paths: the ``oversize`` limits (default: the protocol's).
 
     Raises:
@@ -228,6 +254,7 @@ class ControlServer:
 
     def __init__(self, endpoint: Optional[str], handler, *, mountpoint: str, allow_remote: bool = False,
                  curve_secret_key_file: Optional[str] = None, curve_authorized_clients: Optional[str] = None,
+                 insecure: bool = False,
                  max_message_bytes: int = P.MAX_MESSAGE_BYTES, max_paths: int = P.MAX_PATHS):
         self._requested = validate_endpoint(endpoint, allow_remote, curve_secret_key_file=curve_secret_key_file)
         self._handler = handler
@@ -236,6 +263,11 @@ class ControlServer:
         self._curve_clients = curve_authorized_clients
         if curve_authorized_clients and not self._curve:
             raise ValueError("curve_authorized_clients needs curve_secret_key_file")
+        self._insecure = bool(insecure)
+        if self._insecure and self._curve:
+            raise ValueError("--control-insecure and a CURVE key exclude each other")
+        #: CURVE credentials a client needs (``tcp://`` without ``insecure``), set by :meth:`start`.
+        self.credentials: Optional[dict] = None
         self.max_message_bytes = int(max_message_bytes)
         self.max_paths = int(max_paths)
         self._endpoint: Optional[str] = None
@@ -250,6 +282,11 @@ class ControlServer:
         self._term_on_exit = False
         self._log_reject = RateLimitedLog(log)
         self._log_error = RateLimitedLog(log)
+        # warm requests run on a worker; their replies come back through this queue and the control
+        # thread sends them (a ZeroMQ socket stays on one thread)
+        self._warm_pool: Optional[cf.ThreadPoolExecutor] = None
+        self._warm_done: "queue.SimpleQueue" = queue.SimpleQueue()
+        self._warm_pending = 0
 
     # -- lifecycle --------------------------------------------------------------------------------
     @property
@@ -280,18 +317,29 @@ class ControlServer:
             sock.setsockopt(zmq.MAXMSGSIZE, self.max_message_bytes + MAXMSGSIZE_SLACK)
             if url.startswith("tcp://["):
                 sock.setsockopt(zmq.IPV6, 1)
-            if self._curve:
-                if self._curve_clients:
-                    from zmq.auth.thread import ThreadAuthenticator
+            tcp = url.startswith("tcp://")
+            curve = self._curve
+            if curve is None and tcp and not self._insecure:
+                curve = zmq.curve_keypair()  # a fresh server key pair for this mount
+            if curve:
+                from zmq.auth.thread import ThreadAuthenticator
 
-                    self._auth = ThreadAuthenticator(ctx, log=logging.getLogger("shadefs.control.auth"))
-                    self._auth.start()
-                    self._auth.configure_curve(domain="*", location=self._curve_clients)
-                sock.curve_publickey, sock.curve_secretkey = self._curve
+                client_public, client_secret = zmq.curve_keypair()
+                allowed = _AllowedKeys({client_public}, any_key=bool(self._curve and not self._curve_clients))
+                if self._curve_clients:
+                    import zmq.auth
+
+                    allowed.keys.update(zmq.auth.load_certificates(self._curve_clients))
+                self._auth = ThreadAuthenticator(ctx, log=logging.getLogger("shadefs.control.auth"))
+                self._auth.start()
+                self._auth.configure_curve_callback(domain="*", credentials_provider=allowed)
+                sock.curve_publickey, sock.curve_secretkey = curve
                 sock.curve_server = True
-            elif url.startswith("tcp://") and not _is_loopback(_split_host_port(url, url[6:])[0]):
-                log.warning("control endpoint %s accepts unauthenticated, unencrypted remote clients; "
-                            "consider a CURVE key", url)
+                self.credentials = {"server_public": curve[0].decode(), "client_public": client_public.decode(),
+                                    "client_secret": client_secret.decode()}
+            elif tcp:
+                log.warning("control endpoint %s accepts unauthenticated, unencrypted clients "
+                            "(--control-insecure): any local user can send scores and warm requests", url)
             sock.bind(url)
             self._endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
             if url.startswith("ipc://"):
@@ -306,9 +354,11 @@ class ControlServer:
         self._ctx, self._sock = ctx, sock
         self._stop.clear()
         self._term_on_exit = False
+        self._warm_pool = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="shadefs-warm")
         self._thread = threading.Thread(target=self._serve, name="shadefs-control", daemon=True)
         self._thread.start()
-        log.info("control endpoint %s", self._endpoint)
+        log.info("control endpoint %s%s", self._endpoint,
+                 " (CURVE: clients need this mount's credentials, see docs/operations.md)" if self.credentials else "")
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop serving, close the socket and remove an ipc socket file. Idempotent."""
@@ -316,6 +366,9 @@ class ControlServer:
         if thread is None:
             return
         self._stop.set()
+        if self._warm_pool is not None:  # a warm in progress finishes its current reads; its reply is dropped
+            self._warm_pool.shutdown(wait=False, cancel_futures=True)
+            self._warm_pool = None
         if thread is not threading.current_thread():
             thread.join(timeout)
         self._thread = None
@@ -366,7 +419,9 @@ class ControlServer:
         try:
             while not self._stop.is_set():
                 try:
-                    if not poller.poll(100):
+                    ready = poller.poll(5 if self._warm_pending else 100)
+                    self._send_warm_replies(sock)
+                    if not ready:
                         continue
                     for _ in range(1000):  # drain a burst, then look at the stop flag again
                         try:
@@ -421,7 +476,7 @@ class ControlServer:
                     self._received += 1
                 self._handler.apply_scores(fids, msg.values)
             elif isinstance(msg, P.WarmRequest):
-                self._reply(sock, ident, P.encode_warm_reply(msg.request_id, self._handler.warm(fids)))
+                self._start_warm(ident, msg.request_id, fids)
             else:
                 flags = np.asarray(self._handler.resident(fids), dtype=bool).reshape(-1)
                 if flags.shape != fids.shape:
@@ -438,6 +493,33 @@ class ControlServer:
             if P.wants_reply(frames):
                 self._reply(sock, ident, P.encode_error_reply(
                     P.error_reply_id(frames), f"internal error: {type(e).__name__}: {e}"[:500]))
+
+    def _start_warm(self, ident: bytes, request_id: bytes, fids: np.ndarray) -> None:
+        """Run ``handler.warm`` on the warm worker; the control thread keeps answering meanwhile and sends
+        the reply when the worker is done (:meth:`_send_warm_replies`). Warm requests run one at a time."""
+
+        def job():
+            try:
+                frames = P.encode_warm_reply(request_id, self._handler.warm(fids))
+            except Exception as e:
+                self._log_error(logging.ERROR, "control: warm failed", exc_info=True)
+                frames = P.encode_error_reply(request_id, f"internal error: {type(e).__name__}: {e}"[:500])
+            self._warm_done.put((ident, frames))
+
+        self._warm_pending += 1
+        try:
+            self._warm_pool.submit(job)
+        except RuntimeError:  # shutting down
+            self._warm_pending -= 1
+
+    def _send_warm_replies(self, sock) -> None:
+        while True:
+            try:
+                ident, frames = self._warm_done.get_nowait()
+            except queue.Empty:
+                return
+            self._warm_pending -= 1
+            self._reply(sock, ident, frames)
 
     def _file_ids(self, paths) -> np.ndarray:
         ns = self._handler.namespace

@@ -394,7 +394,7 @@ def test_tcp_port_zero_resolves(live):
     daemon = FakeDaemon()
     with ControlServer("tcp://127.0.0.1:0", daemon, mountpoint="/m") as srv:
         assert srv.endpoint.startswith("tcp://127.0.0.1:") and not srv.endpoint.endswith(":0")
-        with ControlClient(srv.endpoint, timeout_s=5) as c:
+        with ControlClient(srv.endpoint, timeout_s=5, credentials=srv.credentials) as c:
             assert c.stats()["files"] == len(FILES)
 
 
