@@ -77,23 +77,47 @@ def find_mount_root(path_inside_mount: str) -> Optional[str]:
 class DatasetPaths:
     """Dataset index -> path relative to the mount root (``/``-separated), or None outside the mount.
 
-    Reads the absolute paths of a torchvision ``DatasetFolder``/``ImageFolder`` (``dataset.samples``,
-    or ``dataset.imgs``); a ``Subset``-like wrapper (``.dataset`` + ``.indices``) is followed. The
+    Reads the paths of a torchvision ``DatasetFolder``/``ImageFolder`` (``dataset.samples``, or
+    ``dataset.imgs``); a ``Subset``-like wrapper (``.dataset`` + ``.indices``) is followed. The
     relative paths are sliced on demand from the dataset's own strings, so no second copy of N paths
-    is kept.
+    is kept. Relative sample paths (``ImageFolder("m/train")``) are taken against the working directory
+    at construction, so a later ``chdir`` changes nothing.
 
     Args:
         dataset: the training dataset.
-        mount_root: absolute path of the mount root.
+        mount_root: path of the mount root (made absolute).
 
     Raises:
         TypeError: the dataset exposes no per-sample paths.
+
+    Warns (RuntimeWarning, once per instance): most of a sample of up to 1000 evenly spaced indices lie
+    outside the mount, so importance scores and residency are not used for them.
     """
+
+    CHECK = 1000
 
     def __init__(self, dataset, mount_root: str):
         self._abs, self._subset = _sample_paths(dataset)
         self.mount_root = os.path.normpath(os.path.abspath(mount_root))
         self._prefix = self.mount_root.rstrip("/") + "/"
+        self._cwd = os.getcwd()
+        self.outside_fraction = self._check_inside()
+
+    def _check_inside(self) -> float:
+        n = len(self)
+        if n == 0:
+            return 0.0
+        idx = np.unique(np.linspace(0, n - 1, num=min(n, self.CHECK)).astype(np.int64))
+        outside = sum(self.rel_path(int(i)) is None for i in idx)
+        frac = outside / idx.size
+        if frac > 0.5:
+            import warnings
+
+            warnings.warn(
+                f"shadefs: {outside} of {idx.size} sampled dataset paths (e.g. {self.abs_path(int(idx[0]))!r}) "
+                f"lie outside the mount {self.mount_root!r}: importance scores and cache residency are not "
+                "used for them", RuntimeWarning, stacklevel=4)
+        return frac
 
     def __len__(self) -> int:
         return len(self._subset) if self._subset is not None else len(self._abs)
@@ -103,7 +127,8 @@ class DatasetPaths:
         if self._subset is not None:
             i = int(self._subset[i])
         item = self._abs[i]
-        return item[0] if isinstance(item, (tuple, list)) else item
+        path = os.fspath(item[0] if isinstance(item, (tuple, list)) else item)
+        return path if path.startswith("/") else os.path.join(self._cwd, path)
 
     def rel_path(self, index: int) -> Optional[str]:
         p = os.path.normpath(self.abs_path(index))
@@ -141,7 +166,7 @@ def dataset_root(dataset) -> Optional[str]:
         ds = ds.dataset
     root = getattr(ds, "root", None)
     if isinstance(root, (str, os.PathLike)) and os.path.isdir(root):
-        return os.fspath(root)
+        return os.path.abspath(os.fspath(root))
     try:
         samples, _ = _sample_paths(dataset)
     except TypeError:
@@ -149,7 +174,7 @@ def dataset_root(dataset) -> Optional[str]:
     if len(samples) == 0:
         return None
     first = samples[0][0] if isinstance(samples[0], (tuple, list)) else samples[0]
-    return os.path.dirname(os.fspath(first))
+    return os.path.dirname(os.path.abspath(os.fspath(first)))
 
 
 class Client:

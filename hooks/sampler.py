@@ -31,6 +31,7 @@ MODES = ("auto", "aggressive", "relaxed")
 # Domain tags keep the global and the per-rank random streams of one (seed, epoch) independent.
 _GLOBAL_STREAM = 0x5EED_0001
 _RANK_STREAM = 0x5EED_0002
+_TIE_STREAM = 0x5EED_0003
 
 _rank_transform_impl = None
 
@@ -59,10 +60,17 @@ def _rank_transform_local(values: np.ndarray) -> np.ndarray:
     return out
 
 
-def pads_sort(draw: np.ndarray) -> np.ndarray:
-    """Group a draw by sample, most-drawn first, ties by index: SHADE's ``pads_sort``, deterministic."""
+def pads_sort(draw: np.ndarray, rng: Optional[np.random.Generator] = None) -> np.ndarray:
+    """Group a draw by sample, most-drawn first: SHADE's ``pads_sort``, deterministic.
+
+    Ties (samples drawn equally often) are ordered by a random key from ``rng`` when given, else by index.
+    The sampler passes a Generator seeded with (seed, epoch) only, so every rank gets the same order:
+    index order is class order in an ImageFolder, and contiguous per-rank blocks of an index-ordered tie
+    group would give each rank a few classes only.
+    """
     uniq, counts = np.unique(np.asarray(draw, dtype=np.int64), return_counts=True)
-    order = np.lexsort((uniq, -counts))
+    tie_key = uniq if rng is None else rng.random(uniq.size)
+    order = np.lexsort((tie_key, -counts))
     return np.repeat(uniq[order], counts[order])
 
 
@@ -364,8 +372,11 @@ class ShadeSampler(torch.utils.data.Sampler):
         ns, r = self.num_samples, self.rank
         if mode == "aggressive":
             # Most-drawn first, then contiguous blocks: a sample's repeats stay on one rank (one node's
-            # cache), the most-drawn go to the lowest ranks.
-            global_order = pads_sort(draw)
+            # cache), the most-drawn go to the lowest ranks. Ties in a seeded random order (the same on
+            # every rank), so that a rank's block is not a run of neighbouring indices (= a few classes).
+            tie_rng = np.random.Generator(
+                np.random.PCG64(np.random.SeedSequence([self.seed, int(epoch), _TIE_STREAM])))
+            global_order = pads_sort(draw, tie_rng)
             positions = np.arange(r * ns, (r + 1) * ns, dtype=np.int64)
         else:
             global_order = draw
