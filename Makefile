@@ -30,10 +30,11 @@ $(VENV)/.installed: setup.py
 
 venv: $(VENV)/.installed
 
-$(DATA)/.complete: | deps venv
+# the builder's marker lies beside the tree (data/fmnist.complete), never inside what gets mounted
+$(DATA).complete: | deps venv
 	$(PY) scripts/make_fashion_mnist.py $(DATA)
 
-dataset: $(DATA)/.complete
+dataset: $(DATA).complete
 
 demo: deps venv dataset
 	$(PY) scripts/demo.py --data $(DATA) --workdir $(WORKDIR)

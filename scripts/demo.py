@@ -90,9 +90,31 @@ def main(argv=None) -> int:
         print(f"{r['mode']:<12} {r['sampler']:<13} {r['policy']:<7} {s['opens']:>7} "
               f"{s['hit_ratio'] * 100:>9.1f}% {s['byte_hit_ratio'] * 100:>8.1f}% {s['hits']['ram']:>9} "
               f"{s['hits']['disk']:>9} {t['final_test_acc']:>8.2f}%  {times}")
-    print(f"\ntraces: {', '.join(r['trace'] for r in runs)}  "
-          f"(replay: shadefs simulate TRACE --cache-size 20% --policy all)")
+    print()
+    for line in replay_hint(runs):
+        print(line)
     return 0
+
+
+def replay_hint(runs) -> list:
+    """Lines telling the user how to replay each run's trace at the mount's real cache bytes.
+
+    ``runs``: dicts with ``mode``, ``policy``, ``trace`` and ``stats`` (the stats JSON: the tiers'
+    ``capacity_bytes``). The simulator models one cache, so it gets RAM + NVMe bytes (the live tiers are
+    exclusive: together they hold at most that many bytes); ``shade`` gets the importance the daemon
+    wrote at unmount (``TRACE.scores.csv``).
+    """
+    lines = ["replay a run's trace against every policy and Belady's OPT at the mount's real cache size:"]
+    for r in runs:
+        tiers = r["stats"]["tiers"]
+        ram, disk = tiers["ram"]["capacity_bytes"], tiers["disk"]["capacity_bytes"]
+        scores = f" --scores {r['trace']}.scores.csv" if r["policy"] == "shade" else ""
+        lines.append(f"  shadefs simulate {r['trace']} --cache-size {ram + disk} --policy all{scores}"
+                     f"   # {r['mode']}: RAM {ram} + NVMe {disk} bytes")
+    lines.append("  (it reproduces the opens' order and each policy's admission and eviction over one cache of "
+                 "RAM + NVMe bytes; not the split between the tiers, the timing of importance updates (shade "
+                 "replays the final scores), the sampler's reaction to residency, or time)")
+    return lines
 
 
 if __name__ == "__main__":

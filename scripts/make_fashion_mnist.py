@@ -6,16 +6,17 @@ Reads the gzip'd IDX files shipped by the Debian package
 
     OUT/train/<class>/00000.png ... (60,000 files)
     OUT/test/<class>/00000.png  ... (10,000 files)
-    OUT/.complete                   (JSON marker, written last)
+    OUT.complete                    (JSON marker beside OUT, written last)
 
 File names are the index of the image within its split, zero-padded to five
 digits. By default the files are 28x28 grayscale PNGs with the exact IDX
 pixels; ``--size 224 --format jpeg`` writes SxS RGB JPEGs (quality 90) instead,
 for benchmarks that want ImageNet-sized files.
 
-The trees are built under ``OUT/.partial`` and moved into place only when
-complete, then the ``.complete`` marker is written; a killed run is detected
-and rebuilt on the next call. A run whose marker and file counts already match
+The trees are built under ``OUT.partial`` and moved into place only when
+complete, then the ``OUT.complete`` marker is written; a killed run is detected
+and rebuilt on the next call. Marker and staging directory lie beside OUT, not
+in it, so a mount of OUT shows only ``train/`` and ``test/``. A run whose marker and file counts already match
 the request exits 0 at once. ``torchvision.datasets.ImageFolder`` should be
 pointed at ``OUT/train`` or ``OUT/test``, never at ``OUT`` itself.
 
@@ -44,8 +45,17 @@ NATIVE_SIZE = 28
 JPEG_QUALITY = 90
 PROCESSES = 2
 CHUNK = 1000
-MARKER = ".complete"
-STAGING = ".partial"
+MARKER = ".complete"   # suffix: OUT.complete, beside the tree
+STAGING = ".partial"   # suffix: OUT.partial
+
+
+def marker_path(out: str) -> str:
+    """``OUT.complete``: the marker lies outside the tree, which is what gets mounted."""
+    return os.path.normpath(os.path.abspath(out)) + MARKER
+
+
+def staging_path(out: str) -> str:
+    return os.path.normpath(os.path.abspath(out)) + STAGING
 
 # Filesystem-safe class names, in label order (label i -> CLASSES[i]).
 CLASSES = (
@@ -157,7 +167,7 @@ def count_files(split_dir: str) -> int:
 def already_built(out: str, expected: dict) -> bool:
     """Return True if ``out`` holds a complete tree built with ``expected``."""
     try:
-        with open(os.path.join(out, MARKER)) as f:
+        with open(marker_path(out)) as f:
             marker = json.load(f)
     except (OSError, ValueError):
         return False
@@ -234,10 +244,14 @@ def load_images(source: str, labels: dict) -> dict:
 
 
 def build(out: str, images: dict, labels: dict, size: int, fmt: str) -> int:
-    """Write the trees under OUT/.partial with a process pool, then move them
+    """Write the trees under OUT.partial with a process pool, then move them
     into place. Return the total number of bytes written."""
-    staging = os.path.join(out, STAGING)
+    staging = staging_path(out)
     shutil.rmtree(staging, ignore_errors=True)
+    # markers and staging of older versions lay inside OUT (and so inside a mount of it)
+    shutil.rmtree(os.path.join(out, STAGING), ignore_errors=True)
+    if os.path.lexists(os.path.join(out, MARKER)):
+        os.remove(os.path.join(out, MARKER))
     for split in SPLITS:
         for name in CLASSES:
             os.makedirs(os.path.join(staging, split, name))
@@ -308,7 +322,7 @@ def main(argv=None) -> int:
         print(f"{prog}: error: cannot read {args.source}: {exc}",
               file=sys.stderr)
         return 2
-    marker = os.path.join(args.out, MARKER)
+    marker = marker_path(args.out)
     signal.signal(signal.SIGTERM, _interrupt)
     try:
         os.makedirs(args.out, exist_ok=True)
