@@ -190,7 +190,8 @@ class Mount:
         Raises ShadefsError with the CLI's message and the log's last lines if the mount fails."""
         if args:
             self.args = [str(a) for a in args]
-        os.makedirs(self.path, exist_ok=True)
+        if not is_mounted(self.path):  # a dead mount's root cannot be stat'ed (the CLI clears it)
+            os.makedirs(self.path, exist_ok=True)
         r = shadefs("mount", self.source, self.path, "--log-file", self.log_file, *self.args, check=False,
                     timeout=self.mount_timeout, env=self.env)
         m = _PID.search(r.stdout)
