@@ -121,7 +121,7 @@ class ShadePolicy(Policy):
         self._deferred = False
         self._wake: Optional[Callable[[], None]] = None
         self._qlock = threading.Lock()           # guards the queues (callbacks come from any thread)
-        self._queued: "collections.deque[np.ndarray]" = collections.deque()
+        self._queued: "collections.deque[List[int]]" = collections.deque()
         self._queued_ids = 0
         self._rescan = False
         self._work: Sequence[int] = ()           # ids of the update being applied, and the position
@@ -139,14 +139,15 @@ class ShadePolicy(Policy):
         if not self._deferred:
             self._rescore_now(fids)
             return
+        ids = np.unique(fids).tolist() if len(fids) <= self.max_pending else None  # outside any lock
         with self._qlock:
-            if self._rescan or self._queued_ids + len(fids) > self.max_pending:
+            if ids is None or self._rescan or self._queued_ids + len(ids) > self.max_pending:
                 self._queued.clear()
                 self._queued_ids = 0
                 self._rescan = True
             else:
-                self._queued.append(fids)
-                self._queued_ids += len(fids)
+                self._queued.append(ids)
+                self._queued_ids += len(ids)
         wake = self._wake
         if wake is not None:
             wake()
@@ -236,9 +237,8 @@ class ShadePolicy(Policy):
                 self._work = range(len(self.importance)) if self.importance is not None else ()
                 self._work_touch = False
             elif self._queued:
-                fids = self._queued.popleft()
-                self._queued_ids -= len(fids)
-                self._work = np.unique(fids).tolist()
+                self._work = self._queued.popleft()  # unique ids, ascending (sorted by the updater)
+                self._queued_ids -= len(self._work)
                 self._work_touch = True
             else:
                 self._work = ()
