@@ -212,6 +212,8 @@ def main(argv=None) -> int:
     ap.add_argument("--ref", default="362a0bd", metavar="REV",
                     help="also scan with the namespace of commit REV, side by side ('' = skip)")
     ap.add_argument("--write-doc", action="store_true", help="rewrite the Namespace section of docs/performance.md")
+    ap.add_argument("--section", default="bench_namespace", help="the doc section to write (its markers' name)")
+    ap.add_argument("--title", default="Namespace", help="the section's heading")
     a = ap.parse_args(argv)
     os.makedirs(a.workdir, exist_ok=True)
     base = None if a.no_daemon else baseline_rss(a.workdir)
@@ -271,13 +273,13 @@ def main(argv=None) -> int:
         print(t.text(), flush=True)
         print()
     if a.write_doc:
-        start, end = docsection.markers("bench_namespace")
-        body = [start, "## Namespace", "",
+        start, end = docsection.markers(a.section)
+        body = [start, f"## {a.title}", "",
                 "Reproduce: `" + " ".join(["python scripts/bench_namespace.py", *sys.argv[1:]]) + "`", ""]
         for t in tables:
             body += [t.markdown(), ""]
         body.append(end)
-        docsection.write_section(DOC, "bench_namespace", "\n".join(body))
+        docsection.write_section(DOC, a.section, "\n".join(body))
     return 0
 
 

@@ -128,3 +128,12 @@ def test_a_key_that_is_also_a_prefix_keeps_the_directory():
     ns = Namespace([Entry("a", 1, 0.0), Entry("a/b", 2, 0.0), Entry("c", 3, 0.0)])
     assert list(ns.paths) == ["a/b", "c"] and ns.skipped == ["a"] and ns.report.count("conflicts") == 1
     assert ns.is_dir(ns.lookup("a"))
+
+
+def test_an_empty_source_round_trips(tmp_path):
+    (tmp_path / "src" / "only_dirs").mkdir(parents=True)
+    ns = Namespace.scan(PosixBackend(str(tmp_path / "src")))
+    assert (ns.num_files, ns.num_dirs, ns.total_bytes) == (0, 2, 0) and list(ns.paths) == []
+    ns.save(str(tmp_path / "ns.bin"), {})
+    loaded, why = Namespace.load(str(tmp_path / "ns.bin"), {})
+    assert why == "" and loaded.listdir(loaded.root) == [("only_dirs", 1)] and loaded.lookup("only_dirs") == 1
