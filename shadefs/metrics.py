@@ -62,13 +62,25 @@ NAMESPACE_FILES = "shadefs_namespace_files"
 NAMESPACE_DIRS = "shadefs_namespace_directories"
 NAMESPACE_SKIPPED = "shadefs_namespace_skipped"       # {reason}
 NAMESPACE_SCAN_SECONDS = "shadefs_namespace_scan_seconds"
+# clairvoyant caching (issue 11): announced plans and the prefetcher
+PREFETCH_OPENS = "shadefs_prefetch_opens_total"          # {state="ready"|"late"}
+PREFETCH_LATE_SECONDS = "shadefs_prefetch_late_wait_seconds_total"
+PREFETCH_FETCHED_BYTES = "shadefs_prefetch_fetched_bytes_total"
+PREFETCH_WASTED_BYTES = "shadefs_prefetch_wasted_bytes_total"
+PREFETCH_ERRORS = "shadefs_prefetch_errors_total"
+PREFETCH_WINDOW = "shadefs_prefetch_window_bytes"         # {kind="capacity"|"used"}
+PLANS_ACTIVE = "shadefs_plans_active"
+PLANS_ENDED = "shadefs_plans_ended_total"                 # {why="retired"|"finished"}
+PLAN_MESSAGES = "shadefs_plan_messages_total"
 
 NAMES = (INFO, UPTIME, OPENS, HITS, MISSES, OPEN_BYTES, HIT_BYTES, BACKEND_BYTES, BACKEND_ERRORS,
          BACKEND_READ_SECONDS, EVICTIONS, PROMOTIONS, DEMOTIONS, TIER_USED, TIER_CAPACITY, TIER_FILES,
          CORRUPT, DISK_WRITE_ERRORS, DISK_WRITES_REFUSED, DISK_RELOAD_ENTRIES, DISK_RELOAD_SECONDS,
          SCORE_MESSAGES, SCORE_REJECTED, CHECKPOINTS, SHARED_ERRORS, SHARED_SKIPPED, SHARED_CORRUPT,
          SHARED_OFFERS, SHARED_GROUP_USED, SHARED_GROUP_CAPACITY, SHARED_GROUP_FILES, SHARED_MEMBERS,
-         NAMESPACE_FILES, NAMESPACE_DIRS, NAMESPACE_SKIPPED, NAMESPACE_SCAN_SECONDS)
+         NAMESPACE_FILES, NAMESPACE_DIRS, NAMESPACE_SKIPPED, NAMESPACE_SCAN_SECONDS,
+         PREFETCH_OPENS, PREFETCH_LATE_SECONDS, PREFETCH_FETCHED_BYTES, PREFETCH_WASTED_BYTES, PREFETCH_ERRORS,
+         PREFETCH_WINDOW, PLANS_ACTIVE, PLANS_ENDED, PLAN_MESSAGES)
 
 # 100 us (page-cached NFS) .. 30 s (a throttled object store)
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
@@ -159,6 +171,31 @@ class CacheCollector:
             yield skipped
             yield GaugeMetricFamily(NAMESPACE_SCAN_SECONDS, "Seconds to scan the source (or load the "
                                     "snapshot) at mount.", value=ns.scan_seconds)
+        p = c.get("prefetch")
+        if p is not None:
+            opens = CounterMetricFamily(PREFETCH_OPENS, "Opens served from a prefetch: completed (ready) or "
+                                        "waited on (late).", labels=["state"])
+            opens.add_metric(["ready"], p["ready"])
+            opens.add_metric(["late"], p["late"])
+            yield opens
+            yield CounterMetricFamily(PREFETCH_LATE_SECONDS, "Seconds late opens waited for their prefetch.",
+                                      value=p["late_wait_s"])
+            yield CounterMetricFamily(PREFETCH_FETCHED_BYTES, "Bytes the prefetcher read from the backend.",
+                                      value=p["fetched_bytes"])
+            yield CounterMetricFamily(PREFETCH_WASTED_BYTES, "Prefetched bytes dropped before their open.",
+                                      value=p["wasted_bytes"])
+            yield CounterMetricFamily(PREFETCH_ERRORS, "Prefetch reads that failed (the open read the file).",
+                                      value=p.get("errors", 0))
+            window = GaugeMetricFamily(PREFETCH_WINDOW, "The prefetch window: its size and the bytes fetched "
+                                       "(or in flight) but not yet opened.", labels=["kind"])
+            window.add_metric(["capacity"], p.get("window_bytes", 0))
+            window.add_metric(["used"], p.get("window_used_bytes", 0))
+            yield window
+            yield GaugeMetricFamily(PLANS_ACTIVE, "Announced plans being followed.", value=p["plans_active"])
+            ended = CounterMetricFamily(PLANS_ENDED, "Plans no longer followed, by why.", labels=["why"])
+            ended.add_metric(["retired"], p["plans_retired"])
+            ended.add_metric(["finished"], p.get("plans_finished", 0))
+            yield ended
         checkpointer = getattr(d, "checkpointer", None)
         if checkpointer is not None:
             yield CounterMetricFamily(CHECKPOINTS, "Importance checkpoints written.", value=checkpointer.saves)
@@ -172,6 +209,8 @@ class CacheCollector:
             for reason, n in sorted(cc.get("scores_rejected", {}).items()):
                 rejected.add_metric([reason], n)
             yield rejected
+            yield CounterMetricFamily(PLAN_MESSAGES, "Plan messages accepted on the control endpoint.",
+                                      value=cc.get("plans_received", 0))
 
 
 def _shared_metrics(sc: dict, st: dict):

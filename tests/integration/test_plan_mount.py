@@ -79,9 +79,11 @@ def test_live_daemon_with_a_plan_makes_opts_decisions(tree, mount, tmp_path):
     assert "prefetch" in outcomes and outcomes <= {"ram", "prefetch", "late", "miss"}
 
 
-def test_four_workers_follow_the_plan(tree, mount):
+def test_four_workers_follow_the_plan(tree, mount, cli):
+    from mountutil import metrics_port, scrape
+
     src, spec = tree
-    m = mount(src, "--ram-cache", "10%", "--no-kernel-cache")
+    m = mount(src, "--ram-cache", "10%", "--no-kernel-cache", "--metrics-port", "0")
     ds = Files(m.path)
     sampler = PlanSampler(ds, seed=0)
     loader = DataLoader(ds, batch_size=8, sampler=sampler, num_workers=4, multiprocessing_context="spawn")
@@ -93,6 +95,12 @@ def test_four_workers_follow_the_plan(tree, mount):
     p = s["prefetch"]
     assert s["opens"] == 2 * len(spec) and p["plans_retired"] == 0
     assert p["ready"] + p["late"] + s["hits"]["ram"] >= 0.9 * s["opens"], s
+    got = scrape(metrics_port(m))
+    assert got[("shadefs_prefetch_opens_total", (("state", "ready"),))] == p["ready"]
+    assert got[("shadefs_plan_messages_total", ())] == s["plans_received"] == 2
+    assert got[("shadefs_plans_ended_total", (("why", "retired"),))] == 0
+    table = cli("stats", m.path).stdout
+    assert f"prefetch        {p['ready']} ready, {p['late']} late" in table
 
 
 def test_bad_plan_messages_are_rejected_counted_and_serving_goes_on(tree, mount):
