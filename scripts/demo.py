@@ -4,7 +4,9 @@
 Runs, on the same cache size (RAM + NVMe = 20 % of the dataset's bytes by default), from a cold cache:
 
 1. transparent mode: uniform sampling (``shuffle=True``) + the ``static`` policy, unmodified training code;
-2. importance mode: ``--hook`` (ShadeSampler + ScoreReporter) + the ``shade`` policy.
+2. importance mode: ``--hook`` (ShadeSampler + ScoreReporter) + the ``shade`` policy;
+3. plan mode: ``--plan`` (PlanSampler: the same uniform permutations, announced to the daemon, which
+   prefetches ahead of the reader and evicts by Belady on the known future) + the ``static`` policy.
 
 For each run it mounts the dataset, trains ``--epochs`` epochs through the mount, prints the per-epoch
 times and test accuracy, ``shadefs stats``, unmounts, and finally prints both runs side by side.
@@ -28,7 +30,7 @@ def sh(cmd, **kw):
     return subprocess.run([str(c) for c in cmd], check=True, **kw)
 
 
-def run_mode(args, name, policy, hook):
+def run_mode(args, name, policy, hook, plan=False):
     mnt = os.path.join(args.workdir, f"mnt-{name}")
     cache = os.path.join(args.workdir, f"cache-{name}")
     shutil.rmtree(cache, ignore_errors=True)  # start cold
@@ -43,6 +45,8 @@ def run_mode(args, name, policy, hook):
                "--epochs", args.epochs, "--workers", args.workers, "--json", out]
         if hook:
             cmd.append("--hook")
+        if plan:
+            cmd.append("--plan")
         if args.limit:
             cmd += ["--limit", args.limit]
         sh(cmd)
@@ -53,7 +57,8 @@ def run_mode(args, name, policy, hook):
         subprocess.run(SHADEFS + ["umount", mnt])
     with open(out) as f:
         train = json.load(f)
-    return {"mode": name, "policy": policy, "sampler": "ShadeSampler" if hook else "uniform",
+    return {"mode": name, "policy": policy,
+            "sampler": "ShadeSampler" if hook else "PlanSampler" if plan else "uniform",
             "stats": stats, "train": train, "trace": trace}
 
 
@@ -66,7 +71,7 @@ def main(argv=None) -> int:
     p.add_argument("--ram-cache", default="5%", help="RAM tier (default 5%% of the dataset)")
     p.add_argument("--disk-cache-size", default="15%", help="NVMe tier (default 15%%; 20%% in all)")
     p.add_argument("--limit", type=int, default=None, help="train on N samples only (quick check)")
-    p.add_argument("--modes", default="transparent,importance", help="which runs, comma-separated")
+    p.add_argument("--modes", default="transparent,importance,plan", help="which runs, comma-separated")
     args = p.parse_args(argv)
     args.data = os.path.abspath(args.data)
     os.makedirs(args.workdir, exist_ok=True)
@@ -78,18 +83,22 @@ def main(argv=None) -> int:
             runs.append(run_mode(args, mode, "static", hook=False))
         elif mode == "importance":
             runs.append(run_mode(args, mode, "shade", hook=True))
+        elif mode == "plan":
+            runs.append(run_mode(args, mode, "static", hook=False, plan=True))
         else:
             p.error(f"unknown mode {mode!r}")
     print(f"\n=== summary: cache = RAM {args.ram_cache} + NVMe {args.disk_cache_size} of the dataset, "
           f"{args.epochs} epochs ({time.monotonic() - t0:.0f} s) ===")
     print(f"{'mode':<12} {'sampler':<13} {'policy':<7} {'opens':>7} {'hit ratio':>10} {'byte hit':>9} "
-          f"{'ram hits':>9} {'disk hits':>9} {'test acc':>9}  epoch times (s)")
+          f"{'ram hits':>9} {'disk hits':>9} {'prefetched':>10} {'test acc':>9}  epoch times (s)")
     for r in runs:
         s, t = r["stats"], r["train"]
         times = ", ".join(f"{e['epoch_time_s']:.1f}" for e in t["epochs"])
         print(f"{r['mode']:<12} {r['sampler']:<13} {r['policy']:<7} {s['opens']:>7} "
               f"{s['hit_ratio'] * 100:>9.1f}% {s['byte_hit_ratio'] * 100:>8.1f}% {s['hits']['ram']:>9} "
-              f"{s['hits']['disk']:>9} {t['final_test_acc']:>8.2f}%  {times}")
+              f"{s['hits']['disk']:>9} {s['prefetch']['ready'] + s['prefetch']['late']:>10} "
+              f"{t['final_test_acc']:>8.2f}%  {times}")
+    print("prefetched = opens served from a prefetch (ready or late): neither hits nor backend waits")
     print()
     for line in replay_hint(runs):
         print(line)

@@ -105,6 +105,12 @@ def make_loaders(args: argparse.Namespace) -> tuple:
         train_loader = DataLoader(
             train_set, batch_size=args.batch_size,
             sampler=ShadeSampler(train_set, seed=args.seed), **common)
+    elif getattr(args, "plan", False):
+        # clairvoyant mode: the same uniform permutations, announced to the daemon (shadefs.hooks)
+        from shadefs.hooks import PlanSampler
+        train_loader = DataLoader(
+            train_set, batch_size=args.batch_size,
+            sampler=PlanSampler(train_set, seed=args.seed), **common)
     else:
         train_loader = DataLoader(
             train_set, batch_size=args.batch_size, shuffle=True,
@@ -200,6 +206,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--hook", action="store_true",
                         help="importance mode: ShadeSampler + ScoreReporter "
                              "(shadefs.hooks) instead of shuffle=True")
+    parser.add_argument("--plan", action="store_true",
+                        help="announce each epoch's order with shadefs.hooks.PlanSampler (uniform permutations "
+                             "the daemon prefetches ahead of) instead of shuffle=True")
     parser.add_argument("--json", metavar="OUT.json",
                         help="write per-epoch results as JSON")
     args = parser.parse_args(argv)
@@ -240,7 +249,7 @@ def main(argv=None) -> int:
     results = []
     t_start = time.perf_counter()
     for epoch in range(1, args.epochs + 1):
-        if reporter is not None:
+        if reporter is not None or args.plan:
             train_loader.sampler.set_epoch(epoch - 1)
         t0 = time.perf_counter()
         loss = train_one_epoch(model, train_loader, opt, args.device,
