@@ -1,0 +1,78 @@
+#!/usr/bin/env python3
+"""Hit ratio of Belady on announced plans vs the policy alone vs OPT, on a recorded training trace.
+
+Replays the ``train/`` opens of a ``shadefs mount --trace`` file (e.g. ``make demo``'s importance run:
+ShadeSampler, which announces each epoch's PADS draw at the epoch's start) through one tier of each
+cache size, three ways: the policy alone; the policy wrapped in ``PlanPolicy`` with each epoch's order
+announced when the epoch starts, as ShadeSampler does (no lookahead: the next draw depends on scores not
+yet reported); and Belady's OPT with the whole future. Same classes as the daemon
+(``shadefs.plan``); one reader's order.
+
+    python scripts/bench_plan_sim.py TRACE --epoch-len N [--policy shade] [--sizes 5,10,20]
+"""
+import argparse
+import sys
+
+import numpy as np
+
+from shadefs import sim
+from shadefs.cache.index import TierIndex
+from shadefs.plan.plans import PlanRegistry
+from shadefs.plan.policy import PlanPolicy
+from shadefs.policies.base import Importance, get_policy
+
+
+def epoch_plans(trace, policy, cache_bytes, epoch_len, importance=None):
+    rank = trace.namespace_ids
+    fids = rank[trace.ids]
+    sizes = np.empty_like(trace.sizes)
+    sizes[rank] = trace.sizes
+    sizes = sizes.tolist()
+    imp = Importance(trace.distinct_files)
+    if importance is not None:
+        imp.values[rank] = importance.values
+    plans = PlanRegistry(trace.distinct_files)
+    h, _ = plans.register(None, np.arange(trace.distinct_files, dtype=np.int64))
+    idx = TierIndex("ram", cache_bytes, PlanPolicy(get_policy(policy)(cache_bytes, imp), plans))
+    hits = 0
+    for i, f in enumerate(fids.tolist()):
+        if i % epoch_len == 0:
+            seg = fids[i:i + epoch_len]
+            plans.announce(h, 0, i // epoch_len, [seg.size], seg.astype(np.uint32))
+        plans.observe(f)
+        if f in idx:
+            idx.hit(f)
+            hits += 1
+        else:
+            idx.admit(f, sizes[f])
+    return hits
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("trace")
+    ap.add_argument("--epoch-len", type=int, required=True, help="train opens per epoch")
+    ap.add_argument("--policy", default="shade")
+    ap.add_argument("--sizes", default="5,10,20", help="cache sizes, %% of the distinct train bytes")
+    ap.add_argument("--scores", help="importance per file (the trace's .scores.csv) for shade")
+    a = ap.parse_args(argv)
+    full = sim.read_trace(a.trace)
+    paths = [full.paths[i] for i in full.ids.tolist()]
+    keep = [p for p in paths if p.startswith("train/")]
+    sizes = [int(full.sizes[i]) for i, p in zip(full.ids.tolist(), paths) if p.startswith("train/")]
+    t = sim.Trace.from_requests(keep, sizes)
+    imp = sim.load_scores(a.scores, t) if a.scores else None
+    print(f"{t.requests} train opens, {t.distinct_files} files, {a.epoch_len} per epoch; policy {a.policy}")
+    print("cache %  policy alone  +epoch plans  OPT     plans/OPT")
+    for pct in [float(x) for x in a.sizes.split(",")]:
+        cap = int(t.distinct_bytes * pct / 100)
+        alone = sim.simulate(t, a.policy, cap, imp).hits
+        planned = epoch_plans(t, a.policy, cap, a.epoch_len, imp)
+        opt = sim.belady(t, cap).hits
+        print(f"{pct:7g}  {alone / t.requests:12.4f}  {planned / t.requests:12.4f}  {opt / t.requests:.4f}"
+              f"  {planned / opt if opt else float('nan'):.4f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
