@@ -3,7 +3,9 @@ import os
 
 import pytest
 
-torch = pytest.importorskip("torch")
+from conftest import require  # noqa: E402
+
+torch = require("torch")
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 from torch.utils.data import Dataset  # noqa: E402

@@ -2,7 +2,6 @@
 by Belady; bad plan messages are rejected and counted while the daemon keeps serving."""
 import os
 import random
-import time
 
 import numpy as np
 import pytest
@@ -104,7 +103,6 @@ def test_four_workers_follow_the_plan(tree, mount, cli):
 
 
 def test_bad_plan_messages_are_rejected_counted_and_serving_goes_on(tree, mount):
-    import zmq
 
     src, spec = tree
     m = mount(src, "--ram-cache", "0")

@@ -8,7 +8,9 @@ import pytest
 
 from shadefs.testing.s3 import LatencyProxyProcess
 
-torch = pytest.importorskip("torch")
+from conftest import require  # noqa: E402
+
+torch = require("torch")
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
 from shadefs.hooks import PlanSampler  # noqa: E402
