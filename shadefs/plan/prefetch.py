@@ -109,7 +109,7 @@ class Prefetcher:
             return None
         self._release(len(item[0]), item[1])
         self.ready += 1
-        self.cond.notify_all()
+        self.cond.notify()  # one slot of the window freed: one reader thread, not all of them
         return item[0]
 
     def took_late(self, fid: int, waited_s: float) -> None:
@@ -119,7 +119,7 @@ class Prefetcher:
             self._release(len(item[0]), item[1])
         self.late += 1
         self.late_wait_s += waited_s
-        self.cond.notify_all()
+        self.cond.notify()
 
     def discard(self, fid: int) -> None:
         """``fid``'s prefetched bytes were used outside :meth:`take` (a miss shared the read): drop them
@@ -127,7 +127,7 @@ class Prefetcher:
         item = self.staged.pop(fid, None)
         if item is not None:
             self._release(len(item[0]), item[1])
-            self.cond.notify_all()
+            self.cond.notify()
 
     def _release(self, size: int, owner: tuple) -> None:
         self.reserved_bytes -= size
@@ -237,7 +237,7 @@ class Prefetcher:
                 self._release(size, owner)
                 if data is not None:
                     self.wasted_bytes += size
-            self.cond.notify_all()
+                self.cond.notify()
         fut.set_result(None if data is None else (data, "miss"))  # the in-flight table's (bytes, source)
 
     def _plan_ended(self, plan, why: str) -> None:
