@@ -85,9 +85,10 @@ def main(argv=None):
           f"first epoch whose test accuracy reached it (evaluation excluded)")
     print("mode  seed  epoch times (s)  test acc per epoch (%)  time to target (s)")
     for r in results:
-        print(f"{r['mode']}  {r['seed']}  {', '.join(f'{e['epoch_time_s']:.1f}' for e in r['epochs'])}  "
-              f"{', '.join(f'{e['test_acc']:.2f}' for e in r['epochs'])}  "
-              f"{'%.1f' % r['tta_s'] if r['tta_s'] is not None else 'not reached'}")
+        times = ", ".join("%.1f" % e["epoch_time_s"] for e in r["epochs"])
+        accs = ", ".join("%.2f" % e["test_acc"] for e in r["epochs"])
+        tta = "%.1f" % r["tta_s"] if r["tta_s"] is not None else "not reached"
+        print(f"{r['mode']}  {r['seed']}  {times}  {accs}  {tta}")
     print("mode  final acc mean  (min..max)  mean training seconds")
     for mode in a.modes.split(","):
         rs = [r for r in results if r["mode"] == mode]
