@@ -82,7 +82,7 @@ def run_cli(*args, check=True, timeout=60, env=None):
         raise AssertionError(str(e)) from None
 
 
-# -- every Mount started during a test is checked for tracebacks when the test ends -----------------------
+# -- every Mount made during a test is checked for tracebacks when the test ends ---------------------------
 _started: list = []
 
 
@@ -93,10 +93,9 @@ class Mount(_mounts.Mount):
 
     expect_traceback = False
 
-    def start(self, *args):
-        if self not in _started:
-            _started.append(self)
-        return super().start(*args)
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        _started.append(self)  # in __init__: subclasses with their own start() are checked too
 
     def umount(self, exit_timeout: float = 30.0, log=None):
         return super().umount(exit_timeout=exit_timeout, log=log)
