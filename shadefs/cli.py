@@ -194,6 +194,8 @@ def build_config(args) -> MountConfig:
     if not 0 <= args.backend_timeout < float("inf"):
         raise UserError(f"--backend-timeout {args.backend_timeout:g}: seconds must be a finite number >= 0 "
                         "(0 = no deadline)")
+    if not 1 <= args.fuse_readers <= 64:
+        raise UserError(f"--fuse-readers {args.fuse_readers}: choose 1-64 threads")
     if args.score_transform not in ("rank", "raw"):
         raise UserError(f"--score-transform {args.score_transform!r}: choose rank or raw")
     kwargs = dict(
@@ -204,7 +206,8 @@ def build_config(args) -> MountConfig:
         metrics_port=args.metrics_port, metrics_addr=args.metrics_addr, trace=args.trace and os.path.abspath(args.trace),
         log_level=args.log_level.upper(), log_file=args.log_file and os.path.abspath(args.log_file),
         allow_other=args.allow_other, kernel_cache=not args.no_kernel_cache,
-        fuse_threads=args.fuse_loop == "multi", backend_options=options,
+        fuse_threads=args.fuse_loop == "multi", fuse_impl=args.fuse_impl, fuse_readers=args.fuse_readers,
+        passthrough=not args.no_passthrough, backend_options=options,
         score_transform=args.score_transform, checkpoint_interval_s=args.checkpoint_interval,
         follow_symlinks=args.follow_symlinks, rescan=args.rescan,
         backend_timeout_s=float(args.backend_timeout),
@@ -729,6 +732,12 @@ def _attach_negative_sizes(argv: List[str]) -> List[str]:
     return out
 
 
+def _default_fuse_impl() -> str:
+    from .fuse import DEFAULT_IMPL
+
+    return DEFAULT_IMPL
+
+
 def make_parser() -> argparse.ArgumentParser:
     from . import __version__
 
@@ -766,8 +775,16 @@ def make_parser() -> argparse.ArgumentParser:
     m.add_argument("--allow-other", action="store_true", help="let other users read the mount (off by default)")
     m.add_argument("--no-kernel-cache", action="store_true",
                    help="do not let the kernel keep file pages between opens of a hit")
+    m.add_argument("--fuse-impl", choices=("kernel", "libfuse"), default=_default_fuse_impl(),
+                   help="kernel (default on Linux): the FUSE kernel protocol spoken directly (hits inline, misses "
+                   "asynchronous, passthrough); libfuse: mfusepy over libfuse 3")
     m.add_argument("--fuse-loop", choices=("multi", "single"), default="multi",
-                   help="multi (default): a hit never waits behind a miss; single: fastest hits, misses block")
+                   help="libfuse front end only: multi (default): a hit does not wait behind a miss; single: "
+                   "fastest libfuse hits, misses block")
+    m.add_argument("--fuse-readers", type=int, default=4, metavar="N",
+                   help="kernel front end: threads reading /dev/fuse (default 4)")
+    m.add_argument("--no-passthrough", action="store_true",
+                   help="kernel front end: serve NVMe hits through the daemon, not by FUSE passthrough")
     m.add_argument("--backend-opt", action="append", metavar="KEY=VALUE", help="backend option (repeatable)")
     m.add_argument("--backend-timeout", type=float, default=60.0, metavar="SECONDS",
                    help="a backend read that takes longer fails with EIO (default 60; 0 = no deadline)")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import sys
 from typing import Optional
 
 __all__ = ["ConfigError", "Size", "parse_size", "MountConfig"]
@@ -117,7 +118,10 @@ class MountConfig:
     log_file: Optional[str] = None
     allow_other: bool = False
     kernel_cache: bool = True                 # keep file pages in the kernel between opens of a hit
-    fuse_threads: bool = True                 # multithreaded FUSE loop: a hit never waits on a miss
+    fuse_threads: bool = True                 # libfuse front end: multithreaded loop (--fuse-loop multi)
+    fuse_impl: str = "kernel" if sys.platform.startswith("linux") else "libfuse"  # --fuse-impl
+    fuse_readers: int = 4                     # kernel front end: reader threads on /dev/fuse clones
+    passthrough: bool = True                  # kernel front end: FUSE passthrough for NVMe hits when allowed
     backend_options: tuple = ()               # (key, value) pairs for fsspec backends
     scan_workers: int = 16
     backend_timeout_s: float = 60.0           # deadline of one backend read (EIO after); 0 = none

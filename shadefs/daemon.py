@@ -37,20 +37,7 @@ __all__ = ["Daemon"]
 log = logging.getLogger("shadefs.daemon")
 
 
-def select_libfuse() -> None:
-    """Prefer libfuse 3 when it is installed (mfusepy would load libfuse 2 first).
-
-    libfuse 3's multithreaded loop keeps idle worker threads instead of waking new ones, which measured
-    about 1.4x more RAM-hit opens per second and 30 % less daemon CPU per open (docs/performance.md).
-    ``FUSE_LIBRARY_PATH`` set by the user wins. Must run before mfusepy is first imported.
-    """
-    if "FUSE_LIBRARY_PATH" in os.environ or "mfusepy" in sys.modules:
-        return
-    from ctypes.util import find_library
-
-    lib = find_library("fuse3")
-    if lib:
-        os.environ["FUSE_LIBRARY_PATH"] = lib
+from .fuse.libfuse import select_libfuse  # noqa: E402,F401  (kept importable from here)
 
 
 def default_prefetch_window() -> int:
@@ -138,11 +125,13 @@ class Daemon:
         self.prefetcher = Prefetcher(self.cache, self.plans, window, cfg.prefetch_concurrency)
         self.cache.attach_plans(self.plans, self.prefetcher)
         self._transform = get_transform(cfg.score_transform)
-        log.info("mount %s -> %s: policy %s, RAM tier %s, disk tier %s%s, kernel cache %s, FUSE loop %s",
+        log.info("mount %s -> %s: policy %s, RAM tier %s, disk tier %s%s, kernel cache %s, FUSE front end %s",
                  self.backend.describe(), cfg.mountpoint, cfg.policy, format_bytes(ram_bytes),
                  format_bytes(disk_bytes if disk else 0),
                  f" in {disk[1].dir} (keeping {format_bytes(min_free)} free)" if disk else "",
-                 "on" if cfg.kernel_cache else "off", "multithreaded" if cfg.fuse_threads else "single-threaded")
+                 "on" if cfg.kernel_cache else "off",
+                 cfg.fuse_impl if cfg.fuse_impl == "kernel"
+                 else f"libfuse ({'multithreaded' if cfg.fuse_threads else 'single-threaded'} loop)")
         if disk is not None:
             self._restore(disk)
 
@@ -220,30 +209,13 @@ class Daemon:
 
     # -- FUSE lifecycle ----------------------------------------------------------------------------------
     def run(self) -> None:
-        """Mount and serve until unmounted (blocks)."""
-        select_libfuse()
-        from mfusepy import FUSE, fuse_version_major, fuse_version_minor
+        """Mount with the configured front end (``--fuse-impl``) and serve until unmounted (blocks)."""
+        from .fuse import make_frontend
 
-        from .fuse_ops import ShadeOperations
-
-        ops = ShadeOperations(self.namespace, self.cache, daemon=self, kernel_cache=self.cfg.kernel_cache)
-        options = dict(foreground=True, nothreads=not self.cfg.fuse_threads, ro=True, raw_fi=True,
-                       fsname=f"shadefs:{self.backend.describe()}"[:200].replace(",", "_"), subtype="shadefs",
-                       default_permissions=True, attr_timeout=3600, entry_timeout=3600, negative_timeout=3600)
-        if self.cfg.allow_other:
-            options["allow_other"] = True
-        log.info("libfuse %d.%d", fuse_version_major, fuse_version_minor)
+        fsname = f"shadefs:{self.backend.describe()}"[:200].replace(",", "_")
+        frontend = make_frontend(self.cfg.fuse_impl, self.namespace, self.cache, self, self.cfg, fsname)
         try:
-            FUSE(ops, self.cfg.mountpoint, **options)
-        except RuntimeError as e:
-            # libfuse 3's fuse_main returns 8 whenever its loop ends with a status, and a stop by
-            # SIGTERM/SIGINT/SIGHUP (libfuse's own handlers) sets the signal number as that status: a normal
-            # stop, not a failure, once libfuse has unmounted
-            from .cli import is_mounted
-
-            if e.args != (8,) or is_mounted(self.cfg.mountpoint):
-                raise
-            log.info("FUSE loop ended with libfuse status 8 (a termination signal, or a loop error); unmounted")
+            frontend.run()
         finally:
             self.on_unmount()
 

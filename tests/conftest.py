@@ -22,6 +22,29 @@ from shadefs.testing.s3 import AWS_ENV_DROP, DUMMY_AWS_ENV, MotoServer
 
 CI = os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
 
+#: the FUSE front ends a test marked ``both_frontends`` runs against (``--fuse-impl``)
+FRONTENDS = ("kernel", "libfuse")
+# every reply the kernel front end writes to /dev/fuse is checked against its opcode's layout: a bad one
+# is logged as "FUSE reply check failed" with a traceback, which fails the test (_daemon_tracebacks)
+os.environ.setdefault("SHADEFS_FUSE_CHECK_REPLIES", "1")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "both_frontends: run each test that mounts once per FUSE front end")
+
+
+def pytest_generate_tests(metafunc):
+    """Tests marked ``both_frontends`` that mount run once per front end (``[kernel]``, ``[libfuse]``);
+    elsewhere ``SHADEFS_TEST_FUSE_IMPL=libfuse`` (or ``kernel``) picks the front end of every mount."""
+    if "fuse_impl" in metafunc.fixturenames and metafunc.definition.get_closest_marker("both_frontends"):
+        metafunc.parametrize("fuse_impl", FRONTENDS, indirect=True)
+
+
+@pytest.fixture
+def fuse_impl(request):
+    """The ``--fuse-impl`` of this test's mounts, or None for the CLI's default."""
+    return getattr(request, "param", None) or os.environ.get("SHADEFS_TEST_FUSE_IMPL") or None
+
 
 def _missing(name: str):
     """None if ``name`` is present, else why not. A device (``/dev/fuse``) must open read-write, another
@@ -93,9 +116,16 @@ class Mount(_mounts.Mount):
 
     expect_traceback = False
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+    def __init__(self, source, mountpoint, args=(), log_file=None, fuse_impl=None, **kwargs):
+        self.fuse_impl = fuse_impl
+        super().__init__(source, mountpoint, self._with_impl(args), log_file, **kwargs)
         _started.append(self)  # in __init__: subclasses with their own start() are checked too
+
+    def _with_impl(self, args):
+        return (["--fuse-impl", self.fuse_impl] if self.fuse_impl else []) + [str(a) for a in args]
+
+    def start(self, *args):
+        return super().start(*self._with_impl(args)) if args else super().start()
 
     def umount(self, exit_timeout: float = 30.0, log=None):
         return super().umount(exit_timeout=exit_timeout, log=log)
@@ -127,15 +157,16 @@ def fuse():
 
 
 @pytest.fixture
-def mount(tmp_path, fuse):
+def mount(tmp_path, fuse, fuse_impl):
     """Factory: ``mount(source, *cli_args, name=None) -> Mount``; every mount is unmounted at teardown
-    (its daemon waited for), and the test fails if its daemon logged a traceback it did not expect."""
+    (its daemon waited for), and the test fails if its daemon logged a traceback it did not expect.
+    The front end is ``fuse_impl`` (one run per front end for tests marked ``both_frontends``)."""
     mounts = []
 
     def _mount(source, *args, name=None, env=None):
         mp = tmp_path / (name or f"mnt{len(mounts)}")
         mp.mkdir()
-        m = Mount(source, mp, args, tmp_path / f"{mp.name}.log", env=env)
+        m = Mount(source, mp, args, tmp_path / f"{mp.name}.log", env=env, fuse_impl=fuse_impl)
         mounts.append(m)
         return m.start()
 

@@ -37,6 +37,7 @@ def load_all(root, workers):
     return ds, torch.cat(xs), torch.cat(ys)
 
 
+@pytest.mark.both_frontends
 def test_every_image_decodes_with_the_right_label(png_tree, mount):
     m = mount(png_tree, "--ram-cache", "30%", "--policy", "lru")
     ds_src, x_src, y_src = load_all(png_tree / "train", 0)

@@ -16,7 +16,8 @@ from conftest import make_tree
 from mountutil import metrics_port, pid_gone, read, scrape, wait_for
 from shadefs import metrics as M
 
-pytestmark = pytest.mark.usefixtures("fuse")  # skipped without /dev/fuse + fusermount3; failed under CI=true
+pytestmark = [pytest.mark.usefixtures("fuse"),  # skipped without /dev/fuse + fusermount3; failed under CI=true
+              pytest.mark.both_frontends]  # every test that mounts runs on both front ends
 
 
 def remount(m, *args):

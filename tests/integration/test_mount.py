@@ -13,7 +13,8 @@ from mountutil import read
 
 from shadefs.testing import pid_alive
 
-pytestmark = pytest.mark.usefixtures("fuse")  # skipped without /dev/fuse + fusermount3; failed under CI=true
+pytestmark = [pytest.mark.usefixtures("fuse"),  # skipped without /dev/fuse + fusermount3; failed under CI=true
+              pytest.mark.both_frontends]  # every test that mounts runs on both front ends
 
 
 def test_every_file_equals_the_source_byte_for_byte(small_tree, mount):

@@ -11,7 +11,8 @@ import pytest
 from conftest import Mount, is_mounted
 from mountutil import read
 
-pytestmark = pytest.mark.usefixtures("fuse")  # skipped without /dev/fuse + fusermount3; failed under CI=true
+pytestmark = [pytest.mark.usefixtures("fuse"),  # skipped without /dev/fuse + fusermount3; failed under CI=true
+              pytest.mark.both_frontends]  # every test that mounts runs on both front ends
 
 NOBODY = 65534
 
@@ -98,7 +99,7 @@ def test_the_mount_is_read_only(small_tree, mount):
 
 
 @pytest.fixture
-def public_mount(tmp_path):
+def public_mount(tmp_path, fuse_impl):
     """``public_mount(source, *args) -> Mount`` at a mountpoint every user can reach (pytest's tmp_path is
     0700, which would lock other users out before FUSE is asked)."""
     base = tempfile.mkdtemp(prefix="shadefs-sec-", dir="/tmp")
@@ -108,7 +109,7 @@ def public_mount(tmp_path):
     def _mount(source, *args):
         mp = os.path.join(base, f"mnt{len(mounts)}")
         os.mkdir(mp)
-        m = Mount(source, mp, args, tmp_path / f"public{len(mounts)}.log")
+        m = Mount(source, mp, args, tmp_path / f"public{len(mounts)}.log", fuse_impl=fuse_impl)
         mounts.append(m)
         return m.start()
 

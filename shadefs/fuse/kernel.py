@@ -1,0 +1,638 @@
+"""The kernel-protocol front end: shadefs speaks ``/dev/fuse`` directly (no libfuse), the default on Linux.
+
+Threads and the path of one request (docs/architecture.md, "The front ends"):
+
+- **Readers** (``--fuse-readers``, default 4) each block in ``read(2)`` on their own clone of the
+  ``/dev/fuse`` fd (``FUSE_DEV_IOC_CLONE``) and answer everything that cannot wait on the backend on the
+  spot: LOOKUP/GETATTR/READDIR(PLUS) from the namespace, an OPEN that is a RAM or NVMe hit
+  (``cache.open_nowait``), a READ of an open hit, RELEASE. No handoff, no lock on the hot path.
+- **Workers** take what may block: an OPEN that is a miss (``cache.open`` waits on the backend) and a READ
+  of a file streamed by ranges. They reply themselves when the data arrives (a reply may come from any
+  thread, in any order; it must go to the fd the request was read from). The pool grows with the misses
+  in flight (up to ``max_workers``) and shrinks when idle, so a hit never waits behind a miss and hung
+  backend reads cannot starve the mount.
+- **INTERRUPT**: a request handed to a worker is answered EINTR as soon as the kernel interrupts it
+  (its caller got a signal, or was killed); the worker's late reply is dropped and its handle released.
+  A killed reader is never left in D state waiting for shadefs.
+
+Node ids are the namespace's dense ids: ``nodeid 1`` (FUSE_ROOT_ID) is the root directory, every other
+node ``id`` is ``nodeid id + 2`` (no path parsing per request, no per-node state: FORGET is a no-op).
+
+Passthrough (kernel >= 6.9, CAP_SYS_ADMIN, negotiated in INIT): an OPEN served by the NVMe tier is
+answered with ``FOPEN_PASSTHROUGH`` and a backing id registered from the entry's fd
+(``FUSE_DEV_IOC_BACKING_OPEN``), so the kernel reads the entry file itself; every open still reaches the
+daemon (counting stays per open). The kernel requires all concurrent opens of one inode to agree (all
+passthrough on the same backing file, or all cached): :class:`_Modes` keeps that per file.
+
+Set ``SHADEFS_FUSE_CHECK_REPLIES=1`` to check every reply's length against its opcode (the test suite
+does); a bad reply is logged as ``FUSE reply check failed`` with a traceback.
+"""
+from __future__ import annotations
+
+import errno
+import fcntl
+import itertools
+import logging
+import os
+import queue
+import signal
+import threading
+from typing import Dict, List, Optional, Tuple
+
+from ..backends.base import BackendError
+from . import protocol as P
+from .handles import may_block, open_handle, open_handle_nowait
+from .mount import mount_fuse, unmount_fuse
+from .ops import ENDPOINT_XATTR, endpoint_of, ns_api, statfs_values
+
+__all__ = ["KernelFrontend"]
+
+log = logging.getLogger("shadefs.fuse")
+
+TIMEOUT_S = 3600          # entry, attribute and negative-entry cache timeouts (the snapshot is immutable)
+MAX_PAGES = 256           # 1 MiB per READ
+MAX_WRITE = 4096          # read-only: keeps the request buffer at FUSE_MIN_READ_BUFFER
+BUFSIZE = 4 * P.MIN_READ_BUFFER
+_DIR_ENTRY_CACHE = 64     # directories whose listing is kept between READDIR chunks
+
+CHECK_REPLIES_ENV = "SHADEFS_FUSE_CHECK_REPLIES"
+
+
+class _Workers:
+    """A thread pool that grows when every worker is busy (a miss never queues behind hung misses) and
+    shrinks after ``idle_s`` seconds without work. At ``max_threads`` further work queues."""
+
+    def __init__(self, max_threads: int = 256, idle_s: float = 30.0):
+        self.max_threads, self.idle_s = max_threads, idle_s
+        self._q: "queue.SimpleQueue" = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._idle = 0        # waiting threads not yet promised an item (negative: items queued at the cap)
+        self.threads = 0
+        self.peak = 0
+
+    def submit(self, fn, *args) -> None:
+        with self._lock:
+            spawn = self._idle <= 0 and self.threads < self.max_threads
+            if spawn:
+                self.threads += 1
+                self.peak = max(self.peak, self.threads)
+            else:
+                self._idle -= 1
+        self._q.put((fn, args))
+        if spawn:
+            threading.Thread(target=self._run, name="fuse-worker", daemon=True).start()
+
+    def _run(self) -> None:
+        while True:
+            try:
+                fn, args = self._q.get(timeout=self.idle_s)
+            except queue.Empty:
+                with self._lock:
+                    if self._idle > 0:
+                        self._idle -= 1
+                        self.threads -= 1
+                        return
+                continue
+            try:
+                fn(*args)
+            except Exception:
+                log.exception("FUSE worker: unexpected error")
+            with self._lock:
+                self._idle += 1
+
+
+class _Modes:
+    """Per file: the io mode the kernel holds for its open files (passthrough on one backing id, or cached)
+    and how many of our handles are open in it. Only used when passthrough was negotiated."""
+
+    def __init__(self, dev_fd: int):
+        self.dev_fd = dev_fd
+        self.lock = threading.Lock()
+        self.files: Dict[int, List] = {}   # fid -> [backing_id or None, open count]
+        self.backing_errors = 0
+        self.first_error: Optional[str] = None
+
+    def acquire(self, fid: int, h) -> Optional[int]:
+        """Count one open of ``fid``; returns the backing id to answer it with (None: cached mode)."""
+        with self.lock:
+            st = self.files.get(fid)
+            if st is None:
+                bid = None
+                bfd = h.backing_fd()
+                if bfd is not None:
+                    bid = self._backing_open(bfd)
+                st = self.files[fid] = [bid, 0]
+            st[1] += 1
+            return st[0]
+
+    def release(self, fid: int) -> None:
+        with self.lock:
+            st = self.files.get(fid)
+            if st is None:
+                return
+            st[1] -= 1
+            if st[1] > 0:
+                return
+            del self.files[fid]
+        if st[0] is not None:
+            try:
+                fcntl.ioctl(self.dev_fd, P.DEV_IOC_BACKING_CLOSE, bytearray(P.struct.pack("=I", st[0])), True)
+            except OSError as e:
+                log.warning("FUSE_DEV_IOC_BACKING_CLOSE %d: %s", st[0], e)
+
+    def _backing_open(self, bfd: int) -> Optional[int]:
+        try:
+            return fcntl.ioctl(self.dev_fd, P.DEV_IOC_BACKING_OPEN, bytearray(P.BACKING_MAP.pack(bfd, 0, 0)), True)
+        except OSError as e:
+            self.backing_errors += 1
+            if self.first_error is None:
+                self.first_error = str(e)
+                log.warning("passthrough: FUSE_DEV_IOC_BACKING_OPEN failed (%s); serving NVMe hits through the "
+                            "daemon instead (logged once)", e)
+            return None
+
+
+class KernelFrontend:
+    """Serve a :class:`~shadefs.namespace.Namespace` and a cache on ``mountpoint`` through ``/dev/fuse``.
+
+    Args:
+        namespace: the metadata snapshot (node ids are its dense ids).
+        cache: the read path (``open``/``open_nowait`` -> Handle, see :mod:`shadefs.fuse.handles`).
+        daemon: ``on_mounted()`` is called once INIT is answered; ``daemon.endpoint`` is served as the
+            ``user.shadefs.endpoint`` xattr. May be None.
+        mountpoint: an existing empty directory.
+        fsname: the mount's source in /proc/self/mounts.
+        allow_other: let other users in (the kernel checks).
+        kernel_cache: answer hits with FOPEN_KEEP_CACHE.
+        passthrough: use FUSE passthrough for NVMe hits when the kernel allows it.
+        readers: reader threads (each on its own clone of the /dev/fuse fd).
+        max_workers: cap on the worker threads that serve misses (misses beyond it queue).
+    """
+
+    def __init__(self, namespace, cache, daemon=None, *, mountpoint: str, fsname: str = "shadefs",
+                 allow_other: bool = False, kernel_cache: bool = True, passthrough: bool = True,
+                 readers: int = 4, max_workers: int = 256):
+        self.ns = ns_api(namespace)
+        self.cache = cache
+        self.daemon = daemon
+        self.mountpoint = os.path.abspath(mountpoint)
+        self.fsname = fsname
+        self.allow_other = allow_other
+        self.kernel_cache = kernel_cache
+        self.want_passthrough = passthrough
+        self.nreaders = max(1, int(readers))
+        self.workers = _Workers(max_workers)
+        self.check_replies = os.environ.get(CHECK_REPLIES_ENV, "") not in ("", "0")
+        self.fd: Optional[int] = None
+        self._fds: List[int] = []
+        self._stop = threading.Event()
+        self._files: Dict[int, Tuple] = {}       # fh -> (handle, fid)
+        self._next_fh = itertools.count(1)
+        self._pending: Dict[int, int] = {}       # unique -> fd, requests a worker is serving
+        self._plock = threading.Lock()
+        self._early_interrupts = set()           # INTERRUPTs read before their request was registered
+        self._dirs: Dict[int, list] = {}         # node -> [(name bytes, node, dtype)], READDIR chunks
+        self.modes: Optional[_Modes] = None
+        self.passthrough = False
+        self.passthrough_reason = "not negotiated"
+        self.proto_minor = 0
+        self.interrupted = 0
+        self.reply_errors = 0
+        nf = self.ns.num_files
+        self._root = self.ns.root
+        self._num_files = nf
+        self._ops = {
+            P.LOOKUP: self._lookup, P.GETATTR: self._getattr, P.OPEN: self._open, P.READ: self._read,
+            P.RELEASE: self._release, P.OPENDIR: self._opendir, P.READDIR: self._readdir,
+            P.READDIRPLUS: self._readdirplus, P.RELEASEDIR: self._reply_ok, P.STATFS: self._statfs,
+            P.GETXATTR: self._getxattr, P.LISTXATTR: self._listxattr, P.INTERRUPT: self._interrupt,
+            P.FORGET: self._noreply, P.BATCH_FORGET: self._noreply, P.DESTROY: self._destroy,
+            P.INIT: self._reinit, P.FLUSH: self._enosys, P.ACCESS: self._enosys,
+        }
+
+    # -- node ids -------------------------------------------------------------------------------------
+    def node_of(self, nodeid: int) -> int:
+        """Namespace id of a FUSE node id (1 = root, else id + 2). Raises KeyError for an unknown one."""
+        if nodeid == P.ROOT_ID:
+            return self._root
+        node = nodeid - 2
+        if node < 0 or node >= self.ns.num_nodes or node == self._root:
+            raise KeyError(nodeid)
+        return node
+
+    def nodeid_of(self, node: int) -> int:
+        return P.ROOT_ID if node == self._root else node + 2
+
+    def _attr(self, node: int) -> bytes:
+        mode, size, mtime_ns, uid, gid, nlink = self.ns.attr(node)
+        return P.encode_attr(self.nodeid_of(node), mode, size, mtime_ns, uid, gid, nlink)
+
+    # -- lifecycle --------------------------------------------------------------------------------------
+    def run(self) -> None:
+        """Mount, answer INIT, start the readers, call ``daemon.on_mounted()``, serve until unmounted
+        (``shadefs umount``/``fusermount -u``), SIGTERM/SIGINT (unmounts lazily, as libfuse does) or
+        DESTROY. Blocks.
+
+        Raises:
+            OSError: the mount failed or the kernel's INIT could not be answered.
+        """
+        self.fd = mount_fuse(self.mountpoint, self.fsname, allow_other=self.allow_other)
+        self._fds = [self.fd]
+        signalled = []
+        old = {}
+        try:
+            self._serve_init(self.fd)
+            for _ in range(self.nreaders - 1):
+                clone = os.open("/dev/fuse", os.O_RDWR | os.O_CLOEXEC)
+                fcntl.ioctl(clone, P.DEV_IOC_CLONE, bytearray(P.struct.pack("=I", self.fd)), True)
+                self._fds.append(clone)
+            for i, fd in enumerate(self._fds):
+                threading.Thread(target=self._reader, args=(fd,), name=f"fuse-reader-{i}", daemon=True).start()
+            if threading.current_thread() is threading.main_thread():
+                def on_signal(signum, frame):
+                    signalled.append(signum)
+                    self._stop.set()
+                for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                    old[sig] = signal.signal(sig, on_signal)
+            if self.daemon is not None:
+                self.daemon.on_mounted()
+            while not self._stop.wait(3600):
+                pass
+        finally:
+            self._stop.set()
+            for sig, handler in old.items():
+                signal.signal(sig, handler)
+            if signalled:
+                log.info("signal %d: unmounting %s", signalled[0], self.mountpoint)
+            unmount_fuse(self.mountpoint)   # a no-op when the kernel already unmounted us
+            for fd in self._fds:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+
+    def stop(self) -> None:
+        """Ask :meth:`run` to unmount and return (thread-safe)."""
+        self._stop.set()
+
+    def _serve_init(self, fd: int) -> None:
+        buf = bytearray(BUFSIZE)
+        while True:
+            try:
+                n = os.readv(fd, [buf])
+                break
+            except OSError as e:
+                if e.errno in (errno.EINTR, errno.ENOENT):
+                    continue
+                raise
+        h = P.decode_in_header(buf)
+        if h.opcode != P.INIT:
+            raise OSError(errno.EPROTO, f"first FUSE request is opcode {h.opcode}, not INIT")
+        init = P.decode_init_in(buf, P.IN_HEADER.size, n - P.IN_HEADER.size)
+        if init.major != P.KERNEL_VERSION:
+            self._send(fd, h.unique, P.INIT, errno.EPROTO, ())
+            raise OSError(errno.EPROTO, f"kernel FUSE protocol {init.major}.{init.minor} (need 7.x)")
+        self.proto_minor = minor = min(init.minor, P.KERNEL_MINOR_VERSION)
+        want = P.ASYNC_READ | P.PARALLEL_DIROPS | P.DO_READDIRPLUS | P.MAX_PAGES
+        if init.flags & P.INIT_EXT:
+            want |= P.INIT_EXT
+        if not self.want_passthrough:
+            self.passthrough_reason = "off (--no-passthrough)"
+        elif not init.flags & P.PASSTHROUGH:
+            self.passthrough_reason = f"off (the kernel's FUSE 7.{init.minor} does not offer it; needs Linux >= 6.9 " \
+                                      "built with CONFIG_FUSE_PASSTHROUGH)"
+        elif not _has_cap_sys_admin():
+            self.passthrough_reason = "off (needs CAP_SYS_ADMIN)"
+        elif self.cache is None or getattr(self.cache, "disk", None) is None:
+            self.passthrough_reason = "off (no NVMe tier)"
+        else:
+            want |= P.PASSTHROUGH
+        flags = want & init.flags
+        self.passthrough = bool(flags & P.PASSTHROUGH)
+        if self.passthrough:
+            self.passthrough_reason = "on (NVMe hits are read by the kernel from the entry file)"
+            self.modes = _Modes(fd)
+        body = P.encode_init_out(minor, init.max_readahead, flags, max_background=64, congestion_threshold=48,
+                                 max_write=MAX_WRITE, time_gran=1, max_pages=MAX_PAGES,
+                                 max_stack_depth=1 if self.passthrough else 0)
+        if not self._send(fd, h.unique, P.INIT, 0, (body,)):
+            raise OSError(errno.ENODEV, "the kernel dropped the INIT reply")
+        names = [name for bit, name in P.INIT_FLAG_NAMES.items() if flags & bit and bit != P.INIT_EXT]
+        log.info("FUSE kernel protocol 7.%d (kernel offers 7.%d): %s; max_pages %d, max_readahead %d KiB, "
+                 "%d reader threads; passthrough %s", minor, init.minor, ", ".join(names), MAX_PAGES,
+                 init.max_readahead // 1024, self.nreaders, self.passthrough_reason)
+
+    # -- the reader loop ---------------------------------------------------------------------------------
+    def _reader(self, fd: int) -> None:
+        buf = bytearray(BUFSIZE)
+        ops = self._ops
+        unpack = P.IN_HEADER.unpack_from
+        while not self._stop.is_set():
+            try:
+                n = os.readv(fd, [buf])
+            except OSError as e:
+                if e.errno in (errno.EINTR, errno.ENOENT, errno.EAGAIN):
+                    continue  # ENOENT: the request was interrupted before we got it
+                if e.errno not in (errno.ENODEV, errno.EBADF, errno.ECONNABORTED):
+                    log.error("reading /dev/fuse: %s", e)
+                self._stop.set()  # ENODEV: unmounted (or the connection was aborted)
+                return
+            _, opcode, unique, nodeid, _, _, _, _, _ = unpack(buf, 0)
+            op = ops.get(opcode)
+            try:
+                if op is not None:
+                    op(fd, unique, nodeid, buf, n)
+                elif opcode in P.WRITE_OPS:
+                    self._send(fd, unique, opcode, errno.EROFS, ())
+                else:
+                    self._send(fd, unique, opcode, errno.ENOSYS, ())
+            except KeyError:
+                self._send(fd, unique, opcode, errno.ENOENT, ())
+            except Exception as e:
+                self._fail(fd, unique, opcode, nodeid, e)
+
+    def _fail(self, fd: int, unique: int, opcode: int, what, e: BaseException) -> None:
+        """Map an exception to an errno in one place: ENOENT for a missing file, EIO (logged) otherwise."""
+        name = P.OPCODE_NAMES.get(opcode, str(opcode))
+        if isinstance(e, FileNotFoundError):
+            err = errno.ENOENT
+        elif isinstance(e, (BackendError, OSError)):
+            log.error("%s %s: backend error: %s", name.lower(), what, e)
+            err = errno.EIO
+        else:
+            log.error("%s %s: unexpected error", name.lower(), what, exc_info=e)
+            err = errno.EIO
+        if opcode not in P.NO_REPLY:
+            self._send(fd, unique, opcode, err, ())
+
+    def _send(self, fd: int, unique: int, opcode: int, error: int, bufs, asked: int = 0) -> bool:
+        """Write one reply; False when the kernel no longer waits for it (interrupted, or unmounted)."""
+        body_len = sum(len(b) for b in bufs)
+        try:
+            written = os.writev(fd, [P.out_header(body_len, error, unique), *bufs])
+        except OSError as e:
+            if e.errno not in (errno.ENOENT, errno.ENODEV, errno.EBADF):
+                self.reply_errors += 1
+                log.error("FUSE reply to %s (unique %d): %s", P.OPCODE_NAMES.get(opcode, opcode), unique, e)
+            return False
+        if self.check_replies:
+            self._check_reply(unique, opcode, error, body_len, asked, written)
+        return True
+
+    def _check_reply(self, unique, opcode, error, body_len, asked, written) -> None:
+        try:
+            assert written == P.OUT_HEADER.size + body_len, f"wrote {written} of {P.OUT_HEADER.size + body_len} bytes"
+            assert P.expected_reply_len(opcode, error, body_len, asked), (
+                f"{P.OPCODE_NAMES.get(opcode, opcode)} reply of {body_len} bytes (error {error}, asked {asked})")
+        except AssertionError:
+            log.exception("FUSE reply check failed (unique %d)", unique)
+
+    # -- async replies, interrupts ------------------------------------------------------------------------
+    def _defer(self, fd: int, unique: int, fn, *args) -> None:
+        """Hand a request that may block to a worker; it replies through :meth:`_finish`."""
+        with self._plock:
+            self._pending[unique] = fd
+            early = unique in self._early_interrupts
+            if early:
+                self._early_interrupts.discard(unique)
+        if early:
+            self._interrupt_pending(unique)
+            return
+        self.workers.submit(fn, fd, unique, *args)
+
+    def _finish(self, unique: int) -> bool:
+        """A worker is about to reply: True if the request still waits (not interrupted)."""
+        return self._pending.pop(unique, None) is not None
+
+    def _interrupt(self, fd, unique, nodeid, buf, n) -> None:
+        (target,) = P.INTERRUPT_IN.unpack_from(buf, P.IN_HEADER.size)
+        with self._plock:
+            if target not in self._pending:
+                # not (yet) handed to a worker: answered inline in microseconds, or about to be deferred
+                if len(self._early_interrupts) > 4096:
+                    self._early_interrupts.clear()
+                self._early_interrupts.add(target)
+                return
+        self._interrupt_pending(target)
+
+    def _interrupt_pending(self, target: int) -> bool:
+        tfd = self._pending.pop(target, None)
+        if tfd is None:
+            return False
+        self.interrupted += 1
+        self._send(tfd, target, P.INTERRUPT, errno.EINTR, ())
+        return True
+
+    # -- metadata -----------------------------------------------------------------------------------------
+    def _lookup(self, fd, unique, nodeid, buf, n) -> None:
+        parent = self.node_of(nodeid)
+        name = P.decode_cstring(buf, P.IN_HEADER.size, n).decode("utf-8", "surrogateescape")
+        child = self.ns.child(parent, name) if self.ns.is_dir(parent) else None
+        if child is None:  # a negative entry, cached by the kernel for TIMEOUT_S (libfuse negative_timeout)
+            body = P.encode_entry_out(0, bytes(P.ATTR.size), TIMEOUT_S, 0)
+        else:
+            body = P.encode_entry_out(self.nodeid_of(child), self._attr(child), TIMEOUT_S, TIMEOUT_S)
+        self._send(fd, unique, P.LOOKUP, 0, (body,))
+
+    def _getattr(self, fd, unique, nodeid, buf, n) -> None:
+        node = self.node_of(nodeid)
+        self._send(fd, unique, P.GETATTR, 0, (P.encode_attr_out(self._attr(node), TIMEOUT_S),))
+
+    def _statfs(self, fd, unique, nodeid, buf, n) -> None:
+        v = statfs_values(self.ns)
+        body = P.encode_statfs(v["f_blocks"], v["f_bfree"], v["f_bavail"], v["f_files"], v["f_ffree"],
+                               v["f_bsize"], v["f_namemax"], v["f_frsize"])
+        self._send(fd, unique, P.STATFS, 0, (body,))
+
+    def _xattr_reply(self, fd, unique, opcode, value: Optional[bytes], asked: int) -> None:
+        if value is None:
+            self._send(fd, unique, opcode, errno.ENODATA, ())
+        elif asked == 0:
+            self._send(fd, unique, opcode, 0, (P.encode_getxattr_out(len(value)),), asked)
+        elif asked < len(value):
+            self._send(fd, unique, opcode, errno.ERANGE, ())
+        else:
+            self._send(fd, unique, opcode, 0, (value,), asked)
+
+    def _getxattr(self, fd, unique, nodeid, buf, n) -> None:
+        self.node_of(nodeid)
+        asked, _ = P.GETXATTR_IN.unpack_from(buf, P.IN_HEADER.size)
+        name = P.decode_cstring(buf, P.IN_HEADER.size + P.GETXATTR_IN.size, n).decode("utf-8", "surrogateescape")
+        endpoint = endpoint_of(self.daemon)
+        value = endpoint.encode("utf-8") if name == ENDPOINT_XATTR and endpoint else None
+        self._xattr_reply(fd, unique, P.GETXATTR, value, asked)
+
+    def _listxattr(self, fd, unique, nodeid, buf, n) -> None:
+        self.node_of(nodeid)
+        asked, _ = P.GETXATTR_IN.unpack_from(buf, P.IN_HEADER.size)
+        value = (ENDPOINT_XATTR.encode() + b"\x00") if endpoint_of(self.daemon) else b""
+        self._xattr_reply(fd, unique, P.LISTXATTR, value, asked)
+
+    # -- directories ------------------------------------------------------------------------------------------
+    def _opendir(self, fd, unique, nodeid, buf, n) -> None:
+        node = self.node_of(nodeid)
+        if not self.ns.is_dir(node):
+            self._send(fd, unique, P.OPENDIR, errno.ENOTDIR, ())
+            return
+        # the snapshot is immutable: let the kernel cache the listing in its page cache
+        self._send(fd, unique, P.OPENDIR, 0, (P.encode_open_out(0, P.FOPEN_CACHE_DIR | P.FOPEN_KEEP_CACHE),))
+
+    def _listing(self, node: int) -> list:
+        entries = self._dirs.get(node)
+        if entries is None:
+            nf = self._num_files
+            entries = [(b".", node, 4), (b"..", self.ns.parent(node), 4)]
+            entries += [(name.encode("utf-8", "surrogateescape"), child, 4 if child >= nf else 8)
+                        for name, child in self.ns.listdir(node)]
+            if len(self._dirs) >= _DIR_ENTRY_CACHE:
+                self._dirs.clear()
+            self._dirs[node] = entries
+        return entries
+
+    def _readdir_common(self, fd, unique, nodeid, buf, opcode: int, plus: bool) -> None:
+        node = self.node_of(nodeid)
+        if not self.ns.is_dir(node):
+            self._send(fd, unique, opcode, errno.ENOTDIR, ())
+            return
+        _, offset, size, _, _, _, _ = P.READ_IN.unpack_from(buf, P.IN_HEADER.size)
+        entries = self._listing(node)
+        out, used = [], 0
+        for i in range(offset, len(entries)):
+            name, child, dtype = entries[i]
+            need = P.dirent_size(len(name), plus)
+            if used + need > size:
+                break
+            ino = self.nodeid_of(child)
+            if plus:
+                if i < 2:  # "." and "..": no entry (the kernel does not link them)
+                    eo = P.encode_entry_out(0, bytes(P.ATTR.size), 0, 0)
+                else:
+                    eo = P.encode_entry_out(ino, self._attr(child), TIMEOUT_S, TIMEOUT_S)
+                out.append(P.encode_direntplus(eo, ino, i + 1, dtype, name))
+            else:
+                out.append(P.encode_dirent(ino, i + 1, dtype, name))
+            used += need
+        self._send(fd, unique, opcode, 0, (b"".join(out),), size)
+
+    def _readdir(self, fd, unique, nodeid, buf, n) -> None:
+        self._readdir_common(fd, unique, nodeid, buf, P.READDIR, False)
+
+    def _readdirplus(self, fd, unique, nodeid, buf, n) -> None:
+        self._readdir_common(fd, unique, nodeid, buf, P.READDIRPLUS, True)
+
+    # -- files --------------------------------------------------------------------------------------------------
+    def _open(self, fd, unique, nodeid, buf, n) -> None:
+        node = self.node_of(nodeid)
+        flags, _ = P.OPEN_IN.unpack_from(buf, P.IN_HEADER.size)
+        if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND):
+            self._send(fd, unique, P.OPEN, errno.EROFS, ())
+            return
+        if node >= self._num_files:
+            self._send(fd, unique, P.OPEN, errno.EISDIR, ())
+            return
+        try:
+            h = open_handle_nowait(self.cache, node)
+        except Exception as e:
+            self._fail(fd, unique, P.OPEN, self.ns.path(node), e)
+            return
+        if h is None:
+            self._defer(fd, unique, self._open_slow, node)
+        else:
+            self._opened(fd, unique, node, h)
+
+    def _open_slow(self, fd: int, unique: int, fid: int) -> None:
+        """Worker: a miss (waits on the backend, or on another open's fetch of the same file)."""
+        try:
+            h = open_handle(self.cache, fid)
+        except Exception as e:
+            if self._finish(unique):
+                self._fail(fd, unique, P.OPEN, self.ns.path(fid), e)
+            return
+        if not self._finish(unique):  # interrupted meanwhile: the opener is gone
+            h.release()
+            return
+        self._opened(fd, unique, fid, h)
+
+    def _opened(self, fd: int, unique: int, fid: int, h) -> None:
+        backing_id = self.modes.acquire(fid, h) if self.modes is not None else None
+        if backing_id is not None:
+            flags = P.FOPEN_PASSTHROUGH
+        elif self.kernel_cache and h.outcome != "miss":
+            # a hit serves the bytes the kernel may still hold; a miss drops them so its reads reach us
+            flags = P.FOPEN_KEEP_CACHE
+        else:
+            flags = 0
+        fh = next(self._next_fh)
+        self._files[fh] = (h, fid, may_block(self.cache, h))
+        if not self._send(fd, unique, P.OPEN, 0, (P.encode_open_out(fh, flags, backing_id or 0),)):
+            self._drop(fh)  # the opener was interrupted: no RELEASE will come for this fh
+
+    def _drop(self, fh: int) -> None:
+        entry = self._files.pop(fh, None)
+        if entry is None:
+            return
+        h, fid, _ = entry
+        if self.modes is not None:
+            self.modes.release(fid)
+        h.release()
+
+    def _read(self, fd, unique, nodeid, buf, n) -> None:
+        fh, offset, size, _, _, _, _ = P.READ_IN.unpack_from(buf, P.IN_HEADER.size)
+        entry = self._files.get(fh)
+        if entry is None:
+            self._send(fd, unique, P.READ, errno.EBADF, ())
+            return
+        h, fid, blocking = entry
+        if blocking:
+            self._defer(fd, unique, self._read_slow, h, fid, offset, size)
+            return
+        try:
+            data = h.read(offset, size)
+        except Exception as e:
+            self._fail(fd, unique, P.READ, self.ns.path(fid), e)
+            return
+        self._send(fd, unique, P.READ, 0, (data,), size)
+
+    def _read_slow(self, fd: int, unique: int, h, fid: int, offset: int, size: int) -> None:
+        try:
+            data = h.read(offset, size)
+        except Exception as e:
+            if self._finish(unique):
+                self._fail(fd, unique, P.READ, self.ns.path(fid), e)
+            return
+        if self._finish(unique):
+            self._send(fd, unique, P.READ, 0, (data,), size)
+
+    def _release(self, fd, unique, nodeid, buf, n) -> None:
+        (fh,) = P.RELEASE_IN.unpack_from(buf, P.IN_HEADER.size)[:1]
+        self._drop(fh)
+        self._send(fd, unique, P.RELEASE, 0, ())
+
+    # -- the rest ---------------------------------------------------------------------------------------------
+    def _reply_ok(self, fd, unique, nodeid, buf, n) -> None:
+        self._send(fd, unique, P.RELEASEDIR, 0, ())
+
+    def _enosys(self, fd, unique, nodeid, buf, n) -> None:
+        # FLUSH, ACCESS: ENOSYS tells the kernel to stop sending them (one round trip less per close)
+        self._send(fd, unique, P.decode_in_header(buf).opcode, errno.ENOSYS, ())
+
+    def _noreply(self, fd, unique, nodeid, buf, n) -> None:
+        pass  # FORGET, BATCH_FORGET: node ids are static, nothing to forget
+
+    def _reinit(self, fd, unique, nodeid, buf, n) -> None:
+        self._send(fd, unique, P.INIT, errno.EPROTO, ())
+
+    def _destroy(self, fd, unique, nodeid, buf, n) -> None:
+        self._send(fd, unique, P.DESTROY, 0, ())
+        self._stop.set()
+
+
+def _has_cap_sys_admin() -> bool:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("CapEff:"):
+                    return bool(int(line.split()[1], 16) & (1 << 21))
+    except OSError:
+        pass
+    return os.geteuid() == 0
