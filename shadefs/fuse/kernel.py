@@ -337,6 +337,12 @@ class KernelFrontend:
                     log.error("reading /dev/fuse: %s", e)
                 self._stop.set()  # ENODEV: unmounted (or the connection was aborted)
                 return
+            if n < P.IN_HEADER.size:
+                if n == 0:  # end of file: the device (or the test's socket) is closed
+                    self._stop.set()
+                    return
+                log.error("short FUSE request (%d bytes) ignored", n)
+                continue
             _, opcode, unique, nodeid, _, _, _, _, _ = unpack(buf, 0)
             op = ops.get(opcode)
             try:
