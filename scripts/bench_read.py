@@ -247,6 +247,21 @@ class Mounts:
                     raise BenchError(f"latency-injecting FUSE did not mount: {f.read()[-2000:]}")
             time.sleep(0.05)
 
+    def mount_gatedfs(self, source: str, mnt: str, gate_file: str, log_file: str) -> None:
+        """The hung-backend source: opens of files below ``hang/`` block until ``gate_file`` exists."""
+        os.makedirs(mnt, exist_ok=True)
+        with open(log_file, "w") as log:
+            p = subprocess.Popen([sys.executable, os.path.abspath(__file__), "_gatedfs", source, mnt, gate_file],
+                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.slowfs[mnt] = p
+        self.active.append((mnt, p.pid, "slowfs"))
+        deadline = time.monotonic() + 30
+        while not is_mounted(mnt):
+            if p.poll() is not None or time.monotonic() > deadline:
+                with open(log_file) as f:
+                    raise BenchError(f"gated FUSE source did not mount: {f.read()[-2000:]}")
+            time.sleep(0.05)
+
     def pid_of(self, mnt: str) -> Optional[int]:
         return next((pid for m, pid, _ in self.active if m == mnt), None)
 
@@ -318,7 +333,8 @@ def _read_all(path: str) -> bytes:
 FUSE_OPCODES = {1: "LOOKUP", 2: "FORGET", 3: "GETATTR", 14: "OPEN", 15: "READ", 17: "STATFS", 18: "RELEASE",
                 20: "GETXATTR", 22: "LISTXATTR", 25: "FLUSH", 27: "OPENDIR", 28: "READDIR", 29: "RELEASEDIR",
                 34: "ACCESS", 42: "BATCH_FORGET", 44: "READDIRPLUS", 46: "LSEEK", 52: "STATX"}
-COUNT_CASES = ("ram-multi", "ram-multi-nokc", "nvme-multi", "miss-multi")
+COUNT_CASES = ("ram-kernel", "nvme-kernel", "nvme-kernel-nopt", "miss-kernel", "ram-multi", "ram-multi-nokc",
+               "nvme-multi", "miss-multi")
 
 
 def count_requests(pool: "ReaderPool", pid: Optional[int], mnt: str, files, work: str) -> Optional[Dict[str, float]]:
@@ -333,7 +349,7 @@ def count_requests(pool: "ReaderPool", pid: Optional[int], mnt: str, files, work
     except OSError:
         return None
     out = os.path.join(work, "logs", f"strace-{pid}.txt")
-    proc = subprocess.Popen([strace, "-f", "-xx", "-s", "8", "-e", "trace=read", "-o", out, *tids],
+    proc = subprocess.Popen([strace, "-f", "-xx", "-s", "8", "-e", "trace=read,readv", "-o", out, *tids],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 10  # wait until every thread is attached
@@ -362,15 +378,15 @@ def count_requests(pool: "ReaderPool", pid: Optional[int], mnt: str, files, work
             for line in f:
                 tid = line.split(" ", 1)[0]
                 fd = hexs = None
-                m = re.search(r'read\((\d+), "((?:\\x[0-9a-f]{2}){8})', line)
+                m = re.search(r'readv?\((\d+), (?:\[\{iov_base=)?"((?:\\x[0-9a-f]{2}){8})', line)
                 if m:
                     fd, hexs = m.group(1), m.group(2)
                 else:
-                    m = re.search(r"read\((\d+),\s*<unfinished", line)
+                    m = re.search(r"readv?\((\d+),\s*<unfinished", line)
                     if m:
                         pending[tid] = m.group(1)
                         continue
-                    m = re.search(r'<\.\.\. read resumed>\s*"((?:\\x[0-9a-f]{2}){8})', line)
+                    m = re.search(r'<\.\.\. readv? resumed>\s*(?:\[\{iov_base=)?"((?:\\x[0-9a-f]{2}){8})', line)
                     if m:
                         fd, hexs = pending.pop(tid, None), m.group(1)
                 if fd in fuse_fds and hexs:
@@ -435,25 +451,219 @@ def slowfs_main(source: str, mnt: str, delay_ms: float, stats_file: str) -> int:
     return 0
 
 
+def gatedfs_main(source: str, mnt: str, gate_file: str) -> int:
+    """A read-only FUSE view of ``source`` (shadefs' kernel front end over a tiny "cache") whose opens of
+    files below ``hang/`` block, in the kernel, until ``gate_file`` exists: hung backend reads on demand."""
+    import logging
+
+    from shadefs.backends.posix import PosixBackend
+    from shadefs.fuse.kernel import KernelFrontend
+    from shadefs.namespace import Namespace
+
+    logging.basicConfig(level=logging.INFO)
+    ns = Namespace(PosixBackend(source).walk())
+
+    class Whole:
+        outcome = "miss"
+
+        def __init__(self, data):
+            self.data, self.size = data, len(data)
+
+        def read(self, offset, length):
+            return memoryview(self.data)[offset:offset + length]
+
+        def backing_fd(self):
+            return None
+
+        def release(self):
+            pass
+
+    class Gated:
+        def _load(self, fid):
+            with open(os.path.join(source, ns.path(fid)), "rb") as f:
+                return Whole(f.read())
+
+        def open_nowait(self, fid):
+            return None if ns.path(fid).startswith("hang/") else self._load(fid)
+
+        def open(self, fid):
+            while not os.path.exists(gate_file):
+                time.sleep(0.01)
+            return self._load(fid)
+
+    KernelFrontend(ns, Gated(), None, mountpoint=mnt, fsname="bench_read_gatedfs", passthrough=False).run()
+    return 0
+
+
+def _hang_reader(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    while os.read(fd, READ_CHUNK):
+        pass
+    os.close(fd)
+    os._exit(0)
+
+
+def run_hung(args, pool: ReaderPool, mounts: Mounts, work: str) -> dict:
+    """Hits and misses through the kernel front end before and while ``--hung`` backend reads hang."""
+    src = os.path.join(work, "data", "hung")
+    n = 400
+    files = make_dataset(src, n, args.large_size, seed=4)
+    hang_dir = os.path.join(src, "hang")
+    os.makedirs(hang_dir, exist_ok=True)
+    for i in range(args.hung):
+        with open(os.path.join(hang_dir, f"h{i:03d}.bin"), "wb") as f:
+            f.write(os.urandom(1000))
+    hits, misses = files[: n // 2], files[n // 2:]
+    gate = os.path.join(work, "hung-gate")
+    if os.path.exists(gate):
+        os.unlink(gate)
+    gmnt = os.path.join(work, "mnt", "gatedfs")
+    mnt = os.path.join(work, "mnt", "hung-kernel")
+    out = {"_load": [os.getloadavg()], "hung": args.hung, "readers": args.slow_readers}
+    children = []
+    mounts.mount_gatedfs(src, gmnt, gate, os.path.join(work, "logs", "gatedfs.log"))
+    try:
+        ram = sum(size for _, size in hits)
+        opts = frontend_options("kernel") + ["--policy", "static", "--ram-cache", str(ram)]
+        progress(f"hung backend: shadefs mount {' '.join(opts)} over the gated source")
+        mounts.mount_shadefs(gmnt, mnt, opts, os.path.join(work, "logs", "hung-kernel.log"))
+        pool.run(mnt, hits, args.slow_readers)  # warm: RAM hits from now on
+
+        def measure(tag):
+            h = pool.run(mnt, hits, args.slow_readers, latency=True)
+            half = misses[: len(misses) // 2] if tag == "before" else misses[len(misses) // 2:]
+            m = pool.run(mnt, half, args.slow_readers, latency=True)  # each miss file read once: a real miss
+            out[tag] = {"hit_files_s": h["files_s"], "hit_ms_p50": _pct(h["latency"], 50) * 1e3,
+                        "hit_ms_p99": _pct(h["latency"], 99) * 1e3, "miss_files_s": m["files_s"],
+                        "miss_ms_p50": _pct(m["latency"], 50) * 1e3, "miss_ms_p99": _pct(m["latency"], 99) * 1e3}
+            progress(f"  {tag}: hits {h['files_s']:,.0f} files/s p99 {out[tag]['hit_ms_p99']:.2f} ms; misses "
+                     f"{m['files_s']:,.0f} files/s p99 {out[tag]['miss_ms_p99']:.2f} ms")
+
+        measure("before")
+        for i in range(args.hung):
+            pid = os.fork()
+            if pid == 0:
+                _hang_reader(os.path.join(mnt, "hang", f"h{i:03d}.bin"))
+            children.append(pid)
+        time.sleep(1.0)
+        states = []
+        for pid in children:
+            with open(f"/proc/{pid}/stat") as f:
+                states.append(f.read().rsplit(") ", 1)[1][0])
+        out["hung_states"] = "".join(sorted(states))
+        measure("during")
+        s = shadefs_stats(mnt)
+        out["in_flight_misses"] = args.hung  # their readers are still blocked (checked below)
+        alive = sum(1 for pid in children if os.waitpid(pid, os.WNOHANG) == (0, 0))
+        out["still_blocked"] = alive
+        os.kill(children[0], signal.SIGKILL)
+        t0 = time.monotonic()
+        os.waitpid(children[0], 0)
+        out["kill_exit_ms"] = (time.monotonic() - t0) * 1e3
+        children.pop(0)
+        progress(f"  {alive} of {args.hung} readers still blocked on hung misses (states {out['hung_states']}); "
+                 f"one killed: gone in {out['kill_exit_ms']:.1f} ms; opens counted {s['opens']}")
+    finally:
+        open(gate, "w").close()
+        for pid in children:
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
+        mounts.unmount(mnt)
+        mounts.unmount(gmnt)
+    out["_load"].append(os.getloadavg())
+    return out
+
+
+def issue12_table(results: Dict[str, dict], slow: Optional[dict], hung: Optional[dict], readers: List[int]) -> Table:
+    """The targets of issue 12 for the default front end (kernel, default flags), all from this run."""
+    top = max(readers)
+    rows = []
+
+    def row(what, value, target, ok):
+        rows.append([what, value, target, "yes" if ok else "no"])
+
+    for size_label, res in results.items():
+        small = "B" in size_label and "KB" not in size_label
+        if "ram-kernel" in res:
+            q = res["ram-kernel"][top]["files_s"] / res["direct"][top]["files_s"]
+            want = 0.2 if small else 0.4
+            row(f"{size_label}: RAM hit / direct, {top} readers", _ratio(q), f">= {want}", q >= want)
+        if "nvme-kernel" in res and "ram-kernel" in res:
+            q = res["nvme-kernel"][top]["files_s"] / res["ram-kernel"][top]["files_s"]
+            row(f"{size_label}: NVMe hit (passthrough) / RAM hit, {top} readers", _ratio(q), ">= 0.8", q >= 0.8)
+        for key, what, limit in (("ram-kernel", "daemon CPU per RAM hit", 20), ("nvme-kernel", "daemon CPU per NVMe hit", 20),
+                                 ("miss-kernel", "daemon CPU per miss (posix backend read included)", 50)):
+            if key in res:
+                for r in sorted({min(readers), top}):
+                    cpu = res[key][r].get("cpu_us")
+                    if cpu is not None:
+                        row(f"{size_label}: {what}, {r} rd", f"{cpu:.0f} us", f"<= {limit} us", cpu <= limit)
+    for one in (slow or {}).values():
+        if "kernel" in one:
+            p99 = one["kernel"]["hit_ms_p99"]
+            row(f"slow backend +{one['delay_ms']:g} ms: hit p99 with misses in flight", f"{p99:.2f} ms", "<= 1 ms",
+                p99 <= 1.0)
+    if hung and "before" in hung and "during" in hung:
+        b, d = hung["before"], hung["during"]
+        row(f"{hung['hung']} hung backend reads: hit p99 during / before", f"{d['hit_ms_p99']:.2f} / "
+            f"{b['hit_ms_p99']:.2f} ms", "normal", d["hit_ms_p99"] <= max(1.0, 2 * b["hit_ms_p99"]))
+        row(f"{hung['hung']} hung backend reads: miss p99 during / before", f"{d['miss_ms_p99']:.2f} / "
+            f"{b['miss_ms_p99']:.2f} ms", "normal", d["miss_ms_p99"] <= max(2.0, 2 * b["miss_ms_p99"]))
+    return Table("Issue 12 targets, kernel front end with default flags (same run)", ["target", "measured",
+                 "target", "meets"], rows)
+
+
+def hung_table(h: dict) -> Table:
+    rows = [[tag, _f(h[tag]["hit_files_s"]), f"{h[tag]['hit_ms_p50']:.2f}", f"{h[tag]['hit_ms_p99']:.2f}",
+             _f(h[tag]["miss_files_s"]), f"{h[tag]['miss_ms_p50']:.2f}", f"{h[tag]['miss_ms_p99']:.2f}"]
+            for tag in ("before", "during") if tag in h]
+    return Table(f"Hung backend, kernel front end: {h['hung']} backend reads that never return (opens of the "
+                 f"source block in its FUSE daemon), {h['readers']} readers of ~110 KB hits / misses on other "
+                 f"files (load average {_load_str(h['_load'])})",
+                 ["", "hits files/s", "hit p50 ms", "hit p99 ms", "misses files/s", "miss p50 ms", "miss p99 ms"],
+                 rows, note=f"While hung: {h['still_blocked']} of {h['hung']} readers still blocked (process states "
+                            f"{h['hung_states']}: S = interruptible); one killed with SIGKILL exited after "
+                            f"{h['kill_exit_ms']:.1f} ms (shadefs answered the kernel's INTERRUPT).")
+
+
 # -- experiments ------------------------------------------------------------------------------------------
 CASES = [
-    # key, label, tier, loop, kernel cache, trace
-    ("ram-multi", "RAM hit, multi", "ram", "multi", True, False),
-    ("ram-single", "RAM hit, single", "ram", "single", True, False),
-    ("ram-multi-nokc", "RAM hit, multi, no kernel cache", "ram", "multi", False, False),
-    ("ram-single-nokc", "RAM hit, single, no kernel cache", "ram", "single", False, False),
-    ("ram-multi-trace", "RAM hit, multi, --trace", "ram", "multi", True, True),
-    ("ram-single-trace", "RAM hit, single, --trace", "ram", "single", True, True),
-    ("nvme-multi", "NVMe hit, multi", "nvme", "multi", True, False),
-    ("nvme-single", "NVMe hit, single", "nvme", "single", True, False),
-    ("miss-multi", "miss, multi", "miss", "multi", True, False),
-    ("miss-single", "miss, single", "miss", "single", True, False),
+    # key, label, tier, front end ("kernel", "kernel-nopt": --no-passthrough, or a libfuse loop), kernel cache, trace
+    ("ram-kernel", "RAM hit, kernel", "ram", "kernel", True, False),
+    ("ram-kernel-nokc", "RAM hit, kernel, no kernel cache", "ram", "kernel", False, False),
+    ("ram-multi", "RAM hit, libfuse multi", "ram", "multi", True, False),
+    ("ram-single", "RAM hit, libfuse single", "ram", "single", True, False),
+    ("ram-multi-nokc", "RAM hit, libfuse multi, no kernel cache", "ram", "multi", False, False),
+    ("ram-single-nokc", "RAM hit, libfuse single, no kernel cache", "ram", "single", False, False),
+    ("ram-multi-trace", "RAM hit, libfuse multi, --trace", "ram", "multi", True, True),
+    ("ram-single-trace", "RAM hit, libfuse single, --trace", "ram", "single", True, True),
+    ("nvme-kernel", "NVMe hit, kernel, passthrough", "nvme", "kernel", True, False),
+    ("nvme-kernel-nopt", "NVMe hit, kernel, no passthrough", "nvme", "kernel-nopt", True, False),
+    ("nvme-multi", "NVMe hit, libfuse multi", "nvme", "multi", True, False),
+    ("nvme-single", "NVMe hit, libfuse single", "nvme", "single", True, False),
+    ("miss-kernel", "miss, kernel", "miss", "kernel", True, False),
+    ("miss-multi", "miss, libfuse multi", "miss", "multi", True, False),
+    ("miss-single", "miss, libfuse single", "miss", "single", True, False),
 ]
+#: the cases of the default run (issue 12's targets: the default front end against libfuse's loops)
+DEFAULT_CASES = ["ram-kernel", "ram-multi", "ram-single", "nvme-kernel", "nvme-kernel-nopt", "miss-kernel",
+                 "miss-multi"]
 LABELS = {"direct": "direct (page cache)", **{c[0]: c[1] for c in CASES}}
 
 
+def frontend_options(loop: str) -> List[str]:
+    """CLI flags of a front end: ``kernel``, ``kernel-nopt`` (no passthrough) or a libfuse loop."""
+    if loop == "kernel":
+        return ["--fuse-impl", "kernel"]
+    if loop == "kernel-nopt":
+        return ["--fuse-impl", "kernel", "--no-passthrough"]
+    return ["--fuse-impl", "libfuse", "--fuse-loop", loop]
+
+
 def mount_options(tier: str, loop: str, kernel_cache: bool, trace: Optional[str], cache_dir: str) -> List[str]:
-    opts = ["--fuse-loop", loop, "--policy", "static"]
+    opts = frontend_options(loop) + ["--policy", "static"]
     if tier == "ram":
         opts += ["--ram-cache", "100%"]
     elif tier == "nvme":
@@ -520,7 +730,7 @@ def run_size(args, pool: ReaderPool, mounts: Mounts, size_name: str, src: str, f
     """
     n = len(files)
     load0 = os.getloadavg()
-    cases = [c for c in CASES if not args.cases or c[0] in args.cases]
+    cases = [c for c in CASES if "all" in args.cases or c[0] in args.cases]
     targets = {"direct": src}
     setup = {}
     try:
@@ -580,8 +790,11 @@ def run_size(args, pool: ReaderPool, mounts: Mounts, size_name: str, src: str, f
     return res
 
 
-def run_slow(args, pool: ReaderPool, mounts: Mounts, work: str) -> dict:
-    """Hits interleaved with misses on a slow source; both FUSE loop modes mounted at once, measured in turn."""
+SLOW_LOOPS = ("kernel", "multi", "single")
+
+
+def run_slow(args, pool: ReaderPool, mounts: Mounts, work: str, delay_ms: float) -> dict:
+    """Hits interleaved with misses on a slow source; every front end mounted at once, measured in turn."""
     n = args.slow_files - args.slow_files % 2
     src = os.path.join(work, "data", "slow")
     files = make_dataset(src, n, args.large_size, seed=3)
@@ -590,22 +803,22 @@ def run_slow(args, pool: ReaderPool, mounts: Mounts, work: str) -> dict:
     mixed = [f for pair in zip(hits, misses) for f in pair]
     is_hit = [i % 2 == 0 for i in range(len(mixed))]
     ram_bytes = sum(size for _, size in hits)
-    slow_mnt = os.path.join(work, "mnt", "slowfs")
-    out = {"_load": [os.getloadavg()], "files": n, "delay_ms": args.slow_ms, "readers": args.slow_readers}
-    progress(f"slow backend: passthrough with {args.slow_ms:g} ms per READ at {slow_mnt}")
-    stats_file = os.path.join(work, "slowfs-stats.json")
-    mounts.mount_slowfs(src, slow_mnt, args.slow_ms, stats_file, os.path.join(work, "logs", "slowfs.log"))
-    loops = ("multi", "single")
-    mnts = {loop: os.path.join(work, "mnt", f"slow-{loop}") for loop in loops}
+    slow_mnt = os.path.join(work, "mnt", f"slowfs-{delay_ms:g}")
+    out = {"_load": [os.getloadavg()], "files": n, "delay_ms": delay_ms, "readers": args.slow_readers}
+    progress(f"slow backend: passthrough with {delay_ms:g} ms per READ at {slow_mnt}")
+    stats_file = os.path.join(work, f"slowfs-stats-{delay_ms:g}.json")
+    mounts.mount_slowfs(src, slow_mnt, delay_ms, stats_file, os.path.join(work, "logs", f"slowfs-{delay_ms:g}.log"))
+    loops = SLOW_LOOPS
+    mnts = {loop: os.path.join(work, "mnt", f"slow-{delay_ms:g}-{loop}") for loop in loops}
     try:
         r = pool.run(slow_mnt, misses, args.slow_readers)
         out["backend_direct"] = r["files_s"]
         progress(f"  slow source read directly, {args.slow_readers} readers: {r['files_s']:,.0f} files/s")
         s0 = {}
         for loop in loops:
-            opts = ["--fuse-loop", loop, "--policy", "static", "--ram-cache", str(ram_bytes)]
+            opts = frontend_options(loop) + ["--policy", "static", "--ram-cache", str(ram_bytes)]
             progress(f"slow backend: shadefs mount {' '.join(opts)}")
-            mounts.mount_shadefs(slow_mnt, mnts[loop], opts, os.path.join(work, "logs", f"slow-{loop}.log"))
+            mounts.mount_shadefs(slow_mnt, mnts[loop], opts, os.path.join(work, "logs", f"slow-{delay_ms:g}-{loop}.log"))
             pool.run(mnts[loop], hits, args.slow_readers)  # warm: half of the files
             s0[loop] = shadefs_stats(mnts[loop])
             if s0[loop]["tiers"]["ram"]["files"] != len(hits):
@@ -616,7 +829,7 @@ def run_slow(args, pool: ReaderPool, mounts: Mounts, work: str) -> dict:
         hit_lat = {loop: [] for loop in loops}
         miss_lat = {loop: [] for loop in loops}
         for rnd in range(args.repeat):
-            for loop in (loops if rnd % 2 == 0 else loops[::-1]):
+            for loop in loops[rnd % len(loops):] + loops[:rnd % len(loops)]:
                 hit_only[loop].append(pool.run(mnts[loop], hits, args.slow_readers)["files_s"])
                 r = pool.run(mnts[loop], mixed, args.slow_readers, latency=True)
                 mix[loop].append(r["files_s"])
@@ -756,7 +969,7 @@ def requests_table(results: Dict[str, dict], n: int) -> Optional[Table]:
 
 def slow_table(slow: dict) -> Table:
     rows = []
-    for loop in ("multi", "single"):
+    for loop in SLOW_LOOPS:
         if loop not in slow:
             continue
         o = slow[loop]
@@ -841,8 +1054,14 @@ def limits_text(results: Dict[str, dict], slow: Optional[dict], readers: List[in
             verdicts.append(f"{label} {_ratio(x / d)} ({'meets' if x >= TARGET * d else 'misses'})")
         parts.append(f"Target (hit path, {top} readers >= {TARGET} x direct = {_f(TARGET * d)} files/s for "
                      f"{size_label} files, direct {_f(d)} files/s): " + "; ".join(verdicts) + ".")
-    if slow and "multi" in slow and "single" in slow:
-        m, s = slow["multi"], slow["single"]
+    for slow in (slow or {}).values():
+        if not ("multi" in slow and "single" in slow and "kernel" in slow):
+            continue
+        m, s, k = slow["multi"], slow["single"], slow["kernel"]
+        parts.append(
+            f"Slow backend (+{slow['delay_ms']:g} ms per source READ, half of the opens hits), kernel front "
+            f"end: a hit's p50 {k['hit_ms_p50']:.2f} ms, p99 {k['hit_ms_p99']:.2f} ms (target p99 <= 1 ms: "
+            f"{'meets' if k['hit_ms_p99'] <= 1.0 else 'misses'}); mixed rate {_f(k['mixed_files_s'])} files/s.")
         parts.append(
             f"Slow backend (+{slow['delay_ms']:g} ms per source READ, half of the opens hits): a hit's p50 "
             f"latency is {m['hit_ms_p50']:.2f} ms with the multithreaded loop and {s['hit_ms_p50']:.2f} ms with "
@@ -907,13 +1126,22 @@ def build_report(args, info: dict, results: Dict[str, dict], slow: Optional[dict
     tables.append(ratio_table("--trace FILE on RAM hits: change in files/s (negative: the trace costs)", results,
                               [("ram-multi-trace", "ram-multi", "multi loop"),
                                ("ram-single-trace", "ram-single", "single loop")], readers, pct=True))
+    tables.append(ratio_table("Front end: kernel / libfuse (files/s ratio, > 1: the kernel front end is faster)",
+                              results, [("ram-kernel", "ram-multi", "RAM hit, vs libfuse multi"),
+                                        ("ram-kernel", "ram-single", "RAM hit, vs libfuse single"),
+                                        ("nvme-kernel", "nvme-kernel-nopt", "NVMe hit, passthrough vs not"),
+                                        ("nvme-kernel", "ram-kernel", "NVMe hit (passthrough) vs RAM hit"),
+                                        ("miss-kernel", "miss-multi", "miss, vs libfuse multi")], readers))
+    tables.append(issue12_table(results, slow, getattr(args, "hung_result", None), readers))
     t, _ = target_table(results, readers)
     tables.append(t)
     rt = requests_table(results, args.count_requests)
     if rt is not None:
         tables.append(rt)
-    if slow:
-        tables.append(slow_table(slow))
+    for one in (slow or {}).values():
+        tables.append(slow_table(one))
+    if getattr(args, "hung_result", None):
+        tables.append(hung_table(args.hung_result))
 
     md = [DOC_START, "## Read path", "",
           f"Generated by `scripts/bench_read.py` on {started} in {elapsed / 60:.1f} min; everything between the "
@@ -991,13 +1219,16 @@ def parse_args(argv=None):
     p.add_argument("--sizes", nargs="+", choices=("small", "large"), default=["small", "large"])
     p.add_argument("--small-size", type=int, default=300, help="mean size of the small files (default 300 B)")
     p.add_argument("--large-size", type=int, default=110_000, help="mean size of the large files (default 110 KB)")
-    p.add_argument("--cases", nargs="+", choices=[c[0] for c in CASES],
-                   help="run only these mount cases (default: all; direct always runs)")
-    p.add_argument("--slow-ms", type=float, default=2.0, help="latency of each source READ in the slow-backend "
-                   "experiment (default 2 ms)")
+    p.add_argument("--cases", nargs="+", choices=[c[0] for c in CASES] + ["all"], default=DEFAULT_CASES,
+                   help="mount cases to run (default: " + " ".join(DEFAULT_CASES) + "; 'all': every case; "
+                   "direct always runs)")
+    p.add_argument("--slow-ms", type=float, nargs="+", default=[2.0, 20.0], help="latencies of each source READ "
+                   "in the slow-backend experiment, one run each (default 2 20 ms)")
     p.add_argument("--slow-files", type=int, default=800, help="files in the slow-backend experiment (default 800)")
     p.add_argument("--slow-readers", type=int, default=4, help="readers in the slow-backend experiment (default 4)")
     p.add_argument("--no-slow", action="store_true", help="skip the slow-backend experiment")
+    p.add_argument("--no-hung", action="store_true", help="skip the hung-backend experiment")
+    p.add_argument("--hung", type=int, default=16, help="hung backend reads in the hung-backend experiment (default 16)")
     p.add_argument("--count-requests", type=int, default=200, metavar="N",
                    help="count the FUSE requests per open with strace over N files for a few cases (0: off; "
                    "default 200; needs strace and ptrace rights)")
@@ -1045,7 +1276,7 @@ def main(argv=None) -> int:
              f"({info.get('libfuse_path')}), workdir {work} on {info['workdir_fs']}, load {os.getloadavg()}")
     pool = mounts = None
     results: Dict[str, dict] = {}
-    slow = None
+    slow = hung = None
     t_start = time.monotonic()
     try:
         datasets = {}
@@ -1062,7 +1293,13 @@ def main(argv=None) -> int:
             results[label] = run_size(args, pool, mounts, name, src, files, work)
             print("\n" + size_table(label, results[label], args.readers).text() + "\n", flush=True)
         if not args.no_slow:
-            slow = run_slow(args, pool, mounts, work)
+            slow = {}
+            for delay in args.slow_ms:
+                slow[f"{delay:g}"] = run_slow(args, pool, mounts, work, delay)
+                print("\n" + slow_table(slow[f"{delay:g}"]).text() + "\n", flush=True)
+        if not args.no_hung:
+            hung = args.hung_result = run_hung(args, pool, mounts, work)
+            print("\n" + hung_table(hung).text() + "\n", flush=True)
     except KeyboardInterrupt:
         print("bench_read: interrupted; unmounting", file=sys.stderr)
         return 130
@@ -1088,7 +1325,7 @@ def main(argv=None) -> int:
     print(f"total {elapsed:.0f} s")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"info": info, "results": results, "slow": slow, "command": command}, f, indent=1, default=str)
+            json.dump({"info": info, "results": results, "slow": slow, "hung": hung, "command": command}, f, indent=1, default=str)
     if args.write_doc:
         docsection.write_section(args.doc, "bench_read", section)
         large = next((res for label, res in results.items() if "KB" in label), None)
@@ -1101,6 +1338,8 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "_gatedfs":
+        sys.exit(gatedfs_main(sys.argv[2], sys.argv[3], sys.argv[4]))
     if len(sys.argv) > 1 and sys.argv[1] == "_slowfs":
         sys.exit(slowfs_main(sys.argv[2], sys.argv[3], float(sys.argv[4]), sys.argv[5]))
     sys.exit(main())

@@ -197,6 +197,7 @@ class KernelFrontend:
         self.passthrough_reason = "not negotiated"
         self.proto_minor = 0
         self.interrupted = 0
+        self.passthrough_opens = 0
         self.reply_errors = 0
         nf = self.ns.num_files
         self._root = self.ns.root
@@ -265,6 +266,8 @@ class KernelFrontend:
             if signalled:
                 log.info("signal %d: unmounting %s", signalled[0], self.mountpoint)
             unmount_fuse(self.mountpoint)   # a no-op when the kernel already unmounted us
+            log.info("kernel front end: %d opens answered by passthrough, %d requests interrupted, "
+                     "%d worker threads at most", self.passthrough_opens, self.interrupted, self.workers.peak)
             for fd in self._fds:
                 try:
                     os.close(fd)
@@ -563,6 +566,7 @@ class KernelFrontend:
         backing_id = self.modes.acquire(fid, h) if self.modes is not None else None
         if backing_id is not None:
             flags = P.FOPEN_PASSTHROUGH
+            self.passthrough_opens += 1
         elif self.kernel_cache and h.outcome != "miss":
             # a hit serves the bytes the kernel may still hold; a miss drops them so its reads reach us
             flags = P.FOPEN_KEEP_CACHE

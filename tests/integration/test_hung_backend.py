@@ -1,0 +1,150 @@
+"""Hung backend reads (an NFS server that stops answering, an S3 GET that stalls) must not stall the mount.
+
+The source of the shadefs mount under test is itself a small FUSE filesystem run in this process (the
+kernel front end over a namespace and a gated "cache"): opening one of its ``hang/`` files blocks in the
+kernel until the test opens the gate. With 16 such backend reads in flight, hits and other misses through
+the shadefs mount are served, and a reader killed while its miss hangs exits at once (shadefs answers the
+kernel's INTERRUPT), never left in D state. Kernel front end only: libfuse's worker pool is what runs out.
+"""
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from conftest import is_mounted
+from mountutil import read, wait_for
+from shadefs.backends.posix import PosixBackend
+from shadefs.fuse.kernel import KernelFrontend
+from shadefs.namespace import Namespace
+
+pytestmark = pytest.mark.skipif(not os.path.exists("/dev/fuse") or os.geteuid() != 0,
+                                reason="needs /dev/fuse and root (an in-process FUSE source)")
+
+HUNG = 16
+
+
+class _Bytes:
+    outcome = "miss"
+
+    def __init__(self, data):
+        self.data, self.size = data, len(data)
+
+    def read(self, offset, length):
+        return self.data[offset:offset + length]
+
+    def backing_fd(self):
+        return None
+
+    def release(self):
+        pass
+
+
+class GatedCache:
+    """Serves the source's bytes; an open of a ``hang/`` file waits until ``gate`` is set."""
+
+    def __init__(self, ns, root, gate):
+        self.ns, self.root, self.gate = ns, root, gate
+        self.waiting = 0
+        self.lock = threading.Lock()
+
+    def _load(self, fid):
+        with open(os.path.join(self.root, self.ns.path(fid)), "rb") as f:
+            return _Bytes(f.read())
+
+    def open_nowait(self, fid):
+        return None if self.ns.path(fid).startswith("hang/") else self._load(fid)
+
+    def open(self, fid):
+        with self.lock:
+            self.waiting += 1
+        try:
+            assert self.gate.wait(60), "the test never opened the gate"
+        finally:
+            with self.lock:
+                self.waiting -= 1
+        return self._load(fid)
+
+
+@pytest.fixture
+def gated_source(tmp_path):
+    """``(mountpoint, {relpath: bytes}, gate, cache)`` of a FUSE source whose ``hang/`` opens block."""
+    root = tmp_path / "gated-src"
+    spec = {f"hit/{i:02d}.bin": os.urandom(2000 + i) for i in range(8)}
+    spec.update({f"miss/{i:02d}.bin": os.urandom(3000 + i) for i in range(8)})
+    spec.update({f"hang/{i:02d}.bin": os.urandom(1000 + i) for i in range(HUNG)})
+    for rel, data in spec.items():
+        os.makedirs(root / os.path.dirname(rel), exist_ok=True)
+        (root / rel).write_bytes(data)
+    ns = Namespace(PosixBackend(str(root)).walk())
+    gate = threading.Event()
+    cache = GatedCache(ns, str(root), gate)
+    mp = tmp_path / "gated"
+    mp.mkdir()
+    fe = KernelFrontend(ns, cache, None, mountpoint=str(mp), fsname="shadefs-test-gated", passthrough=False)
+    t = threading.Thread(target=fe.run, daemon=True)
+    t.start()
+    wait_for(lambda: is_mounted(str(mp)))
+    yield str(mp), spec, gate, cache
+    gate.set()
+    fe.stop()
+    t.join(10)
+    assert not is_mounted(str(mp))
+
+
+def _spawn_reader(path):
+    """A child process that reads ``path`` whole and exits 0 if it got ``len > 0`` bytes."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os._exit(0 if read(path) else 3)
+        except BaseException:
+            os._exit(4)
+    return pid
+
+
+def _state(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(") ", 1)[1][0]
+
+
+def test_hung_backend_reads_leave_hits_and_misses_served_and_killed_readers_free(gated_source, mount):
+    src, spec, gate, cache = gated_source
+    m = mount(src, "--ram-cache", "1MiB", "--no-kernel-cache", "--fuse-impl", "kernel")
+    hits = sorted(r for r in spec if r.startswith("hit/"))
+    for rel in hits:  # now RAM hits
+        assert read(os.path.join(m.path, rel)) == spec[rel]
+    hung = [_spawn_reader(os.path.join(m.path, f"hang/{i:02d}.bin")) for i in range(HUNG)]
+    try:
+        wait_for(lambda: cache.waiting == HUNG, timeout=20)  # 16 backend reads hang in the source
+        for _ in range(3):
+            for rel in hits:
+                assert read(os.path.join(m.path, rel)) == spec[rel]
+        for rel in sorted(r for r in spec if r.startswith("miss/")):  # misses on other files go through
+            assert read(os.path.join(m.path, rel)) == spec[rel]
+        assert cache.waiting == HUNG
+        # readers blocked on a hung miss sleep interruptibly, and a killed one exits at once
+        assert {_state(pid) for pid in hung} == {"S"}
+        victims = hung[:4]
+        for pid in victims:
+            os.kill(pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        for pid in victims:
+            _, status = os.waitpid(pid, 0)
+            assert os.waitstatus_to_exitcode(status) == -signal.SIGKILL
+        assert time.monotonic() - t0 < 5
+        assert cache.waiting == HUNG  # their backend reads still hang; nobody waits for them
+    finally:
+        gate.set()
+    for pid in hung[4:]:
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+    s = m.stats()
+    # every open counted once: 8 warm-up misses, 24 hits, 8 other misses, 16 hung misses
+    assert s["opens"] == 8 + 24 + 8 + HUNG and s["hits"]["ram"] == 24 and s["misses"] == 8 + 8 + HUNG
+    for i in range(HUNG):  # every released read was admitted, the killed readers' ones too: hits now
+        rel = f"hang/{i:02d}.bin"
+        assert read(os.path.join(m.path, rel)) == spec[rel]
+    assert m.stats()["hits"]["ram"] == 24 + HUNG
+    assert "Traceback" not in m.log()
