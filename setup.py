@@ -15,6 +15,7 @@ setup(
         "shadefs.plan",
         "shadefs.hooks",
         "shadefs.testing",
+        "shadefs.fuse",
     ],
     package_dir={"shadefs.hooks": "hooks"},
     install_requires=[
