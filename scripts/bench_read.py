@@ -224,9 +224,10 @@ class Mounts:
         self.active: List[Tuple[str, Optional[int], str]] = []  # (mountpoint, daemon pid, kind)
         self.slowfs: Dict[str, subprocess.Popen] = {}
 
-    def mount_shadefs(self, source: str, mnt: str, options: Sequence[str], log_file: str) -> int:
+    def mount_shadefs(self, source: str, mnt: str, options: Sequence[str], log_file: str,
+                      env: Optional[Dict[str, str]] = None) -> int:
         try:
-            pid = Mount(source, mnt, options, log_file=log_file).start().pid
+            pid = Mount(source, mnt, options, log_file=log_file, env=env).start().pid
         except ShadefsError as e:
             raise BenchError(str(e)) from None
         self.active.append((mnt, pid, "shadefs"))
@@ -633,6 +634,7 @@ CASES = [
     # key, label, tier, front end ("kernel", "kernel-nopt": --no-passthrough, or a libfuse loop), kernel cache, trace
     ("ram-kernel", "RAM hit, kernel", "ram", "kernel", True, False),
     ("ram-kernel-nokc", "RAM hit, kernel, no kernel cache", "ram", "kernel", False, False),
+    ("ram-kernel-memfd", "RAM hit, kernel, passthrough from a memfd (experiment)", "ram", "kernel-memfd", True, False),
     ("ram-multi", "RAM hit, libfuse multi", "ram", "multi", True, False),
     ("ram-single", "RAM hit, libfuse single", "ram", "single", True, False),
     ("ram-multi-nokc", "RAM hit, libfuse multi, no kernel cache", "ram", "multi", False, False),
@@ -648,14 +650,14 @@ CASES = [
     ("miss-single", "miss, libfuse single", "miss", "single", True, False),
 ]
 #: the cases of the default run (issue 12's targets: the default front end against libfuse's loops)
-DEFAULT_CASES = ["ram-kernel", "ram-multi", "ram-single", "nvme-kernel", "nvme-kernel-nopt", "miss-kernel",
-                 "miss-multi"]
+DEFAULT_CASES = ["ram-kernel", "ram-kernel-memfd", "ram-multi", "ram-single", "nvme-kernel", "nvme-kernel-nopt",
+                 "miss-kernel", "miss-multi"]
 LABELS = {"direct": "direct (page cache)", **{c[0]: c[1] for c in CASES}}
 
 
 def frontend_options(loop: str) -> List[str]:
     """CLI flags of a front end: ``kernel``, ``kernel-nopt`` (no passthrough) or a libfuse loop."""
-    if loop == "kernel":
+    if loop in ("kernel", "kernel-memfd"):
         return ["--fuse-impl", "kernel"]
     if loop == "kernel-nopt":
         return ["--fuse-impl", "kernel", "--no-passthrough"]
@@ -742,7 +744,8 @@ def run_size(args, pool: ReaderPool, mounts: Mounts, size_name: str, src: str, f
                 os.makedirs(os.path.dirname(trace_file), exist_ok=True)
             opts = mount_options(tier, loop, kc, trace_file, cache_dir)
             progress(f"{size_name}: {label}: shadefs mount {' '.join(opts)}")
-            mounts.mount_shadefs(src, mnt, opts, os.path.join(work, "logs", f"{size_name}-{key}.log"))
+            env = dict(os.environ, SHADEFS_EXPERIMENT_RAM_MEMFD="1") if loop == "kernel-memfd" else None
+            mounts.mount_shadefs(src, mnt, opts, os.path.join(work, "logs", f"{size_name}-{key}.log"), env=env)
             setup[key] = (mnt, cache_dir, trace_file, tier)
             targets[key] = mnt
         progress(f"{size_name}: warming (one pass each; direct: the source's page cache)")
@@ -1131,6 +1134,7 @@ def build_report(args, info: dict, results: Dict[str, dict], slow: Optional[dict
                                         ("ram-kernel", "ram-single", "RAM hit, vs libfuse single"),
                                         ("nvme-kernel", "nvme-kernel-nopt", "NVMe hit, passthrough vs not"),
                                         ("nvme-kernel", "ram-kernel", "NVMe hit (passthrough) vs RAM hit"),
+                                        ("ram-kernel-memfd", "ram-kernel", "RAM hit, memfd passthrough vs keep_cache"),
                                         ("miss-kernel", "miss-multi", "miss, vs libfuse multi")], readers))
     tables.append(issue12_table(results, slow, getattr(args, "hung_result", None), readers))
     t, _ = target_table(results, readers)

@@ -56,6 +56,7 @@ BUFSIZE = 4 * P.MIN_READ_BUFFER
 _DIR_ENTRY_CACHE = 64     # directories whose listing is kept between READDIR chunks
 
 CHECK_REPLIES_ENV = "SHADEFS_FUSE_CHECK_REPLIES"
+RAM_MEMFD_ENV = "SHADEFS_EXPERIMENT_RAM_MEMFD"   # measured, not a feature: RAM hits by passthrough from a memfd
 
 
 class _Workers:
@@ -105,8 +106,9 @@ class _Modes:
     """Per file: the io mode the kernel holds for its open files (passthrough on one backing id, or cached)
     and how many of our handles are open in it. Only used when passthrough was negotiated."""
 
-    def __init__(self, dev_fd: int):
+    def __init__(self, dev_fd: int, ram_memfd: bool = False):
         self.dev_fd = dev_fd
+        self.ram_memfd = ram_memfd
         self.lock = threading.Lock()
         self.files: Dict[int, List] = {}   # fid -> [backing_id or None, open count]
         self.backing_errors = 0
@@ -121,6 +123,8 @@ class _Modes:
                 bfd = h.backing_fd()
                 if bfd is not None:
                     bid = self._backing_open(bfd)
+                elif self.ram_memfd and h.outcome == "ram":
+                    bid = self._memfd_backing(h)
                 st = self.files[fid] = [bid, 0]
             st[1] += 1
             return st[0]
@@ -139,6 +143,19 @@ class _Modes:
                 fcntl.ioctl(self.dev_fd, P.DEV_IOC_BACKING_CLOSE, bytearray(P.struct.pack("=I", st[0])), True)
             except OSError as e:
                 log.warning("FUSE_DEV_IOC_BACKING_CLOSE %d: %s", st[0], e)
+
+    def _memfd_backing(self, h) -> Optional[int]:
+        """Experiment (``SHADEFS_EXPERIMENT_RAM_MEMFD=1``): a RAM hit copied into a memfd per open and
+        answered by passthrough, to compare with ``keep_cache`` (docs/performance.md, "Read path")."""
+        fd = os.memfd_create("shadefs-ram", os.MFD_CLOEXEC)
+        try:
+            view = h.read(0, h.size)
+            while view:
+                n = os.write(fd, view)
+                view = view[n:]
+            return self._backing_open(fd)
+        finally:
+            os.close(fd)  # the kernel holds its own reference to the backing file
 
     def _backing_open(self, bfd: int) -> Optional[int]:
         try:
@@ -183,6 +200,7 @@ class KernelFrontend:
         self.nreaders = max(1, int(readers))
         self.workers = _Workers(max_workers)
         self.check_replies = os.environ.get(CHECK_REPLIES_ENV, "") not in ("", "0")
+        self.ram_memfd = os.environ.get(RAM_MEMFD_ENV, "") not in ("", "0")
         self.fd: Optional[int] = None
         self._fds: List[int] = []
         self._stop = threading.Event()
@@ -306,7 +324,7 @@ class KernelFrontend:
                                       "built with CONFIG_FUSE_PASSTHROUGH)"
         elif not _has_cap_sys_admin():
             self.passthrough_reason = "off (needs CAP_SYS_ADMIN)"
-        elif self.cache is None or getattr(self.cache, "disk", None) is None:
+        elif (self.cache is None or getattr(self.cache, "disk", None) is None) and not self.ram_memfd:
             self.passthrough_reason = "off (no NVMe tier)"
         else:
             want |= P.PASSTHROUGH
@@ -314,7 +332,7 @@ class KernelFrontend:
         self.passthrough = bool(flags & P.PASSTHROUGH)
         if self.passthrough:
             self.passthrough_reason = "on (NVMe hits are read by the kernel from the entry file)"
-            self.modes = _Modes(fd)
+            self.modes = _Modes(fd, self.ram_memfd)
         body = P.encode_init_out(minor, init.max_readahead, flags, max_background=64, congestion_threshold=48,
                                  max_write=MAX_WRITE, time_gran=1, max_pages=MAX_PAGES,
                                  max_stack_depth=1 if self.passthrough else 0)
