@@ -37,6 +37,7 @@ import os
 import queue
 import signal
 import threading
+from collections import OrderedDict
 from typing import Dict, List, Optional, Tuple
 
 from ..backends.base import BackendError
@@ -55,6 +56,7 @@ MAX_WRITE = 4096          # read-only: keeps the request buffer at FUSE_MIN_READ
 BUFSIZE = 4 * P.MIN_READ_BUFFER
 _DIR_ENTRY_CACHE = 64     # directories whose listing is kept between READDIR chunks
 
+KEEP_BACKING_BYTES = 256 << 20   # entry bytes pinned by backing ids kept between opens
 CHECK_REPLIES_ENV = "SHADEFS_FUSE_CHECK_REPLIES"
 RAM_MEMFD_ENV = "SHADEFS_EXPERIMENT_RAM_MEMFD"   # measured, not a feature: RAM hits by passthrough from a memfd
 
@@ -106,28 +108,45 @@ class _Modes:
     """Per file: the io mode the kernel holds for its open files (passthrough on one backing id, or cached)
     and how many of our handles are open in it. Only used when passthrough was negotiated."""
 
-    def __init__(self, dev_fd: int, ram_memfd: bool = False):
+    def __init__(self, dev_fd: int, ram_memfd: bool = False, keep_bytes: int = KEEP_BACKING_BYTES):
         self.dev_fd = dev_fd
         self.ram_memfd = ram_memfd
         self.lock = threading.Lock()
-        self.files: Dict[int, List] = {}   # fid -> [backing_id or None, open count]
+        self.files: Dict[int, List] = {}   # fid -> [backing_id or None, open count, bytes]
+        # backing ids kept registered after the last release of an NVMe hit, so that the next NVMe hit of
+        # the file needs no open/fstat/ioctl; each pins its entry file (also after an eviction), so they are
+        # bounded in bytes and dropped as soon as an open of the file is not an NVMe hit
+        self.kept: "OrderedDict[int, Tuple[int, int]]" = OrderedDict()   # fid -> (backing id, bytes)
+        self.kept_bytes = 0
+        self.keep_limit = keep_bytes
         self.backing_errors = 0
         self.first_error: Optional[str] = None
 
     def acquire(self, fid: int, h) -> Optional[int]:
         """Count one open of ``fid``; returns the backing id to answer it with (None: cached mode)."""
+        stale = None
         with self.lock:
             st = self.files.get(fid)
             if st is None:
                 bid = None
-                bfd = h.backing_fd()
-                if bfd is not None:
-                    bid = self._backing_open(bfd)
-                elif self.ram_memfd and h.outcome == "ram":
-                    bid = self._memfd_backing(h)
-                st = self.files[fid] = [bid, 0]
+                kept = self.kept.pop(fid, None)
+                if kept is not None:
+                    self.kept_bytes -= kept[1]
+                if h.outcome == "disk" and kept is not None:
+                    bid = kept[0]
+                else:
+                    stale = kept
+                    bfd = h.backing_fd()
+                    if bfd is not None:
+                        bid = self._backing_open(bfd)
+                    elif self.ram_memfd and h.outcome == "ram":
+                        bid = self._memfd_backing(h)
+                st = self.files[fid] = [bid, 0, h.size]
             st[1] += 1
-            return st[0]
+            bid = st[0]
+        if stale is not None:
+            self._backing_close(stale[0])
+        return bid
 
     def release(self, fid: int) -> None:
         with self.lock:
@@ -138,11 +157,25 @@ class _Modes:
             if st[1] > 0:
                 return
             del self.files[fid]
-        if st[0] is not None:
-            try:
-                fcntl.ioctl(self.dev_fd, P.DEV_IOC_BACKING_CLOSE, bytearray(P.struct.pack("=I", st[0])), True)
-            except OSError as e:
-                log.warning("FUSE_DEV_IOC_BACKING_CLOSE %d: %s", st[0], e)
+            drop = []
+            if st[0] is not None:
+                if st[2] <= self.keep_limit and not self.ram_memfd:
+                    self.kept[fid] = (st[0], st[2])
+                    self.kept_bytes += st[2]
+                    while self.kept_bytes > self.keep_limit:
+                        _, (bid, size) = self.kept.popitem(last=False)
+                        self.kept_bytes -= size
+                        drop.append(bid)
+                else:
+                    drop.append(st[0])
+        for bid in drop:
+            self._backing_close(bid)
+
+    def _backing_close(self, bid: int) -> None:
+        try:
+            fcntl.ioctl(self.dev_fd, P.DEV_IOC_BACKING_CLOSE, bytearray(P.struct.pack("=I", bid)), True)
+        except OSError as e:
+            log.warning("FUSE_DEV_IOC_BACKING_CLOSE %d: %s", bid, e)
 
     def _memfd_backing(self, h) -> Optional[int]:
         """Experiment (``SHADEFS_EXPERIMENT_RAM_MEMFD=1``): a RAM hit copied into a memfd per open and
