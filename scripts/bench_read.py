@@ -994,12 +994,56 @@ def per_open_us(res: dict, key: str, readers: int = 1) -> float:
     return 1e6 / res[key][readers]["files_s"]
 
 
+def kernel_limits_text(results: Dict[str, dict], readers: List[int]) -> str:
+    """The remaining gap of the kernel front end to a direct page-cache read, and what it is made of."""
+    top = max(readers)
+    one = 1 if 1 in readers else min(readers)
+    bits = []
+    for size_label, res in results.items():
+        if "ram-kernel" not in res:
+            continue
+        d1, r1 = per_open_us(res, "direct", one), per_open_us(res, "ram-kernel", one)
+        cpu = res["ram-kernel"][one].get("cpu_us")
+        b = (f"{size_label} files, {one} reader: direct {d1:.0f} us per file, kernel front end RAM hit {r1:.0f} us "
+             f"(+{r1 - d1:.0f} us" + (f", of which {cpu:.0f} us daemon CPU" if cpu is not None else "") + ")")
+        req = res.get("_requests", {}).get("ram-kernel")
+        if req:
+            b += (f"; requests per open: OPEN {req.get('OPEN', 0):.2f}, RELEASE {req.get('RELEASE', 0):.2f}, "
+                  f"READ {req.get('READ', 0):.2f}, LOOKUP {req.get('LOOKUP', 0):.2f}, FLUSH {req.get('FLUSH', 0):.2f}")
+        if "nvme-kernel" in res:
+            n1 = per_open_us(res, "nvme-kernel", one)
+            ncpu = res["nvme-kernel"][one].get("cpu_us")
+            b += (f"; NVMe hit by passthrough {n1:.0f} us" + (f" ({ncpu:.0f} us daemon CPU)" if ncpu is not None else ""))
+        if "ram-kernel-memfd" in res:
+            b += f"; RAM hit by passthrough from a memfd {per_open_us(res, 'ram-kernel-memfd', one):.0f} us"
+        bits.append(b)
+    return (
+        "Kernel front end (the default): a kernel-cached hit is two round trips, OPEN and RELEASE (LOOKUP "
+        "once per path, then cached for an hour; READ only when the kernel does not hold the file's pages; "
+        "FLUSH and ACCESS are answered ENOSYS once and never sent again). Each round trip is: the reader "
+        "blocks, the kernel queues the request, a reader thread of the daemon returns from read(2) on its "
+        "clone of /dev/fuse, decodes the 40-byte header with struct, asks the cache (RAM or NVMe hit: no other "
+        "thread involved) and writes the reply with one writev(2); no data is copied on a kernel-cached hit "
+        "(the pages stay in the page cache from the first open). A hit without kernel cache and a miss add one "
+        "READ per 1 MiB and one copy of the file into the kernel (writev of a memoryview of the cached bytes: "
+        "no copy in Python). An NVMe hit by passthrough is also OPEN + RELEASE, and the kernel reads the entry "
+        "file itself (no copy through the daemon, no READ); with today's cache API (`open -> (bytes, "
+        "outcome)`, adapted in shadefs/fuse/handles.py) the daemon still reads each NVMe entry whole at open to "
+        "check it, which is what keeps an NVMe hit behind a RAM hit until the core's Handle API hands out the "
+        "entry's fd without reading it. A RAM hit answered by passthrough from a memfd costs a memfd, a copy "
+        "and a backing-id registration per open and gains nothing over `keep_cache`, which lets the kernel "
+        "serve repeat opens from the page cache: RAM hits use `keep_cache`. What remains to native is the two "
+        "round trips per open; the daemon's share of them is its CPU per open (the CPU table), the rest is "
+        "the kernel's queueing and the two context switches. Measured: " + "; ".join(bits) + ".")
+
+
 def limits_text(results: Dict[str, dict], slow: Optional[dict], readers: List[int]) -> str:
     top = max(readers)
     one = 1 if 1 in readers else min(readers)
     parts = []
+    parts.append(kernel_limits_text(results, readers))
     parts.append(
-        "Every open through the mount costs FUSE round trips, each a switch into the daemon and back through "
+        "With the libfuse front end, every open through the mount costs FUSE round trips, each a switch into the daemon and back through "
         "the kernel, libfuse, ctypes and a Python callback: LOOKUP (once per path, then cached for "
         "`entry_timeout` = 3600 s), OPEN (the cache lookup; it decides `keep_cache`), READ (one per 128 KiB; "
         "skipped on a hit when `keep_cache` lets the kernel keep the file's pages from an earlier open) and "
@@ -1171,7 +1215,13 @@ def build_report(args, info: dict, results: Dict[str, dict], slow: Optional[dict
           f"{args.verify + 2} files per mount are compared byte for byte with the source. `RAM hit`: "
           f"`--ram-cache 100%`; `NVMe hit`: `--ram-cache 0 --disk-cache DIR --disk-cache-size 100%` (the "
           f"entries sit in the page cache: the daemon's path, not the device, is measured); `miss`: "
-          f"`--ram-cache 0 --policy static` (source page cache warm); `multi`/`single`: `--fuse-loop`.",
+          f"`--ram-cache 0 --policy static` (source page cache warm); `kernel`: `--fuse-impl kernel` (the "
+          f"default front end; NVMe hits by passthrough unless `--no-passthrough`; `passthrough from a memfd`: "
+          f"the experiment `SHADEFS_EXPERIMENT_RAM_MEMFD=1`); `libfuse multi`/`single`: `--fuse-impl libfuse "
+          f"--fuse-loop multi|single`. Slow backend: every front end mounted over the same latency-injecting "
+          f"source, measured in turn; hung backend: the source is a FUSE view whose opens of `hang/` files "
+          f"block until released (`{args.hung}` readers blocked on them), hits and other misses measured "
+          f"before and while they hang.",
           ""]
     for t in tables:
         md += [t.markdown(), ""]
