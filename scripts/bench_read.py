@@ -488,8 +488,9 @@ def gatedfs_main(source: str, mnt: str, gate_file: str) -> int:
             return None if ns.path(fid).startswith("hang/") else self._load(fid)
 
         def open(self, fid):
+            # block without using CPU: opening a FIFO for reading waits for a writer (the release)
             while not os.path.exists(gate_file):
-                time.sleep(0.01)
+                os.close(os.open(gate_file + ".fifo", os.O_RDONLY))
             return self._load(fid)
 
     KernelFrontend(ns, Gated(), None, mountpoint=mnt, fsname="bench_read_gatedfs", passthrough=False).run()
@@ -516,8 +517,10 @@ def run_hung(args, pool: ReaderPool, mounts: Mounts, work: str) -> dict:
             f.write(os.urandom(1000))
     hits, misses = files[: n // 2], files[n // 2:]
     gate = os.path.join(work, "hung-gate")
-    if os.path.exists(gate):
-        os.unlink(gate)
+    for p in (gate, gate + ".fifo"):
+        if os.path.exists(p):
+            os.unlink(p)
+    os.mkfifo(gate + ".fifo", 0o600)
     gmnt = os.path.join(work, "mnt", "gatedfs")
     mnt = os.path.join(work, "mnt", "hung-kernel")
     out = {"_load": [os.getloadavg()], "hung": args.hung, "readers": args.slow_readers}
@@ -566,6 +569,7 @@ def run_hung(args, pool: ReaderPool, mounts: Mounts, work: str) -> dict:
                  f"one killed: gone in {out['kill_exit_ms']:.1f} ms; opens counted {s['opens']}")
     finally:
         open(gate, "w").close()
+        wake = os.open(gate + ".fifo", os.O_RDWR | os.O_NONBLOCK)  # wakes every blocked open of the FIFO
         for pid in children:
             try:
                 os.waitpid(pid, 0)
@@ -573,6 +577,7 @@ def run_hung(args, pool: ReaderPool, mounts: Mounts, work: str) -> dict:
                 pass
         mounts.unmount(mnt)
         mounts.unmount(gmnt)
+        os.close(wake)
     out["_load"].append(os.getloadavg())
     return out
 
