@@ -201,7 +201,8 @@ class Daemon:
         self.cache.corrupt_entries += rep.corrupt
         log.info("disk tier: %s", rep.summary())
         self.checkpointer = persist.Checkpointer(store.dir, self.namespace, self.importance, index, digests,
-                                                 self.cache.lock, self.cfg.checkpoint_interval_s)
+                                                 self.cache.lock, self.cfg.checkpoint_interval_s,
+                                                 entries=self.cache.entries)
 
     def _on_backend_read(self, seconds: float) -> None:
         if self.metrics is not None:

@@ -56,7 +56,7 @@ class ShadeOperations:
 
     Args:
         namespace: the metadata snapshot.
-        cache: a :class:`~shadefs.cache.core.TieredCache` (``open(fid) -> (bytes, outcome)``).
+        cache: a :class:`~shadefs.cache.core.TieredCache` (``open(fid) -> Handle``).
         daemon: notified in :meth:`init` (starts threads after the mount) and :meth:`destroy`;
             ``daemon.endpoint`` is served as the ``user.shadefs.endpoint`` extended attribute.
         kernel_cache: let the kernel keep a file's pages between opens when the open is a hit.
@@ -129,25 +129,25 @@ class ShadeOperations:
             raise FuseOSError(errno.ENOENT)
         if self.ns.is_dir(fid):
             raise FuseOSError(errno.EISDIR)
-        data, outcome = self.cache.open(fid)
+        h = self.cache.open(fid)
         fh = next(self._next_fh)
-        self._handles[fh] = data if data is not None else fid  # an int: streamed by ranges
+        self._handles[fh] = h
         fi.fh = fh
         # A hit serves the same bytes the kernel may still hold: let it keep them. A miss drops them,
         # so the reads of a miss really reach us (and the backend) and the counters stay honest.
-        fi.keep_cache = 1 if (self.kernel_cache and outcome != "miss") else 0
+        fi.keep_cache = 1 if (self.kernel_cache and h.outcome != "miss") else 0
         return 0
 
     @errno_boundary
     def read(self, path, size, offset, fi):
-        data = self._handles.get(fi.fh)
-        if data is None:
+        h = self._handles.get(fi.fh)
+        if h is None:
             raise FuseOSError(errno.EBADF)
-        if isinstance(data, int):
-            return self.cache.read_range(data, offset, size)
-        return data[offset:offset + size]
+        return h.read(offset, size)
 
     @errno_boundary
     def release(self, path, fi):
-        self._handles.pop(fi.fh, None)
+        h = self._handles.pop(fi.fh, None)
+        if h is not None:
+            h.release()
         return 0

@@ -1,41 +1,155 @@
-"""The read path: RAM tier, then NVMe tier, then the backend, one whole file per open.
+"""The read path: RAM tier, then NVMe tier, then the backend, as one per-file state machine.
 
-:meth:`TieredCache.open` is called once per file open (a sample access) and returns the file's exact
-bytes and where they came from (``"ram"``, ``"disk"`` or ``"miss"``). That is also where counting
-happens: hit = an open served without touching the backend; hit ratio = hits / opens.
+:meth:`TieredCache.open` is called once per file open (a sample access) and returns a :class:`Handle`
+that serves the file's exact bytes and says where they came from (``"ram"``, ``"disk"`` or ``"miss"``).
+That is also where counting happens: hit = an open served without touching the backend; hit ratio =
+hits / opens; every open counts exactly one outcome.
 
-Tiers are exclusive: a file is resident in at most one of them. A miss is offered to RAM first; RAM's
-victims are demoted to the disk tier when the disk policy admits them, and a file that RAM refuses is
-offered to the disk tier directly. A disk hit is promoted to RAM when RAM admits it (and leaves the disk
-tier). Concurrent misses on one file share one backend read (single-flight). Backend and disk I/O
-happen outside the lock, so a hit never waits behind another file's backend read.
+Each file is in exactly one state (docs/architecture.md, "The per-file state machine"):
 
-Must never: serve partial data as a whole file, exceed a tier's byte budget (in-flight fills included),
-or let a failing cache disk turn into an error for the reader.
+- ``absent``: in no tier, nothing in flight;
+- ``fetching``: one leader reads it from the backend into the tier that admitted it *before* the read
+  (RAM: into memory; disk: into a temporary file, then renamed); every other open of it waits for that
+  one read (single-flight), and it leaves this state only once admission is complete;
+- ``resident(ram)`` / ``resident(disk)``: in exactly one tier's index (and store);
+- ``moving``: a RAM victim on its way to the disk tier; its bytes are still served from memory;
+- a file dropped from the disk tier (victim, promotion, corrupt entry) leaves its old entry file
+  ``deleting``: the bytes stay counted in the tier's budget until the file is unlinked, and the file
+  name carries a generation number, so that delete can never remove a newer entry of the same file.
+
+Every transition happens under ``self.lock`` (microseconds: dict and index updates only); all I/O
+(backend reads, disk reads, writes, unlinks) happens outside it. Tiers are exclusive: a file is
+resident in at most one at every instant. A miss is offered to RAM first, then to the disk tier; a file
+no tier admits is streamed to the reader by ranges, never read whole into the daemon. RAM's victims are
+demoted to the disk tier when the disk policy admits them; a disk hit is promoted to RAM when RAM admits
+it (and leaves the disk tier).
+
+Must never: serve partial or unverified data, exceed a tier's byte budget (in-flight fills and
+undeleted victims included), read one file twice from the backend for concurrent opens, or let a
+failing cache disk turn into an error for the reader.
 """
 from __future__ import annotations
 
-import concurrent.futures as cf
+import errno
 import logging
+import os
 import threading
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
 from ..backends.base import Backend
+from ..logutil import RateLimitedLog
 from ..namespace import Namespace
 from ..policies.base import Importance
-from ..logutil import RateLimitedLog
 from .index import TierIndex
 from .tiers import CorruptEntry, DiskFloorReached, DiskTier, MemoryTier
 
-__all__ = ["TieredCache", "Outcome"]
+__all__ = ["TieredCache", "Handle", "Outcome"]
 
 log = logging.getLogger("shadefs.cache")
 
-Outcome = str  # "ram" | "disk" | "miss" | "prefetch" (a completed prefetch) | "late" (waited on one)
+Outcome = str  # "ram" | "disk" | "shared" | "miss" | "prefetch" (a completed prefetch) | "late" (waited on one)
 RAM_BIT, DISK_BIT = 1, 2  # bits of TieredCache.resident_flags
+
+# a fill into the disk tier reads the backend in pieces of this many bytes (the working set of one fill)
+FILL_CHUNK = 8 << 20
+
+
+class Handle:
+    """One open of one file: serves its bytes until :meth:`release`.
+
+    Attributes:
+        fid: the file id.
+        size: the file's size in bytes (the snapshot's).
+        outcome: ``"ram"``, ``"disk"`` or ``"miss"`` (what this open was counted as).
+
+    The bytes come from exactly one source: the RAM tier's own ``bytes`` object (no copy), an fd of
+    the file's verified disk entry (``pread``), or the backend by ranges (a file no tier holds).
+    """
+
+    __slots__ = ("fid", "size", "outcome", "_cache", "_data", "_fd", "_released")
+
+    def __init__(self, cache: "TieredCache", fid: int, size: int, outcome: Outcome,
+                 data: Optional[bytes] = None, fd: Optional[int] = None):
+        self.fid = fid
+        self.size = size
+        self.outcome = outcome
+        self._cache = cache
+        self._data = data
+        self._fd = fd
+        self._released = False
+
+    @property
+    def source(self) -> str:
+        """Where reads are served from: ``"memory"``, ``"entry"`` (a disk entry fd) or ``"backend"``."""
+        return "memory" if self._data is not None else "entry" if self._fd is not None else "backend"
+
+    def read(self, offset: int, length: int) -> bytes:
+        """``length`` bytes at ``offset`` (fewer only at EOF; ``b""`` at or past it).
+
+        Raises:
+            OSError: EBADF after :meth:`release`; EIO when the entry or the backend fails mid-read.
+            ValueError: a negative offset or length.
+        """
+        if self._released:
+            raise OSError(errno.EBADF, "read of a released handle")
+        if offset < 0 or length < 0:
+            raise ValueError(f"read at {offset} of {length} bytes")
+        end = min(self.size, offset + length)
+        if end <= offset:
+            return b""
+        if self._data is not None:
+            return self._data[offset:end]
+        if self._fd is not None:
+            return _pread_exact(self._fd, end - offset, offset)
+        return self._cache._read_range(self.fid, offset, end - offset)
+
+    def backing_fd(self) -> Optional[int]:
+        """An ``O_RDONLY`` fd of the file's (checksum-verified or just written) disk entry, for FUSE
+        passthrough; None when the bytes are served from memory or the backend. Owned by the handle."""
+        return None if self._released else self._fd
+
+    def release(self) -> None:
+        """Close the fd and drop the buffer. Idempotent."""
+        if self._released:
+            return
+        self._released = True
+        self._data = None
+        if self._fd is not None:
+            try:
+                os.close(self._fd)
+            except OSError:
+                pass
+            self._fd = None
+
+
+def _pread_exact(fd: int, length: int, offset: int) -> bytes:
+    out = os.pread(fd, length, offset)
+    while len(out) < length:  # short reads are legal; an early EOF is not (the entry shrank)
+        more = os.pread(fd, length - len(out), offset + len(out))
+        if not more:
+            raise OSError(errno.EIO, f"disk entry ended at {offset + len(out)}, expected {offset + length}")
+        out += more
+    return out
+
+
+class _Flight:
+    """A file in state ``fetching`` (kind ``"fetch"``) or ``moving`` (kind ``"demote"``)."""
+
+    __slots__ = ("kind", "data", "error", "tier", "source", "gen", "csum", "plan", "done")
+
+    def __init__(self, kind: str, data: Optional[bytes] = None):
+        self.kind = kind
+        self.data = data               # moving: the bytes; fetching: set only when no tier kept them
+        self.error: Optional[BaseException] = None
+        self.tier: Optional[str] = None  # where the file ended: "ram", "disk" or None
+        self.source = "miss"           # where the bytes came from: "miss" (the backend) or "shared"
+        self.gen = 0
+        self.csum = 0
+        self.plan = None               # fetching into the disk tier: (generation, victims to delete)
+        self.done = threading.Event()
 
 
 class TieredCache:
@@ -48,11 +162,12 @@ class TieredCache:
         disk: (index, store) of the disk tier, or None.
         importance: per-file importance shared by importance-aware policies.
         trace: an object with ``record(path, size, outcome)`` called once per open, or None.
-        on_backend_read: optional ``callback(seconds: float)`` after every successful backend read
-            (the latency histogram); every other figure is a counter read at scrape time.
+        on_backend_read: optional ``callback(seconds: float)`` after every successful backend read (a
+            whole-file fill, or one range of a streamed file: the latency histogram); every other figure
+            is a counter read at scrape time.
         shared: the group's :class:`~shadefs.cache.shared.SharedTier` (between the NVMe tier and the
-            backend), or None. A miss asks it first (within its deadline); a shared hit is counted
-            ``"shared"`` and offered to the node's tiers like a backend read. A file read from the
+            backend), or None. A miss's leader asks it first (within its deadline); a shared hit is counted
+            ``"shared"`` and filled into the node's tier like a backend read. A file read from the
             backend that no tier of the node admits, and a RAM victim no disk tier takes, is offered to
             the group off the request path (the group is the node's victim cache: it holds what the
             node does not).
@@ -60,20 +175,18 @@ class TieredCache:
 
     def __init__(self, namespace: Namespace, backend: Backend, ram: Tuple[TierIndex, MemoryTier],
                  disk: Optional[Tuple[TierIndex, DiskTier]], importance: Importance,
-                 trace=None, on_backend_read=None, stream_threshold: int = 64 * 2**20, shared=None):
+                 trace=None, on_backend_read=None, shared=None):
         self.ns = namespace
         self.shared = shared
-        # a file above this size that no tier can hold is streamed from the backend by ranges
-        self.stream_threshold = int(stream_threshold)
         self.backend = backend
         self.ram_index, self.ram = ram
         self.disk_index, self.disk = disk if disk is not None else (None, None)
+        self.entries = self.disk.table(namespace.num_files) if self.disk is not None else None
         self.importance = importance
         self.trace = trace
         self.on_backend_read = on_backend_read
         self.lock = threading.Lock()
-        self._inflight: Dict[int, cf.Future] = {}
-        self._moving: Dict[int, bytes] = {}  # RAM victims on their way to the disk tier
+        self._flights: Dict[int, _Flight] = {}   # files fetching or moving
         self.started = time.monotonic()
         # counters (read under self.lock for a consistent snapshot)
         self.opens = 0
@@ -81,6 +194,9 @@ class TieredCache:
         self.hits_disk = 0
         self.hits_shared = 0
         self.misses = 0
+        self.joined = 0                # misses that waited for another open's backend read
+        self.streamed = 0              # misses no tier admitted: served by ranges
+        self.backend_reads = 0         # whole-file backend reads (fills)
         self.open_bytes = 0
         self.hit_bytes = 0
         self.backend_bytes = 0
@@ -98,13 +214,15 @@ class TieredCache:
         if self.disk_index is not None:
             self.disk_index.track_residency(self.resident_flags, DISK_BIT, keep_order=True)
         # deferred policy bookkeeping (score batches, hit touches), applied by a background thread
-        self.apply_slice = 32            # ids per lock acquisition (~1-3 us per id at 1M residents)
+        self.apply_slice = 64            # ids per lock acquisition (~100 us at 1M residents)
         self._bg_policies: List = []
         self._bg_wake = threading.Event()
         self._bg_stop = threading.Event()
         self._bg_thread: Optional[threading.Thread] = None
         self.plans = None        # shadefs.plan.plans.PlanRegistry: cursors follow every counted open
         self.prefetcher = None   # shadefs.plan.prefetch.Prefetcher
+        self._inflight: Dict[int, object] = {}  # the prefetcher's reads in flight (PrefetchFuture)
+        self.stream_threshold = 64 * 2**20       # the prefetcher never reads files above this
 
     def attach_plans(self, plans, prefetcher=None) -> None:
         """Follow announced plans (issue 11): ``plans`` shares this cache's lock; ``prefetcher`` reads
@@ -113,90 +231,136 @@ class TieredCache:
         self.prefetcher = prefetcher
 
     # -- the read path -----------------------------------------------------------------------------
-    def open(self, fid: int) -> Tuple[Optional[bytes], Outcome]:
-        """Return the whole content of file ``fid`` and where it was served from.
+    def open(self, fid: int) -> Handle:
+        """Open file ``fid``: count one outcome and return a :class:`Handle` serving its bytes.
 
-        The content is None for a file too large for any tier and above ``stream_threshold``: it is
-        not cached and is read by ranges with :meth:`read_range` (counted as a miss).
+        May block on the backend (a miss, or an open that joins another open's read of the same file).
 
         Raises:
             FileNotFoundError: the backend says the file is gone (ENOENT).
             OSError: the backend failed (EIO), after the backend's own retries.
         """
-        size = self.ns.size(fid)
-        if size > self.stream_threshold and self._fits_no_tier(size):
+        fid = int(fid)
+        size = int(self.ns.size(fid))
+        while True:
             with self.lock:
-                self._count(fid, size, "miss")
-            return None, "miss"
-        with self.lock:
-            data = self._ram_lookup(fid)
-            if data is not None:
-                self._count(fid, size, "ram")
-                return data, "ram"
-            on_disk = self.disk_index is not None and fid in self.disk_index
-            if on_disk:
-                self.disk_index.hit(fid)
-            elif self.prefetcher is not None:
-                data = self.prefetcher.take(fid)
-                if data is not None:
-                    self._count(fid, size, "prefetch")
-                else:
-                    fut = self._inflight.get(fid)
-                    if fut is None or not getattr(fut, "prefetch", False):
-                        fut = None
-        if not on_disk and self.prefetcher is not None:
-            if data is not None:
-                self._admit(fid, data)
-                return data, "prefetch"
-            if fut is not None:  # single-flight: wait for the prefetch's read, never start another
-                t0 = time.monotonic()
-                got = fut.result()
-                if got is not None:
-                    data = got[0]
+                h = self._memory_hit(fid, size)
+                if h is not None:
+                    return h
+                fl = self._flights.get(fid)
+                disk_gen = None
+                leader = False
+                if fl is not None:                           # fetching: wait for that one read
+                    pass
+                elif self.disk_index is not None and fid in self.disk_index:
+                    self.disk_index.hit(fid)
+                    disk_gen = (int(self.entries.gen[fid]), int(self.entries.csum[fid]))
+                else:                                        # absent: a prefetch has it, or this open leads
+                    pf = self._prefetched(fid, size)
+                    if pf is None:
+                        fl, demote = self._start_fetch(fid, size)
+                        leader = True
+                    else:
+                        fl = pf
+            if isinstance(fl, tuple):                        # from the plan prefetcher
+                kind, x = fl
+                if kind == "late":
+                    t0 = time.monotonic()
+                    got = x.result()
+                    if got is None:
+                        continue  # the prefetch failed: look again (nothing was counted)
+                    x = got[0]
                     with self.lock:
                         self.prefetcher.took_late(fid, time.monotonic() - t0)
                         self._count(fid, size, "late")
-                    self._admit(fid, data)
-                    return data, "late"
-                # the prefetch failed: read it ourselves, counted as a miss
-        if on_disk:
-            try:
-                data = self.disk.get(self.ns.path(fid), size)
-            except CorruptEntry as e:
-                with self.lock:
-                    if self.disk_index.remove(fid):  # else: evicted meanwhile, not corrupt
-                        log.warning("dropping corrupt disk entry: %s", e)
-                        self.corrupt_entries += 1
+                return self._admit_data(fid, size, x, kind)
+            if disk_gen is not None:
+                h = self._disk_hit(fid, size, *disk_gen)
+                if h is not None:
+                    return h
+                continue  # dropped or moved meanwhile: look again (nothing was counted)
+            if fl is None:
+                return self._stream_open(fid, size)
+            # counted once the source is known: "shared" when the group served it, else "miss"
+            if leader:
+                try:
+                    self._lead(fid, size, fl, demote)
+                finally:
+                    with self.lock:
+                        self._count(fid, size, fl.source)
             else:
+                fl.done.wait()
                 with self.lock:
-                    self._count(fid, size, "disk")
-                self._promote(fid, data)
-                return data, "disk"
-        return self._miss(fid, size)
+                    self._count(fid, size, fl.source)
+                    self.joined += 1
+                if fl.error is not None:
+                    raise fl.error
+            return self._miss_handle(fid, size, fl)
 
-    def _fits_no_tier(self, size: int) -> bool:
-        return size > self.ram_index.capacity_bytes and (
-            self.disk_index is None or size > self.disk_index.capacity_bytes)
+    def _prefetched(self, fid: int, size: int):
+        # under self.lock, for an absent file: ("prefetch", bytes) counted, ("late", future), or None
+        if self.prefetcher is None:
+            return None
+        data = self.prefetcher.take(fid)
+        if data is not None:
+            self._count(fid, size, "prefetch")
+            return ("prefetch", data)
+        fut = self._inflight.get(fid)
+        if fut is not None and getattr(fut, "prefetch", False):
+            return ("late", fut)
+        return None
 
-    def read_range(self, fid: int, offset: int, length: int) -> bytes:
-        """Read ``length`` bytes at ``offset`` of a streamed (uncached) file straight from the backend."""
-        size = self.ns.size(fid)
-        length = max(0, min(length, size - offset))
-        if length == 0:
-            return b""
-        data = self.backend.read_range(self.ns.path(fid), offset, length)
-        if len(data) != length:
-            raise OSError(f"backend returned {len(data)} bytes at {offset} of {self.ns.path(fid)!r}, "
-                          f"expected {length} (the file changed under the mount)")
+    def _admit_data(self, fid: int, size: int, data: bytes, outcome: Outcome) -> Handle:
+        """Admit bytes already in hand (a prefetch) through the state machine; a Handle counted ``outcome``."""
         with self.lock:
-            self.backend_bytes += length
-        return data
+            fl = None
+            if self._absent(fid):
+                fl, demote = self._start_fetch(fid, size)
+        if fl is None:
+            return Handle(self, fid, size, outcome, data=data)
+        self._lead(fid, size, fl, demote, data=data, source=outcome)
+        return self._miss_handle(fid, size, fl)
 
-    def _ram_lookup(self, fid: int) -> Optional[bytes]:
+    def _stream_open(self, fid: int, size: int) -> Handle:
+        """An open of a file no tier admits: streamed from the backend by ranges."""
+        with self.lock:
+            self._count(fid, size, "miss")
+            self.streamed += 1
+        return Handle(self, fid, size, "miss")
+
+    def shared_key(self, fid: int) -> str:
+        """The group-wide key of file ``fid`` (path, size and mtime: a changed file never matches)."""
+        return self.shared.key(self.ns.path(fid), int(self.ns.size(fid)), self._mtime_ns(fid))
+
+    def open_nowait(self, fid: int) -> Optional[Handle]:
+        """Like :meth:`open` when the open is served without waiting on the backend or on an in-flight
+        fetch (a RAM or NVMe hit); else None, and nothing is counted."""
+        fid = int(fid)
+        size = int(self.ns.size(fid))
+        while True:
+            with self.lock:
+                h = self._memory_hit(fid, size)
+                if h is not None:
+                    return h
+                if fid in self._flights or self.disk_index is None or fid not in self.disk_index:
+                    return None
+                self.disk_index.hit(fid)
+                gen, csum = int(self.entries.gen[fid]), int(self.entries.csum[fid])
+            h = self._disk_hit(fid, size, gen, csum)
+            if h is not None:
+                return h
+
+    def _memory_hit(self, fid: int, size: int) -> Optional[Handle]:
+        # under self.lock: resident(ram), or moving (its bytes are still in memory)
         if fid in self.ram_index:
             self.ram_index.hit(fid)
-            return self.ram.get(fid)
-        return self._moving.get(fid)
+            self._count(fid, size, "ram")
+            return Handle(self, fid, size, "ram", data=self.ram.get(fid))
+        fl = self._flights.get(fid)
+        if fl is not None and fl.kind == "demote":
+            self._count(fid, size, "ram")
+            return Handle(self, fid, size, "ram", data=fl.data)
+        return None
 
     def _count(self, fid: int, size: int, outcome: Outcome) -> None:
         # called with self.lock held
@@ -219,93 +383,188 @@ class TieredCache:
         if self.trace is not None:
             self.trace.record(self.ns.path(fid), size, outcome)
 
-    def _miss(self, fid: int, size: int) -> Tuple[bytes, Outcome]:
-        # counted once the source is known: "shared" when the group served it, else "miss"
-        if self.shared is None:
-            with self.lock:
-                self._count(fid, size, "miss")
-            return self._fetch(fid, size), "miss"
-        outcome = "miss"
+    # -- disk hits and promotion -------------------------------------------------------------------
+    def _current(self, fid: int, gen: int) -> bool:
+        # under self.lock: is generation ``gen`` the resident disk entry of ``fid``?
+        return fid in self.disk_index and int(self.entries.gen[fid]) == gen
+
+    def _disk_hit(self, fid: int, size: int, gen: int, csum: int) -> Optional[Handle]:
+        """Serve a disk-resident file: open its entry, verify its checksum, count the hit, promote it to
+        RAM when RAM admits it. None (nothing counted) when the entry was dropped, moved or corrupt."""
+        path = self.ns.path(fid)
         try:
-            data, outcome = self._fetch(fid, size, with_source=True)
-        finally:
+            fd = self.disk.open_entry(path, gen, csum)
+        except OSError as e:
             with self.lock:
-                self._count(fid, size, outcome)
-        return data, outcome
-
-    def shared_key(self, fid: int) -> str:
-        """The group-wide key of file ``fid`` (path, size and mtime: a changed file never matches)."""
-        return self.shared.key(self.ns.path(fid), int(self.ns.size(fid)), round(float(self.ns.mtimes[fid]) * 1e9))
-
-    def _fetch(self, fid: int, size: int, with_source: bool = False):
-        """Read ``fid`` once for all concurrent callers (single-flight): from the shared tier when the group
-        has it, else from the backend (then offered to the group); then admit it to the node's tiers.
-
-        Returns the bytes, or (bytes, ``"shared"`` | ``"miss"``) with ``with_source``."""
+                corrupt = self._current(fid, gen)  # else it was evicted or promoted meanwhile
+            if corrupt:
+                self._drop_corrupt(fid, gen, csum, size, f"disk entry for {path!r}: {e.strerror or e}")
+            return None
+        keep = size <= self.ram_index.capacity_bytes  # it could be promoted: keep the bytes we verify
+        try:
+            data = self.disk.verify(fd, size, csum, keep=keep)
+        except CorruptEntry as e:
+            os.close(fd)
+            self._drop_corrupt(fid, gen, csum, size, f"{e} ({path!r})")
+            return None
+        demote: List[Tuple[int, bytes, _Flight]] = []
+        promoted = False
         with self.lock:
-            fut = self._inflight.get(fid)
-            leader = fut is None
-            if leader:
-                fut = cf.Future()
-                self._inflight[fid] = fut
-        while not leader:
-            got = fut.result()  # single-flight: share the leader's read
-            if got is not None:
-                if getattr(fut, "prefetch", False):
-                    with self.lock:
-                        self.prefetcher.discard(fid)
-                data, source = got
-                return (data, source) if with_source else data
-            # a failed prefetch resolves to None: read the file ourselves
-            with self.lock:
-                fut = self._inflight.get(fid)
-                leader = fut is None
-                if leader:
-                    fut = cf.Future()
-                    self._inflight[fid] = fut
-        shared = self.shared
-        if shared is not None and size <= shared.max_file:
-            data = shared.get(self.shared_key(fid), size)  # None past its deadline: a miss, never an error
-            if data is not None:
-                with self.lock:
-                    del self._inflight[fid]
-                fut.set_result((data, "shared"))
-                self._admit(fid, data)
-                return (data, "shared") if with_source else data
+            self._count(fid, size, "disk")
+            if data is not None and self._current(fid, gen):
+                victims = self.ram_index.reserve(fid, size)
+                if victims is not None:
+                    demote = self._evict_ram(victims)
+                    self.ram.put(fid, data)
+                    self.ram_index.commit(fid)
+                    self.disk_index.remove(fid, dying=True)  # resident(ram); the old entry: deleting
+                    self.promotions += 1
+                    promoted = True
+        if promoted:
+            os.close(fd)
+            self._unlink(fid, gen, csum, size)
+            self._demote(demote)
+            return Handle(self, fid, size, "disk", data=data)
+        return Handle(self, fid, size, "disk", fd=fd)
+
+    def _drop_corrupt(self, fid: int, gen: int, csum: int, size: int, why: str) -> None:
+        with self.lock:
+            if not self._current(fid, gen):
+                return  # evicted meanwhile, not corrupt
+            self.disk_index.remove(fid, dying=True)
+            self.corrupt_entries += 1
+        log.warning("dropping corrupt disk entry: %s", why)
+        self._unlink(fid, gen, csum, size)
+
+    def _unlink(self, fid: int, gen: int, csum: int, size: int) -> None:
+        # a dying entry (out of the index, still counted): delete it, then stop counting it
+        self.disk.delete(self.ns.path(fid), gen, csum)
+        with self.lock:
+            self.disk_index.unlinked(size)
+
+    # -- misses: one leader per file, admission decided before the read -----------------------------
+    def _start_fetch(self, fid: int, size: int):
+        """Under self.lock, for an absent file: reserve it in RAM, else in the disk tier, and enter
+        ``fetching``. Returns (flight, RAM victims to demote) or (None, []) when no tier admits it."""
+        victims = self.ram_index.reserve(fid, size)
+        if victims is not None:
+            fl = _Flight("fetch")
+            fl.tier = "ram"
+            self._flights[fid] = fl
+            return fl, self._evict_ram(victims)
+        plan = self._reserve_disk(fid, size)
+        if plan is None:
+            if self.shared is not None and size <= self.shared.max_file:
+                # no node tier: read it whole (at most --shared-max-file) to serve and offer to the group
+                fl = _Flight("fetch")
+                fl.tier = "memory"
+                self._flights[fid] = fl
+                return fl, []
+            return None, []
+        fl = _Flight("fetch")
+        fl.tier = "disk"
+        fl.plan = plan
+        self._flights[fid] = fl
+        return fl, []
+
+    def _reserve_disk(self, fid: int, size: int):
+        # under self.lock: reserve ``fid`` in the disk tier; its victims enter ``deleting``
+        if self.disk_index is None:
+            return None
+        victims = self.disk_index.reserve(fid, size, hold_victims=True)
+        if victims is None:
+            return None
+        doomed = [(v, int(self.entries.gen[v]), int(self.entries.csum[v])) for v in victims]
+        return self.disk.next_gen(), doomed
+
+    def _clear_victims(self, fid: int, doomed) -> None:
+        # outside the lock: delete the victims' entries, then let ``fid``'s fill use their bytes
+        for v, gen, csum in doomed:
+            self.disk.delete(self.ns.path(v), gen, csum)
+        with self.lock:
+            self.disk_index.release(fid)
+
+    def _backend_read(self, fid: int, size: int) -> bytes:
+        path = self.ns.path(fid)
+        t0 = time.monotonic()
+        data = self.backend.read(path, size)
+        if len(data) != size:  # a backend bug must not become a short file
+            raise OSError(f"backend returned {len(data)} bytes for {path!r}, expected {size}")
+        if self.on_backend_read is not None:
+            self.on_backend_read(time.monotonic() - t0)
+        return data
+
+    def _backend_chunks(self, fid: int, size: int, failed: list) -> Iterator[bytes]:
+        """The file's bytes from the backend in FILL_CHUNK pieces; a backend error is put in ``failed``."""
         try:
+            if size <= FILL_CHUNK:
+                yield self._backend_read(fid, size)
+                return
+            path = self.ns.path(fid)
             t0 = time.monotonic()
-            data = self.backend.read(self.ns.path(fid), size)
-            if len(data) != size:  # a backend bug must not become a short file
-                raise OSError(f"backend returned {len(data)} bytes for {self.ns.path(fid)!r}, expected {size}")
+            for off in range(0, size, FILL_CHUNK):
+                n = min(FILL_CHUNK, size - off)
+                piece = self.backend.read_range(path, off, n)
+                if len(piece) != n:
+                    raise OSError(f"backend returned {len(piece)} bytes at {off} of {path!r}, expected {n} "
+                                  f"(the file changed under the mount)")
+                yield piece
             if self.on_backend_read is not None:
                 self.on_backend_read(time.monotonic() - t0)
         except BaseException as e:
+            failed.append(e)
+            raise
+
+    def _lead(self, fid: int, size: int, fl: _Flight, demote, data: Optional[bytes] = None,
+              source: Outcome = "shared") -> None:
+        """The leader's half of a miss: read the bytes (``data`` when given, else the shared tier, else the
+        backend) into the reserved tier, commit, end the flight.
+
+        Raises:
+            FileNotFoundError, OSError: the backend failed (every joined open gets the same error).
+        """
+        offer = None
+        try:
+            shared = self.shared
+            if data is not None:
+                fl.source = source
+            elif shared is not None and size <= shared.max_file:
+                data = shared.get(self.shared_key(fid), size)  # None past its deadline: a miss, never an error
+                if data is not None:
+                    fl.source = "shared"
+            if fl.tier in ("ram", "memory"):
+                fetched = data is None
+                if fetched:
+                    data = offer = self._backend_read(fid, size)
+                with self.lock:
+                    if fetched:
+                        self.backend_reads += 1
+                        self.backend_bytes += size
+                    if fl.tier == "ram":
+                        self.ram.put(fid, data)
+                        self.ram_index.commit(fid)
+                    else:
+                        fl.tier = None  # served from this buffer, kept by no tier
+                    fl.data = data
+                    del self._flights[fid]
+            else:
+                offer = self._fill_disk(fid, size, fl, data)
+        except BaseException as e:
             with self.lock:
                 self.backend_errors += not isinstance(e, FileNotFoundError)
-                del self._inflight[fid]
-            fut.set_exception(e)
+                if fl.tier == "ram":
+                    self.ram_index.abort(fid)
+                elif fl.tier == "disk":
+                    self.disk_index.abort(fid)
+                self._flights.pop(fid, None)
+            fl.error = e
+            fl.tier = None
             raise
-        with self.lock:
-            self.backend_bytes += size
-            del self._inflight[fid]
-        fut.set_result((data, "miss"))
-        if not self._admit(fid, data):
-            self._offer_shared(fid, data)
-        return (data, "miss") if with_source else data
-
-    # -- admission, promotion, demotion ------------------------------------------------------------
-    def _admit(self, fid: int, data: bytes) -> bool:
-        """Offer a file just read to RAM, else to the disk tier. Returns whether a tier admitted it."""
-        with self.lock:
-            victims = self.ram_index.reserve(fid, len(data))
-            if victims is not None:
-                demote = self._evict_ram(victims)
-                self.ram.put(fid, data)
-                self.ram_index.commit(fid)
-        if victims is not None:
+        finally:
+            fl.done.set()
             self._demote(demote)
-            return True
-        return self._write_disk(fid, data)
+        if offer is not None and fl.tier is None:
+            self._offer_shared(fid, offer)  # read from the backend, kept by no tier of this node
 
     def _offer_shared(self, fid: int, data: bytes) -> None:
         """A file leaves this node (refused by its tiers, or a victim no lower tier takes): offer it to
@@ -313,92 +572,189 @@ class TieredCache:
         if self.shared is not None and len(data) <= self.shared.max_file:
             self.shared.offer_async(self.shared_key(fid), data, self.importance.get(fid))
 
-    def _promote(self, fid: int, data: bytes) -> None:
-        """A disk hit moves to RAM if RAM admits it."""
+    def _fill_disk(self, fid: int, size: int, fl: _Flight, data: Optional[bytes]) -> Optional[bytes]:
+        """Fill the reserved disk entry from ``data`` or the backend. Returns the bytes read from the
+        backend when they were read whole (to offer to the group), else None."""
+        gen, doomed = fl.plan
+        self._clear_victims(fid, doomed)
+        failed: list = []
+        keep: list = []
+        if data is not None:
+            chunks = (data,)
+        else:
+            chunks = self._backend_chunks(fid, size, failed)
+            if size <= FILL_CHUNK:
+                chunks = _tee(chunks, keep)  # a small file is in memory anyway: keep it if the write fails
+        fetched = data is None
+        try:
+            csum = self.disk.put(self.ns.path(fid), gen, chunks, size, mtime_ns=self._mtime_ns(fid))
+        except BaseException as e:
+            if failed:
+                raise failed[0]  # the backend failed: _lead aborts and reports it
+            whole = data if data is not None else (keep[0] if keep else None)
+            with self.lock:
+                self.disk_index.abort(fid)
+                self._count_write_failure(e)
+                if fetched and keep:
+                    self.backend_reads += 1
+                    self.backend_bytes += size
+                fl.tier = None
+                fl.data = whole
+                del self._flights[fid]
+            return keep[0] if fetched and keep else None
         with self.lock:
-            if fid not in self.disk_index:
-                return  # evicted meanwhile
-            victims = self.ram_index.reserve(fid, len(data))
-            if victims is None:
-                return
-            demote = self._evict_ram(victims)
-            self.ram.put(fid, data)
-            self.ram_index.commit(fid)
-            self.disk_index.remove(fid)
-            self.promotions += 1
-        self.disk.delete(self.ns.path(fid))
-        self._demote(demote)
+            if fetched:
+                self.backend_reads += 1
+                self.backend_bytes += size
+            self.disk_index.commit(fid)
+            self.entries.gen[fid] = gen
+            self.entries.csum[fid] = csum
+            fl.gen, fl.csum = gen, csum
+            del self._flights[fid]
+        return keep[0] if fetched and keep else None
 
-    def _evict_ram(self, victims: List[int]) -> List[Tuple[int, bytes]]:
-        # called with self.lock held; victims are already out of the RAM index
+    def _count_write_failure(self, e: BaseException) -> None:
+        # under self.lock
+        if isinstance(e, DiskFloorReached):
+            self.disk_writes_refused += 1
+            self._write_error_log(logging.INFO, "disk tier write refused: %s", e)
+        else:
+            self.disk_write_errors += 1
+            self._write_error_log(logging.WARNING, "disk tier write failed (%s); serving continues without it",
+                                  e)
+
+    def _mtime_ns(self, fid: int) -> int:
+        return round(float(self.ns.mtimes[fid]) * 1e9)
+
+    def _miss_handle(self, fid: int, size: int, fl: _Flight) -> Handle:
+        """A Handle for an open whose miss ``fl`` completed (outcome ``fl.source``)."""
+        if fl.tier == "ram":
+            return Handle(self, fid, size, fl.source, data=fl.data)
+        if fl.tier == "disk":
+            try:
+                return Handle(self, fid, size, fl.source,
+                              fd=self.disk.open_entry(self.ns.path(fid), fl.gen, fl.csum))
+            except OSError:
+                pass  # evicted already: serve from the backend
+        if fl.data is not None:
+            return Handle(self, fid, size, fl.source, data=fl.data)
+        return Handle(self, fid, size, fl.source)
+
+    def _read_range(self, fid: int, offset: int, length: int) -> bytes:
+        t0 = time.monotonic()
+        data = self.backend.read_range(self.ns.path(fid), offset, length)
+        if self.on_backend_read is not None:
+            self.on_backend_read(time.monotonic() - t0)
+        if len(data) != length:
+            raise OSError(f"backend returned {len(data)} bytes at {offset} of {self.ns.path(fid)!r}, "
+                          f"expected {length} (the file changed under the mount)")
+        with self.lock:
+            self.backend_bytes += length
+        return data
+
+    def read_range(self, fid: int, offset: int, length: int) -> bytes:
+        """Read ``length`` bytes at ``offset`` of file ``fid`` straight from the backend (not counted as
+        an open; fewer bytes only at EOF)."""
+        length = max(0, min(length, int(self.ns.size(fid)) - offset))
+        return self._read_range(fid, offset, length) if length else b""
+
+    # -- demotion ----------------------------------------------------------------------------------
+    def _evict_ram(self, victims: List[int]) -> List[Tuple[int, bytes, _Flight]]:
+        # under self.lock; victims are already out of the RAM index: they enter ``moving`` (or ``absent``)
         out = []
         for v in victims:
             data = self.ram.pop(v)
-            if data is not None and (self.disk_index is not None or self.shared is not None):
-                self._moving[v] = data
-                out.append((v, data))
+            if data is not None and ((self.disk_index is not None and self.disk_index.capacity_bytes > 0)
+                                     or self.shared is not None):
+                fl = _Flight("demote", data)
+                self._flights[v] = fl
+                out.append((v, data, fl))
         return out
 
-    def _demote(self, items: List[Tuple[int, bytes]]) -> None:
-        for fid, data in items:
+    def _demote(self, items: List[Tuple[int, bytes, _Flight]]) -> None:
+        """Outside the lock: write each moving RAM victim to the disk tier if its policy admits it."""
+        for fid, data, fl in items:
+            gen = csum = 0
+            with self.lock:
+                plan = self._reserve_disk(fid, len(data))
+            ok = False
             try:
-                if self._write_disk(fid, data):
-                    with self.lock:
-                        self.demotions += 1
-                else:
-                    self._offer_shared(fid, data)
+                if plan is not None:
+                    gen, doomed = plan
+                    self._clear_victims(fid, doomed)
+                    csum = self.disk.put(self.ns.path(fid), gen, (data,), len(data), mtime_ns=self._mtime_ns(fid))
+                    ok = True
+            except Exception as e:
+                with self.lock:
+                    self._count_write_failure(e)
             finally:
                 with self.lock:
-                    self._moving.pop(fid, None)
+                    if ok:
+                        self.disk_index.commit(fid)
+                        self.entries.gen[fid] = gen
+                        self.entries.csum[fid] = csum
+                        self.demotions += 1
+                        fl.tier = "disk"
+                    elif plan is not None:
+                        self.disk_index.abort(fid)
+                    del self._flights[fid]
+                fl.done.set()
+            if not ok:
+                self._offer_shared(fid, data)  # a RAM victim no disk tier takes goes to the group
 
-    def _write_disk(self, fid: int, data: bytes) -> bool:
-        """Admit ``fid`` to the disk tier if its policy agrees; returns whether it is now resident."""
-        if self.disk_index is None:
-            return False
-        with self.lock:
-            victims = self.disk_index.reserve(fid, len(data))
-            if victims is None:
-                return False
-        for v in victims:
-            self.disk.delete(self.ns.path(v))
-        try:
-            self.disk.put(self.ns.path(fid), data, mtime_ns=round(float(self.ns.mtimes[fid]) * 1e9))
-        except DiskFloorReached as e:
-            with self.lock:
-                self.disk_index.abort(fid)
-                self.disk_writes_refused += 1
-            self._write_error_log(logging.INFO, "disk tier write refused: %s", e)
-            return False
-        except OSError as e:
-            with self.lock:
-                self.disk_index.abort(fid)
-                self.disk_write_errors += 1
-            self._write_error_log(logging.WARNING, "disk tier write failed (%s); serving continues without it", e)
-            return False
-        with self.lock:
-            self.disk_index.commit(fid)
-        return True
-
+    # -- warm-up -----------------------------------------------------------------------------------
     def prefetch(self, fid: int) -> str:
-        """Warm-up: read ``fid`` into the cache through the policies without counting an open.
+        """Warm-up: read ``fid`` into the cache through the policies without counting an open, through
+        the same single-flight as :meth:`open`.
 
         Returns:
-            ``"resident"`` (already cached), ``"ram"`` / ``"disk"`` (admitted there) or ``"rejected"``
-            (the policies did not admit it).
+            ``"resident"`` (already cached or moving), ``"ram"`` / ``"disk"`` (admitted there) or
+            ``"rejected"`` (the policies did not admit it, or the disk write failed).
 
         Raises:
             FileNotFoundError, OSError: as :meth:`open`.
         """
+        fid = int(fid)
+        size = int(self.ns.size(fid))
         with self.lock:
             if fid in self.ram_index or (self.disk_index is not None and fid in self.disk_index):
                 return "resident"
-        self._fetch(fid, self.ns.size(fid))
+            fl = self._flights.get(fid)
+            if fl is not None and fl.kind == "demote":
+                return "resident"
+            leader = fl is None
+            if leader:
+                fl, demote = self._start_fetch(fid, size)
+                if fl is None:
+                    return "rejected"
+        if leader:
+            self._lead(fid, size, fl, demote)
+        else:
+            fl.done.wait()
+            if fl.error is not None:
+                raise fl.error
+        return fl.tier or "rejected"
+
+    # -- inspection ----------------------------------------------------------------------------------
+    def state(self, fid: int) -> str:
+        """The file's state: ``"absent"``, ``"fetching"``, ``"moving"``, ``"ram"`` or ``"disk"``."""
         with self.lock:
+            fl = self._flights.get(int(fid))
+            if fl is not None:
+                return "fetching" if fl.kind == "fetch" else "moving"
             if fid in self.ram_index:
                 return "ram"
             if self.disk_index is not None and fid in self.disk_index:
                 return "disk"
-        return "rejected"
+            return "absent"
+
+    def disk_entry_path(self, fid: int) -> Optional[str]:
+        """The path of ``fid``'s resident disk entry, or None when it is not disk-resident."""
+        with self.lock:
+            if self.disk_index is None or fid not in self.disk_index:
+                return None
+            gen, csum = int(self.entries.gen[fid]), int(self.entries.csum[fid])
+        return self.disk.entry_file(self.ns.path(fid), gen, csum)
 
     # -- control-plane queries -------------------------------------------------------------------
     def resident(self, fids: np.ndarray) -> np.ndarray:
@@ -447,23 +803,35 @@ class TieredCache:
             self.shared.rescore_async([self.shared_key(f) for f in fids],
                                       self.importance.values[fids].tolist())
 
+    def _absent(self, fid: int) -> bool:
+        # under self.lock
+        return fid not in self.ram_index and fid not in self._flights and (
+            self.disk_index is None or fid not in self.disk_index)
+
     def warm_shared(self, fids) -> int:
         """Read the files of ``fids`` the group holds in one pipelined batch and admit them to this node's
-        tiers (``warm``); not counted as opens. Returns how many came from the shared tier."""
+        tiers through the state machine (``warm``); not counted as opens. Returns how many came from the
+        shared tier and were admitted."""
         if self.shared is None:
             return 0
         with self.lock:
-            todo = [int(f) for f in fids if int(f) not in self.ram_index and int(f) not in self._inflight
-                    and (self.disk_index is None or int(f) not in self.disk_index)]
+            todo = [int(f) for f in fids if self._absent(int(f))]
         todo = [f for f in todo if int(self.ns.size(f)) <= self.shared.max_file]
         n = 0
         for i in range(0, len(todo), 64):
             batch = todo[i:i + 64]
             got = self.shared.get_many([self.shared_key(f) for f in batch], [int(self.ns.size(f)) for f in batch])
             for f, data in zip(batch, got):
-                if data is not None:
-                    self._admit(f, data)
-                    n += 1
+                if data is None:
+                    continue
+                with self.lock:
+                    if not self._absent(f):
+                        continue
+                    fl, demote = self._start_fetch(f, len(data))
+                if fl is None:
+                    continue
+                self._lead(f, len(data), fl, demote, data=data)
+                n += fl.tier is not None
         return n
 
     # -- background work -------------------------------------------------------------------------
@@ -512,7 +880,9 @@ class TieredCache:
                 "opens": self.opens, "hits_ram": self.hits_ram, "hits_disk": self.hits_disk,
                 "hits_shared": self.hits_shared,
                 "shared": self.shared.counters() if self.shared is not None else None,
-                "misses": self.misses, "open_bytes": self.open_bytes, "hit_bytes": self.hit_bytes,
+                "misses": self.misses, "joined": self.joined, "streamed": self.streamed,
+                "backend_reads": self.backend_reads, "open_bytes": self.open_bytes,
+                "hit_bytes": self.hit_bytes,
                 "backend_bytes": self.backend_bytes, "backend_errors": self.backend_errors,
                 "corrupt_entries": self.corrupt_entries, "disk_write_errors": self.disk_write_errors,
                 "disk_writes_refused": self.disk_writes_refused, "promotions": self.promotions,
@@ -552,3 +922,9 @@ class TieredCache:
                 out["tiers"]["shared"] = self.shared.stats()
                 out["shared_errors"] = self.shared.counters()["errors"]
             return out
+
+
+def _tee(chunks: Iterator[bytes], keep: list) -> Iterator[bytes]:
+    for c in chunks:
+        keep.append(c)
+        yield c

@@ -1,10 +1,20 @@
-"""Byte-budget accounting for one tier: which files are resident, how many bytes they and the
-in-flight fills take, and the policy that chooses victims.
+"""Byte-budget accounting for one tier: which files are resident, how many bytes they, the in-flight
+fills and the victims not yet deleted take, and the policy that chooses victims.
 
 A :class:`TierIndex` holds no data; the daemon's tiers (:mod:`shadefs.cache.tiers`) move bytes, the
 simulator (:mod:`shadefs.sim`) moves none, and both account through this class, so they count the same
-hits and evictions. The invariant ``used_bytes + reserved_bytes <= capacity_bytes`` holds after every
-call. Not thread-safe: the caller holds its lock.
+hits and evictions. The invariant ``used_bytes + reserved_bytes + dying_bytes <= capacity_bytes`` holds
+after every call, where
+
+- ``used_bytes``: resident files;
+- ``dying_bytes``: files out of the index whose bytes still exist (disk entries not yet unlinked: a
+  victim of a reservation made with ``hold_victims=True``, or one :meth:`remove` d with ``dying=True``);
+- ``reserved_bytes``: in-flight fills, each counted beyond the dying bytes of its own victims
+  (``max(0, size - credit)``: a fill may reuse its victims' bytes only once they are gone, so the caller
+  deletes them *before* it writes, and calls :meth:`release`).
+
+So the bytes of a tier's store (entries, temporaries, victims awaiting deletion) never exceed the
+capacity when the caller follows that order. Not thread-safe: the caller holds its lock.
 """
 from __future__ import annotations
 
@@ -14,7 +24,12 @@ import numpy as np
 
 from ..policies.base import Policy
 
-__all__ = ["TierIndex"]
+__all__ = ["TierIndex", "AlreadyInTier"]
+
+
+class AlreadyInTier(ValueError):
+    """:meth:`TierIndex.reserve` of a file that is already resident or pending in that tier (a caller bug:
+    the read path's state machine never asks twice)."""
 
 
 class TierIndex:
@@ -31,9 +46,10 @@ class TierIndex:
         self.capacity_bytes = int(capacity_bytes)
         self.policy = policy
         self.sizes: Dict[int, int] = {}       # resident fid -> bytes
-        self.pending: Dict[int, int] = {}     # reserved (being filled) fid -> bytes
+        self.pending: Dict[int, List[int]] = {}  # reserved (being filled) fid -> [bytes, credit]
         self.used_bytes = 0
-        self.reserved_bytes = 0
+        self.reserved_bytes = 0                # sum of max(0, bytes - credit) over pending fills
+        self.dying_bytes = 0                   # out of the index, not yet deleted from the store
         self.evictions = 0
         self.changes = 0                       # bumped whenever the resident set changes (checkpoints)
         self.flags = None                      # optional residency array (track_residency)
@@ -65,24 +81,43 @@ class TierIndex:
     def __len__(self) -> int:
         return len(self.sizes)
 
+    @property
+    def free_bytes(self) -> int:
+        """Bytes a new fill may take without victims."""
+        return self.capacity_bytes - self.used_bytes - self.reserved_bytes - self.dying_bytes
+
     def hit(self, fid: int) -> None:
         """Record a read of resident ``fid``."""
         self.policy.on_hit(fid)
 
-    def reserve(self, fid: int, size: int) -> Optional[List[int]]:
+    def reserve(self, fid: int, size: int, hold_victims: bool = False) -> Optional[List[int]]:
         """Ask the policy to admit ``fid`` (``size`` bytes) and reserve its bytes.
 
+        Args:
+            hold_victims: the victims' bytes stay counted (``dying_bytes``, credited to this fill) until
+                :meth:`release`; for a store whose deletes happen after this call (the disk tier).
+
         Returns:
-            ``None`` when refused (nothing changes), else the victims, already removed from the
-            index (and counted as evictions) in eviction order; the caller deletes or demotes their
-            data and then calls :meth:`commit` or :meth:`abort` for ``fid``.
+            ``None`` when refused (nothing changes: the policy said no, the file is larger than the tier,
+            or the policy's victims are not resident, repeated, or do not free enough bytes), else the
+            victims, already removed from the index (and counted as evictions) in eviction order; the
+            caller deletes or demotes their data and then calls :meth:`commit` or :meth:`abort` for ``fid``.
+
+        Raises:
+            AlreadyInTier: ``fid`` is resident or pending here (nothing changes).
         """
-        if self.capacity_bytes <= 0 or size > self.capacity_bytes or fid in self.sizes or fid in self.pending:
+        if fid in self.sizes or fid in self.pending:
+            raise AlreadyInTier(f"file {fid} is already {'resident' if fid in self.sizes else 'pending'} "
+                                f"in the {self.name} tier")
+        if self.capacity_bytes <= 0 or size > self.capacity_bytes:
             return None
-        free = self.capacity_bytes - self.used_bytes - self.reserved_bytes
+        free = self.free_bytes
         victims = self.policy.victims(fid, size, free)
         if victims is None:
             return None
+        victims = list(victims)
+        if len(set(victims)) != len(victims):
+            return None  # a victim named twice would be counted twice: refuse rather than overfill
         freed = 0
         for v in victims:
             if v not in self.sizes:
@@ -91,15 +126,28 @@ class TierIndex:
         if free + freed < size:
             return None  # the budget is enforced here, not trusted to the policy
         for v in victims:
-            self.remove(v)
+            self._drop(v)
             self.evictions += 1
-        self.pending[fid] = size
-        self.reserved_bytes += size
+        credit = freed if hold_victims else 0
+        self.dying_bytes += credit
+        self.pending[fid] = [size, credit]
+        self.reserved_bytes += max(0, size - credit)
         return victims
 
+    def release(self, fid: int) -> None:
+        """The victims of ``fid``'s pending fill are deleted from the store: their bytes are free."""
+        entry = self.pending.get(fid)
+        if entry is None or entry[1] == 0:
+            return
+        size, credit = entry
+        self.reserved_bytes += size - max(0, size - credit)
+        self.dying_bytes -= credit
+        entry[1] = 0
+
     def commit(self, fid: int) -> None:
-        """The reserved fill of ``fid`` completed: it is now resident."""
-        size = self.pending.pop(fid)
+        """The reserved fill of ``fid`` completed: it is now resident (its victims must be gone)."""
+        self.release(fid)
+        size, _ = self.pending.pop(fid)
         self.reserved_bytes -= size
         self.sizes[fid] = size
         self.used_bytes += size
@@ -111,13 +159,19 @@ class TierIndex:
         self.policy.on_insert(fid, size)
 
     def abort(self, fid: int) -> None:
-        """The reserved fill of ``fid`` failed: release its bytes."""
-        size = self.pending.pop(fid, None)
-        if size is not None:
-            self.reserved_bytes -= size
+        """The reserved fill of ``fid`` failed: release its bytes (and the credit of its victims)."""
+        entry = self.pending.pop(fid, None)
+        if entry is not None:
+            size, credit = entry
+            self.reserved_bytes -= max(0, size - credit)
+            self.dying_bytes -= credit
 
     def admit(self, fid: int, size: int) -> Optional[List[int]]:
-        """:meth:`reserve` then :meth:`commit` at once (no data to move). Returns the victims or None."""
+        """:meth:`reserve` then :meth:`commit` at once (no data to move). Returns the victims or None.
+
+        Raises:
+            AlreadyInTier: as :meth:`reserve`.
+        """
         victims = self.reserve(fid, size)
         if victims is not None:
             self.commit(fid)
@@ -143,7 +197,7 @@ class TierIndex:
                 or not ids.isdisjoint(self.pending):
             raise ValueError("restore: a file id is repeated or already in the tier")
         total = sum(sizes)
-        if total > self.capacity_bytes - self.used_bytes - self.reserved_bytes:
+        if total > self.free_bytes:
             raise ValueError(f"restore: {total} bytes do not fit in the free budget")
         self.sizes.update(zip(fids, sizes))
         self.used_bytes += total
@@ -159,17 +213,33 @@ class TierIndex:
             for fid, size in zip(fids, sizes):
                 on_insert(fid, size)
 
-    def remove(self, fid: int) -> bool:
-        """Drop resident ``fid`` (not counted as an eviction). Returns whether it was resident."""
-        size = self.sizes.pop(fid, None)
-        if size is None:
-            return False
+    def _drop(self, fid: int) -> int:
+        size = self.sizes.pop(fid)
         self.used_bytes -= size
         self.changes += 1
         if self.flags is not None:
             self.flags[fid] &= ~self.bit & 0xFF
         self.policy.on_remove(fid)
+        return size
+
+    def remove(self, fid: int, dying: bool = False) -> bool:
+        """Drop resident ``fid`` (not counted as an eviction). Returns whether it was resident.
+
+        Args:
+            dying: its bytes stay counted (``dying_bytes``) until :meth:`unlinked` (a disk entry that
+                is deleted after this call).
+        """
+        if fid not in self.sizes:
+            return False
+        size = self._drop(fid)
+        if dying:
+            self.dying_bytes += size
         return True
+
+    def unlinked(self, nbytes: int) -> None:
+        """``nbytes`` of dying entries (:meth:`remove` with ``dying=True``) are deleted from the store."""
+        self.dying_bytes -= int(nbytes)
+        assert self.dying_bytes >= 0, "unlinked more bytes than were dying"
 
     def snapshot(self) -> dict:
         """The tier's entry in the stats JSON."""

@@ -1,25 +1,30 @@
 """What survives a daemon restart or crash: the NVMe tier's entries and the importance scores.
 
-Every disk entry is written atomically under ``sha256(path)`` and stamped with the source file's mtime
-(:class:`~shadefs.cache.tiers.DiskTier`), so the directory itself is a valid index after any crash.
+Every disk entry is written atomically under ``<sha256(path)>.<generation>.<xxh3_64 of its bytes>`` and
+stamped with the source file's mtime (:class:`~shadefs.cache.tiers.DiskTier`), so the directory itself is
+a valid index after any crash.
 :func:`reload_disk_tier` rebuilds the tier's :class:`~shadefs.cache.index.TierIndex` at mount, before
 the first open, and never reads cached data:
 
-1. take the manifest ``index.bin`` (digest, size, mtime of every resident entry, in index order), written
+1. take the manifest ``index.bin`` (digest, size, mtime, generation of every resident entry, in index
+   order), written
    by :class:`Checkpointer` right after the mount, every ``interval`` seconds when the tier changed, and
    at unmount, and delete it before anything is written, so a manifest on disk was always written by the
    last daemon that wrote entries;
-2. list the ``<namespace>/<2 hex>/<64 hex>`` entries by name only (``getdents``, no ``stat``); anything
-   else there (a misplaced or misnamed file, or one that is not a regular file) is corrupt and deleted;
+2. list the ``<namespace>/<2 hex>/<64 hex>.<16 hex>.<16 hex>`` entries by name only (``getdents``, no
+   ``stat``); anything else there (a misplaced or misnamed file, or one that is not a regular file) is
+   corrupt and deleted; of two generations of one file (a crash before a delete) the older is stale;
 3. map names to file ids by hashing every snapshot path once (vectorised matching; the digests are
    cached in ``pathdigests.bin`` under a fingerprint of the path list, so an unchanged dataset skips
    the hashing); names no snapshot path hashes to are stale (the file left the source);
-4. take size and mtime from the manifest; ``stat`` only entries it does not list (after a crash: those
+4. take size and mtime from the manifest row of the same generation; ``stat`` only entries it does not
+   list (after a crash: those
    written since the last checkpoint, at most one interval of writes; every entry when there is none);
 5. keep an entry only if size and mtime equal the snapshot's: another mtime means the source changed
    (stale); the same mtime with another size is a partial entry (corrupt); dropped entries are deleted.
-   An entry whose bytes were lost after the manifest was written (power loss) is caught at its first
-   read (:class:`~shadefs.cache.tiers.CorruptEntry`: length check) and read from the backend;
+   An entry whose bytes were lost or changed after the manifest was written (power loss, a flipped bit)
+   is caught at its first read (:class:`~shadefs.cache.tiers.CorruptEntry`: length and checksum) and
+   read from the backend;
 6. re-admit the rest in manifest order, then by ctime (which the final ``rename`` sets): all at once
    when they fit the budget, else one by one through the policy, deleting what it refuses or evicts (the
    budget shrank), so the byte budget holds and LRU/FIFO order is approximately kept.
@@ -51,7 +56,7 @@ from ..fsutil import atomic_write
 from ..namespace import Namespace
 from ..policies.base import Importance
 from .index import TierIndex
-from .tiers import DiskTier
+from .tiers import ENTRY_NAME_LEN, DiskTier
 
 __all__ = ["ReloadReport", "reload_disk_tier", "PathDigests", "path_digests", "write_index", "read_index",
            "save_scores", "read_scores", "load_scores", "Checkpointer", "SCORES_FILE", "DIGESTS_FILE",
@@ -62,7 +67,7 @@ log = logging.getLogger("shadefs.persist")
 SCORES_FILE = "scores.bin"
 DIGESTS_FILE = "pathdigests.bin"
 INDEX_FILE = "index.bin"
-_INDEX_MAGIC = b"SHADEFS-DISKINDEX-1\n"
+_INDEX_MAGIC = b"SHADEFS-DISKINDEX-2\n"
 _SCORES_MAGIC = b"SHADEFS-SCORES-1\n"
 _DIGESTS_MAGIC = b"SHADEFS-PATHDIGESTS-1\n"
 
@@ -198,9 +203,9 @@ def _list(directory: str):
         except OSError as e:
             log.warning("cannot list %s: %s", shard.path, e)
             continue
-        if files and not min(map(len, files)) == max(map(len, files)) == 64:  # rare: foreign names
-            bad.extend(os.path.join(shard.path, n) for n in files if len(n) != 64)
-            files = [n for n in files if len(n) == 64]
+        if files and not min(map(len, files)) == max(map(len, files)) == ENTRY_NAME_LEN:  # rare: foreign
+            bad.extend(os.path.join(shard.path, n) for n in files if len(n) != ENTRY_NAME_LEN)
+            files = [n for n in files if len(n) == ENTRY_NAME_LEN]
         names.extend(files)
         counts.append(len(files))
         paths.append(shard.path)
@@ -209,19 +214,23 @@ def _list(directory: str):
 
 
 def _decode(names: List[str], shard_idx: np.ndarray, shard_paths: List[str]):
-    """Entry names -> (names, digests (m, 32) uint8, foreign paths): a name is an entry when it is 64
-    lowercase hex digits and sits in the shard folder named by its first two (vectorised)."""
+    """Entry names -> (names, digests (m, 32) uint8, generations (m,) uint64, checksums (m,) uint64,
+    foreign paths): a name is an entry when it is ``<64 hex>.<16 hex>.<16 hex>`` (lowercase) and sits in
+    the shard folder named by its first two digits (vectorised)."""
+    n = ENTRY_NAME_LEN
     ascii_ = np.ones(len(names), dtype=bool)
     blob = "".join(names).encode("utf-8", "surrogateescape")
-    if len(blob) != 64 * len(names):  # a non-ASCII name (rare): drop those first
-        ascii_ = np.fromiter((n.isascii() for n in names), dtype=bool, count=len(names))
-        blob = "".join(n for n, a in zip(names, ascii_.tolist()) if a).encode("ascii")
+    if len(blob) != n * len(names):  # a non-ASCII name (rare): drop those first
+        ascii_ = np.fromiter((x.isascii() for x in names), dtype=bool, count=len(names))
+        blob = "".join(x for x, a in zip(names, ascii_.tolist()) if a).encode("ascii")
     keep = np.flatnonzero(ascii_)
-    raw = np.frombuffer(blob, dtype=np.uint8).reshape(len(keep), 64)
+    raw = np.frombuffer(blob, dtype=np.uint8).reshape(len(keep), n)
     prefix = np.array([list(os.path.basename(p).encode("utf-8", "surrogateescape")[:2].ljust(2, b"?"))
                        for p in shard_paths], dtype=np.uint8).reshape(-1, 2)
-    nib = _HEX[raw]
-    ok = (nib != 255).all(axis=1) & (raw[:, :2] == prefix[shard_idx[keep]]).all(axis=1)
+    hexpos = np.r_[0:64, 65:81, 82:98]
+    nib = _HEX[raw[:, hexpos]]
+    ok = ((nib != 255).all(axis=1) & (raw[:, 64] == ord(".")) & (raw[:, 81] == ord("."))
+          & (raw[:, :2] == prefix[shard_idx[keep]]).all(axis=1))
     good = keep[ok]
     foreign: List[str] = []
     if len(good) != len(names):
@@ -230,7 +239,17 @@ def _decode(names: List[str], shard_idx: np.ndarray, shard_paths: List[str]):
         foreign = [os.path.join(shard_paths[shard_idx[i]], names[i]) for i in np.flatnonzero(out).tolist()]
         names = [names[i] for i in good.tolist()]
         nib = nib[ok]
-    return names, (nib[:, 0::2] << 4) | nib[:, 1::2], foreign
+    digests = (nib[:, 0:64:2] << 4) | nib[:, 1:64:2]
+    word = np.zeros(len(names), dtype=np.uint64)
+    gens, csums = word.copy(), word.copy()
+    for k in range(16):
+        gens = (gens << np.uint64(4)) | nib[:, 64 + k].astype(np.uint64)
+        csums = (csums << np.uint64(4)) | nib[:, 80 + k].astype(np.uint64)
+    return names, digests, gens, csums, foreign
+
+
+def _entry_path(directory: str, name: str) -> str:
+    return os.path.join(directory, name[:2], name)
 
 
 def _remove(path: str) -> None:
@@ -243,37 +262,45 @@ def _remove(path: str) -> None:
         pass
 
 
-def write_index(path: str, digests: np.ndarray, sizes: np.ndarray, mtimes: np.ndarray) -> None:
-    """Write the disk tier manifest atomically: ``k`` rows of (sha256 of the path, size in bytes, mtime in
-    ns) in index order (oldest first). Format: magic line, ``<Q`` k, the digests (k*32 bytes), sizes and
-    mtimes (``<i8`` each), CRC32 (``<I``) of everything before."""
+def write_index(path: str, digests: np.ndarray, sizes: np.ndarray, mtimes: np.ndarray,
+                gens: Optional[np.ndarray] = None, etags: Optional[np.ndarray] = None) -> None:
+    """Write the disk tier manifest atomically: ``k`` rows of (sha256 of the path, source size in bytes,
+    source mtime in ns, entry generation, xxh3_64 of the source's ETag or 0 when unknown) in index order
+    (oldest first). Format: magic line, ``<Q`` k, the digests (k*32 bytes), sizes, mtimes (``<i8``),
+    generations, ETag hashes (``<u8``), CRC32 (``<I``) of everything before."""
     k = len(sizes)
+    zeros = np.zeros(k, dtype="<u8")
     blob = b"".join((_INDEX_MAGIC, struct.pack("<Q", k), np.ascontiguousarray(digests, np.uint8).tobytes(),
-                     np.asarray(sizes, "<i8").tobytes(), np.asarray(mtimes, "<i8").tobytes()))
+                     np.asarray(sizes, "<i8").tobytes(), np.asarray(mtimes, "<i8").tobytes(),
+                     (zeros if gens is None else np.asarray(gens, "<u8")).tobytes(),
+                     (zeros if etags is None else np.asarray(etags, "<u8")).tobytes()))
     _atomic_write(path, blob + struct.pack("<I", zlib.crc32(blob)), fsync=True)
 
 
-def read_index(path: str) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Read a manifest written by :func:`write_index`: (digests (k, 32) uint8, sizes, mtimes int64).
+def read_index(path: str) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Read a manifest written by :func:`write_index`: (digests (k, 32) uint8, sizes, mtimes (int64),
+    generations, ETag hashes (uint64)).
 
     Raises:
         FileNotFoundError: no manifest.
-        ValueError: truncated or corrupt.
+        ValueError: truncated, corrupt, or of an older format.
     """
     with open(path, "rb") as f:
         blob = f.read()
     head = len(_INDEX_MAGIC) + 8
     if not blob.startswith(_INDEX_MAGIC) or len(blob) < head + 4:
-        raise ValueError(f"{path}: not a shadefs disk index")
+        raise ValueError(f"{path}: not a shadefs disk index (format 2)")
     (k,) = struct.unpack_from("<Q", blob, len(_INDEX_MAGIC))
-    if head + 48 * k + 4 != len(blob):
+    if head + 64 * k + 4 != len(blob):
         raise ValueError(f"{path}: inconsistent length")
     if zlib.crc32(memoryview(blob)[:-4]) != struct.unpack_from("<I", blob, len(blob) - 4)[0]:
         raise ValueError(f"{path}: checksum mismatch (a damaged manifest)")
     digests = np.frombuffer(blob, np.uint8, count=32 * k, offset=head).reshape(k, 32)
     sizes = np.frombuffer(blob, "<i8", count=k, offset=head + 32 * k).astype(np.int64)
     mtimes = np.frombuffer(blob, "<i8", count=k, offset=head + 40 * k).astype(np.int64)
-    return digests, sizes, mtimes
+    gens = np.frombuffer(blob, "<u8", count=k, offset=head + 48 * k).astype(np.uint64)
+    etags = np.frombuffer(blob, "<u8", count=k, offset=head + 56 * k).astype(np.uint64)
+    return digests, sizes, mtimes, gens, etags
 
 
 def _take_manifest(directory: str):
@@ -332,7 +359,7 @@ def reload_disk_tier(disk: DiskTier, index: TierIndex, ns: Namespace,
     rep = ReloadReport(tmp_leftovers=disk.tmp_leftovers)
     manifest = _take_manifest(disk.dir)
     names, shard_idx, shard_paths, bad = _list(disk.dir)
-    names, ent, foreign = _decode(names, shard_idx, shard_paths)
+    names, ent, gens, csums, foreign = _decode(names, shard_idx, shard_paths)
     rep.scan_seconds = time.monotonic() - t0
     for p in bad + foreign:
         _remove(p)
@@ -340,11 +367,17 @@ def reload_disk_tier(disk: DiskTier, index: TierIndex, ns: Namespace,
     if not names:
         rep.seconds = time.monotonic() - t0
         return rep
+    disk.seen_gen(int(gens.max()))
+    ent_keys = _keys(ent)
+    # two generations of one file (a crash before the old one's delete): the newest wins
+    order = np.lexsort((gens, ent_keys))
+    same = (ent_keys[order][1:] == ent_keys[order][:-1]) & (ent[order][1:] == ent[order][:-1]).all(axis=1)
+    superseded = np.zeros(len(names), dtype=bool)
+    superseded[order[:-1][same]] = True
     t1 = time.monotonic()
     if digests is None:
         digests = PathDigests(ns.paths, os.path.join(disk.dir, DIGESTS_FILE), getattr(ns, "fingerprint", None))
     table = digests.get() if ns.num_files else np.zeros((0, 32), np.uint8)
-    ent_keys = _keys(ent)
     fids = _match(table, *_sorted_keys(table), ent, ent_keys)
     rep.digest_seconds = time.monotonic() - t1
     m = len(names)
@@ -353,19 +386,20 @@ def reload_disk_tier(disk: DiskTier, index: TierIndex, ns: Namespace,
     order = np.zeros(m, dtype=np.int64)
     row = np.full(m, -1, dtype=np.int64)
     if manifest is not None:
-        mdig, msizes, mmtimes = manifest
+        mdig, msizes, mmtimes, mgens, _metags = manifest
         row = _match(mdig, *_sorted_keys(mdig), ent, ent_keys)
         found = row >= 0
+        found[found] = mgens[row[found]] == gens[found]  # a row describes one generation only
+        row[~found] = -1
         sizes[found], mtimes[found], order[found] = msizes[row[found]], mmtimes[row[found]], row[found]
-    known = fids >= 0
+    known = (fids >= 0) & ~superseded
     exp_mtime_all = mtimes_ns(ns.mtimes)
     rest = np.flatnonzero(known & (row < 0))  # only entries of snapshot files need a stat
     ctimes = np.zeros(len(rest), dtype=np.int64)
     gone = np.zeros(m, dtype=bool)
     for j, i in enumerate(rest.tolist()):
-        name = names[i]
         try:
-            st = os.lstat(os.path.join(disk.dir, name[:2], name))
+            st = os.lstat(_entry_path(disk.dir, names[i]))
         except OSError:
             gone[i] = True
             continue
@@ -389,23 +423,28 @@ def reload_disk_tier(disk: DiskTier, index: TierIndex, ns: Namespace,
     rep.corrupt += int(np.count_nonzero(partial))
     rep.stale += int(np.count_nonzero(~good & ~partial & ~gone))
     for i in np.flatnonzero(~good & ~gone).tolist():
-        _remove(os.path.join(disk.dir, names[i][:2], names[i]))
+        _remove(_entry_path(disk.dir, names[i]))
     idx = np.flatnonzero(good)
     idx = idx[np.argsort(order[idx], kind="stable")]  # oldest first
     g_fids, g_sizes = fids[idx], sizes[idx]
-    free = index.capacity_bytes - index.used_bytes - index.reserved_bytes
-    if int(g_sizes.sum()) <= free:
+    entries = disk.table(ns.num_files)
+    entries.gen[g_fids] = gens[idx]
+    entries.csum[g_fids] = csums[idx]
+    if int(g_sizes.sum()) <= index.free_bytes:
         index.restore(g_fids.tolist(), g_sizes.tolist())
         rep.loaded, rep.loaded_bytes = len(idx), int(g_sizes.sum())
     else:  # the budget shrank (or another policy): let the policy choose, oldest offered first
+        def delete(fid):
+            disk.delete(ns.path(fid), int(entries.gen[fid]), int(entries.csum[fid]))
+
         for fid, size in zip(g_fids.tolist(), g_sizes.tolist()):
             victims = index.admit(fid, size)
             if victims is None:
-                disk.delete(ns.path(fid))
+                delete(fid)
                 rep.over_budget += 1
                 continue
             for v in victims:
-                disk.delete(ns.path(v))
+                delete(v)
             rep.over_budget += len(victims)
         index.evictions = 0  # reload decisions are not evictions of this mount
         rep.loaded, rep.loaded_bytes = len(index), index.used_bytes
@@ -487,11 +526,13 @@ class Checkpointer:
         index: the disk tier's index, or None (scores only).
         digests: the snapshot's path digests (the manifest names entries by them).
         lock: the cache lock.
+        entries: the disk tier's :class:`~shadefs.cache.tiers.EntryTable` (entry generations).
         interval_s: seconds between checkpoints; 0 = only at :meth:`start` and :meth:`stop`.
     """
 
     def __init__(self, directory: str, ns: Namespace, importance: Importance, index: Optional[TierIndex],
-                 digests: PathDigests, lock: threading.Lock, interval_s: float = 60.0):
+                 digests: PathDigests, lock: threading.Lock, interval_s: float = 60.0, entries=None):
+        self.entries = entries       # the disk tier's EntryTable (generations in the manifest)
         self.scores_path = os.path.join(directory, SCORES_FILE)
         self.index_path = os.path.join(directory, INDEX_FILE)
         self.ns = ns
@@ -555,6 +596,9 @@ class Checkpointer:
                 if index.order is not None:  # oldest first (read racily: only the order of files
                     fids = fids[np.argsort(index.order[fids], kind="stable")]  # changing now may move)
                 sizes = self.ns.sizes[fids]
+            # generations read without the lock: a row whose file changed generation meanwhile names the
+            # wrong one, and the reload then stats that entry instead of trusting the row
+            gens = self.entries.gen[fids] if (fids is not None and self.entries is not None) else None
             try:
                 if values is not None:
                     scored = np.flatnonzero(values != self.importance.default)
@@ -563,7 +607,7 @@ class Checkpointer:
                     wrote = True
                 if fids is not None:
                     write_index(self.index_path, self.digests.rows(fids), sizes,
-                                mtimes_ns(self.ns.mtimes[fids]))
+                                mtimes_ns(self.ns.mtimes[fids]), gens)
                     self._saved_index = changes
                     wrote = True
             except OSError as e:

@@ -7,6 +7,9 @@ Tier methods are called without the cache lock held, so they must be safe from s
 Disk entries are written atomically (a temporary file in the same filesystem, then ``rename``) under
 names hashed from the source URL and the file's path, so two mounts of different sources can share a
 cache directory without colliding, and a crash leaves either a whole entry or none under its final name.
+Each entry's name also carries a generation number (unique, growing) and the xxh3_64 checksum of its
+bytes: a delete of an old generation can never remove a newer entry of the same file, and every disk
+hit is verified against the checksum before it is served.
 Each entry carries the source file's mtime (set before the rename), so a restarted daemon can tell a
 valid entry from a stale one with one ``stat`` and without reading data (:mod:`shadefs.cache.persist`).
 One daemon at a time owns a namespace: an ``flock`` on ``<namespace>/lock``, released by the kernel
@@ -18,13 +21,32 @@ import errno
 import fcntl
 import hashlib
 import os
+import itertools
 import shutil
 import time
-from typing import Dict, Optional
+from typing import Dict, Iterable, Optional
 
-from ..fsutil import atomic_write
+import numpy as np
+import xxhash
 
-__all__ = ["MemoryTier", "DiskTier", "CorruptEntry", "DiskFloorReached", "CacheDirInUse"]
+__all__ = ["MemoryTier", "DiskTier", "EntryTable", "CorruptEntry", "DiskFloorReached", "CacheDirInUse",
+           "entry_name", "ENTRY_NAME_LEN"]
+
+ENTRY_NAME_LEN = 64 + 1 + 16 + 1 + 16  # <sha256 hex>.<generation, 16 hex>.<xxh3_64, 16 hex>
+
+
+def entry_name(digest_hex: str, gen: int, csum: int) -> str:
+    """The file name of one generation of an entry: ``<sha256(path) hex>.<gen:016x>.<xxh3_64:016x>``."""
+    return f"{digest_hex}.{gen:016x}.{csum:016x}"
+
+
+class EntryTable:
+    """Generation and checksum (xxh3_64) of each file's disk entry, by file id: 16 bytes per file of
+    the snapshot. Meaningful only for files resident in the disk tier; written under the cache lock."""
+
+    def __init__(self, num_files: int):
+        self.gen = np.zeros(int(num_files), dtype=np.uint64)
+        self.csum = np.zeros(int(num_files), dtype=np.uint64)
 
 
 class CorruptEntry(OSError):
@@ -71,7 +93,7 @@ class MemoryTier:
 class DiskTier:
     """Whole-file entries in a directory on local (NVMe) storage.
 
-    Layout: ``DIR/<namespace>/<h[:2]>/<h>`` where ``namespace`` = sha256(source URL)[:16] and ``h`` =
+    Layout: ``DIR/<namespace>/<h[:2]>/<h>.<gen:016x>.<xxh3_64:016x>`` where ``namespace`` = sha256(source URL)[:16] and ``h`` =
     sha256(relative path) hex; temporary files go to ``DIR/<namespace>/tmp/`` (emptied at start: a
     leftover there is a write a crash interrupted). The namespace directory is 0700 and entries 0600:
     cached training data is as private as the daemon's user.
@@ -136,14 +158,36 @@ class DiskTier:
             except OSError:
                 pass
         self.min_free = int(min_free)
+        self._table: Optional[EntryTable] = None
+        self._gen_floor = 0
+        self._gen = itertools.count(time.time_ns())  # generations only grow, across restarts too
 
     @staticmethod
     def key(relpath: str) -> str:
         return hashlib.sha256(relpath.encode("utf-8", "surrogateescape")).hexdigest()
 
-    def entry_path(self, relpath: str) -> str:
+    def entry_file(self, relpath: str, gen: int, csum: int) -> str:
+        """Path of generation ``gen`` of ``relpath``'s entry, whose bytes hash to ``csum`` (xxh3_64)."""
         h = self.key(relpath)
-        return os.path.join(self.dir, h[:2], h)
+        return os.path.join(self.dir, h[:2], entry_name(h, gen, csum))
+
+    def table(self, num_files: int) -> "EntryTable":
+        """The generation and checksum of every resident entry, by file id (created on first use)."""
+        if self._table is None:
+            self._table = EntryTable(num_files)
+        elif len(self._table.gen) != num_files:
+            raise ValueError(f"entry table has {len(self._table.gen)} files, not {num_files}")
+        return self._table
+
+    def next_gen(self) -> int:
+        """A generation number never used before in this namespace (thread-safe)."""
+        return next(self._gen)
+
+    def seen_gen(self, gen: int) -> None:
+        """A reload found ``gen`` on disk: later generations start above it."""
+        if gen >= self._gen_floor:
+            self._gen_floor = gen + 1
+            self._gen = itertools.count(max(self._gen_floor, time.time_ns()))
 
     def free_bytes(self) -> int:
         """Bytes available to us on the cache filesystem now (``statvfs``)."""
@@ -172,43 +216,112 @@ class DiskTier:
             os.unlink(probe)
         return 1000 if diff < 1000 else 10 ** len(str(diff))
 
-    def get(self, relpath: str, size: int) -> bytes:
-        """Read a whole entry of ``size`` bytes.
+    def open_entry(self, relpath: str, gen: int, csum: int) -> int:
+        """An ``O_RDONLY`` fd of an entry (the caller closes it).
 
         Raises:
-            CorruptEntry: missing, or not exactly ``size`` bytes.
+            FileNotFoundError: no such entry (deleted, or never written).
+            OSError: the cache disk failed.
         """
-        path = self.entry_path(relpath)
-        try:
-            with open(path, "rb", buffering=0) as f:
-                data = f.read(size + 1)
-                while len(data) < size + 1:  # short reads are legal; loop until EOF
-                    more = f.read(size + 1 - len(data))
-                    if not more:
-                        break
-                    data += more
-        except OSError as e:
-            raise CorruptEntry(f"disk entry for {relpath!r}: {e.strerror or e}") from e
-        if len(data) != size:
-            raise CorruptEntry(f"disk entry for {relpath!r} has {len(data)} bytes, expected {size}")
-        return data
+        return os.open(self.entry_file(relpath, gen, csum), os.O_RDONLY | os.O_CLOEXEC)
 
-    def put(self, relpath: str, data: bytes, mtime_ns: Optional[int] = None) -> None:
-        """Write an entry atomically (temporary file + rename), stamped with the source's ``mtime_ns``.
+    @staticmethod
+    def verify(fd: int, size: int, csum: int, keep: bool, chunk: int = 1 << 20) -> Optional[bytes]:
+        """Read the entry open on ``fd`` from offset 0 and check its length and xxh3_64 checksum.
+
+        Args:
+            keep: return the bytes (else they are read in ``chunk``-byte pieces and dropped).
+
+        Returns:
+            The ``size`` bytes when ``keep``, else None.
+
+        Raises:
+            CorruptEntry: the entry is not exactly ``size`` bytes, its checksum differs, or it cannot be read.
+        """
+        h = xxhash.xxh3_64()
+        parts = []
+        got = 0
+        try:
+            while got <= size:
+                piece = os.pread(fd, min(chunk, size - got) if got < size else 1, got)
+                if not piece:
+                    break
+                got += len(piece)
+                if got > size:
+                    break
+                h.update(piece)
+                if keep:
+                    parts.append(piece)
+        except OSError as e:
+            raise CorruptEntry(f"disk entry unreadable: {e.strerror or e}") from e
+        if got != size:
+            raise CorruptEntry(f"disk entry has {got if got < size else 'more than ' + str(size)} bytes, "
+                               f"expected {size}")
+        if h.intdigest() != csum:
+            raise CorruptEntry(f"disk entry checksum {h.intdigest():016x} differs from {csum:016x}")
+        if keep:
+            return parts[0] if len(parts) == 1 else b"".join(parts)
+        return None
+
+    def check_floor(self, size: int) -> None:
+        """Raises :class:`DiskFloorReached` when writing ``size`` bytes would go below ``min_free``."""
+        if self.min_free:
+            free = self.free_bytes()
+            if free - size < self.min_free:
+                raise DiskFloorReached(f"{free} bytes free on the cache filesystem, writing {size} "
+                                       f"would go below --disk-min-free ({self.min_free} bytes)")
+
+    def put(self, relpath: str, gen: int, chunks: Iterable[bytes], size: int,
+            mtime_ns: Optional[int] = None) -> int:
+        """Write generation ``gen`` of ``relpath``'s entry atomically: the ``chunks`` (``size`` bytes in
+        all) go to a temporary file in ``tmp/``, stamped with the source's ``mtime_ns``, then renamed to
+        :meth:`entry_file` (which names the checksum). Returns the checksum (xxh3_64 of the bytes).
 
         Raises:
             DiskFloorReached: the write would leave less than ``min_free`` bytes free (nothing written).
-            OSError: the write failed (for example ENOSPC); no partial entry is left behind.
+            OSError: the write failed (for example ENOSPC); nothing is left behind.
+            ValueError: the chunks were not ``size`` bytes (nothing is left behind).
+            Exception: whatever iterating ``chunks`` raises (nothing is left behind).
         """
-        if self.min_free:
-            free = self.free_bytes()
-            if free - len(data) < self.min_free:
-                raise DiskFloorReached(f"{free} bytes free on the cache filesystem, writing {len(data)} "
-                                       f"would go below --disk-min-free ({self.min_free} bytes)")
-        atomic_write(self.entry_path(relpath), data, tmp_dir=self.tmp_dir, mtime_ns=mtime_ns)
+        self.check_floor(size)
+        h = self.key(relpath)
+        tmp = os.path.join(self.tmp_dir, f"{h}.{gen:016x}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        try:
+            x = xxhash.xxh3_64()
+            written = 0
+            try:
+                for c in chunks:
+                    x.update(c)
+                    view = memoryview(c)
+                    while view:
+                        view = view[os.write(fd, view):]
+                    written += len(c)
+                if written != size:
+                    raise ValueError(f"entry of {relpath!r}: {written} bytes written, expected {size}")
+                if mtime_ns is not None:
+                    os.utime(fd, ns=(mtime_ns, mtime_ns))
+            finally:
+                os.close(fd)
+            csum = x.intdigest()
+            final = os.path.join(self.dir, h[:2], entry_name(h, gen, csum))
+            try:
+                os.rename(tmp, final)
+            except FileNotFoundError:
+                os.makedirs(os.path.dirname(final), mode=0o700, exist_ok=True)
+                os.rename(tmp, final)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+        return csum
 
-    def delete(self, relpath: str) -> None:
-        self.delete_entry(self.entry_path(relpath))
+    def delete(self, relpath: str, gen: int, csum: int) -> None:
+        """Unlink one generation of an entry (missing is fine; a failing disk is ignored: the entry is out
+        of the index already, and the next reload drops what is left)."""
+        self.delete_entry(self.entry_file(relpath, gen, csum))
 
     @staticmethod
     def delete_entry(path: str) -> None:
@@ -217,7 +330,7 @@ class DiskTier:
         except FileNotFoundError:
             pass
         except OSError:
-            pass  # a failing cache disk: the entry is out of the index already, the reload drops it
+            pass
 
     def clear(self) -> None:
         """Remove every entry of this namespace (keeps the directory, the lock and the tmp folder)."""

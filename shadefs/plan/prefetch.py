@@ -160,7 +160,7 @@ class Prefetcher:
                     q += 1
                     continue
                 fid = int(ids[q])
-                if (fid in self.staged or fid in cache._inflight or fid in cache.ram_index
+                if (fid in self.staged or fid in cache._inflight or fid in cache._flights or fid in cache.ram_index
                         or (cache.disk_index is not None and fid in cache.disk_index)):
                     q += 1
                     continue

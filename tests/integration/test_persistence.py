@@ -23,8 +23,12 @@ def ns_dir(cache, src):
 
 
 def entry(cache, src, rel):
+    """The one entry file of ``rel`` (``<sha256>.<generation>.<checksum>``)."""
     h = DiskTier.key(rel)
-    return os.path.join(ns_dir(cache, src), h[:2], h)
+    shard = os.path.join(ns_dir(cache, src), h[:2])
+    found = [n for n in os.listdir(shard) if n.startswith(h + ".")]
+    assert len(found) == 1, found
+    return os.path.join(shard, found[0])
 
 
 def entries(cache, src):
@@ -232,6 +236,6 @@ def test_reload_unit_maps_entries_through_the_vectorised_digests(tmp_path):
         rep = persist.reload_disk_tier(cache.disk, cache.disk_index, ns)
         assert (rep.loaded, rep.stale, rep.corrupt) == (100, 0, 0)
         assert sorted(cache.disk_index.sizes) == list(range(0, 300, 3))
-        assert all(cache.open(fid)[1] == "disk" for fid in range(0, 300, 3))
+        assert all(cache.open(fid).outcome == "disk" for fid in range(0, 300, 3))
         cache.disk.close()
     assert os.path.exists(os.path.join(cache.disk.dir, persist.DIGESTS_FILE))

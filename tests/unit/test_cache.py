@@ -13,6 +13,15 @@ from shadefs.namespace import Namespace
 from shadefs.policies import Importance, get_policy
 
 
+def open_read(cache, fid):
+    """Open ``fid`` through the cache, read it whole, release: (bytes, outcome)."""
+    h = cache.open(fid)
+    try:
+        return bytes(h.read(0, h.size)), h.outcome
+    finally:
+        h.release()
+
+
 class CountingBackend(PosixBackend):
     """The real posix backend, counting reads and optionally holding them until released."""
 
@@ -53,7 +62,7 @@ def test_every_open_returns_the_source_bytes(small_tree, tmp_path):
     names = sorted(spec)
     for _ in range(200):
         name = rng.choice(names)
-        data, outcome = cache.open(fid(ns, name))
+        data, outcome = open_read(cache, fid(ns, name))
         assert data == spec[name]
         assert outcome in ("ram", "disk", "miss")
     s = cache.stats()
@@ -66,23 +75,24 @@ def test_lru_demotes_ram_victims_and_promotes_disk_hits(small_tree, tmp_path):
     # files 00..02 are 1000, 2000, 3000 bytes; RAM holds 3000 bytes, disk 10000
     cache, ns, backend = build(src, tmp_path, "lru", ram=3000, disk=10000)
     a, b, c = fid(ns, "dog/00.bin"), fid(ns, "cat/01.bin"), fid(ns, "dog/02.bin")
-    assert cache.open(a)[1] == "miss"   # RAM: a
-    assert cache.open(b)[1] == "miss"   # RAM: a, b (3000)
-    assert cache.open(c)[1] == "miss"   # RAM evicts a, b -> demoted to disk; RAM: c
+    assert open_read(cache, a)[1] == "miss"   # RAM: a
+    assert open_read(cache, b)[1] == "miss"   # RAM: a, b (3000)
+    assert open_read(cache, c)[1] == "miss"   # RAM evicts a, b -> demoted to disk; RAM: c
     assert a in cache.disk_index and b in cache.disk_index and c in cache.ram_index
-    assert cache.open(a)[1] == "disk"   # promoted: RAM evicts c -> disk; RAM: a
+    assert open_read(cache, a)[1] == "disk"   # promoted: RAM evicts c -> disk; RAM: a
     assert a in cache.ram_index and a not in cache.disk_index and c in cache.disk_index
-    assert cache.open(a)[1] == "ram"
+    assert open_read(cache, a)[1] == "ram"
     assert len(backend.reads) == 3
     s = cache.stats()
     assert s["hits"] == {"ram": 1, "disk": 1} and s["misses"] == 3
     assert s["backend_bytes"] == 6000
     assert s["tiers"]["ram"]["evictions"] == 3 and s["tiers"]["disk"]["evictions"] == 0
     # the disk entry files exist exactly for the disk-resident ids
-    disk = cache.disk
     for f in (b, c):
-        assert os.path.exists(disk.entry_path(ns.path(f)))
-    assert not os.path.exists(disk.entry_path(ns.path(a)))
+        assert os.path.exists(cache.disk_entry_path(f))
+    assert cache.disk_entry_path(a) is None
+    h = cache.disk.key(ns.path(a))
+    assert not [n for n in os.listdir(os.path.join(cache.disk.dir, h[:2])) if n.startswith(h)]
 
 
 def test_static_fills_ram_then_disk_and_never_evicts(small_tree, tmp_path):
@@ -90,11 +100,11 @@ def test_static_fills_ram_then_disk_and_never_evicts(small_tree, tmp_path):
     cache, ns, _ = build(src, tmp_path, "static", ram=3000, disk=4000)
     order = ["dog/00.bin", "cat/01.bin", "dog/02.bin", "cat/03.bin", "dog/04.bin"]  # 1000..5000 bytes
     for name in order:
-        cache.open(fid(ns, name))
+        open_read(cache, fid(ns, name))
     assert sorted(ns.path(f) for f in cache.ram_index.sizes) == ["cat/01.bin", "dog/00.bin"]
     assert sorted(ns.path(f) for f in cache.disk_index.sizes) == ["dog/02.bin"]
     assert cache.stats()["tiers"]["disk"]["evictions"] == 0
-    assert [cache.open(fid(ns, n))[1] for n in order] == ["ram", "ram", "disk", "miss", "miss"]
+    assert [open_read(cache, fid(ns, n))[1] for n in order] == ["ram", "ram", "disk", "miss", "miss"]
 
 
 def test_single_flight_shares_one_backend_read(small_tree, tmp_path):
@@ -103,7 +113,7 @@ def test_single_flight_shares_one_backend_read(small_tree, tmp_path):
     cache, ns, backend = build(src, tmp_path, "static", ram=100000, gate=gate)
     f = fid(ns, "cat/05.bin")
     results = []
-    threads = [threading.Thread(target=lambda: results.append(cache.open(f))) for _ in range(4)]
+    threads = [threading.Thread(target=lambda: results.append(open_read(cache, f))) for _ in range(4)]
     for t in threads:
         t.start()
     assert backend.reading.wait(10), "no backend read started within 10 s"
@@ -111,7 +121,7 @@ def test_single_flight_shares_one_backend_read(small_tree, tmp_path):
     other = fid(ns, "dog/00.bin")
     cache.ram_index.admit(other, 1000)
     cache.ram.put(other, spec["dog/00.bin"])
-    assert cache.open(other) == (spec["dog/00.bin"], "ram")
+    assert open_read(cache, other) == (spec["dog/00.bin"], "ram")
     gate.set()
     for t in threads:
         t.join(10)
@@ -125,14 +135,14 @@ def test_corrupt_disk_entry_is_dropped_and_read_from_backend(small_tree, tmp_pat
     src, spec = small_tree
     cache, ns, backend = build(src, tmp_path, "static", ram=0, disk=100000)
     f = fid(ns, "dog/04.bin")
-    cache.open(f)
-    path = cache.disk.entry_path(ns.path(f))
+    open_read(cache, f)
+    path = cache.disk_entry_path(f)
     with open(path, "r+b") as fh:
         fh.truncate(100)  # a partial entry
-    data, outcome = cache.open(f)
+    data, outcome = open_read(cache, f)
     assert (data, outcome) == (spec["dog/04.bin"], "miss")
     assert cache.corrupt_entries == 1
-    assert cache.open(f) == (spec["dog/04.bin"], "disk")  # re-admitted whole
+    assert open_read(cache, f) == (spec["dog/04.bin"], "disk")  # re-admitted whole
 
 
 def test_missing_source_file_is_file_not_found(small_tree, tmp_path):
@@ -140,7 +150,7 @@ def test_missing_source_file_is_file_not_found(small_tree, tmp_path):
     cache, ns, _ = build(src, tmp_path, "static", ram=100000)
     os.unlink(os.path.join(src, "cat/07.bin"))
     with pytest.raises(FileNotFoundError):
-        cache.open(fid(ns, "cat/07.bin"))
+        open_read(cache, fid(ns, "cat/07.bin"))
     assert cache.stats()["misses"] == 1 and cache.backend_errors == 0
 
 
@@ -150,7 +160,7 @@ def test_changed_source_file_is_an_error_not_a_short_file(small_tree, tmp_path):
     with open(os.path.join(src, "cat/09.bin"), "wb") as fh:
         fh.write(b"short")
     with pytest.raises(OSError, match="changed"):
-        cache.open(fid(ns, "cat/09.bin"))
+        open_read(cache, fid(ns, "cat/09.bin"))
     assert fid(ns, "cat/09.bin") not in cache.ram_index
 
 
@@ -166,7 +176,7 @@ def test_budgets_hold_under_concurrent_opens(small_tree, tmp_path, policy):
         try:
             for _ in range(150):
                 name = rng.choice(names)
-                assert cache.open(fid(ns, name))[0] == spec[name]
+                assert open_read(cache, fid(ns, name))[0] == spec[name]
                 with cache.lock:
                     for idx in (cache.ram_index, cache.disk_index):
                         assert idx.used_bytes + idx.reserved_bytes <= idx.capacity_bytes
@@ -184,20 +194,20 @@ def test_budgets_hold_under_concurrent_opens(small_tree, tmp_path, policy):
     assert not (set(cache.ram_index.sizes) & set(cache.disk_index.sizes))  # exclusive tiers
 
 
-def test_a_file_no_tier_can_hold_is_streamed_by_ranges(small_tree, tmp_path):
+def test_a_file_no_tier_admits_is_streamed_by_ranges(small_tree, tmp_path):
     src, spec = small_tree
     cache, ns, backend = build(src, tmp_path, "lru", ram=3000, disk=4000)
-    cache.stream_threshold = 5000
-    big = fid(ns, "dog/08.bin")  # 9000 bytes: above the threshold and above both tiers
-    data, outcome = cache.open(big)
-    assert (data, outcome) == (None, "miss")
-    assert backend.reads == []  # nothing read at open
-    assert cache.read_range(big, 0, 4096) + cache.read_range(big, 4096, 8192) == spec["dog/08.bin"]
-    assert cache.read_range(big, 9000, 10) == b""
+    big = fid(ns, "dog/08.bin")  # 9000 bytes: above both tiers, whatever its size
+    h = cache.open(big)
+    assert (h.outcome, h.source, h.backing_fd()) == ("miss", "backend", None)
+    assert backend.reads == []  # nothing read at open, nothing read whole
+    assert h.read(0, 4096) + h.read(4096, 8192) == spec["dog/08.bin"]
+    assert h.read(9000, 10) == b""
+    h.release()
     s = cache.stats()
     assert s["misses"] == 1 and s["backend_bytes"] == 9000
     assert big not in cache.ram_index and big not in cache.disk_index
-    # a file above the threshold that a tier can hold is cached as usual
-    cache.stream_threshold = 1500
-    assert cache.open(fid(ns, "cat/01.bin")) == (spec["cat/01.bin"], "miss")
+    assert cache.counters()["streamed"] == 1
+    # a file a tier admits is cached as usual
+    assert open_read(cache, fid(ns, "cat/01.bin")) == (spec["cat/01.bin"], "miss")
     assert fid(ns, "cat/01.bin") in cache.ram_index

@@ -1,5 +1,7 @@
 """TierIndex: exact byte budgets with in-flight fills, and the budget enforced against a bad policy."""
-from shadefs.cache.index import TierIndex
+import pytest
+
+from shadefs.cache.index import AlreadyInTier, TierIndex
 from shadefs.policies.base import Policy
 from shadefs.policies.lru import LRUPolicy
 from shadefs.policies.static import StaticPolicy
@@ -14,7 +16,12 @@ def test_reserved_bytes_count_against_the_budget():
     idx.commit(1)
     idx.abort(3)
     assert (idx.used_bytes, idx.reserved_bytes, len(idx)) == (6, 0, 1)
-    assert idx.reserve(1, 6) is None          # already resident
+    with pytest.raises(AlreadyInTier):        # already resident: not a refusal, a caller bug
+        idx.reserve(1, 6)
+    assert idx.reserve(4, 4) == []
+    with pytest.raises(AlreadyInTier):        # already pending
+        idx.reserve(4, 4)
+    assert (idx.used_bytes, idx.reserved_bytes, len(idx)) == (6, 4, 1)
 
 
 def test_budget_is_enforced_not_trusted():
@@ -47,3 +54,41 @@ def test_snapshot_and_evictions():
     for fid in range(6):
         idx.admit(fid, 1)
     assert idx.snapshot() == {"used_bytes": 4, "capacity_bytes": 4, "files": 4, "evictions": 2}
+
+
+def test_duplicate_victims_are_refused():
+    class Twice(Policy):
+        name = "twice"
+
+        def victims(self, fid, size, free_bytes):
+            return [1, 1] if size > free_bytes else []
+
+    idx = TierIndex("ram", 10, Twice(10))
+    assert idx.admit(1, 6) == [] and idx.admit(2, 4) == []
+    assert idx.reserve(3, 10) is None          # 1 named twice would "free" 12 bytes
+    assert (idx.used_bytes, sorted(idx.sizes), idx.evictions) == (10, [1, 2], 0)
+
+
+def test_held_victims_stay_counted_until_released():
+    idx = TierIndex("disk", 10, LRUPolicy(10))
+    assert idx.admit(1, 6) == [] and idx.admit(2, 4) == []
+    assert idx.reserve(3, 8, hold_victims=True) == [1, 2]
+    # the victims' 10 bytes are still on the store: the fill is credited with them, nothing else fits
+    assert (idx.used_bytes, idx.dying_bytes, idx.reserved_bytes, idx.free_bytes) == (0, 10, 0, 0)
+    assert idx.reserve(4, 1) is None
+    idx.release(3)                             # victims deleted: 8 reserved, 2 free
+    assert (idx.dying_bytes, idx.reserved_bytes, idx.free_bytes) == (0, 8, 2)
+    idx.commit(3)
+    assert (idx.used_bytes, idx.reserved_bytes, idx.free_bytes) == (8, 0, 2)
+    assert idx.remove(3, dying=True) and (idx.used_bytes, idx.dying_bytes, idx.free_bytes) == (0, 8, 2)
+    idx.unlinked(8)
+    assert idx.free_bytes == 10
+
+
+def test_a_smaller_fill_than_its_victims_never_counts_more():
+    idx = TierIndex("disk", 10, LRUPolicy(10))
+    idx.admit(1, 9)
+    assert idx.reserve(2, 2, hold_victims=True) == [1]
+    assert (idx.dying_bytes, idx.reserved_bytes, idx.free_bytes) == (9, 0, 1)
+    idx.abort(2)
+    assert (idx.dying_bytes, idx.reserved_bytes, idx.free_bytes) == (0, 0, 10)

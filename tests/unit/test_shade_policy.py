@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from shadefs.cache.index import TierIndex
+from shadefs.cache.index import AlreadyInTier, TierIndex
 from shadefs.policies import Importance, PolicyError, get_policy, policy_names
 from shadefs.policies.shade import TRANSFORMS, ShadePolicy, get_transform, rank_transform, raw_transform
 from shadefs.policies.static import StaticPolicy
@@ -217,6 +217,10 @@ def test_without_scores_shade_is_exactly_static(capacity, sizes, ops, with_impor
                 assert static.admit(fid, sizes[fid]) == shade.admit(fid, sizes[fid])
         elif op == "remove":
             assert static.remove(fid) == shade.remove(fid)
+        elif fid in static:
+            assert fid in shade  # reserving a resident file is a caller bug, not a refusal
+            with pytest.raises(AlreadyInTier):
+                shade.reserve(fid, sizes[fid])
         else:
             got = static.reserve(fid, sizes[fid])
             assert got == shade.reserve(fid, sizes[fid])

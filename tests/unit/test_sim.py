@@ -155,7 +155,7 @@ def test_matches_daemon_single_tier(tmp_path, policy, seed):
     writer = TraceWriter(str(path))
     cache = TieredCache(ns, _MemBackend(sizes), (tier, MemoryTier()), None, imp, trace=writer)
     accessed = rng.choice(names[:30], size=400, p=np.linspace(1, 3, 30) / np.linspace(1, 3, 30).sum())
-    outcomes = [cache.open(ns.file_id(p))[1] for p in accessed.tolist()]
+    outcomes = [cache.open(ns.file_id(p)).outcome for p in accessed.tolist()]
     writer.close()
 
     trace = sim.read_trace(str(path))

@@ -1,0 +1,194 @@
+"""The per-file state machine of the read path, one transition at a time (docs/architecture.md): single-flight
+over the whole miss (admission included), generation-named entries (a pending delete never removes a newer
+entry), failures of the disk tier that release their reservation, and the Handle API."""
+import os
+import threading
+
+import pytest
+
+from shadefs.backends.posix import PosixBackend
+from shadefs.cache.core import TieredCache
+from shadefs.cache.index import TierIndex
+from shadefs.cache.tiers import DiskTier, MemoryTier
+from shadefs.namespace import Namespace
+from shadefs.policies import Importance, get_policy
+
+
+class CountingBackend(PosixBackend):
+    def __init__(self, url):
+        super().__init__(url)
+        self.reads = []
+        self.lock = threading.Lock()
+
+    def read(self, path, size):
+        with self.lock:
+            self.reads.append(path)
+        return super().read(path, size)
+
+
+class GatedDisk(DiskTier):
+    """A real DiskTier whose put/delete of chosen paths wait for an event (or raise)."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.put_gate = {}      # relpath -> Event waited on before writing
+        self.put_entered = {}   # relpath -> Event set when put starts
+        self.delete_gate = {}   # (relpath, gen) -> Event
+        self.put_error = None   # an exception instance raised by every put
+
+    def put(self, relpath, gen, chunks, size, mtime_ns=None):
+        if relpath in self.put_entered:
+            self.put_entered[relpath].set()
+        if relpath in self.put_gate:
+            assert self.put_gate[relpath].wait(10)
+        if self.put_error is not None:
+            list(chunks)  # the backend read happens, then the write fails
+            raise self.put_error
+        return super().put(relpath, gen, chunks, size, mtime_ns)
+
+    def delete(self, relpath, gen, csum):
+        gate = self.delete_gate.get((relpath, gen))
+        if gate is not None:
+            assert gate.wait(10)
+        super().delete(relpath, gen, csum)
+
+
+def build(src, tmp_path, policy="lru", ram=0, disk=0):
+    backend = CountingBackend(str(src))
+    ns = Namespace(backend.walk())
+    imp = Importance(ns.num_files)
+    cls = get_policy(policy)
+    store = GatedDisk(str(tmp_path / "cache"), str(src)) if disk else None
+    disk_t = (TierIndex("disk", disk, cls(disk, imp)), store) if disk else None
+    return TieredCache(ns, backend, (TierIndex("ram", ram, cls(ram, imp)), MemoryTier()), disk_t, imp), ns, backend
+
+
+def read_all(cache, fid):
+    h = cache.open(fid)
+    try:
+        return h.read(0, h.size), h.outcome
+    finally:
+        h.release()
+
+
+def entry_files(cache, rel):
+    h = cache.disk.key(rel)
+    shard = os.path.join(cache.disk.dir, h[:2])
+    return sorted(n for n in os.listdir(shard) if n.startswith(h)) if os.path.isdir(shard) else []
+
+
+def test_an_open_during_admission_waits_for_the_one_read(small_tree, tmp_path):
+    src, spec = small_tree
+    cache, ns, backend = build(src, tmp_path, "lru", ram=0, disk=100000)
+    rel = "cat/05.bin"
+    f = ns.file_id(rel)
+    cache.disk.put_gate[rel] = threading.Event()
+    cache.disk.put_entered[rel] = threading.Event()
+    out = []
+    t1 = threading.Thread(target=lambda: out.append(read_all(cache, f)))
+    t1.start()
+    assert cache.disk.put_entered[rel].wait(10)   # the leader is admitting it (writing the entry)
+    assert cache.state(f) == "fetching"
+    t2 = threading.Thread(target=lambda: out.append(read_all(cache, f)))
+    t2.start()
+    t2.join(0.3)
+    assert t2.is_alive()                           # the second open waits: no second leader
+    assert cache.open_nowait(f) is None            # and open_nowait neither waits nor counts
+    cache.disk.put_gate[rel].set()
+    t1.join(10)
+    t2.join(10)
+    assert out == [(spec[rel], "miss")] * 2
+    assert backend.reads == [rel]
+    c = cache.counters()
+    assert (c["opens"], c["misses"], c["joined"], c["backend_reads"]) == (2, 2, 1, 1)
+    assert cache.state(f) == "disk" and f not in cache.ram_index
+    assert read_all(cache, f) == (spec[rel], "disk")
+
+
+def test_a_pending_delete_never_removes_a_newer_entry(tmp_path):
+    src = tmp_path / "src"
+    spec = {f"c/x{i}.bin": bytes([i + 1]) * 1000 for i in range(4)}
+    for rel, data in spec.items():
+        (src / "c").mkdir(parents=True, exist_ok=True)
+        (src / rel).write_bytes(data)
+    cache, ns, _ = build(src, tmp_path, "lru", ram=2000, disk=10000)
+    x = [ns.file_id(f"c/x{i}.bin") for i in range(4)]
+    for f in x[:3]:
+        read_all(cache, f)                          # RAM: x1, x2; disk: x0 (demoted)
+    assert cache.state(x[0]) == "disk"
+    gen1 = int(cache.entries.gen[x[0]])
+    gate = threading.Event()
+    cache.disk.delete_gate[("c/x0.bin", gen1)] = gate
+    t = threading.Thread(target=lambda: read_all(cache, x[0]))  # promotes x0; its old entry's delete waits
+    t.start()
+    for _ in range(1000):
+        if cache.state(x[0]) == "ram":
+            break
+        t.join(0.01)
+    assert cache.state(x[0]) == "ram" and cache.disk_index.dying_bytes == 1000  # still on disk: counted
+    # x0 goes back to disk as a newer generation while the delete of the old one is still pending
+    assert read_all(cache, x[2]) == (spec["c/x2.bin"], "ram")
+    assert read_all(cache, x[3]) == (spec["c/x3.bin"], "miss")   # RAM evicts x0 -> disk
+    assert cache.state(x[0]) == "disk"
+    gen2 = int(cache.entries.gen[x[0]])
+    assert gen2 > gen1 and len(entry_files(cache, "c/x0.bin")) == 2
+    gate.set()
+    t.join(10)
+    assert len(entry_files(cache, "c/x0.bin")) == 1
+    assert read_all(cache, x[0]) == (spec["c/x0.bin"], "disk")
+    assert cache.corrupt_entries == 0
+    assert not set(cache.ram_index.sizes) & set(cache.disk_index.sizes)
+    assert cache.disk_index.dying_bytes == 0
+
+
+@pytest.mark.parametrize("error", [OSError(28, "No space left on device"), RuntimeError("a bug in the tier")])
+def test_any_failure_of_a_disk_write_releases_its_reservation(small_tree, tmp_path, error):
+    src, spec = small_tree
+    cache, ns, backend = build(src, tmp_path, "lru", ram=0, disk=100000)
+    cache.disk.put_error = error
+    rel = "dog/04.bin"
+    assert read_all(cache, ns.file_id(rel)) == (spec[rel], "miss")   # the reader never sees it
+    idx = cache.disk_index
+    assert (idx.used_bytes, idx.reserved_bytes, idx.dying_bytes, len(idx)) == (0, 0, 0, 0)
+    assert cache.disk_write_errors == 1 and cache.state(ns.file_id(rel)) == "absent"
+    assert os.listdir(cache.disk.tmp_dir) == []
+    cache.disk.put_error = None
+    assert read_all(cache, ns.file_id(rel)) == (spec[rel], "miss")
+    assert read_all(cache, ns.file_id(rel)) == (spec[rel], "disk")
+
+
+def test_handle_api(small_tree, tmp_path):
+    src, spec = small_tree
+    cache, ns, _ = build(src, tmp_path, "lru", ram=0, disk=100000)
+    rel = "cat/03.bin"
+    f = ns.file_id(rel)
+    assert cache.open_nowait(f) is None and cache.counters()["opens"] == 0   # absent: nothing counted
+    h = cache.open(f)
+    assert (h.outcome, h.size) == ("miss", len(spec[rel]))
+    h.release()
+    h = cache.open_nowait(f)                         # an NVMe hit, served without waiting
+    assert h.outcome == "disk" and h.source == "entry"
+    fd = h.backing_fd()
+    assert os.pread(fd, h.size + 10, 0) == spec[rel]
+    assert h.read(10, 100) == spec[rel][10:110]
+    assert h.read(h.size - 5, 100) == spec[rel][-5:] and h.read(h.size, 10) == b""
+    h.release()
+    h.release()                                      # idempotent
+    assert h.backing_fd() is None
+    with pytest.raises(OSError):
+        os.fstat(fd)
+    with pytest.raises(OSError):
+        h.read(0, 1)
+    c = cache.counters()
+    assert (c["opens"], c["hits_disk"], c["misses"]) == (2, 1, 1)
+
+
+def test_prefetch_shares_the_single_flight_and_reports_the_tier(small_tree, tmp_path):
+    src, spec = small_tree
+    cache, ns, backend = build(src, tmp_path, "static", ram=3000, disk=5000)
+    assert cache.prefetch(ns.file_id("dog/00.bin")) == "ram"
+    assert cache.prefetch(ns.file_id("dog/00.bin")) == "resident"
+    assert cache.prefetch(ns.file_id("dog/04.bin")) == "disk"
+    assert cache.prefetch(ns.file_id("dog/08.bin")) == "rejected"    # 9000 bytes: no tier admits it
+    assert cache.counters()["opens"] == 0 and len(backend.reads) == 2
+    assert read_all(cache, ns.file_id("dog/04.bin")) == (spec["dog/04.bin"], "disk")
