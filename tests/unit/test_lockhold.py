@@ -102,7 +102,7 @@ def test_score_batches_wait_for_the_background_thread_and_apply_in_slices(small_
     cache.start_background()
     cache.update_importance(np.arange(10), np.linspace(9, 0, 10).astype(np.float32))
     assert imp.values[9] == 0.0                     # the values are set at once ...
-    assert cache.open(3)[1] == "ram"                # ... and neither the update nor this hit re-ranks
+    assert cache.open(3).outcome == "ram"             # ... and neither the update nor this hit re-ranks
     with cache.lock:
         assert policy.ranking() == list(range(10))
         assert policy.pending() == 11
@@ -182,12 +182,12 @@ def test_checkpoint_copies_the_residency_array_and_lists_entries_oldest_first(sm
     d.mkdir()
     ck = persist.Checkpointer(str(d), ns, imp, cache.disk_index, digests, cache.lock, interval_s=0)
     assert ck.save()
-    dig, sizes, mtimes = persist.read_index(str(d / persist.INDEX_FILE))
+    dig, sizes, mtimes, _gens, _etags = persist.read_index(str(d / persist.INDEX_FILE))
     want = [6, 2, 0]
     assert dig.tolist() == digests.rows(np.array(want)).tolist()
     assert sizes.tolist() == [ns.size(f) for f in want]
     assert not ck.save()                            # nothing changed
     cache.open(9)
     assert ck.save()
-    dig, _, _ = persist.read_index(str(d / persist.INDEX_FILE))
+    dig = persist.read_index(str(d / persist.INDEX_FILE))[0]
     assert dig.tolist() == digests.rows(np.array([6, 2, 0, 9])).tolist()

@@ -383,6 +383,10 @@ def test_matches_brute_force_model(capacity, sizes, ops, deferred):
                     assert all(imp.values[v] < imp.values[fid] for v in got)
         elif op[0] == "remove":
             assert tier.remove(fid) == model.remove(fid)
+        elif fid in tier:  # reserving a resident file is a caller bug, not a refusal
+            assert op[0] == "reserve_abort", op
+            with pytest.raises(AlreadyInTier):
+                tier.reserve(fid, sizes[fid])
         else:  # reserve_abort: a fill that failed; its victims stay evicted, fid is not resident
             assert op[0] == "reserve_abort", op
             expected = model.reserve(fid, sizes[fid])
