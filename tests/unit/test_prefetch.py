@@ -36,7 +36,18 @@ class CountingBackend(PosixBackend):
         return super().read(path, size)
 
 
+
+def open_read(cache, fid):
+    """Open ``fid`` through the cache, read it whole, release: (bytes, outcome)."""
+    h = cache.open(fid)
+    try:
+        return h.read(0, h.size), h.outcome
+    finally:
+        h.release()
+
+
 @pytest.fixture(scope="module")
+
 def tree(tmp_path_factory):
     src = tmp_path_factory.mktemp("src")
     rng = random.Random(3)
@@ -87,11 +98,11 @@ def test_window_is_never_exceeded_and_outcomes_add_up(tree, data):
         if action == "step":
             pf.step()
         elif action == "open" and i < len(order):
-            got, outcome = cache.open(order[i])
+            got, outcome = open_read(cache, order[i])
             assert bytes(got) == spec[ns.path(order[i])]
             i += 1
         elif action == "stray":
-            cache.open(data.draw(st.integers(0, ns.num_files - 1)))
+            open_read(cache, data.draw(st.integers(0, ns.num_files - 1)))
         elif action == "reannounce":
             rest = data.draw(st.lists(st.integers(0, ns.num_files - 1), min_size=1, max_size=20))
             try:
@@ -111,7 +122,7 @@ def test_a_planned_epoch_is_served_ready_and_read_once(tree):
     while pf.step():
         pass
     assert len(backend.reads) == ns.num_files
-    outcomes = [cache.open(f)[1] for f in order]
+    outcomes = [open_read(cache, f)[1] for f in order]
     assert outcomes == ["prefetch"] * ns.num_files
     s = cache.stats()
     assert s["prefetch"]["ready"] == ns.num_files and s["misses"] == 0
@@ -129,7 +140,7 @@ def test_an_open_of_a_file_being_prefetched_waits_for_that_read(tree):
     while not backend.reads:
         pass
     out = {}
-    opener = threading.Thread(target=lambda: out.setdefault("r", cache.open(5)))
+    opener = threading.Thread(target=lambda: out.setdefault("r", open_read(cache, 5)))
     opener.start()
     gate.set()
     t.join(10)
@@ -147,7 +158,7 @@ def test_a_failed_prefetch_surfaces_only_as_a_miss(tree):
     plans.announce(h, 0, 0, [1], np.array([f], dtype=np.uint32))
     assert pf.step()
     backend.fail.clear()
-    data, outcome = cache.open(f)
+    data, outcome = open_read(cache, f)
     assert outcome == "miss" and bytes(data) == spec["c1/001.bin"]
     assert cache.stats()["prefetch"]["errors"] == 1 and pf.reserved_bytes == 0
 
