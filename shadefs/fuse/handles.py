@@ -76,4 +76,7 @@ def may_block(cache, h) -> bool:
     """Whether ``h.read`` may wait on the backend (a file streamed by ranges): such reads go to a worker."""
     if isinstance(h, BytesHandle):
         return h.data is None
+    source = getattr(h, "source", None)  # the core's Handle says where its reads come from
+    if source is not None:
+        return source == "backend"
     return h.outcome == "miss" and h.size > getattr(cache, "stream_threshold", 1 << 62)
