@@ -26,6 +26,7 @@ setup(
         "sortedcontainers>=2.4",
         "tqdm>=4.60",
         "prometheus-client>=0.17",
+        "xxhash>=3",  # disk entry checksums (xxh3_64), namespace fingerprints
     ],
     extras_require={
         "torch": ["torch==2.14.1", "torchvision==0.29.1"],
