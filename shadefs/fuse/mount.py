@@ -12,6 +12,7 @@ from __future__ import annotations
 import array
 import ctypes
 import ctypes.util
+import errno
 import logging
 import os
 import shutil
@@ -41,6 +42,9 @@ def _c():
 class MountError(OSError):
     """The mount could not be made (the message says why: mount(2)'s errno or fusermount3's stderr)."""
 
+    def __str__(self) -> str:
+        return self.strerror or super().__str__()
+
 
 def _fusermount() -> Optional[str]:
     return shutil.which("fusermount3") or shutil.which("fusermount")
@@ -60,7 +64,12 @@ def mount_fuse(mountpoint: str, fsname: str, subtype: str = "shadefs", allow_oth
     """
     mountpoint = os.path.abspath(mountpoint)
     if os.geteuid() == 0:
-        return _mount_root(mountpoint, fsname, subtype, allow_other)
+        try:
+            return _mount_root(mountpoint, fsname, subtype, allow_other)
+        except MountError as e:
+            if e.errno != errno.EPERM:
+                raise
+            # root without CAP_SYS_ADMIN (a container): try fusermount3 as libfuse does; its message wins
     return _mount_fusermount(mountpoint, fsname, subtype, allow_other)
 
 
@@ -100,7 +109,10 @@ def _mount_fusermount(mountpoint: str, fsname: str, subtype: str, allow_other: b
         if proc.returncode != 0 or not fds:
             for fd in fds:
                 os.close(fd)
-            raise MountError(0, f"fusermount3: {err.decode(errors='replace').strip() or 'no fd received'}")
+            msg = err.decode(errors="replace").strip() or "no fd received"
+            if msg.startswith(tool + ":"):
+                msg = os.path.basename(tool) + msg[len(tool):]  # "fusermount3: mount failed: ..."
+            raise MountError(0, msg if msg.startswith("fusermount") else f"fusermount3: {msg}")
         for extra in fds[1:]:
             os.close(extra)
         os.set_inheritable(fds[0], False)

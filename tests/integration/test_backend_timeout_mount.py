@@ -54,11 +54,13 @@ def test_a_read_stuck_in_the_kernel_is_eio_at_the_deadline_and_others_are_served
         for t in threads:
             t.join(20)
         assert served_in < 1.5, served_in       # not queued behind the stuck reads
-        # single-flight: concurrent opens of one file share one backend read, so all three see its EIO
+        # every reader sees EIO, none a short or empty file. With --ram-cache 0 no tier admits the file, so
+        # it is streamed by ranges: each READ has its own deadline, and the kernel serialises the readers
+        # of one page (and retries a failed readahead once), so the k-th reader waits up to 2k deadlines.
         assert sorted(results) == [0, 1, 2]
-        for err, took in results.values():
-            assert err == errno.EIO
-            assert 1.3 <= took < 6, took
+        took = sorted(t for _, t in results.values())
+        assert all(err == errno.EIO for err, _ in results.values())
+        assert 1.3 <= took[0] < 3.5 and took[-1] < 10, took
         # again, after the deadline: a new read, a new thread, EIO again (never a short or empty file)
         t0 = time.monotonic()
         with pytest.raises(OSError) as e:
@@ -70,6 +72,6 @@ def test_a_read_stuck_in_the_kernel_is_eio_at_the_deadline_and_others_are_served
     finally:
         unblock(fifo)
     log = m.log()
-    assert "read 'dog/04.bin': no answer from the backend within 1.5 s (--backend-timeout)" in log
+    assert "read 'dog/04.bin' at 0: no answer from the backend within 1.5 s (--backend-timeout)" in log
     s = m.stats()
     assert s["opens"] == sum(s["hits"].values()) + s["misses"]

@@ -37,7 +37,9 @@ def test_nvme_hits_are_served_by_passthrough_and_counted_per_open(small_tree, mo
     assert len(re.findall(r"FUSE kernel protocol 7\.\d+ \(kernel offers 7\.\d+\)", log)) == 1
     if "passthrough on" not in log:
         pytest.skip("this kernel does not offer FUSE passthrough: " + log[log.find("passthrough"):][:120])
-    assert _passthrough_opens(log) == 20  # every NVMe hit, none of the misses
+    # every NVMe hit, and every miss too: a miss is written into the NVMe tier before it is served, so its
+    # handle has the just-written entry as backing file (counted as a miss all the same, above)
+    assert _passthrough_opens(log) == 30
 
 
 def test_passthrough_and_cached_opens_of_one_file_never_mix(small_tree, mount, tmp_path):
