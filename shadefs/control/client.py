@@ -210,17 +210,7 @@ class ControlClient:
         Raises:
             ProtocolError: the batch is invalid (bad path, wrong length, NaN/inf, too large).
         """
-        import zmq
-
-        frames = P.encode_scores(paths, values)
-        sock = self._socket()
-        try:
-            sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
-        except zmq.Again:
-            self.dropped += 1
-            return False
-        self.sent += 1
-        return True
+        return self._send_oneway(P.encode_scores(paths, values))
 
     def resident(self, paths: Sequence[str]) -> np.ndarray:
         """Which of ``paths`` (mount-relative) are in a cache tier now: bool array of shape (n,).
@@ -277,17 +267,7 @@ class ControlClient:
         Raises:
             ProtocolError: the plan is invalid (see :func:`shadefs.control.protocol.encode_plan`).
         """
-        import zmq
-
-        frames = P.encode_plan(handle, stream, first_epoch, segments, ids, window=window)
-        sock = self._socket()
-        try:
-            sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
-        except zmq.Again:
-            self.dropped += 1
-            return False
-        self.sent += 1
-        return True
+        return self._send_oneway(P.encode_plan(handle, stream, first_epoch, segments, ids, window=window))
 
     def stats(self) -> dict:
         """The daemon's stats JSON (``shadefs stats --json``), with ``scores_received``/``scores_rejected``.
@@ -301,6 +281,18 @@ class ControlClient:
         if not isinstance(reply, P.StatsReply):
             raise P.ProtocolError("malformed", "stats reply expected")
         return reply.stats
+
+    def _send_oneway(self, frames) -> bool:
+        """Queue a one-way message without blocking; False (counted in ``dropped``) when the queue is full."""
+        import zmq
+
+        try:
+            self._socket().send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            self.dropped += 1
+            return False
+        self.sent += 1
+        return True
 
     def _request(self, rid: bytes, frames):
         import zmq
