@@ -7,9 +7,15 @@ in the kernel (a hung NFS server, a FIFO with no writer: ``open()`` itself block
 interrupted from Python); it is *abandoned*: it no longer counts as a worker, a fresh thread serves the
 next read, and when the stuck call finally returns its result is dropped and the thread exits.
 
-Abandoned threads are bounded (``max_stuck``, default 64): with that many reads stuck, a further read
-fails at once with EIO instead of starting another thread that would also hang, so a dead source costs
-a bounded number of threads, not one per attempt. The listing (``walk``) is not bounded here (a big
+A file whose read is stuck fails fast: while an abandoned read of a path has not returned, every
+further read or stat of that same path fails at once with EIO (logged once per stuck episode) instead of
+waiting out a deadline of its own behind the same hung server. So a streamed file (one no tier admits,
+read by ranges: one backend call per kernel READ) answers all its readers EIO within one deadline, not one
+deadline per READ the kernel issues or retries, and a dead file costs one stuck thread, not one per
+attempt. When the stuck call returns, the path is tried normally again.
+
+Abandoned threads are bounded overall too (``max_stuck``, default 64): with that many reads stuck, a
+further read of any path fails at once with EIO, so a dead source costs a bounded number of threads. The listing (``walk``) is not bounded here (a big
 listing takes long legitimately); the fsspec backend bounds each of its requests with its own
 connect/read timeouts.
 
@@ -22,7 +28,7 @@ import logging
 import queue
 import threading
 import time
-from typing import Callable, Iterator, List, Tuple, TypeVar
+from typing import Callable, Dict, Iterator, List, Tuple, TypeVar
 
 from .base import Backend, BackendError, Entry
 
@@ -33,12 +39,13 @@ T = TypeVar("T")
 
 
 class _Worker:
-    __slots__ = ("tasks", "abandoned", "started")
+    __slots__ = ("tasks", "abandoned", "started", "key")
 
     def __init__(self):
         self.tasks: "queue.SimpleQueue" = queue.SimpleQueue()
         self.abandoned = False
         self.started = 0.0
+        self.key = ""
 
 
 class TimeoutBackend(Backend):
@@ -69,7 +76,9 @@ class TimeoutBackend(Backend):
         self._idle: List[_Worker] = []
         self.stuck = 0        # abandoned reads not returned yet
         self.timeouts = 0     # reads that hit the deadline (and were answered EIO)
-        self.refused = 0      # reads failed at once because max_stuck reads are stuck
+        self.refused = 0      # reads failed at once (max_stuck reads stuck, or this path's read stuck)
+        # path -> [abandoned calls of it not returned yet, monotonic time the first was started, logged]
+        self._stuck_paths: Dict[str, list] = {}
         self.threads = 0      # worker threads alive (idle, busy or stuck)
 
     # -- the worker pool ---------------------------------------------------------------------------
@@ -94,6 +103,11 @@ class TimeoutBackend(Backend):
                 if worker.abandoned:  # the reader got EIO long ago: drop the result, end the thread
                     self.stuck -= 1
                     self.threads -= 1
+                    rec = self._stuck_paths.get(worker.key)
+                    if rec is not None:
+                        rec[0] -= 1
+                        if rec[0] <= 0:  # the path answers again: its next read is tried normally
+                            del self._stuck_paths[worker.key]
                     log.info("a backend read that timed out returned after %.1f s",
                              time.monotonic() - worker.started)
                     return
@@ -102,9 +116,15 @@ class TimeoutBackend(Backend):
                     return
                 self._idle.append(worker)
 
-    def _call(self, fn: Callable[[], T], what: str) -> T:
+    def _call(self, fn: Callable[[], T], what: str, key: str) -> T:
         with self._lock:
-            if self.stuck >= self.max_stuck:
+            rec = self._stuck_paths.get(key)
+            if rec is not None:
+                self.refused += 1
+                age = time.monotonic() - rec[1]
+                first = not rec[2]
+                rec[2] = True
+            elif self.stuck >= self.max_stuck:
                 self.refused += 1
                 refused = True
             else:
@@ -116,6 +136,12 @@ class TimeoutBackend(Backend):
                     new = True
                 else:
                     new = False
+        if rec is not None:
+            msg = (f"{what}: an earlier read of this file has been stuck in the backend for {age:.1f} s "
+                   f"(past the {self.timeout_s:g} s --backend-timeout); failing at once")
+            if first:  # once per stuck episode: a streamed file's every READ would land here
+                log.error("%s (further reads of it fail the same way until it returns)", msg)
+            raise BackendError(msg)
         if refused:
             msg = (f"{what}: {self.max_stuck} backend reads are stuck past the {self.timeout_s:g} s "
                    f"timeout; failing at once")
@@ -136,8 +162,14 @@ class TimeoutBackend(Backend):
             else:
                 late = False
                 worker.abandoned = True
+                worker.key = key
                 self.stuck += 1
                 self.timeouts += 1
+                rec = self._stuck_paths.get(key)
+                if rec is None:
+                    self._stuck_paths[key] = [1, worker.started, False]
+                else:
+                    rec[0] += 1
         if late:
             return fut.result()
         msg = f"{what}: no answer from the backend within {self.timeout_s:g} s (--backend-timeout)"
@@ -160,13 +192,13 @@ class TimeoutBackend(Backend):
         return self.inner.snapshot_changed(*args, **kwargs)
 
     def read(self, path: str, size: int) -> bytes:
-        return self._call(lambda: self.inner.read(path, size), f"read {path!r}")
+        return self._call(lambda: self.inner.read(path, size), f"read {path!r}", path)
 
     def read_range(self, path: str, offset: int, length: int) -> bytes:
-        return self._call(lambda: self.inner.read_range(path, offset, length), f"read {path!r} at {offset}")
+        return self._call(lambda: self.inner.read_range(path, offset, length), f"read {path!r} at {offset}", path)
 
     def stat(self, path: str) -> Tuple[int, float]:
-        return self._call(lambda: self.inner.stat(path), f"stat {path!r}")
+        return self._call(lambda: self.inner.stat(path), f"stat {path!r}", path)
 
     def describe(self) -> str:
         return self.inner.describe()

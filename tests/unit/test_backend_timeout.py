@@ -85,6 +85,43 @@ def test_stuck_threads_are_bounded():
     assert b.read("ok/x", 4) == b"ok/x"       # healed: reads are served again
 
 
+def test_a_path_whose_read_is_stuck_fails_fast_until_it_returns(caplog):
+    """A streamed file's every READ is one backend call: after the first deadline, further reads of the
+    same path (any range, and its stat) fail at once instead of each waiting a deadline of its own; other
+    paths are served; when the stuck call returns, the path is read normally again."""
+    class GatedRanges(Gated):
+        def read_range(self, path, offset, length):
+            return self.read(path, offset + length)[offset:]
+
+        def stat(self, path):
+            if path.startswith("stuck/"):
+                self.release.wait(30)
+            return (7, 1.0)
+
+    inner = GatedRanges()
+    b = TimeoutBackend(inner, 0.3)
+    with caplog.at_level(logging.ERROR, logger="shadefs.backends.timeout"):
+        with pytest.raises(BackendError, match=r"read 'stuck/a' at 0: no answer .* 0.3 s"):
+            b.read_range("stuck/a", 0, 4)
+        t0 = time.monotonic()
+        for call in (lambda: b.read_range("stuck/a", 4096, 4), lambda: b.read("stuck/a", 8),
+                     lambda: b.stat("stuck/a")):
+            with pytest.raises(BackendError, match=r"an earlier read of this file has been stuck"):
+                call()
+        assert time.monotonic() - t0 < 0.1            # no deadline of their own
+    assert caplog.text.count("an earlier read of this file") == 1   # logged once per stuck episode
+    assert b.stuck == 1 and b.threads == 1 and b.refused == 3 and b.timeouts == 1
+    assert b.read_range("ok/b", 1, 3) == b"k/b"       # another path is served meanwhile
+    inner.release.set()
+    deadline = time.monotonic() + 5
+    while b.stuck and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert b.stuck == 0
+    inner.release.clear()
+    threading.Timer(0.05, inner.release.set).start()
+    assert b.read("stuck/a", 9) == b"stuck/a.."   # tried normally again (and answers within the deadline)
+
+
 def test_bad_arguments():
     with pytest.raises(ValueError, match="> 0"):
         TimeoutBackend(Gated(), 0)
