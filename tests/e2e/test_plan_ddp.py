@@ -8,23 +8,11 @@ from conftest import require  # noqa: E402
 torch = require("torch")
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
-from torch.utils.data import Dataset  # noqa: E402
 from torch.utils.data.distributed import DistributedSampler  # noqa: E402
 
+from shadefs.testing.datasets import FileDataset as Files  # noqa: E402
+
 N = 64
-
-
-class Files(Dataset):
-    def __init__(self, root):
-        self.root = str(root)
-        self.samples = sorted((os.path.join(d, f), 0) for d, _, fs in os.walk(self.root) for f in fs)
-
-    def __len__(self):
-        return len(self.samples)
-
-    def __getitem__(self, i):
-        with open(self.samples[i][0], "rb") as f:
-            return len(f.read())
 
 
 def _rank(rank, root, init_file, out_dir):

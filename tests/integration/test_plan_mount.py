@@ -8,28 +8,15 @@ import pytest
 from conftest import require
 
 torch = require("torch")  # skipped without torch; failed under CI=true
-from torch.utils.data import DataLoader, Dataset  # noqa: E402
+from torch.utils.data import DataLoader  # noqa: E402
 
 from shadefs import sim  # noqa: E402
 from shadefs.control import protocol as P  # noqa: E402
 from shadefs.control.client import ControlClient, ControlError, find_endpoint  # noqa: E402
 from shadefs.hooks import PlanSampler  # noqa: E402
+from shadefs.testing.datasets import FileDataset as Files  # noqa: E402
 
 from mountutil import read, wait_for  # noqa: E402
-
-
-class Files(Dataset):
-    """An ImageFolder stand-in on the mount: ``samples`` of (path, class); item = the file's bytes length."""
-
-    def __init__(self, root):
-        self.root = str(root)
-        self.samples = sorted((os.path.join(d, f), 0) for d, _, fs in os.walk(self.root) for f in fs)
-
-    def __len__(self):
-        return len(self.samples)
-
-    def __getitem__(self, i):
-        return len(read(self.samples[i][0]))
 
 
 @pytest.fixture

@@ -11,26 +11,13 @@ from shadefs.testing.s3 import LatencyProxyProcess
 from conftest import require  # noqa: E402
 
 torch = require("torch")
-from torch.utils.data import DataLoader, Dataset  # noqa: E402
+from torch.utils.data import DataLoader  # noqa: E402
 
 from shadefs.hooks import PlanSampler  # noqa: E402
-
-from mountutil import read  # noqa: E402
+from shadefs.testing.datasets import FileDataset as Files  # noqa: E402
 
 BUCKET = "shadefs-plan"
 N, SIZE = 240, 16_000
-
-
-class Files(Dataset):
-    def __init__(self, root):
-        self.root = str(root)
-        self.samples = sorted((os.path.join(d, f), 0) for d, _, fs in os.walk(self.root) for f in fs)
-
-    def __len__(self):
-        return len(self.samples)
-
-    def __getitem__(self, i):
-        return len(read(self.samples[i][0]))
 
 
 @pytest.fixture
