@@ -49,6 +49,7 @@ from typing import Any, Dict, List
 import numpy as np
 
 from shadefs.testing import Mount, docsection
+from shadefs.testing.datasets import read_size
 from shadefs.testing.docsection import markdown_table
 from shadefs.testing.redis import RedisCluster
 from shadefs.testing.s3 import DUMMY_AWS_ENV, LatencyProxyProcess, MotoServer
@@ -80,19 +81,6 @@ def upload(endpoint: str, files: Dict[str, bytes]) -> None:
     with cf.ThreadPoolExecutor(8) as pool:
         list(pool.map(lambda kv: s3.put_object(Bucket=BUCKET, Key=f"{PREFIX}/{kv[0]}", Body=kv[1]),
                       files.items()))
-
-
-def read_file(path: str) -> int:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        n = 0
-        while True:
-            b = os.read(fd, 1 << 20)
-            if not b:
-                return n
-            n += len(b)
-    finally:
-        os.close(fd)
 
 
 def flush(cluster: RedisCluster) -> None:
@@ -132,7 +120,7 @@ def run_config(a, files: List[str], sizes: Dict[str, int], endpoint: str, cluste
                 barrier.wait()
                 t0 = time.perf_counter()
                 with cf.ThreadPoolExecutor(a.threads) as pool:
-                    got = list(pool.map(lambda p: read_file(os.path.join(mounts[r].path, p)), shard))
+                    got = list(pool.map(lambda p: read_size(os.path.join(mounts[r].path, p)), shard))
                 times[r] = time.perf_counter() - t0
                 assert got == [sizes[p] for p in shard], "short read"
 
@@ -186,7 +174,7 @@ def per_hit_cost(a, files: List[str], endpoint: str, cluster: RedisCluster, work
         ts = []
         for p in sample:
             t0 = time.perf_counter()
-            read_file(os.path.join(m.path, p))
+            read_size(os.path.join(m.path, p))
             ts.append(time.perf_counter() - t0)
         ts.sort()
         out[label] = {"median_ms": 1e3 * statistics.median(ts), "p90_ms": 1e3 * ts[int(0.9 * (len(ts) - 1))]}
@@ -208,7 +196,7 @@ def per_hit_cost(a, files: List[str], endpoint: str, cluster: RedisCluster, work
     r = Mount(f"s3://{BUCKET}/{PREFIX}", os.path.join(workdir, "probe-r"), sh_args, mount_timeout=300).start()
     try:
         for p in sample:
-            read_file(os.path.join(w.path, p))  # node W's misses fill the group
+            read_size(os.path.join(w.path, p))  # node W's misses fill the group
         deadline = time.monotonic() + 30
         while w.stats()["tiers"]["shared"]["files"] < n and time.monotonic() < deadline:
             time.sleep(0.2)

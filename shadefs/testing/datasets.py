@@ -11,7 +11,23 @@ from __future__ import annotations
 import os
 from typing import List, Optional
 
-__all__ = ["FileDataset"]
+__all__ = ["FileDataset", "read_size"]
+
+
+def read_size(path: str) -> int:
+    """Read the file at ``path`` whole, in 1 MiB reads, and return its size in bytes.
+
+    Raises: ``OSError`` of ``open`` or ``read`` (EIO, ENOENT, ...)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        n = 0
+        while True:
+            b = os.read(fd, 1 << 20)
+            if not b:
+                return n
+            n += len(b)
+    finally:
+        os.close(fd)
 
 
 class FileDataset:
@@ -38,13 +54,4 @@ class FileDataset:
         return len(self.samples)
 
     def __getitem__(self, i: int) -> int:
-        fd = os.open(self.samples[i][0], os.O_RDONLY)
-        try:
-            n = 0
-            while True:
-                b = os.read(fd, 1 << 20)
-                if not b:
-                    return n
-                n += len(b)
-        finally:
-            os.close(fd)
+        return read_size(self.samples[i][0])
