@@ -226,10 +226,13 @@ class Backend(abc.ABC):
         """Release connections; the backend is not used afterwards."""
 
 
-def chunks_from_entries(entries: Iterable[Entry], report: Optional[ScanReport] = None) -> Iterator[DirChunk]:
+def chunks_from_entries(entries: Iterable[Entry], report: Optional[ScanReport] = None,
+                        dirs: Iterable[str] = ()) -> Iterator[DirChunk]:
     """Group flat file entries (any order) into :class:`DirChunk` s: every directory that holds a file,
-    and each of its ancestors; a path that is both a file and a directory prefix (object stores allow
-    ``a`` beside ``a/b``) keeps the directory and is recorded as a ``conflicts`` skip in ``report``.
+    every directory named in ``dirs`` (object-store directory markers, empty directories of a listing;
+    read after ``entries`` is exhausted, so a generator may fill it while it yields), and each of their
+    ancestors; a path that is both a file and a directory prefix (object stores allow ``a`` beside
+    ``a/b``) keeps the directory and is recorded as a ``conflicts`` skip in ``report``.
     Files without permission bits are served 0444, directories 0555, owned by the daemon's user."""
     import os
     import posixpath
@@ -238,7 +241,7 @@ def chunks_from_entries(entries: Iterable[Entry], report: Optional[ScanReport] =
     files: Dict[str, List[Entry]] = {}
     for e in entries:
         files.setdefault(posixpath.dirname(e.path), []).append(e)
-    dirs = set(files)
+    dirs = set(files) | {d.strip("/") for d in dirs}
     for d in list(dirs):
         while d:
             d = posixpath.dirname(d)

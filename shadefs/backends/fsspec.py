@@ -18,7 +18,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, TypeVar
 import fsspec
 from fsspec.registry import known_implementations
 
-from .base import Backend, BackendError, Entry
+from .base import Backend, BackendError, DirChunk, Entry, ScanReport, chunks_from_entries
 from .retry import RetryPolicy, redact
 
 __all__ = ["FsspecBackend", "parse_options"]
@@ -269,35 +269,59 @@ class FsspecBackend(Backend):
     def walk(self) -> Iterator[Entry]:
         """Yield every object below the root as an Entry (path relative to the root).
 
-        Keys ending in ``/`` (directory markers) and keys that are not a valid relative path (empty,
-        ``.`` or ``..`` components) are skipped; the latter are counted and logged once.
+        Keys ending in ``/`` (directory markers) are not files and are not yielded (:meth:`scan` keeps
+        the directories they name); keys that are not a valid relative path (empty, ``.`` or ``..``
+        components) are skipped, counted and logged once.
 
         Raises:
             FileNotFoundError: the bucket does not exist, or nothing exists below the prefix.
             BackendError: a listing request failed (after retries).
         """
+        return self._listing([])
+
+    def scan(self, follow_symlinks: bool = False) -> Tuple[Iterator[DirChunk], ScanReport]:
+        """The tree as directories: every directory that holds a file, and every directory an object
+        store only *marks* (a 0-byte key ending in ``/``, e.g. the console's "Create folder", or a prefix
+        holding nothing but such a marker) or that a listing shows empty (``memory://``), so an
+        ImageFolder over the mount has the classes of the source, an empty class included.
+
+        Raises: as :meth:`walk` (while the iterator runs).
+        """
+        report = ScanReport()
+        dirs: List[str] = []
+        return chunks_from_entries(self._listing(dirs), report, dirs), report
+
+    def _listing(self, dirs: List[str]) -> Iterator[Entry]:
+        # the files below the root; the directories named by markers are appended to ``dirs``
         skipped: List[str] = []
         if self._is_s3:
-            entries = self._walk_s3(skipped)
+            entries = self._walk_s3(skipped, dirs)
         else:
-            entries = self._walk_find(skipped)
+            entries = self._walk_find(skipped, dirs)
         yield from entries
         if skipped:
             log.warning("%s: skipped %d object(s) whose key is not a file path, e.g. %r",
                         self.describe(), len(skipped), skipped[0])
 
-    def _entry(self, rel: str, size: Any, mtime: float, skipped: List[str]) -> Optional[Entry]:
+    def _entry(self, rel: str, size: Any, mtime: float, skipped: List[str], dirs: List[str]) -> Optional[Entry]:
+        if not rel:
+            return None  # the root's own marker (a key equal to the prefix plus "/")
         if rel.endswith("/"):
-            if size:
-                skipped.append(rel)  # a "directory" with content: not representable
-            return None  # a directory marker; the namespace infers directories from paths
-        parts = rel.split("/")
-        if any(p in ("", ".", "..") for p in parts) or "\x00" in rel:
+            if size or not self._valid(rel[:-1]):
+                skipped.append(rel)  # a "directory" with content, or no POSIX path: not representable
+            else:
+                dirs.append(rel[:-1])  # a directory marker: the directory exists, maybe empty
+            return None
+        if not self._valid(rel):
             skipped.append(rel)
             return None
         return Entry(rel, int(size), mtime)
 
-    def _walk_s3(self, skipped: List[str]) -> Iterator[Entry]:
+    @staticmethod
+    def _valid(rel: str) -> bool:
+        return not any(p in ("", ".", "..") for p in rel.split("/")) and "\x00" not in rel
+
+    def _walk_s3(self, skipped: List[str], dirs: List[str]) -> Iterator[Entry]:
         bucket, key, _ = self.fs.split_path(self.root)
         prefix = key + "/" if key else ""
         request: Dict[str, Any] = dict(Bucket=bucket, Prefix=prefix, **self.fs.req_kw)
@@ -309,7 +333,7 @@ class FsspecBackend(Backend):
                               f"list {self.describe()} (page {page_no})")
             for obj in page.get("Contents", ()):
                 keys += 1
-                entry = self._entry(obj["Key"][len(prefix):], obj["Size"], _mtime(obj), skipped)
+                entry = self._entry(obj["Key"][len(prefix):], obj["Size"], _mtime(obj), skipped, dirs)
                 if entry is not None:
                     yield entry
             if not page.get("IsTruncated"):
@@ -318,21 +342,25 @@ class FsspecBackend(Backend):
         if keys == 0 and prefix:
             raise FileNotFoundError(f"no objects below {self.describe()}")
 
-    def _walk_find(self, skipped: List[str]) -> Iterator[Entry]:
-        found = self._call(lambda: self.fs.find(self.root, detail=True, withdirs=False),
+    def _walk_find(self, skipped: List[str], dirs: List[str]) -> Iterator[Entry]:
+        found = self._call(lambda: self.fs.find(self.root, detail=True, withdirs=True),
                            f"list {self.describe()}")
         below = 0
         for name, info in found.items():
-            if info.get("type", "file") != "file":
-                continue
+            kind = info.get("type", "file")
             name = self.fs._strip_protocol(name)
             if not name.startswith(self._prefix):
-                continue  # the root itself is a file, or an http link to another site
+                continue  # the root itself (a file or the directory), or an http link to another site
+            if kind == "directory":
+                self._entry(name[len(self._prefix):].rstrip("/") + "/", 0, 0.0, skipped, dirs)
+                continue
+            if kind != "file":
+                continue
             below += 1
             size = info.get("size")
             if size is None:  # http servers may not say in a listing: one HEAD for this file
                 size = self._call(lambda: self.fs.info(name)["size"], f"stat {name!r}")
-            entry = self._entry(name[len(self._prefix):], size, _mtime(info), skipped)
+            entry = self._entry(name[len(self._prefix):], size, _mtime(info), skipped, dirs)
             if entry is not None:
                 yield entry
         if not below and not self._call(lambda: self.fs.isdir(self.root), f"list {self.describe()}"):

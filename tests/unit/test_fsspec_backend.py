@@ -305,3 +305,26 @@ def test_memory_root_that_is_a_file_is_file_not_found():
         list(b.walk())
     b.close()
     mem.rm("/fileroot", recursive=True)
+
+
+def test_memory_scan_keeps_empty_directories_and_their_parents():
+    """Every directory of the source is a directory of the snapshot, empty ones included (issue 9 item 5):
+    ``walk`` yields files only, ``scan`` also the directories a listing shows without files."""
+    from shadefs.namespace import Namespace
+
+    mem = fsspec.filesystem("memory")
+    mem.pipe_file("/scantest/cls_a/a.bin", b"abc")
+    mem.makedirs("/scantest/cls_empty", exist_ok=True)
+    mem.makedirs("/scantest/deep/only/dirs", exist_ok=True)
+    b = open_backend("memory://scantest")
+    try:
+        assert [e.path for e in b.walk()] == ["cls_a/a.bin"]
+        ns = Namespace.scan(b)
+        assert ns.num_files == 1
+        assert ns.children(ns.lookup("")) == ("cls_a", "cls_empty", "deep")
+        assert ns.children(ns.lookup("cls_empty")) == ()
+        assert ns.children(ns.lookup("deep/only")) == ("dirs",)
+        assert ns.children(ns.lookup("deep/only/dirs")) == ()
+    finally:
+        b.close()
+        mem.rm("/scantest", recursive=True)
