@@ -69,6 +69,7 @@ class Daemon:
         self.reload_report: Optional[persist.ReloadReport] = None
         self._transform = None
         self._stopped = threading.Event()
+        self._audit = os.environ.get("SHADEFS_AUDIT", "") == "1"
 
     # -- construction (after the fork, before the mount) -----------------------------------------------
     def build(self) -> None:
@@ -333,6 +334,8 @@ class Daemon:
             self.trace.flush()  # its own lock: never the cache lock
         out = self.cache.stats()
         out["namespace"] = self.namespace.info()
+        if self._audit:  # SHADEFS_AUDIT=1: the state machine's consistent view, for tests (docs/metrics.md)
+            out["audit"] = self.cache.audit()
         return out
 
     def apply_scores(self, fids: np.ndarray, values: np.ndarray) -> None:

@@ -187,6 +187,9 @@ class TieredCache:
         self.on_backend_read = on_backend_read
         self.lock = threading.Lock()
         self._flights: Dict[int, _Flight] = {}   # files fetching or moving
+        # called with a file id right after one of its disk entries is unlinked, before its bytes leave the
+        # budget (outside the lock): a front end that pins entry files (passthrough backing ids) lets go
+        self.entry_unlinked: List = []
         self.started = time.monotonic()
         # counters (read under self.lock for a consistent snapshot)
         self.opens = 0
@@ -439,8 +442,13 @@ class TieredCache:
     def _unlink(self, fid: int, gen: int, csum: int, size: int) -> None:
         # a dying entry (out of the index, still counted): delete it, then stop counting it
         self.disk.delete(self.ns.path(fid), gen, csum)
+        self._unlinked_hooks(fid)
         with self.lock:
             self.disk_index.unlinked(size)
+
+    def _unlinked_hooks(self, fid: int) -> None:
+        for hook in self.entry_unlinked:
+            hook(fid)
 
     # -- misses: one leader per file, admission decided before the read -----------------------------
     def _start_fetch(self, fid: int, size: int):
@@ -481,6 +489,7 @@ class TieredCache:
         # outside the lock: delete the victims' entries, then let ``fid``'s fill use their bytes
         for v, gen, csum in doomed:
             self.disk.delete(self.ns.path(v), gen, csum)
+            self._unlinked_hooks(v)
         with self.lock:
             self.disk_index.release(fid)
 
@@ -747,6 +756,49 @@ class TieredCache:
             if self.disk_index is not None and fid in self.disk_index:
                 return "disk"
             return "absent"
+
+    def audit(self) -> dict:
+        """One consistent view of the state machine at one instant (taken under the lock), for tests and
+        debugging: the daemon adds it to the stats JSON as ``audit`` when started with ``SHADEFS_AUDIT=1``
+        (docs/metrics.md). O(resident files): not for a production scrape.
+
+        Returns (JSON-ready; ids are file ids, sizes bytes):
+            ``ram`` / ``disk``: resident ids, sorted; ``both``: ids resident in both (must be empty);
+            ``flag_errors``: ids whose residency flags disagree with the indexes (must be empty);
+            ``fetching`` / ``moving``: ids in those states; ``moving_bytes``: the bytes moving flights hold;
+            ``budget``: per tier ``capacity``, ``used``, ``reserved``, ``dying`` (disk only non-zero),
+            ``pending`` (ids); ``entries``: ``{id: entry file path}`` of every disk-resident id;
+            ``counters``: the open/miss/backend counters of :meth:`counters` at the same instant.
+        """
+        with self.lock:
+            ram = sorted(self.ram_index.sizes)
+            disk = sorted(self.disk_index.sizes) if self.disk_index is not None else []
+            fetching = sorted(f for f, fl in self._flights.items() if fl.kind == "fetch")
+            moving = sorted(f for f, fl in self._flights.items() if fl.kind == "demote")
+            moving_bytes = sum(len(fl.data) for fl in self._flights.values()
+                               if fl.kind == "demote" and fl.data is not None)
+            budget = {}
+            for ix in (self.ram_index, self.disk_index):
+                if ix is not None:
+                    budget[ix.name] = {"capacity": ix.capacity_bytes, "used": ix.used_bytes,
+                                       "reserved": ix.reserved_bytes, "dying": ix.dying_bytes,
+                                       "pending": sorted(ix.pending)}
+            gens = [(f, int(self.entries.gen[f]), int(self.entries.csum[f])) for f in disk]
+            flags = self.resident_flags.copy()
+            counters = {k: getattr(self, k) for k in (
+                "opens", "hits_ram", "hits_disk", "hits_shared", "misses", "joined", "streamed",
+                "backend_reads", "backend_errors", "corrupt_entries", "disk_write_errors",
+                "disk_writes_refused", "promotions", "demotions")}
+        want = np.zeros(len(flags), dtype=np.uint8)
+        want[np.asarray(ram, dtype=np.int64)] |= RAM_BIT
+        want[np.asarray(disk, dtype=np.int64)] |= DISK_BIT
+        return {
+            "ram": ram, "disk": disk, "both": sorted(set(ram) & set(disk)),
+            "flag_errors": np.flatnonzero(flags != want).tolist(),
+            "fetching": fetching, "moving": moving, "moving_bytes": moving_bytes, "budget": budget,
+            "entries": {str(f): self.disk.entry_file(self.ns.path(f), g, c) for f, g, c in gens},
+            "counters": counters,
+        }
 
     def disk_entry_path(self, fid: int) -> Optional[str]:
         """The path of ``fid``'s resident disk entry, or None when it is not disk-resident."""

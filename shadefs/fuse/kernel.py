@@ -112,7 +112,7 @@ class _Modes:
         self.dev_fd = dev_fd
         self.ram_memfd = ram_memfd
         self.lock = threading.Lock()
-        self.files: Dict[int, List] = {}   # fid -> [backing_id or None, open count, bytes]
+        self.files: Dict[int, List] = {}   # fid -> [backing_id or None, open count, bytes, keep at release]
         # backing ids kept registered after the last release of an NVMe hit, so that the next NVMe hit of
         # the file needs no open/fstat/ioctl; each pins its entry file (also after an eviction), so they are
         # bounded in bytes and dropped as soon as an open of the file is not an NVMe hit
@@ -141,7 +141,7 @@ class _Modes:
                         bid = self._backing_open(bfd)
                     elif self.ram_memfd and h.outcome == "ram":
                         bid = self._memfd_backing(h)
-                st = self.files[fid] = [bid, 0, h.size]
+                st = self.files[fid] = [bid, 0, h.size, True]
             st[1] += 1
             bid = st[0]
         if stale is not None:
@@ -159,7 +159,7 @@ class _Modes:
             del self.files[fid]
             drop = []
             if st[0] is not None:
-                if st[2] <= self.keep_limit and not self.ram_memfd:
+                if st[3] and st[2] <= self.keep_limit and not self.ram_memfd:
                     self.kept[fid] = (st[0], st[2])
                     self.kept_bytes += st[2]
                     while self.kept_bytes > self.keep_limit:
@@ -170,6 +170,19 @@ class _Modes:
                     drop.append(st[0])
         for bid in drop:
             self._backing_close(bid)
+
+    def forget(self, fid: int) -> None:
+        """``fid``'s disk entry was unlinked: close a backing id kept for it (which pins the unlinked file
+        on the cache filesystem, outside the disk budget), and keep none at its last release."""
+        with self.lock:
+            kept = self.kept.pop(fid, None)
+            if kept is not None:
+                self.kept_bytes -= kept[1]
+            st = self.files.get(fid)
+            if st is not None:
+                st[3] = False  # its entry is gone: closed at the last release
+        if kept is not None:
+            self._backing_close(kept[0])
 
     def _backing_close(self, bid: int) -> None:
         try:
@@ -366,6 +379,9 @@ class KernelFrontend:
         if self.passthrough:
             self.passthrough_reason = "on (NVMe hits are read by the kernel from the entry file)"
             self.modes = _Modes(fd, self.ram_memfd)
+            hooks = getattr(self.cache, "entry_unlinked", None)
+            if hooks is not None:  # an evicted entry must not stay pinned outside --disk-cache-size
+                hooks.append(self.modes.forget)
         body = P.encode_init_out(minor, init.max_readahead, flags, max_background=64, congestion_threshold=48,
                                  max_write=MAX_WRITE, time_gran=1, max_pages=MAX_PAGES,
                                  max_stack_depth=1 if self.passthrough else 0)
