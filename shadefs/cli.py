@@ -207,7 +207,7 @@ def build_config(args) -> MountConfig:
         log_level=args.log_level.upper(), log_file=args.log_file and os.path.abspath(args.log_file),
         allow_other=args.allow_other, kernel_cache=not args.no_kernel_cache,
         fuse_threads=args.fuse_loop == "multi", fuse_impl=args.fuse_impl, fuse_readers=args.fuse_readers,
-        passthrough=not args.no_passthrough, backend_options=options,
+        passthrough=not args.no_passthrough, verify_entries=args.verify_entries, backend_options=options,
         score_transform=args.score_transform, checkpoint_interval_s=args.checkpoint_interval,
         follow_symlinks=args.follow_symlinks, rescan=args.rescan,
         backend_timeout_s=float(args.backend_timeout),
@@ -785,6 +785,9 @@ def make_parser() -> argparse.ArgumentParser:
                    help="kernel front end: threads reading /dev/fuse (default 4)")
     m.add_argument("--no-passthrough", action="store_true",
                    help="kernel front end: serve NVMe hits through the daemon, not by FUSE passthrough")
+    m.add_argument("--verify-entries", choices=("first-hit", "every-open"), default="first-hit",
+                   help="when a disk entry's checksum is verified: at its first hit after it was written or "
+                   "reloaded (default; later hits of it trust it), or on every disk hit")
     m.add_argument("--backend-opt", action="append", metavar="KEY=VALUE", help="backend option (repeatable)")
     m.add_argument("--backend-timeout", type=float, default=60.0, metavar="SECONDS",
                    help="a backend read that takes longer fails with EIO (default 60; 0 = no deadline)")

@@ -122,6 +122,7 @@ class MountConfig:
     fuse_impl: str = "kernel" if sys.platform.startswith("linux") else "libfuse"  # --fuse-impl
     fuse_readers: int = 4                     # kernel front end: reader threads on /dev/fuse clones
     passthrough: bool = True                  # kernel front end: FUSE passthrough for NVMe hits when allowed
+    verify_entries: str = "first-hit"         # disk entry checksums: at the first hit of each entry, or every open
     backend_options: tuple = ()               # (key, value) pairs for fsspec backends
     scan_workers: int = 16
     backend_timeout_s: float = 60.0           # deadline of one backend read (EIO after); 0 = none

@@ -119,6 +119,7 @@ class Daemon:
         self.shared = self._build_shared(ns)
         self.cache = TieredCache(ns, self.backend, ram, disk, self.importance, trace=self.trace,
                                  on_backend_read=self._on_backend_read, shared=self.shared)
+        self.cache.verify_entries = cfg.verify_entries
         self.plans.lock = self.cache.lock  # cursors advance under the lock that counts the opens
         window = (cfg.prefetch_window.resolve(0) if cfg.prefetch_window is not None else default_prefetch_window())
         if cfg.prefetch_concurrency <= 0:

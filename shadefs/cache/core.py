@@ -182,6 +182,11 @@ class TieredCache:
         self.ram_index, self.ram = ram
         self.disk_index, self.disk = disk if disk is not None else (None, None)
         self.entries = self.disk.table(namespace.num_files) if self.disk is not None else None
+        # entry checksums (docs/architecture.md, "Entry checksums"): "first-hit" verifies each entry
+        # generation at its first hit after it was written or reloaded, then trusts it while it stays
+        # resident; "every-open" verifies it on every disk hit. verified[fid]: the resident generation passed.
+        self.verify_entries = "first-hit"
+        self.verified = np.zeros(namespace.num_files if self.disk is not None else 0, dtype=np.bool_)
         self.importance = importance
         self.trace = trace
         self.on_backend_read = on_backend_read
@@ -404,6 +409,11 @@ class TieredCache:
                 self._drop_corrupt(fid, gen, csum, size, f"disk entry for {path!r}: {e.strerror or e}")
             return None
         keep = size <= self.ram_index.capacity_bytes  # it could be promoted: keep the bytes we verify
+        if not keep and self.verify_entries == "first-hit":
+            with self.lock:  # this generation passed at an earlier hit (cleared with every new one)
+                if self._current(fid, gen) and self.verified[fid]:
+                    self._count(fid, size, "disk")
+                    return Handle(self, fid, size, "disk", fd=fd)
         try:
             data = self.disk.verify(fd, size, csum, keep=keep)
         except CorruptEntry as e:
@@ -413,6 +423,8 @@ class TieredCache:
         demote: List[Tuple[int, bytes, _Flight]] = []
         promoted = False
         with self.lock:
+            if self._current(fid, gen):
+                self.verified[fid] = True
             self._count(fid, size, "disk")
             if data is not None and self._current(fid, gen):
                 victims = self.ram_index.reserve(fid, size)
@@ -618,6 +630,7 @@ class TieredCache:
             self.disk_index.commit(fid)
             self.entries.gen[fid] = gen
             self.entries.csum[fid] = csum
+            self.verified[fid] = False  # written, not yet read back: its first hit verifies it
             fl.gen, fl.csum = gen, csum
             del self._flights[fid]
         return keep[0] if fetched and keep else None
@@ -702,6 +715,7 @@ class TieredCache:
                         self.disk_index.commit(fid)
                         self.entries.gen[fid] = gen
                         self.entries.csum[fid] = csum
+                        self.verified[fid] = False
                         self.demotions += 1
                         fl.tier = "disk"
                     elif plan is not None:

@@ -211,3 +211,47 @@ def test_a_file_no_tier_admits_is_streamed_by_ranges(small_tree, tmp_path):
     # a file a tier admits is cached as usual
     assert open_read(cache, fid(ns, "cat/01.bin")) == (spec["cat/01.bin"], "miss")
     assert fid(ns, "cat/01.bin") in cache.ram_index
+
+
+def _flip(path, at):
+    with open(path, "r+b") as fh:
+        fh.seek(at)
+        b = fh.read(1)
+        fh.seek(at)
+        fh.write(bytes([b[0] ^ 0x01]))
+
+
+def test_first_hit_verification_checks_each_entry_generation_once(small_tree, tmp_path):
+    """--verify-entries first-hit (the default): an entry is verified at its first hit after it was written;
+    a byte flipped before that hit is caught, one flipped after it is not (the documented trade: every
+    later hit of that generation trusts it), and the next generation is verified again."""
+    src, spec = small_tree
+    cache, ns, backend = build(src, tmp_path, "static", ram=0, disk=100000)
+    assert cache.verify_entries == "first-hit"
+    f = fid(ns, "dog/04.bin")
+    want = spec["dog/04.bin"]
+    assert open_read(cache, f) == (want, "miss")          # written into the disk tier, not yet read back
+    _flip(cache.disk_entry_path(f), 10)
+    assert open_read(cache, f) == (want, "miss")          # its first hit verifies it: dropped, re-read
+    assert cache.corrupt_entries == 1 and len(backend.reads) == 2
+    assert open_read(cache, f) == (want, "disk")          # the new generation's first hit: verified
+    assert bool(cache.verified[f])
+    _flip(cache.disk_entry_path(f), 20)
+    data, outcome = open_read(cache, f)                   # trusted: not read back, not detected
+    assert outcome == "disk" and data != want and data[:20] == want[:20] and data[21:] == want[21:]
+    assert cache.corrupt_entries == 1
+
+
+def test_every_open_verification_catches_a_flip_after_earlier_hits(small_tree, tmp_path):
+    src, spec = small_tree
+    cache, ns, backend = build(src, tmp_path, "static", ram=0, disk=100000)
+    cache.verify_entries = "every-open"
+    f = fid(ns, "cat/05.bin")
+    want = spec["cat/05.bin"]
+    open_read(cache, f)
+    assert open_read(cache, f) == (want, "disk")
+    assert open_read(cache, f) == (want, "disk")
+    _flip(cache.disk_entry_path(f), 30)
+    assert open_read(cache, f) == (want, "miss")
+    assert cache.corrupt_entries == 1 and len(backend.reads) == 2
+    assert open_read(cache, f) == (want, "disk")
