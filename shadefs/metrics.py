@@ -66,6 +66,7 @@ NAMESPACE_SCAN_SECONDS = "shadefs_namespace_scan_seconds"
 PREFETCH_OPENS = "shadefs_prefetch_opens_total"          # {state="ready"|"late"}
 PREFETCH_LATE_SECONDS = "shadefs_prefetch_late_wait_seconds_total"
 PREFETCH_FETCHED_BYTES = "shadefs_prefetch_fetched_bytes_total"
+PREFETCH_SHARED_BYTES = "shadefs_prefetch_shared_bytes_total"
 PREFETCH_WASTED_BYTES = "shadefs_prefetch_wasted_bytes_total"
 PREFETCH_ERRORS = "shadefs_prefetch_errors_total"
 PREFETCH_WINDOW = "shadefs_prefetch_window_bytes"         # {kind="capacity"|"used"}
@@ -79,7 +80,8 @@ NAMES = (INFO, UPTIME, OPENS, HITS, MISSES, OPEN_BYTES, HIT_BYTES, BACKEND_BYTES
          SCORE_MESSAGES, SCORE_REJECTED, CHECKPOINTS, SHARED_ERRORS, SHARED_SKIPPED, SHARED_CORRUPT,
          SHARED_OFFERS, SHARED_GROUP_USED, SHARED_GROUP_CAPACITY, SHARED_GROUP_FILES, SHARED_MEMBERS,
          NAMESPACE_FILES, NAMESPACE_DIRS, NAMESPACE_SKIPPED, NAMESPACE_SCAN_SECONDS,
-         PREFETCH_OPENS, PREFETCH_LATE_SECONDS, PREFETCH_FETCHED_BYTES, PREFETCH_WASTED_BYTES, PREFETCH_ERRORS,
+         PREFETCH_OPENS, PREFETCH_LATE_SECONDS, PREFETCH_FETCHED_BYTES, PREFETCH_SHARED_BYTES, PREFETCH_WASTED_BYTES,
+         PREFETCH_ERRORS,
          PREFETCH_WINDOW, PLANS_ACTIVE, PLANS_ENDED, PLAN_MESSAGES)
 
 # 100 us (page-cached NFS) .. 30 s (a throttled object store)
@@ -180,8 +182,10 @@ class CacheCollector:
             yield opens
             yield CounterMetricFamily(PREFETCH_LATE_SECONDS, "Seconds late opens waited for their prefetch.",
                                       value=p["late_wait_s"])
-            yield CounterMetricFamily(PREFETCH_FETCHED_BYTES, "Bytes the prefetcher read from the backend.",
-                                      value=p["fetched_bytes"])
+            yield CounterMetricFamily(PREFETCH_FETCHED_BYTES, "Bytes the prefetcher read (backend or shared "
+                                      "tier).", value=p["fetched_bytes"])
+            yield CounterMetricFamily(PREFETCH_SHARED_BYTES, "Bytes the prefetcher read from the shared tier.",
+                                      value=p.get("shared_bytes", 0))
             yield CounterMetricFamily(PREFETCH_WASTED_BYTES, "Prefetched bytes dropped before their open.",
                                       value=p["wasted_bytes"])
             yield CounterMetricFamily(PREFETCH_ERRORS, "Prefetch reads that failed (the open read the file).",

@@ -30,6 +30,7 @@ failing cache disk turn into an error for the reader.
 """
 from __future__ import annotations
 
+import concurrent.futures as cf
 import errno
 import logging
 import os
@@ -46,7 +47,7 @@ from ..policies.base import Importance
 from .index import TierIndex
 from .tiers import CorruptEntry, DiskFloorReached, DiskTier, MemoryTier
 
-__all__ = ["TieredCache", "Handle", "Outcome"]
+__all__ = ["TieredCache", "Handle", "Outcome", "PrefetchFuture"]
 
 log = logging.getLogger("shadefs.cache")
 
@@ -133,6 +134,14 @@ def _pread_exact(fd: int, length: int, offset: int) -> bytes:
             raise OSError(errno.EIO, f"disk entry ended at {offset + len(out)}, expected {offset + length}")
         out += more
     return out
+
+
+class PrefetchFuture(cf.Future):
+    """The in-flight table's entry for a read ahead (:meth:`TieredCache.prefetch` with ``hold``): resolves
+    to ``(bytes, source)`` (source ``"miss"``: the backend, ``"shared"``: the group), or None if the read
+    failed (the waiting open then reads the file itself)."""
+
+    prefetch = True
 
 
 class _Flight:
@@ -274,14 +283,13 @@ class TieredCache:
                 kind, x = fl
                 if kind == "late":
                     t0 = time.monotonic()
-                    got = x.result()
-                    if got is None:
+                    x = x.result()
+                    if x is None:
                         continue  # the prefetch failed: look again (nothing was counted)
-                    x = got[0]
                     with self.lock:
                         self.prefetcher.took_late(fid, time.monotonic() - t0)
                         self._count(fid, size, "late")
-                return self._admit_data(fid, size, x, kind)
+                return self._admit_data(fid, size, *x, kind)
             if disk_gen is not None:
                 h = self._disk_hit(fid, size, *disk_gen)
                 if h is not None:
@@ -309,24 +317,30 @@ class TieredCache:
         # under self.lock, for an absent file: ("prefetch", bytes) counted, ("late", future), or None
         if self.prefetcher is None:
             return None
-        data = self.prefetcher.take(fid)
-        if data is not None:
+        got = self.prefetcher.take(fid)
+        if got is not None:
             self._count(fid, size, "prefetch")
-            return ("prefetch", data)
+            return ("prefetch", got)
         fut = self._inflight.get(fid)
         if fut is not None and getattr(fut, "prefetch", False):
             return ("late", fut)
         return None
 
-    def _admit_data(self, fid: int, size: int, data: bytes, outcome: Outcome) -> Handle:
-        """Admit bytes already in hand (a prefetch) through the state machine; a Handle counted ``outcome``."""
+    def _admit_data(self, fid: int, size: int, data: bytes, source: str, outcome: Outcome) -> Handle:
+        """Admit bytes already in hand (a prefetch; ``source`` ``"miss"`` or ``"shared"``, where they came
+        from) through the state machine; a Handle counted ``outcome``. Bytes from the backend that no tier
+        of this node keeps are offered to the group, as a miss's are."""
         with self.lock:
             fl = None
-            if self._absent(fid):
+            absent = self._absent(fid)
+            if absent:
                 fl, demote = self._start_fetch(fid, size)
+        if fl is not None:
+            self._lead(fid, size, fl, demote, data=data, source=outcome)
+        if source == "miss" and absent and (fl is None or fl.tier is None):
+            self._offer_shared(fid, data)
         if fl is None:
             return Handle(self, fid, size, outcome, data=data)
-        self._lead(fid, size, fl, demote, data=data, source=outcome)
         return self._miss_handle(fid, size, fl)
 
     def _stream_open(self, fid: int, size: int) -> Handle:
@@ -725,20 +739,39 @@ class TieredCache:
             if not ok:
                 self._offer_shared(fid, data)  # a RAM victim no disk tier takes goes to the group
 
-    # -- warm-up -----------------------------------------------------------------------------------
-    def prefetch(self, fid: int) -> str:
-        """Warm-up: read ``fid`` into the cache through the policies without counting an open, through
-        the same single-flight as :meth:`open`.
+    # -- reading ahead: warm-up and the plan prefetcher ---------------------------------------------
+    def fetchable(self, fid: int) -> bool:
+        """Whether a read ahead of ``fid`` would start now: in no tier, not moving, no read of it in flight
+        (an open's or a prefetch's). Caller holds :attr:`lock`."""
+        return self._absent(fid) and fid not in self._inflight
+
+    def prefetch(self, fid: int, hold=None) -> str:
+        """Read ``fid`` ahead of its open without counting an open, through the same single-flight as
+        :meth:`open`: the one entry point for reading ahead (``warm``, the plan prefetcher).
+
+        Args:
+            hold: None (warm-up): the bytes go into the tiers through their policies, as a miss's do.
+                Else ``hold(fid, data, source) -> bool`` (the plan prefetcher's window), called under
+                :attr:`lock` once the bytes are read, ``source`` ``"shared"`` (the group held them; asked
+                first, within its deadline) or ``"miss"`` (the backend): the tiers are not offered the
+                bytes now but at the file's open, so they decide the same with and without prefetching.
+                While the read is in flight, an open of ``fid`` waits for it (counted ``late``) and never
+                starts another; the bytes ``hold`` keeps are taken by the open (``ready``).
 
         Returns:
-            ``"resident"`` (already cached or moving), ``"ram"`` / ``"disk"`` (admitted there) or
-            ``"rejected"`` (the policies did not admit it, or the disk write failed).
+            ``"resident"`` (already cached or moving: nothing read); warm-up: ``"ram"`` / ``"disk"``
+            (admitted there) or ``"rejected"`` (the policies did not admit it, or the disk write failed);
+            with ``hold``: ``"fetching"`` (a read of it is in flight already: nothing started), ``"held"``
+            or ``"dropped"`` (read, and ``hold`` returned True / False).
 
         Raises:
-            FileNotFoundError, OSError: as :meth:`open`.
+            FileNotFoundError, OSError: as :meth:`open` (with ``hold``: the in-flight entry is resolved to
+                None first, so a waiting open reads the file itself).
         """
         fid = int(fid)
         size = int(self.ns.size(fid))
+        if hold is not None:
+            return self._read_ahead(fid, size, hold)
         with self.lock:
             if fid in self.ram_index or (self.disk_index is not None and fid in self.disk_index):
                 return "resident"
@@ -757,6 +790,45 @@ class TieredCache:
             if fl.error is not None:
                 raise fl.error
         return fl.tier or "rejected"
+
+    def _read_ahead(self, fid: int, size: int, hold) -> str:
+        """:meth:`prefetch` into ``hold`` (its docstring): registered in the in-flight table, read from the
+        group or the backend outside the lock, handed to ``hold`` under it."""
+        with self.lock:
+            fl = self._flights.get(fid)
+            if fid in self.ram_index or (self.disk_index is not None and fid in self.disk_index) or (
+                    fl is not None and fl.kind == "demote"):
+                return "resident"
+            if fl is not None or fid in self._inflight:
+                return "fetching"
+            fut = PrefetchFuture()
+            self._inflight[fid] = fut
+        data, source, err = None, "miss", None
+        try:
+            shared = self.shared
+            if shared is not None and size <= shared.max_file:
+                data = shared.get(self.shared_key(fid), size)  # None past its deadline: read the backend
+            if data is None:
+                data = self._backend_read(fid, size)
+            else:
+                source = "shared"
+        except BaseException as e:
+            err = e
+        kept = False
+        try:
+            with self.lock:
+                del self._inflight[fid]
+                if err is None:
+                    if source == "miss":
+                        self.backend_bytes += size
+                    kept = bool(hold(fid, data, source))
+                else:
+                    self.backend_errors += not isinstance(err, FileNotFoundError)
+        finally:
+            fut.set_result(None if err is not None else (data, source))
+        if err is not None:
+            raise err
+        return "held" if kept else "dropped"
 
     # -- inspection ----------------------------------------------------------------------------------
     def state(self, fid: int) -> str:

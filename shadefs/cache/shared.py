@@ -508,21 +508,26 @@ class SharedTier:
             self.get_hits += sum(x is not None for x in out)
         return out
 
-    def contains_many(self, keys: Sequence[str]) -> List[bool]:
-        """Residency of ``keys`` in the group (pipelined ZSCOREs); False where unknown (failed)."""
+    def contains_many(self, keys: Sequence[str], chunk: int = 4096) -> List[bool]:
+        """Residency of ``keys`` in the group: pipelined ``ZSCORE``s, ``chunk`` per round trip, each
+        chunk within a deadline of ``4 x timeout_s + 2 us`` per key; False where unknown (failed)."""
+        out = [False] * len(keys)
         if not keys or not self.joined:
-            return [False] * len(keys)
+            return out
+        for i in range(0, len(keys), chunk):
+            part = keys[i:i + chunk]
 
-        def call(c):
-            pipe = c.pipeline(transaction=False)
-            for k in keys:
-                pipe.zscore(self._tags[self.partition(k)] + "z", k)
-            return pipe.execute(raise_on_error=False)
+            def call(c, part=part):
+                pipe = c.pipeline(transaction=False)
+                for k in part:
+                    pipe.zscore(self._tags[self.partition(k)] + "z", k)
+                return pipe.execute(raise_on_error=False)
 
-        res = self._run(call, None, self.timeout_s * 4)
-        if res is _SKIP:
-            return [False] * len(keys)
-        return [isinstance(r, float) for r in res]
+            res = self._run(call, None, self.timeout_s * 4 + len(part) * 2e-6)
+            if res is _SKIP:
+                break
+            out[i:i + len(part)] = [isinstance(r, float) for r in res]
+        return out
 
     def _verify(self, key: str, raw: bytes, size: int) -> Optional[bytes]:
         ok = (len(raw) == HEADER + size and raw[:4] == MAGIC

@@ -10,11 +10,14 @@ the bytes to the tiers exactly as a miss would, so the tiers' decisions (Belady 
 :mod:`shadefs.plan.policy`) are the same with and without prefetching, and the prefetcher never evicts
 anything: a window entry only leaves by being opened (its one use) or as waste.
 
-Single-flight with the read path: a prefetch registers its read in the cache's in-flight table like a
-miss does, so an open of a file being prefetched waits for that read and never starts another; a file an
-open is already reading is skipped. A prefetch whose backend read fails (after the backend's own retries)
-is logged at a bounded rate and dropped: the open that wanted it reads the file itself and is counted a
-miss. Several plans share the window fairly (each may hold ``window / active plans`` bytes).
+Single-flight with the read path: each read goes through the cache's one read-ahead entry point,
+:meth:`TieredCache.prefetch(fid, hold=...) <shadefs.cache.core.TieredCache.prefetch>`, which registers it
+in the cache's in-flight table, so an open of a file being prefetched waits for that read and never starts
+another; a file an open is already reading is skipped. With a shared tier (issue 13) the read asks the
+group first: a file the group holds is prefetched from it (``shared_bytes``), not from the backend. A
+prefetch whose read fails (after the backend's own retries) is logged at a bounded rate and dropped: the
+open that wanted it reads the file itself and is counted a miss. Several plans share the window fairly
+(each may hold ``window / active plans`` bytes).
 
 ``wasted_bytes`` counts prefetched bytes that left the window without being opened (their plan was
 retired, replaced or finished, or the cursor passed them). Threads start with :meth:`Prefetcher.start`
@@ -22,24 +25,17 @@ retired, replaced or finished, or the cursor passed them). Threads start with :m
 """
 from __future__ import annotations
 
-import concurrent.futures as cf
 import logging
 import threading
 import time
 from typing import Dict, List, Optional, Tuple
 
+from ..cache.core import PrefetchFuture  # noqa: F401  (re-exported: the in-flight table's entry)
 from ..logutil import RateLimitedLog
 
 __all__ = ["Prefetcher", "PrefetchFuture"]
 
 log = logging.getLogger("shadefs.prefetch")
-
-
-class PrefetchFuture(cf.Future):
-    """The in-flight table's entry for a prefetch read: resolves to ``(bytes, "miss")`` like a miss's
-    read, or None if the read failed (the waiter then reads the file itself)."""
-
-    prefetch = True
 
 
 class Prefetcher:
@@ -59,6 +55,8 @@ class Prefetcher:
         self.concurrency = int(concurrency)
         self.cond = threading.Condition(cache.lock)
         self.staged: Dict[int, Tuple[bytes, tuple]] = {}     # fid -> (data, owner plan key)
+        self.from_shared: set = set()                        # staged files read from the group, not the backend
+        self.shared_bytes = 0                                # bytes prefetched from the group's shared tier
         self.pending: Dict[int, Tuple[int, tuple]] = {}      # fid -> (bytes, owner plan key), in flight
         self.owned: Dict[tuple, int] = {}                    # plan key -> bytes staged or in flight
         self.reserved_bytes = 0
@@ -102,19 +100,23 @@ class Prefetcher:
             self.cond.notify_all()
 
     # -- the read path's side (caller holds the cache lock) ------------------------------------------
-    def take(self, fid: int) -> Optional[bytes]:
-        """Hand a completed prefetch of ``fid`` to its open (``ready``), or None. Caller holds the lock."""
+    def take(self, fid: int) -> Optional[Tuple[bytes, str]]:
+        """Hand a completed prefetch of ``fid`` to its open (``ready``): ``(bytes, source)`` (``"miss"``:
+        read from the backend, ``"shared"``: from the group), or None. Caller holds the lock."""
         item = self.staged.pop(fid, None)
         if item is None:
             return None
+        source = "shared" if fid in self.from_shared else "miss"
+        self.from_shared.discard(fid)
         self._release(len(item[0]), item[1])
         self.ready += 1
         self.cond.notify()  # one slot of the window freed: one reader thread, not all of them
-        return item[0]
+        return item[0], source
 
     def took_late(self, fid: int, waited_s: float) -> None:
         """An open waited ``waited_s`` seconds for the in-flight prefetch of ``fid`` and got its bytes."""
         item = self.staged.pop(fid, None)
+        self.from_shared.discard(fid)
         if item is not None:
             self._release(len(item[0]), item[1])
         self.late += 1
@@ -125,6 +127,7 @@ class Prefetcher:
         """``fid``'s prefetched bytes were used outside :meth:`take` (a miss shared the read): drop them
         from the window without counting waste. Caller holds the lock."""
         item = self.staged.pop(fid, None)
+        self.from_shared.discard(fid)
         if item is not None:
             self._release(len(item[0]), item[1])
             self.cond.notify()
@@ -138,9 +141,9 @@ class Prefetcher:
             self.owned.pop(owner, None)
 
     # -- choosing what to read -------------------------------------------------------------------------
-    def _claim(self) -> Optional[Tuple[int, int, tuple, PrefetchFuture]]:
-        """The next file to prefetch, reserved in the window and registered in flight; or None.
-        Caller holds the lock."""
+    def _claim(self) -> Optional[Tuple[int, int, tuple]]:
+        """The next file to prefetch, reserved in the window (its read is registered in flight by
+        :meth:`_fetch`, through the cache); or None. Caller holds the lock."""
         plans = self.plans.active()
         if not plans or self.window_bytes <= 0:
             return None
@@ -160,8 +163,7 @@ class Prefetcher:
                     q += 1
                     continue
                 fid = int(ids[q])
-                if (fid in self.staged or fid in cache._inflight or fid in cache._flights or fid in cache.ram_index
-                        or (cache.disk_index is not None and fid in cache.disk_index)):
+                if fid in self.staged or fid in self.pending or not cache.fetchable(fid):
                     q += 1
                     continue
                 size = int(ns.size(fid))
@@ -171,13 +173,11 @@ class Prefetcher:
                 if self.reserved_bytes + size > self.window_bytes or (owned and owned + size > share):
                     break  # window (or this plan's share) full: wait for opens to take files
                 plan.prefetch_pos = q + 1
-                fut = PrefetchFuture()
-                cache._inflight[fid] = fut
                 self.pending[fid] = (size, plan.key)
                 self.reserved_bytes += size
                 self.owned[plan.key] = owned + size
                 self.peak_bytes = max(self.peak_bytes, self.reserved_bytes)
-                return fid, size, plan.key, fut
+                return fid, size, plan.key
             plan.prefetch_pos = q
         return None
 
@@ -208,37 +208,42 @@ class Prefetcher:
         self._fetch(*job)
         return True
 
-    def _fetch(self, fid: int, size: int, owner: tuple, fut: PrefetchFuture) -> None:
-        cache = self.cache
-        path = cache.ns.path(fid)
-        data = None
+    def _fetch(self, fid: int, size: int, owner: tuple) -> None:
+        """Read the claimed ``fid`` through :meth:`TieredCache.prefetch` into the window (outside the lock)."""
         try:
-            t0 = time.monotonic()
-            data = cache.backend.read(path, size)
-            if len(data) != size:
-                raise OSError(f"backend returned {len(data)} bytes for {path!r}, expected {size}")
-            if cache.on_backend_read is not None:
-                cache.on_backend_read(time.monotonic() - t0)
+            got = self.cache.prefetch(fid, hold=lambda f, data, source: self._hold(f, data, source, owner))
         except Exception as e:
-            data = None
             with self.cond:
                 self.errors += 1
-                cache.backend_errors += not isinstance(e, FileNotFoundError)
-            self._log_error(logging.WARNING, "prefetch of %s failed (its open will read it): %s", path, e)
-        with self.cond:
-            del cache._inflight[fid]
-            self.pending.pop(fid, None)
-            if data is not None:
-                cache.backend_bytes += size
-                self.fetched_bytes += size
-            if data is not None and self._wanted(fid, owner):
-                self.staged[fid] = (data, owner)
-            else:
-                self._release(size, owner)
-                if data is not None:
-                    self.wasted_bytes += size
-                self.cond.notify()
-        fut.set_result(None if data is None else (data, "miss"))  # the in-flight table's (bytes, source)
+                self._unclaim(fid, size, owner)
+            self._log_error(logging.WARNING, "prefetch of %s failed (its open will read it): %s",
+                            self.cache.ns.path(fid), e)
+            return
+        if got in ("resident", "fetching"):  # an open got there between the claim and the read
+            with self.cond:
+                self._unclaim(fid, size, owner)
+
+    def _hold(self, fid: int, data: bytes, source: str, owner: tuple) -> bool:
+        # under the lock, from the cache once the bytes are read: keep them in the window if still wanted
+        size, _ = self.pending.pop(fid, (len(data), owner))
+        self.fetched_bytes += size
+        if source == "shared":
+            self.shared_bytes += size
+        if self._wanted(fid, owner):
+            self.staged[fid] = (data, owner)
+            if source == "shared":
+                self.from_shared.add(fid)
+            return True
+        self._release(size, owner)
+        self.wasted_bytes += size
+        self.cond.notify()
+        return False
+
+    def _unclaim(self, fid: int, size: int, owner: tuple) -> None:
+        # under the lock: a claimed read that did not happen gives its window bytes back
+        if self.pending.pop(fid, None) is not None:
+            self._release(size, owner)
+            self.cond.notify()
 
     def _plan_ended(self, plan, why: str) -> None:
         # Called under the lock by the registry: drop what only this plan wanted.
@@ -247,12 +252,14 @@ class Prefetcher:
         for fid, (data, owner) in list(self.staged.items()):
             if owner == plan.key:
                 del self.staged[fid]
+                self.from_shared.discard(fid)
                 self._release(len(data), owner)
                 self.wasted_bytes += len(data)
 
     def counters(self) -> dict:
         """The ``prefetch`` object of the stats JSON (caller holds the lock)."""
         return {"ready": self.ready, "late": self.late, "late_wait_s": round(self.late_wait_s, 6),
-                "fetched_bytes": self.fetched_bytes, "wasted_bytes": self.wasted_bytes,
+                "fetched_bytes": self.fetched_bytes, "shared_bytes": self.shared_bytes,
+                "wasted_bytes": self.wasted_bytes,
                 "window_bytes": self.window_bytes, "window_used_bytes": self.reserved_bytes,
                 "window_peak_bytes": self.peak_bytes, "errors": self.errors}

@@ -37,6 +37,13 @@ def test_what_node_a_read_is_a_shared_hit_on_node_b(small_tree, mount, redis_ser
     t = sa["tiers"]["shared"]
     assert t["group_used_bytes"] == total and t["group_capacity_bytes"] == 200_000 and t["members"] == 2
     assert t["capacity_bytes"] == 100_000 and t["used_bytes"] == total // 2
+    from shadefs.control.client import ControlClient, find_endpoint
+
+    c = ControlClient(find_endpoint(b.path))
+    try:  # residency (what the sampler asks) includes the group's tier: one pipelined query
+        assert c.resident(sorted(spec)).tolist() == [True] * 10
+    finally:
+        c.close()
     read_all(b, spec)  # node B: every byte exact, none from the backend
     sb = b.stats()
     assert sb["hits"] == {"ram": 0, "disk": 0, "shared": 10} and sb["misses"] == 0
@@ -178,3 +185,34 @@ def test_a_hung_redis_never_holds_an_open_past_the_deadline(small_tree, mount, r
         invariant(sb)
     finally:
         redis_server.resume()
+
+
+def test_the_prefetcher_reads_what_the_group_holds_from_the_group(small_tree, mount, redis_server):
+    """Node B announces a plan (the control protocol's register + plan, what PlanSampler sends): its
+    prefetcher reads A's files from the shared tier, not the backend."""
+    from shadefs.control.client import ControlClient, find_endpoint
+
+    src, spec = small_tree
+    args = ("--shared-tier", redis_server.url, "--shared-tier-size", "1MB", *FAST)
+    a = mount(src, *args, name="a")
+    read_all(a, spec)
+    wait_for(lambda: a.stats()["tiers"]["shared"]["files"] == 10, timeout=10)
+    b = mount(src, *args, "--no-kernel-cache", name="b")
+    paths = sorted(spec)
+    order = [3, 7, 1, 9, 0, 5, 2, 8, 6, 4]
+    c = ControlClient(find_endpoint(b.path))
+    try:
+        handle, n = c.register(paths)
+        assert n == 10 and c.send_plan(handle, 0, 0, [10], order)
+        wait_for(lambda: b.full_stats()["plans_received"] == 1)
+        wait_for(lambda: b.full_stats()["prefetch"]["window_used_bytes"] > 0, timeout=10)
+    finally:
+        c.close()
+    for i in order:
+        assert read(f"{b.path}/{paths[i]}") == spec[paths[i]]
+    s = b.full_stats()
+    p = s["prefetch"]
+    assert s["opens"] == s["hits"]["ram"] + s["hits"]["disk"] + s["hits"]["shared"] + p["ready"] + p["late"] \
+        + s["misses"] == 10
+    assert p["ready"] + p["late"] >= 1
+    assert s["backend_bytes"] == 0  # every byte from the group: prefetched from it, or a shared hit

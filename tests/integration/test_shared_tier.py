@@ -296,3 +296,48 @@ def test_the_documented_acl_user_is_enough(redis_cluster):
     finally:
         a.close()
         b.close()
+
+
+def test_residency_is_pipelined_in_chunks(redis_cluster):
+    t = tier(redis_cluster.urls, size=10**6, partitions=8)
+    try:
+        keys = [SharedTier.key(f"f{i}", 10) for i in range(300)]
+        for i in range(0, 300, 3):
+            assert t.offer(keys[i], blob(i, 10)) == "admitted"
+        assert t.contains_many(keys, chunk=64) == [i % 3 == 0 for i in range(300)]
+        got = t.get_many(keys[:30], [10] * 30)
+        assert got == [blob(i, 10) if i % 3 == 0 else None for i in range(30)]
+    finally:
+        t.close()
+
+
+def test_files_over_max_file_bypass_the_tier(redis_server):
+    t = tier(redis_server.url, max_file=1000)
+    try:
+        k = SharedTier.key("big", 1001)
+        assert t.offer(k, blob(1, 1001)) == "refused" and not t.offer_async(k, blob(1, 1001))
+        assert t.get(k, 1001) is None and t.get_many([k], [1001]) == [None]
+        assert t.counters()["gets"] == 0  # never asked Redis
+        small = SharedTier.key("small", 1000)
+        assert t.offer(small, blob(2, 1000)) == "admitted" and t.get(small, 1000) == blob(2, 1000)
+    finally:
+        t.close()
+
+
+def test_a_full_redis_refuses_writes_and_still_serves(tmp_path):
+    from redisutil import RedisServer
+
+    server = RedisServer(tmp_path, extra=["--maxmemory", "3mb", "--maxmemory-policy", "noeviction"])
+    t = tier(server.url, size=10**9)
+    try:
+        first = SharedTier.key("f0", 100_000)
+        assert t.offer(first, blob(0, 100_000)) == "admitted"
+        outcomes = [t.offer(SharedTier.key(f"f{i}", 100_000), blob(i, 100_000)) for i in range(1, 60)]
+        assert "failed" in outcomes  # OOM: Redis refuses the write; counted, never raised
+        assert t.counters()["offers"]["failed"] >= 1 and t.counters()["errors"] >= 1
+        time.sleep(1.1)  # past a partition's back-off
+        assert t.get(first, 100_000) == blob(0, 100_000)  # what is stored is still served, exact
+        check_exact(t)
+    finally:
+        t.close()
+        server.stop()

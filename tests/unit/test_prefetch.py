@@ -185,3 +185,46 @@ def test_retired_plan_wastes_its_window(tree):
     s = cache.stats()["prefetch"]
     assert s["wasted_bytes"] == sum(ns.size(f) for f in (0, 1, 2)) and pf.reserved_bytes == 0
     assert s["plans_retired"] == 1
+
+
+def test_the_cores_read_ahead_entry_point_is_single_flight_and_counts_no_open(tree):
+    """TieredCache.prefetch(fid, hold=...): the prefetcher's one way in (no copy of the core's fetch)."""
+    src, spec = tree
+    gate = threading.Event()
+    cache, ns, plans, pf, h, backend = build(src, ram=10**6, window=10**6, gate=gate)
+    held = []
+
+    def hold(fid, data, source):
+        held.append((fid, bytes(data), source))
+        return True
+
+    out = {}
+    t = threading.Thread(target=lambda: out.setdefault("r", cache.prefetch(4, hold=hold)))
+    t.start()
+    while not backend.reads:
+        pass
+    with cache.lock:
+        assert not cache.fetchable(4) and cache.fetchable(5)
+    assert cache.prefetch(4, hold=hold) == "fetching"   # a read of it is in flight: nothing started
+    gate.set()
+    t.join(10)
+    assert out["r"] == "held" and held == [(4, spec[ns.path(4)], "miss")]
+    assert backend.reads == [ns.path(4)]
+    s = cache.stats()
+    assert s["opens"] == 0 and s["misses"] == 0 and s["backend_bytes"] == len(spec[ns.path(4)])
+    assert cache.prefetch(4, hold=lambda *a: False) == "dropped" and len(backend.reads) == 2
+    open_read(cache, 6)                                   # RAM-resident now
+    assert cache.prefetch(6, hold=hold) == "resident" and len(backend.reads) == 3
+    with cache.lock:
+        assert cache.fetchable(4) and not cache.fetchable(6)
+
+
+def test_a_failed_read_ahead_raises_and_leaves_nothing_in_flight(tree):
+    src, spec = tree
+    cache, ns, plans, pf, h, backend = build(src, ram=0, window=10**6, fail={"c1/001.bin"})
+    f = ns.file_id("c1/001.bin")
+    with pytest.raises(OSError):
+        cache.prefetch(f, hold=lambda *a: True)
+    with cache.lock:
+        assert cache.fetchable(f)
+    assert cache.stats()["opens"] == 0 and cache.counters()["backend_errors"] == 1
