@@ -21,7 +21,7 @@ from typing import List, Optional
 from .config import ConfigError, MountConfig, format_bytes, parse_size
 
 STATS_KEYS = ("policy", "uptime_s", "opens", "hits", "misses", "hit_ratio", "byte_hit_ratio",
-              "backend_bytes", "tiers", "shared_errors", "namespace", "prefetch")  # shared_errors: only with --shared-tier
+              "backend_bytes", "corrupt_entries", "tiers", "shared_errors", "namespace", "prefetch")  # shared_errors: only with --shared-tier
 
 
 class UserError(Exception):
@@ -648,6 +648,7 @@ def format_stats(s: dict) -> str:
         f"misses          {s['misses']}",
         f"hit ratio       {s['hit_ratio'] * 100:.2f} %   (byte hit ratio {s['byte_hit_ratio'] * 100:.2f} %)",
         f"backend read    {format_bytes(s['backend_bytes'])}",
+        f"corrupt entries {s.get('corrupt_entries', 0)}  (dropped and read from the backend)",
         "tier   used / capacity            files   evictions",
     ]
     for name in ("ram", "disk", "shared"):

@@ -144,8 +144,8 @@ class CacheCollector:
         yield from (evictions, used, cap, files)
         yield CounterMetricFamily(PROMOTIONS, "Disk hits moved to the RAM tier.", value=c["promotions"])
         yield CounterMetricFamily(DEMOTIONS, "RAM victims moved to the disk tier.", value=c["demotions"])
-        yield CounterMetricFamily(CORRUPT, "Disk entries dropped as partial or unreadable (at reload "
-                                  "or on a read).", value=c["corrupt_entries"])
+        yield CounterMetricFamily(CORRUPT, "Disk entries dropped as partial or unreadable (at reload) "
+                                  "or failing their checksum (on a read).", value=c["corrupt_entries"])
         yield CounterMetricFamily(DISK_WRITE_ERRORS, "Disk tier writes that failed (ENOSPC, EIO); the "
                                   "file is served but not cached.", value=c["disk_write_errors"])
         yield CounterMetricFamily(DISK_WRITES_REFUSED, "Disk tier writes refused to keep --disk-min-free "

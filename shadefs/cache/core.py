@@ -1052,6 +1052,7 @@ class TieredCache:
                 "hit_ratio": hits / self.opens if self.opens else 0.0,
                 "byte_hit_ratio": self.hit_bytes / self.open_bytes if self.open_bytes else 0.0,
                 "backend_bytes": self.backend_bytes,
+                "corrupt_entries": self.corrupt_entries,
                 "tiers": {"ram": self.ram_index.snapshot(), "disk": disk},
                 "prefetch": self._prefetch_stats(),
             }

@@ -40,7 +40,7 @@ def test_stats_counters_are_exact_for_a_scripted_sequence(small_tree, mount, tmp
         assert read(os.path.join(m.path, rel)) == spec[rel]
     s = m.stats()
     assert set(s) == {"policy", "uptime_s", "opens", "hits", "misses", "hit_ratio", "byte_hit_ratio",
-                      "backend_bytes", "tiers", "namespace", "prefetch"}
+                      "backend_bytes", "corrupt_entries", "tiers", "namespace", "prefetch"}
     assert s["namespace"]["files"] == 10 and s["namespace"]["directories"] == 3
     assert set(s["namespace"]["skipped"].values()) == {0}
     assert s["policy"] == "static"
@@ -50,6 +50,7 @@ def test_stats_counters_are_exact_for_a_scripted_sequence(small_tree, mount, tmp
     hit_bytes = 1000 + 2000 + 3000 + 1000
     assert s["byte_hit_ratio"] == pytest.approx(hit_bytes / total)
     assert s["backend_bytes"] == 1000 + 2000 + 3000 + 4000 + 4000
+    assert s["corrupt_entries"] == 0
     assert s["tiers"]["ram"] == {"used_bytes": 3000, "capacity_bytes": 3000, "files": 2, "evictions": 0}
     assert s["tiers"]["disk"] == {"used_bytes": 3000, "capacity_bytes": 3000, "files": 1, "evictions": 0}
 

@@ -145,6 +145,42 @@ def test_corrupt_disk_entry_is_dropped_and_read_from_backend(small_tree, tmp_pat
     assert open_read(cache, f) == (spec["dog/04.bin"], "disk")  # re-admitted whole
 
 
+def test_a_flipped_byte_is_counted_in_the_stats_json_counters_and_prometheus(small_tree, tmp_path):
+    """One byte flipped inside a disk entry (same size): the hit is refused, the backend's bytes are
+    served, and the three views of ``corrupt_entries`` say 1 (the real-mount test is the stress suite's)."""
+    import types
+
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from shadefs import metrics as M
+
+    src, spec = small_tree
+    cache, ns, backend = build(src, tmp_path, "static", ram=0, disk=100000)
+    f = fid(ns, "cat/05.bin")
+    assert open_read(cache, f) == (spec["cat/05.bin"], "miss")
+    assert cache.stats()["corrupt_entries"] == 0
+    path = cache.disk_entry_path(f)
+    size = os.path.getsize(path)
+    with open(path, "r+b") as fh:
+        fh.seek(size // 2)
+        b = fh.read(1)
+        fh.seek(size // 2)
+        fh.write(bytes([b[0] ^ 0x01]))
+    assert os.path.getsize(path) == size
+    assert open_read(cache, f) == (spec["cat/05.bin"], "miss")  # verified, dropped, read again
+    assert backend.reads == ["cat/05.bin", "cat/05.bin"]
+    assert cache.stats()["corrupt_entries"] == 1
+    assert cache.counters()["corrupt_entries"] == 1
+    registry = CollectorRegistry(auto_describe=False)
+    daemon = types.SimpleNamespace(cache=cache, backend=backend,
+                                   cfg=types.SimpleNamespace(mountpoint="/mnt/x", policy="static"))
+    registry.register(M.CacheCollector(daemon))
+    text = generate_latest(registry).decode()
+    assert f"{M.CORRUPT} 1.0" in text.splitlines()
+    assert open_read(cache, f) == (spec["cat/05.bin"], "disk")  # the re-read entry is good
+    assert cache.stats()["corrupt_entries"] == 1
+
+
 def test_missing_source_file_is_file_not_found(small_tree, tmp_path):
     src, spec = small_tree
     cache, ns, _ = build(src, tmp_path, "static", ram=100000)
