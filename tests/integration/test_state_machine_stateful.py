@@ -1,0 +1,393 @@
+"""The read path's per-file state machine driven by hypothesis (issue 9, item 7): a ``RuleBasedStateMachine``
+over an in-process :class:`TieredCache` with a real RAM tier and a REAL disk tier on a small tmpfs.
+
+Rules: opens (one at a time, and several threads opening one file at once while its backend read is held
+until every other open waits on it), handles held open across other steps and read later, warm-up
+prefetches, backend failures (EIO, ENOENT) injected into the next read of a file, a disk entry flipped
+or deleted behind the cache's back, and the cache filesystem filled up (ENOSPC from the real tmpfs) and
+freed. Every open's outcome is predicted from the state before it (RAM or moving -> ``ram``; disk -> ``disk``
+unless its entry was damaged -> counted corrupt, read again: ``miss``; absent -> ``miss``).
+
+After every step (the cache is at rest then): a file is in at most one tier and its residency flags agree;
+nothing is fetching or moving, nothing reserved or dying; each tier's bytes <= its capacity; the entry
+files on the tmpfs are exactly the disk index's entries (no temporary, no victim left behind) and their
+bytes = the index's; every resident file's bytes are the source's; the counters equal the model's
+(opens, hits per tier, misses, corrupt entries) and ``misses == whole-file backend reads + joined +
+streamed + failed leaders - warm-up reads``, with the backend's own count of reads.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import random
+import shutil
+import subprocess
+import threading
+import time
+
+import pytest
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test
+
+from shadefs.backends.posix import PosixBackend
+from shadefs.cache.core import TieredCache
+from shadefs.cache.index import TierIndex
+from shadefs.cache.tiers import DiskTier, MemoryTier
+from shadefs.namespace import Namespace
+from shadefs.policies import Importance, get_policy
+
+TMPFS_SIZE = 192 * 1024      # the cache filesystem: a disk tier of 160 KB does not always fit (page rounding)
+SIZES = [1, 700, 4096, 9000, 17000, 30000, 45000, 70000, 120000, 200000]   # 200000: larger than every tier
+
+
+class FaultyBackend(PosixBackend):
+    """A posix backend that counts its whole-file reads, fails the next read of a path on demand, and can
+    hold a read until released (to make concurrent opens join it)."""
+
+    def __init__(self, url):
+        super().__init__(url)
+        self.lock = threading.Lock()
+        self.reads = {}          # path -> whole-file reads that returned bytes
+        self.failed = 0          # whole-file reads that raised (injected)
+        self.fail = {}           # path -> exception instance for its next read
+        self.hold = {}           # path -> (entered Event, release Event)
+
+    def read(self, path, size):
+        with self.lock:
+            err = self.fail.pop(path, None)
+            gate = self.hold.get(path)
+        if gate is not None:
+            gate[0].set()
+            assert gate[1].wait(10)
+        if err is not None:
+            with self.lock:
+                self.failed += 1
+            raise err
+        data = super().read(path, size)
+        with self.lock:
+            self.reads[path] = self.reads.get(path, 0) + 1
+        return data
+
+    def total(self):
+        with self.lock:
+            return sum(self.reads.values())
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    if os.geteuid() != 0:
+        from conftest import CI
+        (pytest.fail if CI else pytest.skip)("needs root (mounts a tmpfs for the disk tier)")
+    base = tmp_path_factory.mktemp("sm")
+    src = base / "src"
+    rng = random.Random(5)
+    spec = {}
+    for i, n in enumerate(SIZES):
+        rel = f"c{i % 2}/f{i:02d}.bin"
+        spec[rel] = rng.randbytes(n)
+        (src / f"c{i % 2}").mkdir(parents=True, exist_ok=True)
+        (src / rel).write_bytes(spec[rel])
+    fs = base / "fs"
+    fs.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={TMPFS_SIZE},mode=0700", "tmpfs", str(fs)], check=True)
+    try:
+        yield src, spec, fs
+    finally:
+        subprocess.run(["umount", "-l", str(fs)], capture_output=True)
+
+
+class ReadPath(RuleBasedStateMachine):
+    world = None   # (src, spec, tmpfs dir), set by the test
+    seen = None    # what the examples exercised, summed over all of them (asserted by the test)
+
+    def __init__(self):
+        super().__init__()
+        self.cache = None
+
+    @initialize(policy=st.sampled_from(["lru", "fifo", "shade", "static"]),
+                ram=st.sampled_from([0, 20000, 80000]), disk=st.sampled_from([50000, 160000]))
+    def build(self, policy, ram, disk):
+        src, self.spec, fs = self.world
+        self.fs = str(fs)
+        cache_dir = os.path.join(self.fs, "cache")
+        shutil.rmtree(cache_dir, ignore_errors=True)
+        self.filler = os.path.join(self.fs, "filler")
+        if os.path.exists(self.filler):
+            os.unlink(self.filler)
+        self.backend = FaultyBackend(str(src))
+        self.ns = Namespace(self.backend.walk())
+        imp = Importance(self.ns.num_files)
+        cls = get_policy(policy)
+        self.disk = DiskTier(cache_dir, str(src))
+        self.cache = TieredCache(self.ns, self.backend, (TierIndex("ram", ram, cls(ram, imp)), MemoryTier()),
+                                 (TierIndex("disk", disk, cls(disk, imp)), self.disk), imp)
+        self.rels = sorted(self.spec)
+        self.fids = {r: self.ns.file_id(r) for r in self.rels}
+        self.model = dict(opens=0, hits_ram=0, hits_disk=0, misses=0, corrupt_entries=0)
+        self.failed_leads = 0     # opens that led a read that failed
+        self.warm_reads = 0       # whole-file reads done by prefetch (not opens)
+        self.damaged = {}         # fid -> entry path damaged behind the cache's back
+        self.held = []            # (rel, handle) open across steps
+
+    def teardown(self):
+        for _, h in getattr(self, "held", []):
+            h.release()
+        if self.cache is not None:
+            c = self.cache.counters()
+            for k in ("joined", "corrupt_entries", "disk_write_errors", "promotions", "demotions", "streamed",
+                      "backend_errors", "hits_ram", "hits_disk"):
+                self.seen[k] = self.seen.get(k, 0) + c[k]
+            self.cache.close()
+            self.disk.close()
+
+    # -- helpers --------------------------------------------------------------------------------------
+    def predict(self, fid):
+        st_ = self.cache.state(fid)
+        if st_ in ("ram", "moving"):
+            return "ram", False
+        if st_ == "disk":
+            path = self.cache.disk_entry_path(fid)
+            if self.damaged.get(fid, (None,))[0] == path:
+                return "miss", True
+            return "disk", False
+        return "miss", False
+
+    def count(self, outcome):
+        self.model["opens"] += 1
+        self.model[{"ram": "hits_ram", "disk": "hits_disk", "miss": "misses"}[outcome]] += 1
+
+    def open_read(self, rel, hold=False):
+        fid = self.fids[rel]
+        want, corrupt = self.predict(fid)
+        reads0, failed0 = self.backend.total(), self.backend.failed
+        try:
+            h = self.cache.open(fid)
+        except OSError as e:
+            assert want == "miss" and self.backend.failed == failed0 + 1, e
+            self.count("miss")
+            self.failed_leads += 1
+            self.model["corrupt_entries"] += corrupt
+            self.damaged.pop(fid, None)
+            return
+        assert h.outcome == want, (rel, h.outcome, want)
+        self.count(want)
+        self.model["corrupt_entries"] += corrupt
+        if corrupt:
+            self.damaged.pop(fid, None)
+        streamed = want == "miss" and h.source == "backend"
+        assert self.backend.total() - reads0 == (1 if want == "miss" and not streamed else 0)
+        assert h.read(0, h.size + 10) == self.spec[rel]
+        if hold:
+            self.held.append((rel, h))
+        else:
+            h.release()
+
+    # -- rules ----------------------------------------------------------------------------------------
+    @rule(i=st.integers(0, len(SIZES) - 1), hold=st.booleans())
+    def open(self, i, hold):
+        self.open_read(self.rels[i], hold and len(self.held) < 4)
+
+    @rule(i=st.integers(0, len(SIZES) - 1), n=st.integers(2, 5))
+    def open_concurrently(self, i, n):
+        """n threads open one file at once; a miss's backend read is held until the others wait on it."""
+        rel = self.rels[i]
+        fid = self.fids[rel]
+        if rel in self.backend.fail:
+            return
+        want, corrupt = self.predict(fid)
+        gate = (threading.Event(), threading.Event())
+        self.backend.hold[rel] = gate
+        reads0 = self.backend.total()
+        joined0 = self.cache.counters()["joined"]
+        got = [None] * n
+
+        def one(k):
+            h = self.cache.open(fid)
+            try:
+                got[k] = (h.outcome, h.source, h.read(0, h.size))
+            finally:
+                h.release()
+
+        threads = [threading.Thread(target=one, args=(0,))]
+        threads[0].start()
+        deadline = time.monotonic() + 10
+        while not gate[0].is_set() and threads[0].is_alive() and time.monotonic() < deadline:
+            time.sleep(0.001)   # a miss that reads enters the gate; a hit or a streamed open just ends
+        leader_read = gate[0].is_set()
+        if leader_read:                           # a miss that reads: the others must join it
+            threads += [threading.Thread(target=one, args=(k,)) for k in range(1, n)]
+            for t in threads[1:]:
+                t.start()
+            fl = self.cache._flights.get(fid)
+            deadline = time.monotonic() + 10
+            while fl is not None and len(fl.done._cond._waiters) < n - 1 and time.monotonic() < deadline:
+                time.sleep(0.001)
+            assert fl is not None and len(fl.done._cond._waiters) == n - 1, "the other opens did not join"
+        gate[1].set()
+        for t in threads:
+            t.join(10)
+        del self.backend.hold[rel]
+        if not leader_read:                       # a hit or a streamed miss: no read to join
+            for k in range(1, n):
+                one(k)
+        assert all(g is not None and g[2] == self.spec[rel] for g in got), rel
+        outcomes = [g[0] for g in got]
+        self.model["corrupt_entries"] += corrupt
+        if corrupt:
+            self.damaged.pop(fid, None)
+        if leader_read:
+            assert outcomes == ["miss"] * n
+            assert self.backend.total() - reads0 == 1          # single-flight: one read for n opens
+            assert self.cache.counters()["joined"] - joined0 == n - 1
+        else:
+            assert outcomes[0] == want, (rel, outcomes, want)
+            assert self.backend.total() == reads0
+        for o in outcomes:
+            self.count(o)
+
+    @precondition(lambda self: self.held)
+    @rule(k=st.integers(0, 3), data=st.data())
+    def read_held(self, k, data):
+        """A handle held across evictions, promotions and corruption keeps serving the exact bytes."""
+        rel, h = self.held[k % len(self.held)]
+        off = data.draw(st.integers(0, h.size))
+        assert h.read(off, 50000) == self.spec[rel][off:off + 50000]
+
+    @precondition(lambda self: self.held)
+    @rule(k=st.integers(0, 3))
+    def release_held(self, k):
+        _, h = self.held.pop(k % len(self.held))
+        h.release()
+        h.release()  # idempotent
+
+    @rule(i=st.integers(0, len(SIZES) - 1))
+    def warm(self, i):
+        rel = self.rels[i]
+        fid = self.fids[rel]
+        was = self.cache.state(fid)
+        reads0, failed0 = self.backend.total(), self.backend.failed
+        try:
+            out = self.cache.prefetch(fid)
+        except OSError:
+            assert self.backend.failed == failed0 + 1
+            return
+        read = self.backend.total() - reads0
+        self.warm_reads += read
+        if was != "absent":
+            assert out == "resident" and read == 0
+        else:
+            assert out in ("ram", "disk", "rejected") and read <= 1
+            assert self.cache.state(fid) == (out if out != "rejected" else "absent")
+
+    @rule(i=st.integers(0, len(SIZES) - 1), err=st.sampled_from([errno.EIO, errno.ENOENT]))
+    def fail_next_backend_read(self, i, err):
+        rel = self.rels[i]
+        exc = FileNotFoundError(err, "injected") if err == errno.ENOENT else OSError(err, "injected")
+        with self.backend.lock:
+            self.backend.fail[rel] = exc
+
+    @precondition(lambda self: self.cache is not None and len(self.cache.disk_index) > 0)
+    @rule(k=st.integers(0, 100), how=st.sampled_from(["flip", "unlink", "truncate"]))
+    def damage_entry(self, k, how):
+        """Behind the cache's back: flip one byte of a disk entry (same size), delete it, or cut it short."""
+        held = {h.fid for _, h in self.held if h.source == "entry"}   # their fds would read the damage
+        fids = sorted(f for f in self.cache.disk_index.sizes if f not in held and f not in self.damaged)
+        if not fids:
+            return
+        fid = fids[k % len(fids)]
+        path = self.cache.disk_entry_path(fid)
+        if how == "unlink":
+            os.unlink(path)
+        else:
+            with open(path, "r+b") as f:
+                if how == "flip":
+                    n = os.fstat(f.fileno()).st_size
+                    f.seek(n // 2)
+                    b = f.read(1)
+                    f.seek(n // 2)
+                    f.write(bytes([b[0] ^ 0x80]))
+                else:
+                    f.truncate(os.fstat(f.fileno()).st_size - 1)
+        self.damaged[fid] = (path, how)
+
+    @precondition(lambda self: self.cache is not None and not os.path.exists(self.filler))
+    @rule()
+    def fill_cache_filesystem(self):
+        """Take all the free space of the tmpfs: the next disk writes fail with ENOSPC."""
+        fd = os.open(self.filler, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            while True:
+                os.write(fd, b"\0" * 4096)
+        except OSError as e:
+            assert e.errno == errno.ENOSPC
+        finally:
+            os.close(fd)
+
+    @precondition(lambda self: self.cache is not None and os.path.exists(self.filler))
+    @rule()
+    def free_cache_filesystem(self):
+        os.unlink(self.filler)
+
+    # -- invariants, after every step -----------------------------------------------------------------
+    @invariant()
+    def consistent(self):
+        if self.cache is None:
+            return
+        a = self.cache.audit()
+        assert a["both"] == [] and a["flag_errors"] == []
+        assert a["fetching"] == [] and a["moving"] == [] and a["moving_bytes"] == 0
+        for name, b in a["budget"].items():
+            assert (b["reserved"], b["dying"], b["pending"]) == (0, 0, []), (name, b)
+            assert b["used"] <= b["capacity"]
+        ram = self.cache.ram_index.sizes
+        assert sorted(self.cache.ram._data) == a["ram"]
+        assert a["budget"]["ram"]["used"] == sum(ram.values())
+        for fid in a["ram"]:
+            assert self.cache.ram.get(fid) == self.spec[self.ns.path(fid)]
+        # the disk tier: the files on the tmpfs are exactly the index's entries, with the source's bytes
+        on_disk = {}
+        for e in os.scandir(self.disk.dir):
+            if e.is_dir():
+                for f in os.scandir(e.path):
+                    on_disk[f.path] = f.stat().st_size
+        gone = {p for p, how in self.damaged.values() if how == "unlink"}
+        assert sorted(on_disk) == sorted(set(a["entries"].values()) - gone), "an entry, temporary or victim left behind"
+        disk = self.cache.disk_index.sizes
+        assert a["budget"]["disk"]["used"] == sum(disk.values())
+        for fid_s, path in a["entries"].items():
+            fid = int(fid_s)
+            data = None
+            if path not in gone:
+                with open(path, "rb") as f:
+                    data = f.read()
+            if self.damaged.get(fid, (None,))[0] == path:
+                if path not in gone:
+                    assert data != self.spec[self.ns.path(fid)]
+            else:
+                assert data == self.spec[self.ns.path(fid)] and on_disk[path] == disk[fid]
+        assert sum(on_disk.values()) <= a["budget"]["disk"]["capacity"]
+        # damaged entries that left the tier (victims) are no longer pending detection
+        for fid in [f for f, (p, _) in self.damaged.items() if a["entries"].get(str(f)) != p]:
+            del self.damaged[fid]
+        # counters: the model's, and every miss read the backend once, waited for a read, or streamed
+        c = a["counters"]
+        for k, v in self.model.items():
+            assert c[k] == v, (k, c[k], v)
+        assert c["opens"] == c["hits_ram"] + c["hits_disk"] + c["misses"]
+        assert c["backend_reads"] == self.backend.total()
+        assert c["misses"] == c["backend_reads"] - self.warm_reads + c["joined"] + c["streamed"] + self.failed_leads
+
+
+def test_read_path_state_machine(world):
+    ReadPath.world = world
+    ReadPath.seen = {}
+    run_state_machine_as_test(ReadPath, settings=settings(
+        max_examples=int(os.environ.get("SM_EXAMPLES", 100)), stateful_step_count=40, deadline=None, derandomize=True,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+        phases=[Phase.explicit, Phase.reuse, Phase.generate] + ([] if os.environ.get("SM_NO_SHRINK") else [Phase.shrink])))
+    # the examples went through every transition and failure (derandomized: the same examples every run)
+    print(f"\nstate machine examples: {ReadPath.seen}")
+    assert all(ReadPath.seen.get(k, 0) > 0 for k in (
+        "joined", "corrupt_entries", "disk_write_errors", "promotions", "demotions", "streamed",
+        "backend_errors", "hits_ram", "hits_disk")), ReadPath.seen
