@@ -3,8 +3,9 @@ over an in-process :class:`TieredCache` with a real RAM tier and a REAL disk tie
 
 Rules: opens (one at a time, and several threads opening one file at once while its backend read is held
 until every other open waits on it), handles held open across other steps and read later, warm-up
-prefetches, backend failures (EIO, ENOENT) injected into the next read of a file, a disk entry flipped
-or deleted behind the cache's back, and the cache filesystem filled up (ENOSPC from the real tmpfs) and
+prefetches, backend failures (EIO, ENOENT) injected into the next read of a file, a disk entry flipped,
+cut short or deleted behind the cache's back (one not yet trusted: with ``--verify-entries first-hit`` a
+generation is checked at its first hit only), and the cache filesystem filled up (ENOSPC from the real tmpfs) and
 freed. Every open's outcome is predicted from the state before it (RAM or moving -> ``ram``; disk -> ``disk``
 unless its entry was damaged -> counted corrupt, read again: ``miss``; absent -> ``miss``).
 
@@ -106,8 +107,9 @@ class ReadPath(RuleBasedStateMachine):
         self.cache = None
 
     @initialize(policy=st.sampled_from(["lru", "fifo", "shade", "static"]),
-                ram=st.sampled_from([0, 20000, 80000]), disk=st.sampled_from([50000, 160000]))
-    def build(self, policy, ram, disk):
+                ram=st.sampled_from([0, 20000, 80000]), disk=st.sampled_from([50000, 160000]),
+                verify=st.sampled_from(["first-hit", "every-open"]))
+    def build(self, policy, ram, disk, verify):
         src, self.spec, fs = self.world
         self.fs = str(fs)
         cache_dir = os.path.join(self.fs, "cache")
@@ -122,6 +124,7 @@ class ReadPath(RuleBasedStateMachine):
         self.disk = DiskTier(cache_dir, str(src))
         self.cache = TieredCache(self.ns, self.backend, (TierIndex("ram", ram, cls(ram, imp)), MemoryTier()),
                                  (TierIndex("disk", disk, cls(disk, imp)), self.disk), imp)
+        self.cache.verify_entries = verify
         self.rels = sorted(self.spec)
         self.fids = {r: self.ns.file_id(r) for r in self.rels}
         self.model = dict(opens=0, hits_ram=0, hits_disk=0, misses=0, corrupt_entries=0)
@@ -152,6 +155,13 @@ class ReadPath(RuleBasedStateMachine):
                 return "miss", True
             return "disk", False
         return "miss", False
+
+    def trusted(self, fid):
+        """``--verify-entries first-hit``: a generation that passed its first hit is served unchecked
+        while resident, unless its hit may promote it (then its bytes are read, and checked, anyway)."""
+        c = self.cache
+        return (c.verify_entries == "first-hit" and bool(c.verified[fid])
+                and int(self.ns.size(fid)) > c.ram_index.capacity_bytes)
 
     def count(self, outcome):
         self.model["opens"] += 1
@@ -292,7 +302,8 @@ class ReadPath(RuleBasedStateMachine):
     def damage_entry(self, k, how):
         """Behind the cache's back: flip one byte of a disk entry (same size), delete it, or cut it short."""
         held = {h.fid for _, h in self.held if h.source == "entry"}   # their fds would read the damage
-        fids = sorted(f for f in self.cache.disk_index.sizes if f not in held and f not in self.damaged)
+        fids = sorted(f for f in self.cache.disk_index.sizes
+                      if f not in held and f not in self.damaged and not self.trusted(f))
         if not fids:
             return
         fid = fids[k % len(fids)]
