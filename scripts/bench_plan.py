@@ -1,31 +1,48 @@
 #!/usr/bin/env python3
-"""Clairvoyant caching over slow S3: epoch times, backend reads vs OPT, opens served without waiting.
+"""Clairvoyant caching over slow S3, the grid: epoch times, backend GETs counted by the proxy, vs OPT.
 
 A real S3 server process (moto, one Python process) behind the latency proxy (``--delay-ms`` each way,
-1 Gbit/s), a Fashion-MNIST ImageFolder subset uploaded to it, and, side by side in one run, from a cold
-cache each:
+1 Gbit/s per direction), a Fashion-MNIST ImageFolder subset uploaded to it, and, side by side in one run,
+each from a cold cache, for every cache size in ``--pcts`` (percent of the dataset's bytes, RAM tier only):
 
-- ``local``: the ImageFolder on local disk (page cache warm after its first epoch);
-- ``direct``: DataLoader workers GET each file from S3 themselves (s3fs), no mount;
-- ``shuffle+static``: a mount (``--ram-cache`` PCT %, ``static``), ``shuffle=True``;
-- ``plan+static``: the same mount, ``PlanSampler`` (same uniform permutations, announced).
+- ``local``: the files on local disk (page cache warm after its first epoch; no cache size);
+- ``direct``: DataLoader workers GET each file from S3 themselves (s3fs), no mount (no cache size);
+- ``shuffle+static``: a mount (``--policy static``), ``DataLoader(shuffle=True)``;
+- ``plan+static``: the same mount, ``PlanSampler`` (the same uniform permutations, announced, one
+  lookahead epoch);
+- ``shade+shade``: ``--policy shade``, ``ShadeSampler(announce_plan=False)`` + ``ScoreReporter``;
+- ``shadeplan+shade``: the same with ``ShadeSampler``'s default, announcing each epoch's PADS draw.
 
-Per epoch: wall seconds, opens, hits, prefetch ready / late, misses, backend reads (files read from the
-backend), and OPT's misses on the run's own recorded trace (``sim.belady`` at the same cache size). First
-it measures the physical limit: GETs per second that the proxy + moto sustain with 1 and with
-``--concurrency`` clients in parallel (no FUSE, no cache).
+The reader does no training: per batch it only reports the losses (ShadeSampler modes) and sleeps
+``--step-ms`` (the training step; ``auto`` = the step of a model that consumes ``--step-load`` (75 %) of
+what the backend sustains: ``batch / (0.75 * limit GETs/s)``). The ShadeSampler modes report a fixed
+synthetic loss per sample (lognormal, sigma 1, seeded): a stand-in for a model whose hard samples stay
+hard, so importance is skewed and stable as in SHADE's traces; no model is trained here
+(``bench_plan_tta.py`` trains one).
 
-    python scripts/bench_plan.py --data /tmp/fm [--n 2000] [--delay-ms 1] [--pct 10] [--epochs 2]
+Per epoch: wall seconds; opens, hits, prefetch ready / late, misses (the daemon's stats); GETs and object
+bytes **counted by the proxy** (``LatencyProxyProcess.snapshot``: every request that crossed the link,
+prefetches included); OPT's misses on the run's own recorded trace (``sim.belady`` at the same cache
+bytes, the whole run's future known). First it measures the physical limit: GETs/s that moto sustains
+alone and through the proxy with 1 and with ``--concurrency`` (the prefetch concurrency, 32) clients in
+parallel, no FUSE, no cache, and the link's byte rate.
 
-The reader does no training (``--step-ms`` of sleep per batch stands in for it): this measures the
-data path. Prints tables; ``--json OUT`` saves the numbers.
+    python scripts/bench_plan.py --data /tmp/plan-fm --n 1000 --delay-ms 1 --pcts 0,5,10,20,40 \\
+        --epochs 3 --json /tmp/grid-1ms-a.json
+    python scripts/bench_plan.py --render /tmp/grid-*.json [--write-doc]   # tables, plots, the doc section
+
+Each invocation appends its runs to ``--json`` after every run (so a grid can be run in chunks, one bench
+lock hold each); ``--render`` merges several files (grouped by delay), prints the tables and with
+``--write-doc`` writes the ``bench_plan`` section of docs/performance.md and docs/img/plan_grid_*.png.
 """
 from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
+import datetime
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -33,18 +50,24 @@ import tempfile
 import time
 
 import numpy as np
-import torch
-from torch.utils.data import DataLoader, Dataset
 
 from shadefs import sim
-from shadefs.testing.s3 import LatencyProxyProcess, MotoServer
 
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+DOC = os.path.join(REPO, "docs", "performance.md")
+IMG_DIR = os.path.join(REPO, "docs", "img")
 SHADEFS = [sys.executable, "-m", "shadefs"]
 BUCKET = "bench-plan"
+MOUNT_MODES = ("shuffle+static", "plan+static", "shade+shade", "shadeplan+shade")
+ALL_MODES = ("local", "direct") + MOUNT_MODES
+LABEL = {"local": "local disk", "direct": "direct S3 (s3fs in the workers)",
+         "shuffle+static": "shuffle + static", "plan+static": "PlanSampler + static",
+         "shade+shade": "ShadeSampler + shade (no plan)", "shadeplan+shade": "ShadeSampler with plan + shade"}
 
 
-class Files(Dataset):
-    """ImageFolder-like: ``samples`` of (path, class); an item is its file's bytes (length)."""
+class Files:
+    """ImageFolder-like: ``samples`` of (path, class) and ``root``; an item is ``(index, bytes read)``."""
 
     def __init__(self, root, rel=None):
         self.root = str(root)
@@ -63,13 +86,13 @@ class Files(Dataset):
             while True:
                 b = os.read(fd, 1 << 20)
                 if not b:
-                    return n
+                    return i, n
                 n += len(b)
         finally:
             os.close(fd)
 
 
-class S3Files(Dataset):
+class S3Files:
     """Each DataLoader worker GETs the objects itself (s3fs, one filesystem per process)."""
 
     def __init__(self, endpoint, rel):
@@ -84,11 +107,11 @@ class S3Files(Dataset):
             import s3fs
             self._fs = s3fs.S3FileSystem(anon=False, client_kwargs={"endpoint_url": self.endpoint},
                                          skip_instance_cache=True)
-        return len(self._fs.cat_file(f"{BUCKET}/train/{self.rel[i]}"))
+        return i, len(self._fs.cat_file(f"{BUCKET}/train/{self.rel[i]}"))
 
 
 def limit_gets(endpoint, keys, concurrency):
-    """GETs/s with ``concurrency`` boto3 clients in parallel (the physical limit of proxy + moto)."""
+    """GETs/s with ``concurrency`` boto3 clients in parallel, each reading its share of ``keys``."""
     import boto3
 
     clients = [boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1") for _ in range(concurrency)]
@@ -104,25 +127,6 @@ def limit_gets(endpoint, keys, concurrency):
     return len(keys) / (time.perf_counter() - t0)
 
 
-def read_epochs(ds, sampler_factory, args):
-    """Per epoch wall seconds of a DataLoader over ``ds``."""
-    sampler = sampler_factory()
-    kw = dict(batch_size=args.batch_size, num_workers=args.workers, persistent_workers=True,
-              multiprocessing_context="fork")
-    loader = DataLoader(ds, sampler=sampler, **kw) if sampler is not None else \
-        DataLoader(ds, shuffle=True, generator=torch.Generator().manual_seed(0), **kw)
-    out = []
-    for e in range(args.epochs):
-        if hasattr(sampler, "set_epoch"):
-            sampler.set_epoch(e)
-        t0 = time.perf_counter()
-        for _ in loader:
-            if args.step_ms:
-                time.sleep(args.step_ms / 1000)
-        out.append(time.perf_counter() - t0)
-    return out
-
-
 def stats_of(mnt):
     from shadefs.control.client import ControlClient, find_endpoint
 
@@ -133,78 +137,121 @@ def stats_of(mnt):
         c.close()
 
 
-def run_mount(name, proxy, args, work, use_plan, n_files, total_bytes):
+def synthetic_losses(n, seed=0):
+    """A fixed per-sample loss (lognormal, sigma 1): skewed, stable importance."""
+    return np.random.default_rng(seed).lognormal(0.0, 1.0, n).astype(np.float32)
+
+
+def run_epochs(ds, mode, args, proxy, mnt=None):
+    """Run ``args.epochs`` epochs of a DataLoader over ``ds``; per epoch wall seconds, proxy GETs/bytes
+    and (with ``mnt``) the daemon's counters."""
+    import torch
+    from torch.utils.data import DataLoader
+
+    kw = dict(batch_size=args.batch_size, num_workers=args.workers, persistent_workers=True,
+              multiprocessing_context="fork")
+    sampler = reporter = None
+    losses = None
+    if mode == "plan+static":
+        from shadefs.hooks import PlanSampler
+
+        sampler = PlanSampler(ds, seed=0)
+    elif mode in ("shade+shade", "shadeplan+shade"):
+        from shadefs.hooks import ScoreReporter, ShadeSampler
+
+        sampler = ShadeSampler(ds, seed=0, announce_plan=(mode == "shadeplan+shade"))
+        reporter = ScoreReporter(ds, sampler=sampler)
+        losses = synthetic_losses(len(ds))
+    loader = DataLoader(ds, sampler=sampler, **kw) if sampler is not None else \
+        DataLoader(ds, shuffle=True, generator=torch.Generator().manual_seed(0), **kw)
+    out = []
+    prev = stats_of(mnt) if mnt else None
+    pprev = proxy.snapshot()
+    for e in range(args.epochs):
+        if sampler is not None:
+            if e == args.epochs - 1 and hasattr(sampler, "lookahead_epochs") and not args.final_lookahead:
+                sampler.lookahead_epochs = 0  # a job that knows its epoch count announces nothing past it
+            sampler.set_epoch(e)
+        t0 = time.perf_counter()
+        for idx, _ in loader:
+            if reporter is not None:
+                reporter.report(losses[idx.numpy()], indices=idx.numpy())
+            if args.step_s:
+                time.sleep(args.step_s)
+        if reporter is not None:
+            reporter.on_epoch_end()
+        dt = time.perf_counter() - t0
+        p = proxy.snapshot()
+        ep = {"epoch": e + 1, "seconds": dt, "gets": p["gets"] - pprev["gets"],
+              "get_bytes": p["get_body_bytes"] - pprev["get_body_bytes"]}
+        pprev = p
+        if mnt:
+            s = stats_of(mnt)
+            pf, q = s["prefetch"], prev["prefetch"]
+            hits = sum(s["hits"].values()) - sum(prev["hits"].values())
+            ep.update({"opens": s["opens"] - prev["opens"], "hits": hits,
+                       "ready": pf["ready"] - q["ready"], "late": pf["late"] - q["late"],
+                       "late_wait_s": pf["late_wait_s"] - q["late_wait_s"],
+                       "misses": s["misses"] - prev["misses"],
+                       "backend_bytes": s["backend_bytes"] - prev["backend_bytes"],
+                       "wasted_bytes": pf["wasted_bytes"] - q["wasted_bytes"]})
+            ep["daemon_reads"] = ep["ready"] + ep["late"] + ep["misses"]
+            prev = s
+        out.append(ep)
+    del loader
+    return out
+
+
+def run_mount(mode, pct, proxy, args, work, total_bytes):
+    policy = mode.split("+")[1]
+    name = f"{mode}-{pct:g}".replace("+", "_")
     mnt = os.path.join(work, f"mnt-{name}")
     os.makedirs(mnt, exist_ok=True)
     trace = os.path.join(work, f"{name}.trace.csv")
-    cache_bytes = int(total_bytes * args.pct / 100)
+    cache_bytes = int(total_bytes * pct / 100)
     subprocess.run(SHADEFS + ["mount", f"s3://{BUCKET}/train", mnt, "--ram-cache", str(cache_bytes),
-                              "--policy", "static", "--trace", trace, "--no-kernel-cache",
+                              "--policy", policy, "--trace", trace, "--no-kernel-cache",
                               "--log-file", os.path.join(work, f"{name}.log"),
                               "--backend-opt", f"endpoint_url={proxy.endpoint}"], check=True,
                    capture_output=True)
     try:
-        ds = Files(mnt)
-        from shadefs.hooks import PlanSampler
-
-        epochs = []
-        factory = (lambda: PlanSampler(ds, seed=0)) if use_plan else (lambda: None)
-        sampler = factory()
-        kw = dict(batch_size=args.batch_size, num_workers=args.workers, persistent_workers=True,
-                  multiprocessing_context="fork")
-        loader = DataLoader(ds, sampler=sampler, **kw) if sampler is not None else \
-            DataLoader(ds, shuffle=True, generator=torch.Generator().manual_seed(0), **kw)
-        prev = stats_of(mnt)
-        for e in range(args.epochs):
-            if sampler is not None:
-                sampler.set_epoch(e)
-            t0 = time.perf_counter()
-            for _ in loader:
-                if args.step_ms:
-                    time.sleep(args.step_ms / 1000)
-            dt = time.perf_counter() - t0
-            s = stats_of(mnt)
-            p, q = s["prefetch"], prev["prefetch"]
-            hits = s["hits"]["ram"] + s["hits"]["disk"] - prev["hits"]["ram"] - prev["hits"]["disk"]
-            ep = {"epoch": e + 1, "seconds": dt, "opens": s["opens"] - prev["opens"], "hits": hits,
-                  "ready": p["ready"] - q["ready"], "late": p["late"] - q["late"],
-                  "misses": s["misses"] - prev["misses"],
-                  "backend_bytes": s["backend_bytes"] - prev["backend_bytes"],
-                  "wasted_bytes": p["wasted_bytes"] - q["wasted_bytes"]}
-            ep["backend_reads"] = ep["ready"] + ep["late"] + ep["misses"]
-            epochs.append(ep)
-            prev = s
-        del loader
+        epochs = run_epochs(Files(mnt), mode, args, proxy, mnt)
     finally:
         subprocess.run(SHADEFS + ["umount", mnt], capture_output=True)
-    # OPT on this run's own trace, per epoch
+    for _ in range(100):  # the trace is complete once the daemon exited
+        if not os.path.ismount(mnt):
+            break
+        time.sleep(0.1)
+    time.sleep(0.5)
     t = sim.read_trace(trace)
     mask = np.zeros(t.requests, dtype=bool)
     sim.belady(t, cache_bytes, hit_mask=mask)
-    for i, ep in enumerate(epochs):
-        seg = mask[i * n_files:(i + 1) * n_files]
+    a = 0
+    for ep in epochs:
+        seg = mask[a:a + ep["opens"]]
         ep["opt_misses"] = int(seg.size - seg.sum())
-    return epochs
+        ep["distinct"] = int(np.unique(t.ids[a:a + ep["opens"]]).size)
+        a += ep["opens"]
+    return {"cache_bytes": cache_bytes, "trace_opens": int(t.requests), "opt_misses_total": int(t.requests - mask.sum()),
+            "epochs": epochs}
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data", required=True, help="a make_fashion_mnist.py tree (its train/ is used)")
-    ap.add_argument("--n", type=int, default=2000, help="files uploaded (default 2000)")
-    ap.add_argument("--delay-ms", type=float, default=1.0, help="one-way delay of the proxy (default 1: 2 ms RTT)")
-    ap.add_argument("--pct", type=float, default=10.0, help="RAM cache, %% of the dataset (default 10)")
-    ap.add_argument("--epochs", type=int, default=2)
-    ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--batch-size", type=int, default=64)
-    ap.add_argument("--step-ms", type=float, default=0.0, help="sleep per batch (stands in for training)")
-    ap.add_argument("--concurrency", type=int, default=32, help="clients for the physical-limit probe")
-    ap.add_argument("--modes", default="local,direct,shuffle+static,plan+static")
-    ap.add_argument("--json", metavar="OUT")
-    args = ap.parse_args(argv)
+def parse_step(text):
+    return text if text == "auto" else float(text)
+
+
+def measure(args):
     for k, v in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"),
                  ("AWS_DEFAULT_REGION", "us-east-1"), ("AWS_EC2_METADATA_DISABLED", "true"),
                  ("NO_PROXY", "127.0.0.1,localhost")):
         os.environ.setdefault(k, v)
+    from shadefs.testing.s3 import LatencyProxyProcess, MotoServer
+
+    modes = args.modes.split(",")
+    bad = [m for m in modes if m not in ALL_MODES]
+    if bad:
+        raise SystemExit(f"error: unknown --modes {bad}; want some of {','.join(ALL_MODES)}")
+    pcts = [float(x) for x in args.pcts.split(",")]
     work = tempfile.mkdtemp(prefix="plan-bench-")
     src = os.path.join(args.data, "train")
     rel = sorted(os.path.relpath(os.path.join(d, f), src) for d, _, fs in os.walk(src) for f in fs)[:args.n]
@@ -213,54 +260,310 @@ def main(argv=None):
         os.makedirs(os.path.dirname(os.path.join(local, r)), exist_ok=True)
         shutil.copyfile(os.path.join(src, r), os.path.join(local, r))
     total = sum(os.path.getsize(os.path.join(local, r)) for r in rel)
-    out = {"n": len(rel), "bytes": total, "delay_ms": args.delay_ms, "pct": args.pct, "runs": {}}
-    with MotoServer(log_file=os.path.join(work, "moto.log")) as moto:
-        s3 = moto.client()
-        s3.create_bucket(Bucket=BUCKET)
-        for r in rel:
-            with open(os.path.join(local, r), "rb") as f:
-                s3.put_object(Bucket=BUCKET, Key=f"train/{r}", Body=f.read())
-        with LatencyProxyProcess(moto.port, delay_ms=args.delay_ms, rate="1gbit") as proxy:
-            keys = [f"train/{r}" for r in rel]
-            out["limit_gets_per_s"] = {1: limit_gets(proxy.endpoint, keys[:300], 1),
-                                       args.concurrency: limit_gets(proxy.endpoint, keys, args.concurrency)}
-            out["limit_gets_per_s_no_proxy"] = {args.concurrency: limit_gets(moto.endpoint, keys, args.concurrency)}
-            for mode in args.modes.split(","):
-                print(f"... {mode}", file=sys.stderr, flush=True)
-                if mode == "local":
-                    ds = Files(local, rel)
-                    out["runs"][mode] = [{"epoch": i + 1, "seconds": t}
-                                         for i, t in enumerate(read_epochs(ds, lambda: None, args))]
-                elif mode == "direct":
-                    ds = S3Files(proxy.endpoint, rel)
-                    out["runs"][mode] = [{"epoch": i + 1, "seconds": t}
-                                         for i, t in enumerate(read_epochs(ds, lambda: None, args))]
-                elif mode in ("shuffle+static", "plan+static"):
-                    out["runs"][mode] = run_mount(mode, proxy, args, work, mode == "plan+static", len(rel), total)
-    print(f"n = {len(rel)} files, {total / 2**20:.2f} MiB, S3 = moto behind the proxy at {args.delay_ms:g} ms "
-          f"each way, 1 Gbit/s; cache {args.pct:g} %; {args.workers} DataLoader workers, batch {args.batch_size}")
-    lim = out["limit_gets_per_s"]
-    print(f"physical limit: {lim[1]:.0f} GETs/s with 1 client, {lim[args.concurrency]:.0f} GETs/s with "
-          f"{args.concurrency} (moto alone, no proxy: {out['limit_gets_per_s_no_proxy'][args.concurrency]:.0f}); "
-          f"an epoch at the {args.concurrency}-client limit: {len(rel) / lim[args.concurrency]:.2f} s")
-    head = ("mode", "epoch", "seconds", "x local", "files/s", "opens", "hits", "ready", "late", "misses",
-            "backend reads", "OPT misses", "no wait %")
-    print("  ".join(head))
-    local_t = {e["epoch"]: e["seconds"] for e in out["runs"].get("local", [])}
-    for mode, eps in out["runs"].items():
-        for e in eps:
-            row = [mode, str(e["epoch"]), f"{e['seconds']:.2f}",
-                   f"{e['seconds'] / local_t[e['epoch']]:.2f}" if e["epoch"] in local_t else "",
-                   f"{len(rel) / e['seconds']:.0f}"]
-            if "opens" in e:
-                nowait = 100.0 * (e["hits"] + e["ready"]) / e["opens"] if e["opens"] else 0.0
-                row += [str(e["opens"]), str(e["hits"]), str(e["ready"]), str(e["late"]), str(e["misses"]),
-                        str(e["backend_reads"]), str(e["opt_misses"]), f"{nowait:.1f}"]
-            print("  ".join(row))
+    out = {"n": len(rel), "bytes": total, "delay_ms": args.delay_ms, "rate": args.rate,
+           "workers": args.workers, "batch_size": args.batch_size, "epochs": args.epochs,
+           "started": datetime.datetime.utcnow().strftime("%Y-%m-%d %H:%M UTC"),
+           "command": "python scripts/bench_plan.py " + shlex.join(sys.argv[1:]),
+           "load_start": list(os.getloadavg()), "runs": []}
+    if args.json and os.path.exists(args.json):
+        raise SystemExit(f"error: {args.json} exists (one file per chunk)")
+
+    def save():
+        if args.json:
+            with open(args.json + ".tmp", "w") as f:
+                json.dump(out, f, indent=1)
+            os.replace(args.json + ".tmp", args.json)
+
+    try:
+        with MotoServer(log_file=os.path.join(work, "moto.log")) as moto:
+            s3 = moto.client()
+            s3.create_bucket(Bucket=BUCKET)
+            for r in rel:
+                with open(os.path.join(local, r), "rb") as f:
+                    s3.put_object(Bucket=BUCKET, Key=f"train/{r}", Body=f.read())
+            with LatencyProxyProcess(moto.port, delay_ms=args.delay_ms, rate=args.rate) as proxy:
+                out["proxy"] = proxy.settings
+                keys = [f"train/{r}" for r in rel]
+                c = args.concurrency
+                print("... physical limit", file=sys.stderr, flush=True)
+                out["limit"] = {"load": list(os.getloadavg()),
+                                "moto_alone": limit_gets(moto.endpoint, keys, c),
+                                "proxy_1": limit_gets(proxy.endpoint, keys[:200], 1),
+                                "proxy_c": limit_gets(proxy.endpoint, keys, c), "concurrency": c}
+                lim = out["limit"]["proxy_c"]
+                out["step_ms"] = (1e3 * args.batch_size / (args.step_load * lim) if args.step_ms == "auto"
+                                  else float(args.step_ms))
+                args.step_s = out["step_ms"] / 1e3
+                save()
+                for mode in modes:
+                    for pct in (pcts if mode in MOUNT_MODES else [None]):
+                        print(f"... {mode} {'' if pct is None else f'{pct:g} %'}", file=sys.stderr, flush=True)
+                        run = {"mode": mode, "pct": pct, "step_ms": out["step_ms"], "load": list(os.getloadavg())}
+                        t0 = time.monotonic()
+                        if mode == "local":
+                            run["epochs"] = run_epochs(Files(local, rel), mode, args, proxy)
+                        elif mode == "direct":
+                            run["epochs"] = run_epochs(S3Files(proxy.endpoint, rel), mode, args, proxy)
+                        else:
+                            run.update(run_mount(mode, pct, proxy, args, work, total))
+                        run["wall_s"] = time.monotonic() - t0
+                        out["runs"].append(run)
+                        save()
+            out["proxy_counters"] = proxy.counters
+    finally:
+        out["load_end"] = list(os.getloadavg())
+        save()
+        shutil.rmtree(work, ignore_errors=True)
+    return out
+
+
+# -- rendering ----------------------------------------------------------------------------------------
+
+def merge(files):
+    """{delay_ms: {"chunks": [...], "runs": [...]}}; a later run of the same (mode, pct, step) replaces an
+    earlier one."""
+    groups = {}
+    for path in files:
+        with open(path) as f:
+            d = json.load(f)
+        g = groups.setdefault(d["delay_ms"], {"chunks": [], "runs": {}})
+        g["chunks"].append(d)
+        for r in d["runs"]:
+            r = dict(r, chunk=len(g["chunks"]) - 1)
+            g["runs"][(r["mode"], r["pct"], round(r.get("step_ms", 0.0), 1))] = r
+    for g in groups.values():
+        order = {m: i for i, m in enumerate(ALL_MODES)}
+        g["runs"] = sorted(g["runs"].values(),
+                           key=lambda r: (r.get("step_ms", 0) > 0, order[r["mode"]], r["pct"] or 0))
+    return groups
+
+
+def warm(eps, key):
+    w = [e[key] for e in eps[1:]]
+    return sum(w) / len(w) if w else None
+
+
+def fmt(x, spec=".2f"):
+    return "" if x is None else format(x, spec)
+
+
+def limit_s(gets, nbytes, chunk):
+    """The physical limit of an epoch that made ``gets`` GETs of ``nbytes``: at the proxy's
+    concurrent-GET rate, or the link's byte rate, whichever is slower."""
+    link = 1e9 / 8  # bytes/s per direction (1gbit; the rate the runs use)
+    return max(gets / chunk["limit"]["proxy_c"], nbytes / link)
+
+
+def grid_rows(g):
+    """One row per run: cold and warm epoch, x local, x limit, GETs (proxy), OPT misses, no-wait %."""
+    runs = g["runs"]
+    local = next((r for r in runs if r["mode"] == "local"), None)
+    loc_c = local["epochs"][0]["seconds"] if local else None
+    loc_w = warm(local["epochs"], "seconds") if local else None
+    rows = []
+    for r in runs:
+        ch = g["chunks"][r["chunk"]]
+        eps = r["epochs"]
+        c, w = eps[0], eps[1:]
+        cold_s, warm_s = c["seconds"], warm(eps, "seconds")
+        row = {"run": LABEL[r["mode"]] + (f", step {r['step_ms']:.0f} ms" if r.get("step_ms") else ""),
+               "mode": r["mode"], "pct": r["pct"], "load": r["load"][0], "cold_s": cold_s, "warm_s": warm_s,
+               "x_local_cold": cold_s / loc_c if loc_c else None,
+               "x_local_warm": warm_s / loc_w if loc_w and warm_s else None,
+               "gets_cold": c["gets"], "gets_warm": warm(eps, "gets"),
+               "mib_cold": c["get_bytes"] / 2**20, "mib_warm": warm(eps, "get_bytes") / 2**20 if w else None,
+               "step_ms": r.get("step_ms", 0.0)}
+        # distance to the physical limit: the epoch's own GETs at the limit rate (plus the training steps
+        # it has to take anyway when --step-ms is set)
+        n_open = c.get("opens") or ch["n"]
+        steps = -(-n_open // ch["batch_size"]) * row["step_ms"] / 1e3
+        lc = limit_s(c["gets"], c["get_bytes"], ch)
+        row["x_limit_cold"] = cold_s / max(lc, steps) if max(lc, steps) > 0 else None
+        if w:
+            lw = [max(limit_s(e["gets"], e["get_bytes"], ch), steps) for e in w]
+            row["x_limit_warm"] = warm_s / (sum(lw) / len(lw)) if sum(lw) > 0 else None
+        if "opens" in c:
+            row["opt_cold"] = c["opt_misses"]
+            row["opt_warm"] = warm(eps, "opt_misses")
+            row["gets_per_opt"] = (sum(e["gets"] for e in eps) / r["opt_misses_total"]
+                                   if r["opt_misses_total"] else None)
+            opens = sum(e["opens"] for e in eps)
+            row["hit_ratio_warm"] = (sum(e["hits"] for e in w) / sum(e["opens"] for e in w)) if w else None
+            row["opt_hit_ratio_warm"] = (1 - sum(e["opt_misses"] for e in w) / sum(e["opens"] for e in w)) if w else None
+            row["nowait_cold"] = 100.0 * (c["hits"] + c["ready"]) / c["opens"] if c["opens"] else None
+            row["nowait_warm"] = (100.0 * sum(e["hits"] + e["ready"] for e in w) / sum(e["opens"] for e in w)
+                                  if w else None)
+            row["late_wait_s"] = sum(e["late_wait_s"] for e in eps) / len(eps)
+            row["opens"] = opens
+            row["daemon_reads"] = sum(e["daemon_reads"] for e in eps)
+            row["unused_gets"] = sum(e["gets"] for e in eps) - row["daemon_reads"]
+            row["distinct_warm"] = warm(eps, "distinct")
+        rows.append(row)
+    return rows
+
+
+def limit_line(g):
+    out = []
+    for ch in g["chunks"]:
+        L = ch["limit"]
+        out.append(f"moto alone {L['moto_alone']:.0f} GETs/s with {L['concurrency']} clients; through the proxy "
+                   f"{L['proxy_1']:.0f}/s with 1 client, **{L['proxy_c']:.0f}/s with {L['concurrency']}** "
+                   f"(load {L['load'][0]:.2f}); an epoch of {ch['n']} cold files at that limit: "
+                   f"{ch['n'] / L['proxy_c']:.2f} s; the link (1 Gbit/s) would carry the "
+                   f"{ch['bytes'] / 2**20:.2f} MiB in {ch['bytes'] * 8 / 1e9 * 1e3:.0f} ms")
+    return out
+
+
+def table_md(rows):
+    from shadefs.testing.docsection import markdown_table
+
+    head = ["run", "cache %", "load", "epoch 1 s", "warm s", "x local (1 / warm)", "x limit (1 / warm)",
+            "GETs (1 / warm)", "MiB (1 / warm)", "OPT misses (1 / warm)", "GETs ÷ OPT", "unused GETs", "warm hit ratio (÷ OPT)",
+            "no wait % (1 / warm)"]
+    body = []
+    for r in rows:
+        def pair(a, b, spec):
+            return f"{fmt(r.get(a), spec)} / {fmt(r.get(b), spec)}" if r.get(a) is not None else ""
+        hr = ""
+        if r.get("hit_ratio_warm") is not None:
+            opt = r["opt_hit_ratio_warm"]
+            hr = f"{r['hit_ratio_warm']:.3f} ({r['hit_ratio_warm'] / opt:.3f})" if opt else f"{r['hit_ratio_warm']:.3f}"
+        body.append([r["run"], fmt(r["pct"], "g"), fmt(r["load"], ".1f"), fmt(r["cold_s"]), fmt(r["warm_s"]),
+                     pair("x_local_cold", "x_local_warm", ".0f"), pair("x_limit_cold", "x_limit_warm", ".2f"),
+                     pair("gets_cold", "gets_warm", ".0f"), pair("mib_cold", "mib_warm", ".2f"),
+                     pair("opt_cold", "opt_warm", ".0f"), fmt(r.get("gets_per_opt"), ".4f"), fmt(r.get("unused_gets"), "d"), hr,
+                     pair("nowait_cold", "nowait_warm", ".1f")])
+    return markdown_table(head, body, "lrrrrrrrrrrrrr")
+
+
+def plot(g, delay, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in grid_rows(g) if not r["step_ms"]]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    ch = g["chunks"][0]
+    lim = ch["n"] / ch["limit"]["proxy_c"]
+    for ax, key, title in ((axes[0], "cold_s", "epoch 1 (cold)"), (axes[1], "warm_s", "warm epochs (mean)")):
+        for mode in MOUNT_MODES:
+            pts = sorted((r["pct"], r[key]) for r in rows if r["mode"] == mode and r[key] is not None)
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=LABEL[mode])
+        for mode, style in (("direct", "--"), ("local", ":")):
+            r = next((r for r in rows if r["mode"] == mode), None)
+            if r and r[key] is not None:
+                ax.axhline(r[key], ls=style, color="gray", label=LABEL[mode])
+        ax.axhline(lim, ls="-.", color="red", label=f"backend limit, {ch['n']} GETs")
+        ax.set_yscale("log")
+        ax.set_xlabel("RAM cache, % of the dataset")
+        ax.set_ylabel("seconds")
+        ax.set_title(title)
+    axes[0].legend(fontsize=7)
+    ax = axes[2]
+    for mode in MOUNT_MODES:
+        pts = sorted((r["pct"], r["gets_warm"]) for r in rows if r["mode"] == mode and r["gets_warm"] is not None)
+        if pts:
+            line, = ax.plot(*zip(*pts), marker="o", label=LABEL[mode] + " (proxy GETs)")
+            opt = sorted((r["pct"], r["opt_warm"]) for r in rows if r["mode"] == mode and r.get("opt_warm") is not None)
+            ax.plot(*zip(*opt), ls="--", color=line.get_color(), alpha=0.6)
+    ax.set_xlabel("RAM cache, % of the dataset")
+    ax.set_ylabel("backend GETs per warm epoch")
+    ax.set_title("backend GETs per warm epoch (dashed: OPT's misses)")
+    ax.legend(fontsize=7)
+    fig.suptitle(f"{ch['n']} files over moto behind the proxy, {delay:g} ms each way")
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def render(files, write_doc):
+    from shadefs.testing import docsection
+
+    groups = merge(files)
+    L = [docsection.markers("bench_plan")[0], "## Clairvoyant caching: the grid over slow S3", "",
+         "*Generated by `python scripts/bench_plan.py --render ... --write-doc` from the runs below (one "
+         "bench lock hold per command). Timed figures are noisy (a 2-core machine shared with other "
+         "engineers: see each row's load); GET counts (the proxy's) and OPT's misses are exact.*", "",
+         "Columns: epoch 1 = cold (empty cache, workers starting); warm = mean of epochs 2..E; x local = "
+         "÷ the local-disk epoch of the same run; **x limit** = ÷ the time the backend needs for the GETs that "
+         "epoch made, at the proxy's measured concurrent-GET rate (or the training steps it must take, if "
+         "slower): 1.00 = at the physical limit; GETs and MiB = requests and object bytes **counted by the "
+         "proxy** (everything that crossed the link: misses and prefetches); OPT misses = Belady's MIN on the "
+         "run's own trace at the same cache bytes; GETs ÷ OPT = the whole run's proxy GETs ÷ OPT's misses; unused GETs = proxy GETs that no open used "
+         "(prefetched, then evicted or never opened; proxy GETs − (ready + late + misses)); "
+         "warm hit ratio = hits (RAM) ÷ opens in the warm epochs (a prefetched open is a backend read, not a "
+         "hit), ÷ OPT's; no wait = (hits + prefetch ready) ÷ opens.", ""]
+    print_out = []
+    for delay in sorted(groups):
+        g = groups[delay]
+        ch = g["chunks"][0]
+        rows = grid_rows(g)
+        L += [f"### {2 * delay:g} ms RTT ({delay:g} ms each way)", "",
+              f"{ch['n']} files ({ch['bytes'] / 2**20:.2f} MiB, 28x28 PNGs from "
+              f"`scripts/make_fashion_mnist.py`), {ch['epochs']} epochs per run, {ch['workers']} DataLoader "
+              f"workers, batch {ch['batch_size']}; {ch.get('proxy', '')}.", "", "Commands (one bench lock hold each):", ""]
+        for c in g["chunks"]:
+            L.append(f"- `{c['command']}` ({c['started']}, load {c['load_start'][0]:.2f} -> "
+                     f"{c.get('load_end', [float('nan')])[0]:.2f})")
+        L += ["", "Physical limit, measured first in each command:", ""]
+        L += [f"- {x}" for x in limit_line(g)]
+        L += ["", table_md(rows), ""]
+        img = f"plan_grid_{2 * delay:g}ms_rtt.png".replace(".", "_", 1).replace("_png", ".png")
+        if write_doc:
+            try:
+                plot(g, delay, os.path.join(IMG_DIR, img))
+                L += [f"![epoch time and GETs vs cache size, {2 * delay:g} ms RTT](img/{img})", ""]
+            except ImportError as e:
+                print(f"no plot: {e}", file=sys.stderr)
+        print_out.append(f"== {delay:g} ms each way ==\n" + "\n".join(limit_line(g)) + "\n" + table_md(rows))
+    L.append(docsection.markers("bench_plan")[1])
+    print("\n\n".join(print_out))
+    if write_doc:
+        docsection.write_section(DOC, "bench_plan", "\n".join(L))
+        print(f"wrote the bench_plan section of {DOC}", file=sys.stderr)
+    return groups
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", help="a make_fashion_mnist.py tree (its train/ is used)")
+    ap.add_argument("--n", type=int, default=1000, help="files uploaded (default 1000)")
+    ap.add_argument("--delay-ms", type=float, default=1.0, help="one-way delay of the proxy (default 1: 2 ms RTT)")
+    ap.add_argument("--rate", default="1gbit", help="link rate per direction (default 1gbit)")
+    ap.add_argument("--pcts", default="0,5,10,20,40", help="RAM cache sizes, %% of the dataset")
+    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--step-ms", type=parse_step, default=0.0,
+                    help="sleep per batch, the training step (ms), or 'auto' (see --step-load)")
+    ap.add_argument("--step-load", type=float, default=0.75,
+                    help="with --step-ms auto: the reader consumes this fraction of the backend's limit")
+    ap.add_argument("--concurrency", type=int, default=32, help="clients for the physical-limit probe "
+                    "(the daemon's --prefetch-concurrency)")
+    ap.add_argument("--modes", default=",".join(ALL_MODES))
+    ap.add_argument("--final-lookahead", action="store_true",
+                    help="PlanSampler announces a lookahead epoch in the last epoch too (its reads are wasted)")
+    ap.add_argument("--json", metavar="OUT", help="save the runs here (after every run)")
+    ap.add_argument("--render", nargs="+", metavar="JSON", help="render saved runs instead of measuring")
+    ap.add_argument("--write-doc", action="store_true", help="with --render: write docs/performance.md and plots")
+    args = ap.parse_args(argv)
+    if args.render:
+        render(args.render, args.write_doc)
+        return 0
+    if not args.data:
+        ap.error("--data is required (or --render)")
+    out = measure(args)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=1)
-    shutil.rmtree(work, ignore_errors=True)
+        render([args.json], False)
+    else:
+        path = tempfile.mktemp(prefix="bench-plan-", suffix=".json")
+        with open(path, "w") as f:
+            json.dump(out, f)
+        render([path], False)
     return 0
 
 

@@ -31,8 +31,8 @@ Timing is done with threads and ``time.sleep``: on an idle machine a chunk arriv
 its due time; on a loaded one it can be late by a scheduler tick. The proxy reports the mean and the
 99th percentile of this lateness on exit, so a run can say how faithful the link was.
 
-Command line (prints ``PORT <n>`` and a settings line on stdout once listening; SIGTERM/SIGINT stop
-it and print one JSON line of counters)::
+Command line (prints ``PORT <n>`` and a settings line on stdout once listening; SIGUSR1 prints one JSON
+line of counters so far; SIGTERM/SIGINT stop it and print one JSON line of counters)::
 
     python -m shadefs.testing.latency_proxy --upstream 127.0.0.1:5000 [--port 0] [--delay-ms 1] \
         [--rate 1gbit] [--mode http]
@@ -183,7 +183,10 @@ class LatencyProxy:
         self.down = Link(delay_s, rate_bps)   # server -> client (responses)
         self.connections = 0
         self.requests = 0
+        self.methods: Dict[str, int] = {}     # requests forwarded, by HTTP method
+        self.get_body_bytes = 0               # response body bytes of successful GETs (the objects read)
         self.upstream_errors = 0
+        self._count_lock = threading.Lock()
         self._listener = socket.socket()
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._listener.bind((host, port))
@@ -225,7 +228,10 @@ class LatencyProxy:
                 return {"mean_ms": 0.0, "p99_ms": 0.0}
             return {"mean_ms": 1e3 * sum(xs) / len(xs), "p99_ms": 1e3 * xs[int(0.99 * (len(xs) - 1))]}
 
+        with self._count_lock:
+            methods = dict(self.methods)
         return {"mode": self.mode, "connections": self.connections, "requests": self.requests,
+                "methods": methods, "gets": methods.get("GET", 0), "get_body_bytes": self.get_body_bytes,
                 "upstream_errors": self.upstream_errors,
                 "bytes_up": self.up.bytes, "bytes_down": self.down.bytes,
                 "late_up": late(self.up), "late_down": late(self.down),
@@ -420,9 +426,12 @@ class LatencyProxy:
 
     def _forward(self, head: bytes, body: bytes) -> Tuple[bytes, bool]:
         """One request over a fresh loopback connection; returns (response for the client, close?)."""
-        self.requests += 1
         start, headers = _headers(head)
         method = start.split(b" ", 1)[0].upper()
+        name = method.decode("ascii", "replace")
+        with self._count_lock:
+            self.requests += 1
+            self.methods[name] = self.methods.get(name, 0) + 1
         client_close = (_header(headers, b"connection") or b"").lower() == b"close"
         out_head = b"\r\n".join([start] + [k + b": " + v for k, v in headers if k.lower() not in _HOP]
                                 + [b"Connection: close"]) + b"\r\n\r\n"
@@ -431,6 +440,9 @@ class LatencyProxy:
             up.sendall(out_head + body)
             status, rheaders, rbody = self._read_response(up, method)
         code = int(status.split(b" ")[1])
+        if method == b"GET" and 200 <= code < 300:
+            with self._count_lock:
+                self.get_body_bytes += len(rbody)
         kept = [(k, v) for k, v in rheaders if k.lower() not in _HOP]
         if method != b"HEAD" and code >= 200 and code not in (204, 304):
             kept = [(k, v) for k, v in kept if k.lower() != b"content-length"]
@@ -456,6 +468,8 @@ def main(argv=None) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
+    # SIGUSR1: print the counters so far (one JSON line), e.g. per epoch of a benchmark
+    signal.signal(signal.SIGUSR1, lambda *_: print(json.dumps(proxy.counters()), flush=True))
     proxy.start()
     print(f"PORT {proxy.port}", flush=True)
     print(proxy.settings(), flush=True)

@@ -171,6 +171,25 @@ class LatencyProxyProcess:
         stop_process(self.proc)
         self.proc = None
 
+    def snapshot(self) -> Dict[str, Any]:
+        """The proxy's counters so far (SIGUSR1; it answers with one JSON line on its stdout):
+        ``requests``, ``gets`` (GET requests forwarded), ``get_body_bytes`` (bytes of the objects those
+        GETs returned), ``methods``, ``bytes_up`` / ``bytes_down`` (all bytes across the emulated
+        link), ``connections``.
+
+        Raises:
+            RuntimeError: the proxy is not running, or exited before answering.
+        """
+        if self.proc is None or self.proc.poll() is not None:
+            raise RuntimeError("latency proxy is not running")
+        self.proc.send_signal(signal.SIGUSR1)
+        while True:
+            line = self.proc.stdout.readline()
+            if not line:
+                raise RuntimeError("latency proxy exited before answering")
+            if line.startswith("{"):
+                return json.loads(line)
+
     def __enter__(self) -> "LatencyProxyProcess":
         return self if self.proc is not None else self.start()
 
