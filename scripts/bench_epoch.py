@@ -71,9 +71,14 @@ DOC = os.path.join(REPO, "docs", "performance.md")
 PLOT = os.path.join(REPO, "docs", "img", "bench_epoch.png")
 START, END = docsection.markers("bench_epoch")
 MEAN, STD = (0.2860,) * 3, (0.3530,) * 3
-CONFIG_ORDER = ("direct", "local", "lru", "static", "shade")
+CONFIG_ORDER = ("direct", "local", "lru", "static", "shade", "plan", "shade-noplan")
+MOUNTED = CONFIG_ORDER[2:]
 LABELS = {"direct": "direct S3 (no shadefs)", "local": "local disk (no shadefs)",
-          "lru": "shadefs lru", "static": "shadefs static", "shade": "shadefs shade + hook"}
+          "lru": "shadefs lru", "static": "shadefs static", "shade": "shadefs shade + hook",
+          "plan": "shadefs static + PlanSampler", "shade-noplan": "shadefs shade + hook, no plan"}
+# the mount's --policy per config; "shade" = ShadeSampler announcing its draws (its default, issue 11),
+# "shade-noplan" = ShadeSampler(announce_plan=False), "plan" = PlanSampler (uniform permutations, announced)
+POLICY = {"lru": "lru", "static": "static", "shade": "shade", "plan": "static", "shade-noplan": "shade"}
 def log(msg: str) -> None:
     print(f"[bench_epoch {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
@@ -310,12 +315,17 @@ def child_main(cfg: Dict[str, Any]) -> int:
     common = dict(batch_size=cfg["batch_size"], num_workers=cfg["workers"],
                   persistent_workers=cfg["workers"] > 0)
     reporter = sampler = None
-    if cfg["config"] == "shade":
+    if cfg["config"] in ("shade", "shade-noplan"):
         from shadefs.hooks import ScoreReporter, ShadeSampler
 
-        sampler = ShadeSampler(dataset, seed=cfg["seed"])
+        sampler = ShadeSampler(dataset, seed=cfg["seed"], announce_plan=cfg["config"] == "shade")
         loader = DataLoader(dataset, sampler=sampler, **common)
         reporter = ScoreReporter(dataset, sampler=sampler)
+    elif cfg["config"] == "plan":
+        from shadefs.hooks import PlanSampler
+
+        sampler = PlanSampler(dataset, seed=cfg["seed"])
+        loader = DataLoader(dataset, sampler=sampler, **common)
     else:
         loader = DataLoader(dataset, shuffle=True,
                             generator=torch.Generator().manual_seed(cfg["seed"]), **common)
@@ -357,8 +367,10 @@ def child_main(cfg: Dict[str, Any]) -> int:
             row.update(opens=opens, hits=hits(now) - hits(prev), misses=now["misses"] - prev["misses"],
                        hit_ratio=(hits(now) - hits(prev)) / opens if opens else 0.0,
                        backend_bytes=now["backend_bytes"] - prev["backend_bytes"], stats=now)
+            pf, q = now.get("prefetch", {}), prev.get("prefetch", {})
+            row.update(ready=pf.get("ready", 0) - q.get("ready", 0), late=pf.get("late", 0) - q.get("late", 0))
             prev = now
-        if sampler is not None and sampler.plan is not None:
+        if getattr(sampler, "plan", None) is not None:
             row["planned_hits"] = int(sampler.plan.hits)
             row["distinct"] = int(np.unique(sampler.plan.order).size)
         else:
@@ -492,7 +504,7 @@ def run_benchmark(a: argparse.Namespace) -> Dict[str, Any]:
             f"{results['probe']['moto']['median_ms']:.1f} ms, through the proxy "
             f"{results['probe']['proxy']['median_ms']:.1f} ms")
         plan = [(c, None) for c in ("direct", "local") if c in a.configs]
-        plan += [(c, s) for s in a.sizes for c in ("lru", "static", "shade") if c in a.configs]
+        plan += [(c, s) for s in a.sizes for c in MOUNTED if c in a.configs]
         base = {"epochs": a.epochs, "batch_size": a.batch_size, "workers": a.workers,
                 "image_size": a.image_size, "seed": a.seed}
         for i, (config, size) in enumerate(plan):
@@ -503,6 +515,7 @@ def run_benchmark(a: argparse.Namespace) -> Dict[str, Any]:
                 + f"  (load average {load[0]:.2f})")
             t_run = time.monotonic()
             cpu_moto, cpu_proxy = proc_cpu(moto.pid), proc_cpu(proxy.pid)
+            gets0 = proxy.snapshot()
             daemon_cpu = None
             if config == "direct":
                 cfg.update(endpoint=proxy.endpoint, s3_root=f"{BUCKET}/{prefix}/train")
@@ -519,7 +532,7 @@ def run_benchmark(a: argparse.Namespace) -> Dict[str, Any]:
                 pid = 0
                 metrics_port = free_port()
                 try:
-                    pid = mount(source, mnt, config, size, proxy.endpoint,
+                    pid = mount(source, mnt, POLICY[config], size, proxy.endpoint,
                                 os.path.join(logs, f"{name}.log"), metrics_port)
                     cfg.update(data=os.path.join(mnt, "train"), mnt=mnt)
                     run = run_child(cfg, a.run_timeout)
@@ -531,6 +544,9 @@ def run_benchmark(a: argparse.Namespace) -> Dict[str, Any]:
                         os.rmdir(mnt)
                     except OSError:
                         pass
+            gets1 = proxy.snapshot()  # backend GETs and object bytes of the whole run, counted by the proxy
+            run["proxy_gets"] = gets1["gets"] - gets0["gets"]
+            run["proxy_get_bytes"] = gets1["get_body_bytes"] - gets0["get_body_bytes"]
             run.update(config=config, size_pct=size, load_before=list(load),
                        wall_s=time.monotonic() - t_run, daemon_cpu_s=daemon_cpu,
                        moto_cpu_s=proc_cpu(moto.pid) - cpu_moto,
@@ -561,7 +577,7 @@ def table(results: Dict[str, Any]) -> str:
     warm_label = f"epochs 2..{e} (mean)" if e > 2 else ("epoch 2" if e == 2 else "epoch 1")
     head = ["run", "cache", "load", "epoch 1 (cold)", warm_label, "warm img/s", "warm vs direct S3",
             "hit ratio ep. 1", "hit ratio warm", "hit ratio (stats)", "byte hit ratio (stats)",
-            "backend read"]
+            "backend read", "proxy GETs (run)"]
     rows = []
     for r in runs:
         s = r["summary"]
@@ -573,6 +589,7 @@ def table(results: Dict[str, Any]) -> str:
             _pct(s.get("cold_hit")), _pct(s.get("warm_hit")), _pct(s.get("hit_ratio")),
             _pct(s.get("byte_hit_ratio")),
             f"{s['backend_bytes'] / 2**20:.0f} MiB" if "backend_bytes" in s else "",
+            str(r["proxy_gets"]) if "proxy_gets" in r else "",
         ])
     return markdown_table(head, rows)
 
@@ -608,7 +625,7 @@ def plot(results: Dict[str, Any], path: str) -> None:
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.4))
     axes[1].sharey(axes[0])  # cold and warm on one scale
     colors = {"direct": "tab:red", "local": "tab:gray", "lru": "tab:orange", "static": "tab:blue",
-              "shade": "tab:green"}
+              "shade": "tab:green", "plan": "tab:purple", "shade-noplan": "tab:olive"}
     e = results["args"]["epochs"]
     for ax, key, title in ((axes[0], "cold_s", "epoch 1 (cold cache)"),
                            (axes[1], "warm_s", f"epochs 2..{e}, mean (warm)" if e > 2 else "epoch 2")):
@@ -616,7 +633,7 @@ def plot(results: Dict[str, Any], path: str) -> None:
             if r["size_pct"] is None:
                 ax.axhline(r["summary"][key], color=colors[r["config"]], linestyle="--",
                            label=LABELS[r["config"]])
-        for c in ("lru", "static", "shade"):
+        for c in MOUNTED:
             pts = [(r["size_pct"], r["summary"][key]) for r in runs if r["config"] == c]
             if pts:
                 ax.plot(*zip(*pts), marker="o", color=colors[c], label=LABELS[c])
@@ -628,7 +645,7 @@ def plot(results: Dict[str, Any], path: str) -> None:
     top = max(r["summary"][k] for r in runs for k in ("cold_s", "warm_s"))
     axes[0].set_ylim(0, 1.08 * top)  # shared with axes[1]
     ax = axes[2]
-    for c in ("lru", "static", "shade"):
+    for c in MOUNTED:
         pts = [(r["size_pct"], 100 * r["summary"]["warm_hit"]) for r in runs if r["config"] == c]
         if pts:
             ax.plot(*zip(*pts), marker="o", color=colors[c], label=LABELS[c])
@@ -665,7 +682,7 @@ def findings(results: Dict[str, Any]) -> List[str]:
     sizes = sorted({r["size_pct"] for r in runs if r["size_pct"] is not None})
     for s in sizes:
         parts = []
-        for c in ("lru", "static", "shade"):
+        for c in MOUNTED:
             x = by.get((c, s))
             if x and direct:
                 parts.append(f"{c} {direct['warm_s'] / x['warm_s']:.2f}x at {100 * x['warm_hit']:.0f} % hits")
@@ -744,7 +761,7 @@ def findings(results: Dict[str, Any]) -> List[str]:
                             "files. " if below else "none beats its fastest epoch, so this is load "
                                                     "noise. ")
                        + "Rerun on a quiet machine before reading anything into it.")
-    for c in ("lru", "static", "shade"):
+    for c in MOUNTED:
         pts = sorted((s, x["warm_s"]) for (cc, s), x in by.items() if cc == c and s is not None)
         bumps = [(a, b) for a, b in zip(pts, pts[1:]) if b[1] > 1.15 * a[1]]
         if bumps:

@@ -5,9 +5,12 @@ For every cache size (``--sizes``, percent of the training set's bytes) and ever
 
 - sampler ``uniform``: the unmodified ``DataLoader(shuffle=True)`` (transparent mode);
 - sampler ``importance``: ``train_fashion_mnist.py --hook`` (ShadeSampler = SHADE's PADS, cache-aware,
-  plus ScoreReporter sending per-sample losses to the daemon);
+  plus ScoreReporter sending per-sample losses to the daemon; it announces each epoch's draw, issue 11);
+- sampler ``importance-noplan``: the same with ``--no-plan`` (no announced draws: the policy alone);
+- sampler ``plan``: ``train_fashion_mnist.py --plan`` (PlanSampler: uniform permutations, announced);
 
-each with the policies ``lru``, ``static`` and ``shade``, it
+each with the policies ``lru``, ``static`` and ``shade`` (``--modes all``: uniform and importance with all
+three, plus plan:static and importance-noplan:shade), it
 
 1. mounts the training split alone with a RAM-only tier (``--ram-cache P%``, no disk tier) and
    ``--trace``, from a cold cache;
@@ -80,10 +83,16 @@ TRAIN_SCRIPT = os.path.join(HERE, "train_fashion_mnist.py")
 DOC = os.path.join(REPO, "docs", "performance.md")
 IMG_DIR = os.path.join(REPO, "docs", "img")
 START, END = docsection.markers("bench_hit_ratio")
-SAMPLERS = ("uniform", "importance")
+SAMPLERS = ("uniform", "importance", "plan", "importance-noplan")
 POLICIES = ("lru", "static", "shade")
-ALL_MODES = [(s, p) for s in SAMPLERS for p in POLICIES]
-SAMPLER_LABEL = {"uniform": "uniform (shuffle=True)", "importance": "ShadeSampler (PADS)"}
+# "all": both base samplers with every policy, plus the announced-plan modes of issue 11 (PlanSampler +
+# static; ShadeSampler without its plan + shade, beside "importance", which announces its plan by default)
+ALL_MODES = [(s, p) for s in SAMPLERS[:2] for p in POLICIES] + [("plan", "static"), ("importance-noplan", "shade")]
+SAMPLER_LABEL = {"uniform": "uniform (shuffle=True)", "importance": "ShadeSampler (PADS, announces its plan)",
+                 "plan": "PlanSampler (uniform, announced)", "importance-noplan": "ShadeSampler (PADS), no plan"}
+SAMPLER_FLAGS = {"uniform": [], "importance": ["--hook"], "plan": ["--plan"],
+                 "importance-noplan": ["--hook", "--no-plan"]}
+HIT_OUTCOMES = ("ram", "disk", "shared")   # trace outcomes served by a tier; "prefetch" / "late" are backend reads
 GOAL_SIZE = 10.0          # percent: where SHADE's headline (x LRU) is checked
 GOAL_OPT = 0.95           # shade >= 95 % of OPT
 GOAL_LRU = 4.5            # shade >= 4.5x LRU
@@ -177,13 +186,22 @@ def run_logged(cmd: List[str], logf, timeout_s: float, echo=None) -> int:
 
 # -- trace analysis -------------------------------------------------------------------------------------
 
-def read_outcomes(path: str) -> np.ndarray:
-    """Per open: True when the daemon served it from a cache tier (``outcome`` ram or disk)."""
+def read_outcomes(path: str, counts: Optional[Dict[str, int]] = None) -> np.ndarray:
+    """Per open: True when the daemon served it from a cache tier (``outcome`` ram, disk or shared).
+
+    ``prefetch`` (a completed prefetch) and ``late`` (waited on one) are not hits: the file came from
+    the backend, as the stats JSON counts them (``prefetch.ready`` / ``prefetch.late``, not ``hits``), and as
+    OPT counts them (a miss). ``counts``, if given, receives the number of opens per outcome.
+    """
     with open(path, newline="", encoding="utf-8", errors="surrogateescape") as f:
         reader = csv.reader(f)
         header = next(reader)
         col = header.index("outcome")
-        return np.array([row[col] != "miss" for row in reader if row], dtype=bool)
+        outcomes = [row[col] for row in reader if row]
+    if counts is not None:
+        for o in outcomes:
+            counts[o] = counts.get(o, 0) + 1
+    return np.array([o in HIT_OUTCOMES for o in outcomes], dtype=bool)
 
 
 def per_epoch(mask: np.ndarray, n_train: int, epochs: int) -> List[dict]:
@@ -238,7 +256,8 @@ def warm_ratio(epochs: List[dict]) -> Optional[float]:
 def analyse(run: dict, trace_path: str, cache_bytes: int, n_train: int, epochs: int) -> None:
     """Fill ``run`` with the measured per-epoch hits, OPT on the same trace, and the policy's replay."""
     trace = sim.read_trace(trace_path)
-    measured = read_outcomes(trace_path)
+    run["outcomes"] = {}
+    measured = read_outcomes(trace_path, run["outcomes"])
     if measured.size != trace.requests:
         raise RuntimeError(f"{trace_path}: {measured.size} outcomes but {trace.requests} requests")
     run["trace_opens"] = trace.requests
@@ -313,8 +332,7 @@ def run_one(args, sampler: str, policy: str, pct: float, src: str, n_train: int)
                     "--seed", str(args.seed), "--device", "cpu", "--json", train_json]
             if args.lr is not None:
                 tcmd += ["--lr", str(args.lr)]
-            if sampler == "importance":
-                tcmd.append("--hook")
+            tcmd += SAMPLER_FLAGS[sampler]
             rc = run_logged(tcmd, logf, args.run_timeout, echo=re.compile(r"^epoch |Warning|Error"))
             if rc != 0:
                 raise RuntimeError("training timed out" if rc == -9 else f"training exited with status {rc}"
@@ -342,10 +360,14 @@ def run_one(args, sampler: str, policy: str, pct: float, src: str, n_train: int)
         for w in sorted(set(re.findall(r"\w*Warning: [^\n]*", text))):
             run["warnings"].append(w)
         analyse(run, trace, run["cache_bytes"], n_train, args.epochs)
-        hits = st["hits"]["ram"] + st["hits"]["disk"]
-        if run["trace_opens"] != st["opens"] or round(run["hit_ratio_trace"] * st["opens"]) != hits:
-            run["warnings"].append(f"trace ({run['trace_opens']} opens) and stats ({st['opens']} opens, "
-                                   f"{hits} hits) disagree")
+        hits = sum(st["hits"].values())
+        pf = st.get("prefetch", {})
+        oc = run["outcomes"]
+        if (run["trace_opens"] != st["opens"] or round(run["hit_ratio_trace"] * st["opens"]) != hits
+                or oc.get("prefetch", 0) != pf.get("ready", 0) or oc.get("late", 0) != pf.get("late", 0)):
+            run["warnings"].append(f"trace ({run['trace_opens']} opens, outcomes {oc}) and stats "
+                                   f"({st['opens']} opens, {hits} hits, prefetch ready {pf.get('ready')} / late "
+                                   f"{pf.get('late')}) disagree")
     except KeyboardInterrupt:
         run["error"] = "interrupted"
         raise
@@ -753,7 +775,7 @@ def render_section(results: dict, imgs: Dict[str, bool]) -> str:
 
 def write_outputs(results: dict, doc: str, img_dir: str) -> None:
     imgs = {}
-    for s in SAMPLERS:
+    for s in SAMPLERS[:2]:
         p = os.path.join(img_dir, f"hit_ratio_{s}.png")
         try:
             imgs[s] = plot_sampler(results, s, p)

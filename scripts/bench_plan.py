@@ -223,6 +223,11 @@ def run_mount(mode, pct, proxy, args, work, total_bytes):
             break
         time.sleep(0.1)
     time.sleep(0.5)
+    if args.keep_traces:
+        os.makedirs(args.keep_traces, exist_ok=True)
+        for f in (trace, trace + ".scores.csv"):
+            if os.path.exists(f):
+                shutil.copy(f, os.path.join(args.keep_traces, f"{args.delay_ms:g}ms-" + os.path.basename(f)))
     t = sim.read_trace(trace)
     mask = np.zeros(t.requests, dtype=bool)
     sim.belady(t, cache_bytes, hit_mask=mask)
@@ -548,6 +553,7 @@ def main(argv=None):
     ap.add_argument("--final-lookahead", action="store_true",
                     help="PlanSampler announces a lookahead epoch in the last epoch too (its reads are wasted)")
     ap.add_argument("--json", metavar="OUT", help="save the runs here (after every run)")
+    ap.add_argument("--keep-traces", metavar="DIR", help="copy each mount run's trace (and scores) here")
     ap.add_argument("--render", nargs="+", metavar="JSON", help="render saved runs instead of measuring")
     ap.add_argument("--write-doc", action="store_true", help="with --render: write docs/performance.md and plots")
     args = ap.parse_args(argv)

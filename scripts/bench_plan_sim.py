@@ -5,7 +5,9 @@ Replays the ``train/`` opens of a ``shadefs mount --trace`` file (e.g. ``make de
 ShadeSampler, which announces each epoch's PADS draw at the epoch's start) through one tier of each
 cache size, three ways: the policy alone; the policy wrapped in ``PlanPolicy`` with each epoch's order
 announced when the epoch starts, as ShadeSampler does (no lookahead: the next draw depends on scores not
-yet reported); and Belady's OPT with the whole future. Same classes as the daemon
+yet reported); the same with an oracle lookahead (each epoch's plan announced together with the next
+epoch's real draw, which ShadeSampler cannot know: it isolates what the missing lookahead costs); and
+Belady's OPT with the whole future. Same classes as the daemon
 (``shadefs.plan``); one reader's order.
 
     python scripts/bench_plan_sim.py TRACE --epoch-len N [--policy shade] [--sizes 5,10,20]
@@ -22,7 +24,7 @@ from shadefs.plan.policy import PlanPolicy
 from shadefs.policies.base import Importance, get_policy
 
 
-def epoch_plans(trace, policy, cache_bytes, epoch_len, importance=None):
+def epoch_plans(trace, policy, cache_bytes, epoch_len, importance=None, lookahead=0):
     rank = trace.namespace_ids
     fids = rank[trace.ids]
     sizes = np.empty_like(trace.sizes)
@@ -37,8 +39,10 @@ def epoch_plans(trace, policy, cache_bytes, epoch_len, importance=None):
     hits = 0
     for i, f in enumerate(fids.tolist()):
         if i % epoch_len == 0:
-            seg = fids[i:i + epoch_len]
-            plans.announce(h, 0, i // epoch_len, [seg.size], seg.astype(np.uint32))
+            # this epoch's order, and with ``lookahead`` the next epochs' real draws too (an oracle:
+            # ShadeSampler cannot know them, they depend on scores not yet reported)
+            segs = [fids[j:j + epoch_len] for j in range(i, min(i + (lookahead + 1) * epoch_len, fids.size), epoch_len)]
+            plans.announce(h, 0, i // epoch_len, [x.size for x in segs], np.concatenate(segs).astype(np.uint32))
         plans.observe(f)
         if f in idx:
             idx.hit(f)
@@ -63,14 +67,18 @@ def main(argv=None):
     t = sim.Trace.from_requests(keep, sizes)
     imp = sim.load_scores(a.scores, t) if a.scores else None
     print(f"{t.requests} train opens, {t.distinct_files} files, {a.epoch_len} per epoch; policy {a.policy}")
-    print("cache %  policy alone  +epoch plans  OPT     plans/OPT")
+    print("cache %  policy alone  +epoch plans  +oracle lookahead  OPT     plans/OPT  oracle/OPT  "
+          "lookahead gap")
     for pct in [float(x) for x in a.sizes.split(",")]:
         cap = int(t.distinct_bytes * pct / 100)
         alone = sim.simulate(t, a.policy, cap, imp).hits
         planned = epoch_plans(t, a.policy, cap, a.epoch_len, imp)
+        oracle = epoch_plans(t, a.policy, cap, a.epoch_len, imp, lookahead=1)
         opt = sim.belady(t, cap).hits
-        print(f"{pct:7g}  {alone / t.requests:12.4f}  {planned / t.requests:12.4f}  {opt / t.requests:.4f}"
-              f"  {planned / opt if opt else float('nan'):.4f}")
+        r = t.requests
+        print(f"{pct:7g}  {alone / r:12.4f}  {planned / r:12.4f}  {oracle / r:17.4f}  {opt / r:.4f}"
+              f"  {planned / opt if opt else float('nan'):9.4f}  {oracle / opt if opt else float('nan'):10.4f}"
+              f"  {(oracle - planned) / r:.4f}")
     return 0
 
 

@@ -23,7 +23,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SHADEFS = [sys.executable, "-m", "shadefs"]
 BUCKET = "bench-plan-tta"
 MODES = {"shuffle+static": ("static", []), "plan+static": ("static", ["--plan"]),
-         "shade+ShadeSampler(plan)": ("shade", ["--hook"])}
+         "shade+ShadeSampler(plan)": ("shade", ["--hook"]),
+         "shade+ShadeSampler(no plan)": ("shade", ["--hook", "--no-plan"])}
+DEFAULT_MODES = "shuffle+static,plan+static,shade+ShadeSampler(plan)"
 
 
 def main(argv=None):
@@ -35,7 +37,8 @@ def main(argv=None):
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--seeds", default="0,1")
     ap.add_argument("--target", type=float, default=60.0, help="test accuracy %% to reach")
-    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--json", metavar="OUT", help="save the results")
+    ap.add_argument("--modes", default=DEFAULT_MODES, help=f"some of {','.join(MODES)} (default {DEFAULT_MODES})")
     a = ap.parse_args(argv)
     for k, v in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"),
                  ("AWS_DEFAULT_REGION", "us-east-1"), ("AWS_EC2_METADATA_DISABLED", "true"),
@@ -89,12 +92,18 @@ def main(argv=None):
         accs = ", ".join("%.2f" % e["test_acc"] for e in r["epochs"])
         tta = "%.1f" % r["tta_s"] if r["tta_s"] is not None else "not reached"
         print(f"{r['mode']}  {r['seed']}  {times}  {accs}  {tta}")
+    print(f"load average at the end: {os.getloadavg()[0]:.2f}")
     print("mode  final acc mean  (min..max)  mean training seconds")
     for mode in a.modes.split(","):
         rs = [r for r in results if r["mode"] == mode]
         accs = [r["final_acc"] for r in rs]
+        ttas = [r["tta_s"] for r in rs if r["tta_s"] is not None]
         print(f"{mode}  {statistics.mean(accs):.2f}  ({min(accs):.2f}..{max(accs):.2f})  "
-              f"{statistics.mean(r['train_s'] for r in rs):.1f}")
+              f"{statistics.mean(r['train_s'] for r in rs):.1f}  time to target: "
+              + (f"mean {statistics.mean(ttas):.1f} s over {len(ttas)}/{len(rs)} seeds" if ttas else "not reached"))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"args": vars(a), "results": results, "load": os.getloadavg()}, f, indent=1)
     return 0
 
 

@@ -104,7 +104,8 @@ def make_loaders(args: argparse.Namespace) -> tuple:
         from shadefs.hooks import ShadeSampler
         train_loader = DataLoader(
             train_set, batch_size=args.batch_size,
-            sampler=ShadeSampler(train_set, seed=args.seed), **common)
+            sampler=ShadeSampler(train_set, seed=args.seed, announce_plan=not getattr(args, "no_plan", False)),
+            **common)
     elif getattr(args, "plan", False):
         # clairvoyant mode: the same uniform permutations, announced to the daemon (shadefs.hooks)
         from shadefs.hooks import PlanSampler
@@ -209,6 +210,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--plan", action="store_true",
                         help="announce each epoch's order with shadefs.hooks.PlanSampler (uniform permutations "
                              "the daemon prefetches ahead of) instead of shuffle=True")
+    parser.add_argument("--no-plan", action="store_true",
+                        help="with --hook: ShadeSampler does not announce its draws (announce_plan=False)")
     parser.add_argument("--json", metavar="OUT.json",
                         help="write per-epoch results as JSON")
     args = parser.parse_args(argv)
