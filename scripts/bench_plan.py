@@ -169,7 +169,7 @@ def run_epochs(ds, mode, args, proxy, mnt=None):
     pprev = proxy.snapshot()
     for e in range(args.epochs):
         if sampler is not None:
-            if e == args.epochs - 1 and hasattr(sampler, "lookahead_epochs") and not args.final_lookahead:
+            if e == args.epochs - 1 and hasattr(sampler, "lookahead_epochs") and args.no_final_lookahead:
                 sampler.lookahead_epochs = 0  # a job that knows its epoch count announces nothing past it
             sampler.set_epoch(e)
         t0 = time.perf_counter()
@@ -402,6 +402,7 @@ def grid_rows(g):
             row["opens"] = opens
             row["daemon_reads"] = sum(e["daemon_reads"] for e in eps)
             row["unused_gets"] = sum(e["gets"] for e in eps) - row["daemon_reads"]
+            row["used_per_opt"] = row["daemon_reads"] / r["opt_misses_total"] if r["opt_misses_total"] else None
             row["distinct_warm"] = warm(eps, "distinct")
         rows.append(row)
     return rows
@@ -423,7 +424,7 @@ def table_md(rows):
     from shadefs.testing.docsection import markdown_table
 
     head = ["run", "cache %", "load", "epoch 1 s", "warm s", "x local (1 / warm)", "x limit (1 / warm)",
-            "GETs (1 / warm)", "MiB (1 / warm)", "OPT misses (1 / warm)", "GETs ÷ OPT", "unused GETs", "warm hit ratio (÷ OPT)",
+            "GETs (1 / warm)", "MiB (1 / warm)", "OPT misses (1 / warm)", "GETs ÷ OPT", "unused GETs", "used reads ÷ OPT", "warm hit ratio (÷ OPT)",
             "no wait % (1 / warm)"]
     body = []
     for r in rows:
@@ -436,9 +437,9 @@ def table_md(rows):
         body.append([r["run"], fmt(r["pct"], "g"), fmt(r["load"], ".1f"), fmt(r["cold_s"]), fmt(r["warm_s"]),
                      pair("x_local_cold", "x_local_warm", ".0f"), pair("x_limit_cold", "x_limit_warm", ".2f"),
                      pair("gets_cold", "gets_warm", ".0f"), pair("mib_cold", "mib_warm", ".2f"),
-                     pair("opt_cold", "opt_warm", ".0f"), fmt(r.get("gets_per_opt"), ".4f"), fmt(r.get("unused_gets"), "d"), hr,
+                     pair("opt_cold", "opt_warm", ".0f"), fmt(r.get("gets_per_opt"), ".4f"), fmt(r.get("unused_gets"), "d"), fmt(r.get("used_per_opt"), ".4f"), hr,
                      pair("nowait_cold", "nowait_warm", ".1f")])
-    return markdown_table(head, body, "lrrrrrrrrrrrrr")
+    return markdown_table(head, body, "lrrrrrrrrrrrrrr")
 
 
 def plot(g, delay, path):
@@ -498,7 +499,9 @@ def render(files, write_doc):
          "slower): 1.00 = at the physical limit; GETs and MiB = requests and object bytes **counted by the "
          "proxy** (everything that crossed the link: misses and prefetches); OPT misses = Belady's MIN on the "
          "run's own trace at the same cache bytes; GETs ÷ OPT = the whole run's proxy GETs ÷ OPT's misses; unused GETs = proxy GETs that no open used "
-         "(prefetched, then evicted or never opened; proxy GETs − (ready + late + misses)); "
+         "(prefetched, then evicted or never opened, e.g. the lookahead into an epoch the run never starts; proxy "
+         "GETs − (ready + late + misses); −1: two concurrent opens of one file, a repeat of a with-replacement draw, "
+         "shared one GET and both count as misses); used reads ÷ OPT = (ready + late + misses) ÷ OPT's misses; "
          "warm hit ratio = hits (RAM) ÷ opens in the warm epochs (a prefetched open is a backend read, not a "
          "hit), ÷ OPT's; no wait = (hits + prefetch ready) ÷ opens.", ""]
     print_out = []
@@ -550,8 +553,9 @@ def main(argv=None):
     ap.add_argument("--concurrency", type=int, default=32, help="clients for the physical-limit probe "
                     "(the daemon's --prefetch-concurrency)")
     ap.add_argument("--modes", default=",".join(ALL_MODES))
-    ap.add_argument("--final-lookahead", action="store_true",
-                    help="PlanSampler announces a lookahead epoch in the last epoch too (its reads are wasted)")
+    ap.add_argument("--no-final-lookahead", action="store_true",
+                    help="PlanSampler announces no lookahead in the last epoch (default: it does, as a job that "
+                         "does not know its epoch count; those reads count as unused GETs)")
     ap.add_argument("--json", metavar="OUT", help="save the runs here (after every run)")
     ap.add_argument("--keep-traces", metavar="DIR", help="copy each mount run's trace (and scores) here")
     ap.add_argument("--render", nargs="+", metavar="JSON", help="render saved runs instead of measuring")
