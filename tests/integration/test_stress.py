@@ -30,6 +30,7 @@ import pytest
 from shadefs.cache.tiers import DiskTier
 from shadefs.control.client import ControlClient, find_endpoint
 
+from mountutil import metrics_port, scrape
 from stressutil import EntryTimeline, OpenCounter, PAGE, entry_files, non_entry_files, pages, tmpfs, used_bytes
 
 RAM = 256 * 1024
@@ -182,6 +183,7 @@ def test_stress_16_threads_tiny_tiers_lru(tmp_path, root, mount):
         opens.close()
         timeline.close()
         a = audit(m)
+        stats_json = m.stats()
         files_left = entry_files(ns_dir)
         contents = {}
         for path in files_left:
@@ -199,6 +201,7 @@ def test_stress_16_threads_tiny_tiers_lru(tmp_path, root, mount):
     assert c["hits_ram"] + c["hits_disk"] + c["misses"] == n
     assert c["hits_ram"] > 0 and c["hits_disk"] > 0 and c["promotions"] > 0 and c["demotions"] > 0
     assert (c["corrupt_entries"], c["backend_errors"], c["disk_write_errors"], c["streamed"]) == (0, 0, 0, 0)
+    assert stats_json["corrupt_entries"] == 0
     assert c["misses"] == c["backend_reads"] + c["joined"]   # every miss read once, or waited for that read
     assert opens.total() == c["backend_reads"]               # ... counted outside the daemon too
     # no file in two tiers: sampled throughout and at the end; residency flags agree with the indexes
@@ -235,13 +238,14 @@ def _fids(m, rels):
     return {ns.file_id(r): r for r in rels}
 
 
+@pytest.mark.both_frontends
 def test_a_flipped_byte_in_a_disk_entry_is_detected_and_replaced(tmp_path, mount):
     src = tmp_path / "src"
     spec = make_source(src, 4, seed=3)
     rel = sorted(spec)[1]
     cache = tmp_path / "cache"
     m = mount(src, "--ram-cache", "0", "--disk-cache", cache, "--disk-cache-size", "1MiB", "--policy", "lru",
-              "--no-kernel-cache", env=AUDIT_ENV)
+              "--no-kernel-cache", "--metrics-port", "0", env=AUDIT_ENV)
     fid = str(next(iter(_fids(m, [rel]))))
     path = os.path.join(m.path, rel)
     with open(path, "rb") as f:
@@ -269,4 +273,6 @@ def test_a_flipped_byte_in_a_disk_entry_is_detected_and_replaced(tmp_path, mount
         assert f.read() == spec[rel]            # and now a verified disk hit
     c = audit(m)["counters"]
     assert (c["opens"], c["hits_disk"], c["corrupt_entries"]) == (3, 1, 1)
+    assert m.stats()["corrupt_entries"] == 1                                # the stats JSON
+    assert scrape(metrics_port(m))[("shadefs_corrupt_entries_total", ())] == 1  # and Prometheus
     assert "dropping corrupt disk entry" in m.log()
