@@ -120,7 +120,7 @@ class MountConfig:
     kernel_cache: bool = True                 # keep file pages in the kernel between opens of a hit
     fuse_threads: bool = True                 # libfuse front end: multithreaded loop (--fuse-loop multi)
     fuse_impl: str = "kernel" if sys.platform.startswith("linux") else "libfuse"  # --fuse-impl
-    fuse_readers: int = 4                     # kernel front end: reader threads on /dev/fuse clones
+    fuse_readers: int = 2                     # kernel front end: reader threads on /dev/fuse clones
     passthrough: bool = True                  # kernel front end: FUSE passthrough for NVMe hits when allowed
     verify_entries: str = "first-hit"         # disk entry checksums: at the first hit of each entry, or every open
     backend_options: tuple = ()               # (key, value) pairs for fsspec backends
