@@ -218,7 +218,7 @@ class Namespace:
                 segments.append((base + name, ci, a, b))
         segments.sort(key=lambda s: s[0])
         # files, in id order
-        pieces_names, lens, sizes, mtimes, modes, uids, gids, hashes, parents = ([] for _ in range(9))
+        pieces_names, lens, sizes, mtimes, modes, uids, gids, hashes, parents, etags = ([] for _ in range(10))
         chunk_fids: List[List[np.ndarray]] = [[] for _ in chunk_list]
         next_id = 0
         for _, ci, a, b in segments:
@@ -227,6 +227,7 @@ class Namespace:
             lens.append(c.name_lens[a:b])
             sizes.append(c.sizes[a:b])
             mtimes.append(c.mtimes[a:b])
+            etags.append(c.etags[a:b] if c.etags is not None else np.zeros(b - a, np.uint64))
             modes.append(c.modes[a:b])
             uids.append(c.uids[a:b])
             gids.append(c.gids[a:b])
@@ -257,7 +258,8 @@ class Namespace:
         self._parent = parent.astype(id_dtype)
         self.sizes = np.concatenate(sizes) if nf else np.zeros(0, np.int64)
         self.mtimes = np.concatenate(mtimes) if nf else np.zeros(0, np.float64)
-        del sizes, mtimes
+        self.etags = np.concatenate(etags).astype(np.uint64) if nf else np.zeros(0, np.uint64)
+        del sizes, mtimes, etags
         # distinct (permission bits, uid, gid)
         all_modes = (np.concatenate(modes).astype(np.uint32) & _SERVED_BITS)
         all_uids, all_gids = np.concatenate(uids), np.concatenate(gids)
@@ -483,7 +485,7 @@ class Namespace:
                 "from_snapshot": self.from_snapshot, "skipped": self.report.as_dict()}
 
     # -- snapshots ---------------------------------------------------------------------------------
-    _ARRAYS = ("_off", "_parent", "sizes", "mtimes", "_perm", "_perm_table", "_keys", "_key_ids", "_kids",
+    _ARRAYS = ("_off", "_parent", "sizes", "mtimes", "etags", "_perm", "_perm_table", "_keys", "_key_ids", "_kids",
                "_dir_start", "_dir_nlink", "_dir_mtime_ns", "_dir_ctime_ns")
 
     def save(self, path: str, key: Dict[str, Any]) -> int:
@@ -581,6 +583,8 @@ class Namespace:
                     ns._blob = memoryview(a)
                 else:
                     setattr(ns, name, a)
+            if not hasattr(ns, "etags"):  # a snapshot written before ETags were kept
+                ns.etags = np.zeros(int(header["num_files"]), np.uint64)
             rep = ScanReport(counts=dict(header["report"]["counts"]), examples=dict(header["report"]["examples"]))
             ns._finish(int(header["num_files"]), list(header["dirs"]), rep, time.monotonic() - t0,
                        from_snapshot=True, fingerprint=header["fingerprint"])

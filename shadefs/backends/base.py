@@ -15,7 +15,7 @@ import numpy as np
 from xxhash import xxh3_64_intdigest as _xxh3
 
 __all__ = ["Backend", "BackendError", "Entry", "DirChunk", "ScanReport", "make_chunk", "encode_name",
-           "chunks_from_entries", "register", "open_backend", "backend_for"]
+           "etag_hash", "chunks_from_entries", "register", "open_backend", "backend_for"]
 
 
 class BackendError(OSError):
@@ -32,6 +32,8 @@ class Entry(NamedTuple):
         mode: the source's permission bits (``st_mode & 0o7777``), or None where the source has none
             (object stores: served as 0444).
         uid, gid: the source's owner and group, or None (served as the daemon's own).
+        etag: the object's ETag (or another content version tag) where the listing gives one for free
+            (S3 ``ListObjectsV2``), else None.
     """
 
     path: str
@@ -40,6 +42,15 @@ class Entry(NamedTuple):
     mode: Optional[int] = None
     uid: Optional[int] = None
     gid: Optional[int] = None
+    etag: Optional[str] = None
+
+
+def etag_hash(etag: Optional[str]) -> int:
+    """The 64-bit tag the namespace and the disk manifest keep of an ETag: ``xxh3_64`` of it without
+    its quotes, never 0 (0 = unknown)."""
+    if not etag:
+        return 0
+    return _xxh3(etag.strip('"').encode("utf-8", "surrogateescape")) or 1
 
 
 @dataclasses.dataclass
@@ -58,6 +69,8 @@ class DirChunk:
         modes: shape (k,) uint16 permission bits. uids, gids: shape (k,) uint32.
         subdirs: names of the subdirectories listed in this directory; each has its own chunk, and a
             name without one (a subdirectory that could not be listed) is left out of the tree.
+        etags: shape (k,) uint64, :func:`etag_hash` of each file's ETag (0 = unknown), or None when
+            the source gives none.
     """
 
     path: str
@@ -75,6 +88,7 @@ class DirChunk:
     uids: np.ndarray
     gids: np.ndarray
     subdirs: List[str]
+    etags: Optional[np.ndarray] = None
 
     @property
     def num_files(self) -> int:
@@ -87,7 +101,7 @@ def encode_name(name: str) -> bytes:
 
 
 def make_chunk(path: str, names: List[str], sizes, mtimes, modes, uids, gids, subdirs: List[str],
-               mode: int, uid: int, gid: int, mtime_ns: int = 0, ctime_ns: int = 0) -> DirChunk:
+               mode: int, uid: int, gid: int, mtime_ns: int = 0, ctime_ns: int = 0, etags=None) -> DirChunk:
     """Build a :class:`DirChunk` from per-file sequences in any order (sorted here by name)."""
     n = len(names)
     order = sorted(range(n), key=names.__getitem__)
@@ -103,7 +117,7 @@ def make_chunk(path: str, names: List[str], sizes, mtimes, modes, uids, gids, su
 
     return DirChunk(path, mode, uid, gid, mtime_ns, ctime_ns, b"".join(encoded), lens, hashes,
                     arr(sizes, np.int64), arr(mtimes, np.float64), arr(modes, np.uint16), arr(uids, np.uint32),
-                    arr(gids, np.uint32), sorted(subdirs))
+                    arr(gids, np.uint32), sorted(subdirs), None if etags is None else arr(etags, np.uint64))
 
 
 @dataclasses.dataclass
@@ -264,7 +278,8 @@ def chunks_from_entries(entries: Iterable[Entry], report: Optional[ScanReport] =
         yield make_chunk(d, [posixpath.basename(e.path) for e in kept], [e.size for e in kept],
                          [e.mtime for e in kept], [0o444 if e.mode is None else e.mode for e in kept],
                          [uid if e.uid is None else e.uid for e in kept],
-                         [gid if e.gid is None else e.gid for e in kept], subdirs[d], 0o555, uid, gid)
+                         [gid if e.gid is None else e.gid for e in kept], subdirs[d], 0o555, uid, gid,
+                         etags=[etag_hash(e.etag) for e in kept] if any(e.etag for e in kept) else None)
 
 
 _REGISTRY: Dict[str, str] = {}

@@ -303,7 +303,8 @@ class FsspecBackend(Backend):
             log.warning("%s: skipped %d object(s) whose key is not a file path, e.g. %r",
                         self.describe(), len(skipped), skipped[0])
 
-    def _entry(self, rel: str, size: Any, mtime: float, skipped: List[str], dirs: List[str]) -> Optional[Entry]:
+    def _entry(self, rel: str, size: Any, mtime: float, skipped: List[str], dirs: List[str],
+               etag: Optional[str] = None) -> Optional[Entry]:
         if not rel:
             return None  # the root's own marker (a key equal to the prefix plus "/")
         if rel.endswith("/"):
@@ -315,7 +316,7 @@ class FsspecBackend(Backend):
         if not self._valid(rel):
             skipped.append(rel)
             return None
-        return Entry(rel, int(size), mtime)
+        return Entry(rel, int(size), mtime, etag=etag if isinstance(etag, str) else None)
 
     @staticmethod
     def _valid(rel: str) -> bool:
@@ -333,7 +334,8 @@ class FsspecBackend(Backend):
                               f"list {self.describe()} (page {page_no})")
             for obj in page.get("Contents", ()):
                 keys += 1
-                entry = self._entry(obj["Key"][len(prefix):], obj["Size"], _mtime(obj), skipped, dirs)
+                entry = self._entry(obj["Key"][len(prefix):], obj["Size"], _mtime(obj), skipped, dirs,
+                                    obj.get("ETag"))
                 if entry is not None:
                     yield entry
             if not page.get("IsTruncated"):
@@ -360,7 +362,8 @@ class FsspecBackend(Backend):
             size = info.get("size")
             if size is None:  # http servers may not say in a listing: one HEAD for this file
                 size = self._call(lambda: self.fs.info(name)["size"], f"stat {name!r}")
-            entry = self._entry(name[len(self._prefix):], size, _mtime(info), skipped, dirs)
+            entry = self._entry(name[len(self._prefix):], size, _mtime(info), skipped, dirs,
+                                info.get("ETag") or info.get("etag"))
             if entry is not None:
                 yield entry
         if not below and not self._call(lambda: self.fs.isdir(self.root), f"list {self.describe()}"):

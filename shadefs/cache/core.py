@@ -56,6 +56,9 @@ RAM_BIT, DISK_BIT = 1, 2  # bits of TieredCache.resident_flags
 
 # a fill into the disk tier reads the backend in pieces of this many bytes (the working set of one fill)
 FILL_CHUNK = 8 << 20
+# bytes that open handles may hold outside every tier (a shared-tier read no node tier kept, a prefetch no
+# tier admitted, a fill whose disk write failed); an open beyond it is served by ranges from the backend
+LOOSE_BUFFERS = 64 << 20
 
 
 class Handle:
@@ -66,14 +69,17 @@ class Handle:
         size: the file's size in bytes (the snapshot's).
         outcome: ``"ram"``, ``"disk"`` or ``"miss"`` (what this open was counted as).
 
-    The bytes come from exactly one source: the RAM tier's own ``bytes`` object (no copy), an fd of
-    the file's verified disk entry (``pread``), or the backend by ranges (a file no tier holds).
+    The bytes come from exactly one source: the RAM tier's own ``bytes`` object (no copy; pinned, so
+    that if the file is evicted while the handle is open its bytes stay counted in the RAM tier's budget
+    until the last handle on them is released), an fd of the file's verified disk entry (``pread``), a
+    buffer counted against :data:`LOOSE_BUFFERS`, or the backend by ranges (a file no tier holds).
     """
 
-    __slots__ = ("fid", "size", "outcome", "_cache", "_data", "_fd", "_released")
+    __slots__ = ("fid", "size", "outcome", "_cache", "_data", "_fd", "_released", "_pin", "_loose")
 
     def __init__(self, cache: "TieredCache", fid: int, size: int, outcome: Outcome,
-                 data: Optional[bytes] = None, fd: Optional[int] = None):
+                 data: Optional[bytes] = None, fd: Optional[int] = None, pin: Optional[list] = None,
+                 loose: int = 0):
         self.fid = fid
         self.size = size
         self.outcome = outcome
@@ -81,6 +87,8 @@ class Handle:
         self._data = data
         self._fd = fd
         self._released = False
+        self._pin = pin      # [refs, bytes, dying, fid] of the RAM tier buffer this handle holds
+        self._loose = loose  # bytes of a buffer counted against LOOSE_BUFFERS
 
     @property
     def source(self) -> str:
@@ -118,6 +126,9 @@ class Handle:
             return
         self._released = True
         self._data = None
+        if self._pin is not None or self._loose:
+            self._cache._unpin(self._pin, self._loose)
+            self._pin, self._loose = None, 0
         if self._fd is not None:
             try:
                 os.close(self._fd)
@@ -147,7 +158,7 @@ class PrefetchFuture(cf.Future):
 class _Flight:
     """A file in state ``fetching`` (kind ``"fetch"``) or ``moving`` (kind ``"demote"``)."""
 
-    __slots__ = ("kind", "data", "error", "tier", "source", "gen", "csum", "plan", "done")
+    __slots__ = ("kind", "data", "error", "tier", "source", "gen", "csum", "plan", "done", "pin")
 
     def __init__(self, kind: str, data: Optional[bytes] = None):
         self.kind = kind
@@ -158,6 +169,7 @@ class _Flight:
         self.gen = 0
         self.csum = 0
         self.plan = None               # fetching into the disk tier: (generation, victims to delete)
+        self.pin = None                # moving: the pin of handles still holding the bytes (counted)
         self.done = threading.Event()
 
 
@@ -201,6 +213,12 @@ class TieredCache:
         self.on_backend_read = on_backend_read
         self.lock = threading.Lock()
         self._flights: Dict[int, _Flight] = {}   # files fetching or moving
+        # RAM tier buffers that open handles hold: fid -> [refs, bytes, dying, fid]; an evicted one stays
+        # counted in the RAM index's dying bytes until its last handle is released (never over budget)
+        self._pins: Dict[int, list] = {}
+        self.ram_index.pinned = self._pins
+        self.loose_bytes = 0                     # per-open buffers outside the tiers (<= loose_budget)
+        self.loose_budget = LOOSE_BUFFERS
         # called with a file id right after one of its disk entries is unlinked, before its bytes leave the
         # budget (outside the lock): a front end that pins entry files (passthrough backing ids) lets go
         self.entry_unlinked: List = []
@@ -268,7 +286,7 @@ class TieredCache:
                 disk_gen = None
                 leader = False
                 if fl is not None:                           # fetching: wait for that one read
-                    pass
+                    pass                                     # (moving: for the disk write, then again)
                 elif self.disk_index is not None and fid in self.disk_index:
                     self.disk_index.hit(fid)
                     disk_gen = (int(self.entries.gen[fid]), int(self.entries.csum[fid]))
@@ -279,6 +297,9 @@ class TieredCache:
                         leader = True
                     else:
                         fl = pf
+            if isinstance(fl, _Flight) and fl.kind == "demote":
+                fl.done.wait()  # moving, and no open handle pins its bytes: served once it landed
+                continue
             if isinstance(fl, tuple):                        # from the plan prefetcher
                 kind, x = fl
                 if kind == "late":
@@ -340,7 +361,7 @@ class TieredCache:
         if source == "miss" and absent and (fl is None or fl.tier is None):
             self._offer_shared(fid, data)
         if fl is None:
-            return Handle(self, fid, size, outcome, data=data)
+            return self._loose_handle(fid, size, outcome, data)
         return self._miss_handle(fid, size, fl)
 
     def _stream_open(self, fid: int, size: int) -> Handle:
@@ -377,12 +398,44 @@ class TieredCache:
         if fid in self.ram_index:
             self.ram_index.hit(fid)
             self._count(fid, size, "ram")
-            return Handle(self, fid, size, "ram", data=self.ram.get(fid))
+            return Handle(self, fid, size, "ram", data=self.ram.get(fid), pin=self._pin_ram(fid, size))
         fl = self._flights.get(fid)
-        if fl is not None and fl.kind == "demote":
+        if fl is not None and fl.kind == "demote" and fl.pin is not None and fl.pin[0] > 0:
+            # moving, and handles still hold its bytes: they stay counted (dying) while any is open
             self._count(fid, size, "ram")
-            return Handle(self, fid, size, "ram", data=fl.data)
+            fl.pin[0] += 1
+            return Handle(self, fid, size, "ram", data=fl.data, pin=fl.pin)
         return None
+
+    def _pin_ram(self, fid: int, size: int) -> list:
+        # under self.lock: one more open handle on resident(ram) ``fid``'s buffer
+        rec = self._pins.get(fid)
+        if rec is None:
+            rec = self._pins[fid] = [0, size, False, fid]
+        rec[0] += 1
+        return rec
+
+    def _unpin(self, rec: Optional[list], loose: int) -> None:
+        """A handle released its RAM buffer pin ``rec`` and/or ``loose`` bytes outside the tiers."""
+        with self.lock:
+            self.loose_bytes -= loose
+            if rec is None:
+                return
+            rec[0] -= 1
+            if rec[0] == 0:
+                if rec[2]:
+                    self.ram_index.unlinked(rec[1])  # evicted while held: its bytes are free now
+                elif self._pins.get(rec[3]) is rec:
+                    del self._pins[rec[3]]
+
+    def _loose_handle(self, fid: int, size: int, outcome: Outcome, data: Optional[bytes]) -> Handle:
+        """A handle on bytes no tier holds: kept while :data:`LOOSE_BUFFERS` allows, else dropped and
+        served by ranges from the backend."""
+        with self.lock:
+            if data is not None and self.loose_bytes + size <= self.loose_budget:
+                self.loose_bytes += size
+                return Handle(self, fid, size, outcome, data=data, loose=size)
+        return Handle(self, fid, size, outcome)
 
     def _count(self, fid: int, size: int, outcome: Outcome) -> None:
         # called with self.lock held
@@ -435,7 +488,7 @@ class TieredCache:
             self._drop_corrupt(fid, gen, csum, size, f"{e} ({path!r})")
             return None
         demote: List[Tuple[int, bytes, _Flight]] = []
-        promoted = False
+        promoted = None
         with self.lock:
             if self._current(fid, gen):
                 self.verified[fid] = True
@@ -448,12 +501,12 @@ class TieredCache:
                     self.ram_index.commit(fid)
                     self.disk_index.remove(fid, dying=True)  # resident(ram); the old entry: deleting
                     self.promotions += 1
-                    promoted = True
-        if promoted:
+                    promoted = self._pin_ram(fid, size)
+        if promoted is not None:
             os.close(fd)
             self._unlink(fid, gen, csum, size)
             self._demote(demote)
-            return Handle(self, fid, size, "disk", data=data)
+            return Handle(self, fid, size, "disk", data=data, pin=promoted)
         return Handle(self, fid, size, "disk", fd=fd)
 
     def _drop_corrupt(self, fid: int, gen: int, csum: int, size: int, why: str) -> None:
@@ -665,16 +718,17 @@ class TieredCache:
     def _miss_handle(self, fid: int, size: int, fl: _Flight) -> Handle:
         """A Handle for an open whose miss ``fl`` completed (outcome ``fl.source``)."""
         if fl.tier == "ram":
-            return Handle(self, fid, size, fl.source, data=fl.data)
+            with self.lock:
+                if fid in self.ram_index and self.ram.get(fid) is fl.data:
+                    return Handle(self, fid, size, fl.source, data=fl.data, pin=self._pin_ram(fid, size))
+            return Handle(self, fid, size, fl.source)  # evicted already (rare): by ranges from the backend
         if fl.tier == "disk":
             try:
                 return Handle(self, fid, size, fl.source,
                               fd=self.disk.open_entry(self.ns.path(fid), fl.gen, fl.csum))
             except OSError:
                 pass  # evicted already: serve from the backend
-        if fl.data is not None:
-            return Handle(self, fid, size, fl.source, data=fl.data)
-        return Handle(self, fid, size, fl.source)
+        return self._loose_handle(fid, size, fl.source, fl.data)
 
     def _read_range(self, fid: int, offset: int, length: int) -> bytes:
         t0 = time.monotonic()
@@ -700,9 +754,13 @@ class TieredCache:
         out = []
         for v in victims:
             data = self.ram.pop(v)
+            pin = self._pins.pop(v, None)
+            if pin is not None:
+                pin[2] = True  # held open: reserve() counted its bytes as dying until the last release
             if data is not None and ((self.disk_index is not None and self.disk_index.capacity_bytes > 0)
                                      or self.shared is not None):
                 fl = _Flight("demote", data)
+                fl.pin = pin
                 self._flights[v] = fl
                 out.append((v, data, fl))
         return out

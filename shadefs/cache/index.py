@@ -55,6 +55,7 @@ class TierIndex:
         self.flags = None                      # optional residency array (track_residency)
         self.bit = 0
         self.order = None                      # optional commit sequence per file id (checkpoints)
+        self.pinned = None                     # optional: fids whose bytes an eviction cannot free yet
 
     def track_residency(self, flags: np.ndarray, bit: int, keep_order: bool = False) -> None:
         """Keep ``flags[fid] & bit`` set exactly while ``fid`` is resident here.
@@ -97,6 +98,10 @@ class TierIndex:
             hold_victims: the victims' bytes stay counted (``dying_bytes``, credited to this fill) until
                 :meth:`release`; for a store whose deletes happen after this call (the disk tier).
 
+        A victim in :attr:`pinned` (the RAM tier: a buffer that open handles still hold) frees nothing
+        now: its bytes move to ``dying_bytes`` (not credited to the fill) until :meth:`unlinked`, and the
+        policy is asked for more victims (up to 3 more times) to cover them.
+
         Returns:
             ``None`` when refused (nothing changes: the policy said no, the file is larger than the tier,
             or the policy's victims are not resident, repeated, or do not free enough bytes), else the
@@ -112,24 +117,32 @@ class TierIndex:
         if self.capacity_bytes <= 0 or size > self.capacity_bytes:
             return None
         free = self.free_bytes
-        victims = self.policy.victims(fid, size, free)
-        if victims is None:
-            return None
-        victims = list(victims)
-        if len(set(victims)) != len(victims):
-            return None  # a victim named twice would be counted twice: refuse rather than overfill
-        freed = 0
-        for v in victims:
-            if v not in self.sizes:
-                return None  # a policy naming a non-resident victim is a bug; refuse rather than corrupt
-            freed += self.sizes[v]
+        held = 0
+        for _ in range(4):  # pinned victims free nothing: ask the policy again for that much more
+            victims = self.policy.victims(fid, size, free - held)
+            if victims is None:
+                return None
+            victims = list(victims)
+            if len(set(victims)) != len(victims):
+                return None  # a victim named twice would be counted twice: refuse rather than overfill
+            freed = was_held = 0
+            for v in victims:
+                if v not in self.sizes:
+                    return None  # a policy naming a non-resident victim is a bug; refuse rather than corrupt
+                if self.pinned is not None and v in self.pinned:
+                    was_held += self.sizes[v]
+                else:
+                    freed += self.sizes[v]
+            if free + freed >= size or was_held == held:
+                break
+            held = was_held
         if free + freed < size:
             return None  # the budget is enforced here, not trusted to the policy
         for v in victims:
             self._drop(v)
             self.evictions += 1
         credit = freed if hold_victims else 0
-        self.dying_bytes += credit
+        self.dying_bytes += credit + was_held  # pinned victims stay counted until :meth:`unlinked`
         self.pending[fid] = [size, credit]
         self.reserved_bytes += max(0, size - credit)
         return victims

@@ -20,8 +20,9 @@ the first open, and never reads cached data:
 4. take size and mtime from the manifest row of the same generation; ``stat`` only entries it does not
    list (after a crash: those
    written since the last checkpoint, at most one interval of writes; every entry when there is none);
-5. keep an entry only if size and mtime equal the snapshot's: another mtime means the source changed
-   (stale); the same mtime with another size is a partial entry (corrupt); dropped entries are deleted.
+5. keep an entry only if size and mtime equal the snapshot's, and, where both the manifest row and the
+   listing carry one (S3), the ETag too: another mtime or ETag means the source changed (stale); the
+   same mtime with another size is a partial entry (corrupt); dropped entries are deleted.
    An entry whose bytes were lost or changed after the manifest was written (power loss, a flipped bit)
    is caught at its first read (:class:`~shadefs.cache.tiers.CorruptEntry`: length and checksum) and
    read from the backend;
@@ -385,13 +386,15 @@ def reload_disk_tier(disk: DiskTier, index: TierIndex, ns: Namespace,
     mtimes = np.full(m, -1, dtype=np.int64)
     order = np.zeros(m, dtype=np.int64)
     row = np.full(m, -1, dtype=np.int64)
+    etag_of = np.zeros(m, dtype=np.uint64)  # the source's ETag when the entry was written (0: unknown)
     if manifest is not None:
-        mdig, msizes, mmtimes, mgens, _metags = manifest
+        mdig, msizes, mmtimes, mgens, metags = manifest
         row = _match(mdig, *_sorted_keys(mdig), ent, ent_keys)
         found = row >= 0
         found[found] = mgens[row[found]] == gens[found]  # a row describes one generation only
         row[~found] = -1
         sizes[found], mtimes[found], order[found] = msizes[row[found]], mmtimes[row[found]], row[found]
+        etag_of[found] = metags[row[found]]
     known = (fids >= 0) & ~superseded
     exp_mtime_all = mtimes_ns(ns.mtimes)
     rest = np.flatnonzero(known & (row < 0))  # only entries of snapshot files need a stat
@@ -418,6 +421,10 @@ def reload_disk_tier(disk: DiskTier, index: TierIndex, ns: Namespace,
     tol = disk.mtime_tolerance_ns()
     mtime_ok = known & ~gone & (np.abs(mtimes - exp_mtime) <= tol)
     size_ok = sizes == exp_size
+    ns_etags = getattr(ns, "etags", None)
+    if ns_etags is not None and ns.num_files:  # same size and mtime, another ETag: the object changed
+        now = ns_etags[safe]
+        mtime_ok &= ~((etag_of != 0) & (now != 0) & (etag_of != now))
     good = mtime_ok & size_ok
     partial = mtime_ok & ~size_ok
     rep.corrupt += int(np.count_nonzero(partial))
@@ -606,8 +613,9 @@ class Checkpointer:
                     self._saved_scores = version
                     wrote = True
                 if fids is not None:
+                    etags = getattr(self.ns, "etags", None)
                     write_index(self.index_path, self.digests.rows(fids), sizes,
-                                mtimes_ns(self.ns.mtimes[fids]), gens)
+                                mtimes_ns(self.ns.mtimes[fids]), gens, None if etags is None else etags[fids])
                     self._saved_index = changes
                     wrote = True
             except OSError as e:
