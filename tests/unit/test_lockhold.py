@@ -44,12 +44,12 @@ def test_residency_array_follows_every_tier_change(small_tree, tmp_path):
     a, b, c = (ns.file_id(p) for p in ("dog/00.bin", "cat/01.bin", "dog/02.bin"))
     everyone = np.arange(ns.num_files)
     assert not cache.resident(everyone).any()
-    cache.open(a)
-    cache.open(b)
+    cache.open(a).release()  # released: an open handle pins its RAM buffer (not evictable)
+    cache.open(b).release()
     assert cache.resident_flags[[a, b]].tolist() == [RAM_BIT, RAM_BIT]
-    cache.open(c)                                  # a, b demoted to disk
+    cache.open(c).release()                        # a, b demoted to disk
     assert cache.resident_flags[[a, b, c]].tolist() == [DISK_BIT, DISK_BIT, RAM_BIT]
-    cache.open(a)                                  # promoted; c demoted
+    cache.open(a).release()                        # promoted; c demoted
     assert cache.resident_flags[[a, b, c]].tolist() == [RAM_BIT, DISK_BIT, DISK_BIT]
     got = cache.resident(everyone)
     assert got.dtype == bool and np.flatnonzero(got).tolist() == sorted([a, b, c])
