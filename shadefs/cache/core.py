@@ -31,6 +31,7 @@ failing cache disk turn into an error for the reader.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import collections
 import errno
 import logging
 import os
@@ -119,6 +120,19 @@ class Handle:
         """An ``O_RDONLY`` fd of the file's (checksum-verified or just written) disk entry, for FUSE
         passthrough; None when the bytes are served from memory or the backend. Owned by the handle."""
         return None if self._released else self._fd
+
+    def __del__(self):
+        # a handle dropped without release(): its pin is handed back at the cache's next open (never
+        # here: this may run where the cache lock is held)
+        if not self._released:
+            self._released = True
+            if self._pin is not None or self._loose:
+                self._cache._orphans.append((self._pin, self._loose))
+            if self._fd is not None:
+                try:
+                    os.close(self._fd)
+                except OSError:
+                    pass
 
     def release(self) -> None:
         """Close the fd and drop the buffer. Idempotent."""
@@ -218,6 +232,7 @@ class TieredCache:
         self._pins: Dict[int, list] = {}
         self.ram_index.pinned = self._pins
         self.loose_bytes = 0                     # per-open buffers outside the tiers (<= loose_budget)
+        self._orphans: collections.deque = collections.deque()  # pins of handles dropped unreleased
         self.loose_budget = LOOSE_BUFFERS
         # called with a file id right after one of its disk entries is unlinked, before its bytes leave the
         # budget (outside the lock): a front end that pins entry files (passthrough backing ids) lets go
@@ -277,6 +292,8 @@ class TieredCache:
         """
         fid = int(fid)
         size = int(self.ns.size(fid))
+        if self._orphans:
+            self._drain_orphans()
         while True:
             with self.lock:
                 h = self._memory_hit(fid, size)
@@ -380,6 +397,8 @@ class TieredCache:
         fetch (a RAM or NVMe hit); else None, and nothing is counted."""
         fid = int(fid)
         size = int(self.ns.size(fid))
+        if self._orphans:
+            self._drain_orphans()
         while True:
             with self.lock:
                 h = self._memory_hit(fid, size)
@@ -418,15 +437,25 @@ class TieredCache:
     def _unpin(self, rec: Optional[list], loose: int) -> None:
         """A handle released its RAM buffer pin ``rec`` and/or ``loose`` bytes outside the tiers."""
         with self.lock:
-            self.loose_bytes -= loose
-            if rec is None:
-                return
-            rec[0] -= 1
-            if rec[0] == 0:
-                if rec[2]:
-                    self.ram_index.unlinked(rec[1])  # evicted while held: its bytes are free now
-                elif self._pins.get(rec[3]) is rec:
-                    del self._pins[rec[3]]
+            self._unpin_locked(rec, loose)
+            while self._orphans:
+                self._unpin_locked(*self._orphans.popleft())
+
+    def _drain_orphans(self) -> None:
+        with self.lock:
+            while self._orphans:
+                self._unpin_locked(*self._orphans.popleft())
+
+    def _unpin_locked(self, rec: Optional[list], loose: int) -> None:
+        self.loose_bytes -= loose
+        if rec is None:
+            return
+        rec[0] -= 1
+        if rec[0] == 0:
+            if rec[2]:
+                self.ram_index.unlinked(rec[1])  # evicted while held: its bytes are free now
+            elif self._pins.get(rec[3]) is rec:
+                del self._pins[rec[3]]
 
     def _loose_handle(self, fid: int, size: int, outcome: Outcome, data: Optional[bytes]) -> Handle:
         """A handle on bytes no tier holds: kept while :data:`LOOSE_BUFFERS` allows, else dropped and

@@ -78,3 +78,15 @@ def test_buffers_no_tier_holds_are_bounded_by_the_loose_budget(small_tree, tmp_p
     h0.release()
     h1.release()
     assert cache.loose_bytes == 0
+
+
+def test_a_handle_dropped_without_release_gives_its_pin_back(small_tree, tmp_path):
+    src, spec = small_tree
+    cache, ns, _ = build(src, tmp_path, "lru", ram=3000)
+    a, c = fid(ns, "dog/00.bin"), fid(ns, "dog/02.bin")    # 1000 B, 3000 B
+    h = cache.open(a)
+    assert cache._pins[a][0] == 1
+    del h                                                 # never released
+    assert open_read(cache, c) == (spec["dog/02.bin"], "miss")  # the next open hands the pin back first
+    assert cache.state(a) == "absent" and cache.state(c) == "ram"
+    assert cache._pins == {} and cache.ram_index.dying_bytes == 0
