@@ -750,7 +750,7 @@ class TieredCache:
             with self.lock:
                 if fid in self.ram_index and self.ram.get(fid) is fl.data:
                     return Handle(self, fid, size, fl.source, data=fl.data, pin=self._pin_ram(fid, size))
-            return Handle(self, fid, size, fl.source)  # evicted already (rare): by ranges from the backend
+            return self._loose_handle(fid, size, fl.source, fl.data)  # evicted already: bytes in hand
         if fl.tier == "disk":
             try:
                 return Handle(self, fid, size, fl.source,
