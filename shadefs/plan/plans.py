@@ -96,6 +96,7 @@ class Plan:
         self.last_match = now
         self.created = now
         self.prefetch_pos = 0                  # the prefetcher's scan position (>= pos)
+        self.moved = None                      # callback(plan, fid): fid's next planned use moved later
 
     def __len__(self) -> int:
         return int(self.ids.shape[0])
@@ -122,11 +123,10 @@ class Plan:
             return None
         return int(self.positions[self.ptr[g]])
 
-    def distances(self, fids: np.ndarray) -> np.ndarray:
-        """Positions from the cursor to each file's next planned use (int64, shape like ``fids``);
-        :data:`NOT_PLANNED` where there is none."""
+    def next_positions(self, fids: np.ndarray) -> np.ndarray:
+        """Each file's next unconsumed planned position (int64, shape like ``fids``); -1 where none."""
         fids = np.asarray(fids, dtype=np.int64)
-        out = np.full(fids.shape, NOT_PLANNED, dtype=np.int64)
+        out = np.full(fids.shape, -1, dtype=np.int64)
         if fids.size == 0:
             return out
         ok = (fids >= 0) & (fids < self.group.shape[0])
@@ -136,8 +136,14 @@ class Plan:
         p = np.zeros(fids.shape, dtype=np.int64)
         p[has] = self.ptr[g[has]]
         has[has] = p[has] < self.gend[g[has]]
-        out[has] = self.positions[p[has]] - self.pos
+        out[has] = self.positions[p[has]]
         return out
+
+    def distances(self, fids: np.ndarray) -> np.ndarray:
+        """Positions from the cursor to each file's next planned use (int64, shape like ``fids``);
+        :data:`NOT_PLANNED` where there is none."""
+        nxt = self.next_positions(fids)
+        return np.where(nxt >= 0, nxt - self.pos, NOT_PLANNED)
 
     def observe(self, fid: int, now: float) -> Optional[bool]:
         """An open of ``fid``: consume its earliest unconsumed position if within the window.
@@ -160,6 +166,8 @@ class Plan:
             return self._unmatched()
         self.consumed[p] = True
         self.ptr[g] = i + 1
+        if self.moved is not None:
+            self.moved(self, fid)
         self.matched += 1
         self.unmatched_since_match = 0
         self.last_match = now
@@ -197,12 +205,15 @@ class Plan:
 
     def _skip_to(self, target: int) -> None:
         """Pass positions below ``target`` whose open never came (counted as skipped)."""
+        moved = self.moved
         for q in range(self.pos, target):
             if not self.consumed[q]:
                 self.consumed[q] = True
-                g = self.group[self.ids[q]]
-                self.ptr[g] += 1  # q is that file's earliest unconsumed use (positions below are consumed)
+                fid = int(self.ids[q])
+                self.ptr[self.group[fid]] += 1  # q is that file's earliest unconsumed use (those below are consumed)
                 self.skipped += 1
+                if moved is not None:
+                    moved(self, fid)
         self.pos = max(self.pos, target)
         self._advance()
 
@@ -255,6 +266,7 @@ class PlanRegistry:
         self.retired = 0
         self.finished = 0
         self.listeners: List = []              # callback(plan, why) when a plan ends (prefetcher waste)
+        self.watchers: List = []               # callback((plan, fid)) when fid's next use in plan moved later
 
     # -- tables ----------------------------------------------------------------------------------
     def register(self, handle: Optional[bytes], fids: np.ndarray) -> Tuple[bytes, int]:
@@ -344,6 +356,7 @@ class PlanRegistry:
             if old is not None:
                 self._carry(old, plan, int(first_epoch))
                 self._end(old, "replaced")
+            plan.moved = self._moved
             self.plans[key] = plan
             self.version += 1
             self.announced += 1
@@ -396,6 +409,12 @@ class PlanRegistry:
     def _expire(self, now: float) -> None:
         for plan in [p for p in self.plans.values() if now - p.last_match > self.idle_s]:
             self._remove(plan, f"no open matched it for {now - plan.last_match:.0f} s")
+
+    def _moved(self, plan: Plan, fid: int) -> None:
+        if self.watchers:
+            item = (plan, fid)
+            for cb in self.watchers:
+                cb(item)
 
     def _remove(self, plan: Plan, why: str) -> None:
         if self.plans.get(plan.key) is plan:

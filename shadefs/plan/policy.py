@@ -5,13 +5,31 @@
 inner policy, call for call. With a plan it decides as Belady's MIN (Belady, IBM Systems Journal 5(2),
 1966; the same rule as :func:`shadefs.sim.belady`) on the known future:
 
-- the victim is the resident whose next planned use is furthest; a resident with no planned use is
-  infinitely far, so those go first, in the inner policy's order (``shade``: lowest importance first;
-  policies without an order: highest file id first, as ``sim.belady`` breaks its ties);
+- the victim is the resident whose next planned use is furthest (the distance: positions from a plan's
+  cursor to the file's next unconsumed position, the least over the plans); ties (only possible between
+  plans) go to the highest file id; a resident with no planned use is infinitely far, so those go first,
+  in the inner policy's order (``shade``: lowest importance first; policies without an order: highest
+  file id first, as ``sim.belady`` breaks its ties);
 - a newcomer with a planned use is admitted if it fits, else if evicting residents whose next use is
   further than its own frees enough bytes; otherwise it is not admitted and nothing is evicted;
 - a newcomer with no planned use is decided by the inner policy, except that it may never displace a
   file that has a planned use (to Belady, it is the furthest of all).
+
+**Structure** (what makes a victim choice O(log n), not a sort of every resident per miss). Each
+resident with a planned use has a *home* plan, one it is planned in, and sits in that plan's max-heap
+keyed by (its next position there, file id); the key minus the plan's cursor is an upper bound of the
+file's true distance (the least over the plans). The registry reports every time a file's next position
+moves later (:attr:`~shadefs.plan.plans.PlanRegistry.watchers`: an open consumed it, or the cursor skipped
+it); a hit only appends that to a list, and the next victim search first re-keys those files in their
+home heaps (lazy invalidation: an old entry is dropped when it surfaces). A victim search takes the greatest bound over the plans' heap tops; if that file's
+true distance equals its bound it is the furthest resident (every other bound is no greater), else it
+moves to the plan that gives its true distance and the search goes on. With one plan a bound is always
+exact. Residents with no planned use sit in a set (and, for inner policies without an order, a heap by
+file id). Costs: O(1) per hit, O(log n) per re-key and per victim, O(K) per victim with K active plans, plus one
+vectorised rebuild, O(n log n) in numpy, whenever the set of plans changes (an announcement: once per
+epoch and stream) or the heaps hold more than twice as many entries as residents; 6 bytes per file id of
+the namespace (``int32`` home position, ``int16`` home plan). With ``shade`` as the inner policy, choosing
+among unplanned residents walks shade's order and skips planned residents (O(skipped)).
 
 The byte budget stays with :class:`~shadefs.cache.index.TierIndex`; the same class runs in the daemon and
 in ``shadefs simulate --plan`` (:func:`shadefs.sim.simulate_plan`). Not thread-safe: the tier's caller
@@ -19,7 +37,8 @@ holds the lock the registry shares.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional
+import heapq
+from typing import Dict, List, Optional, Set
 
 import numpy as np
 
@@ -27,6 +46,13 @@ from ..policies.base import Policy
 from .plans import NOT_PLANNED, PlanRegistry
 
 __all__ = ["PlanPolicy"]
+
+# heap entries: one int, smallest first = furthest position first, then the highest file id
+_LOW = (1 << 32) - 1
+
+
+def _encode(pos, fid):
+    return ((_LOW - pos) << 32) | (_LOW - fid)
 
 
 class PlanPolicy(Policy):
@@ -43,16 +69,38 @@ class PlanPolicy(Policy):
         self.plans = plans
         self.name = inner.name  # the stats keep naming the mount's --policy
         self._sizes: Dict[int, int] = {}
+        n = int(plans.num_files)
+        self._home_pos = np.zeros(n, dtype=np.int32)  # resident, planned: its next position in its home
+        self._home = np.full(n, -1, dtype=np.int16)   # resident, planned: index into _active; else -1
+        self._never: Set[int] = set()                # resident, no planned use in any plan
+        self._never_heap: List[int] = []             # -fid, for inner policies without an order
+        self._active: list = []                      # the registry's plans when the heaps were built
+        self._slot: Dict[int, int] = {}              # id(plan) -> index into _active
+        self._heaps: List[List[int]] = []
+        self._entries = 0
+        self._version = -1                           # the registry's version the structure reflects
+        self._ordered = getattr(inner, "ranking", None) is not None
+        self.rebuilds = 0
+        self._dirty: list = []                       # (plan, fid): next use moved later, not yet re-keyed
+        plans.watchers.append(self._dirty.append)    # O(1) on the hit path; applied at the next victim search
 
+    # -- the inner policy's calls, and keeping the structure --------------------------------------
     def on_hit(self, fid: int) -> None:
         self.inner.on_hit(fid)
 
     def on_insert(self, fid: int, size: int) -> None:
         self._sizes[fid] = size
         self.inner.on_insert(fid, size)
+        if self._version == self.plans.version and self._active:
+            self._rehome(fid)
+        elif len(self._dirty) > len(self._sizes) + 1024:  # no search for a long time: the next one rebuilds
+            self._dirty.clear()
+            self._version = -1
 
     def on_remove(self, fid: int) -> None:
-        self._sizes.pop(fid, None)
+        if self._sizes.pop(fid, None) is not None:
+            self._home[fid] = -1
+            self._never.discard(fid)
         self.inner.on_remove(fid)
 
     def defer(self, wake=None) -> bool:
@@ -61,12 +109,138 @@ class PlanPolicy(Policy):
     def apply_pending(self, limit: int = 256) -> bool:
         return self.inner.apply_pending(limit)
 
-    def _inner_order(self, fids: List[int]) -> List[int]:
-        ranking = getattr(self.inner, "ranking", None)
-        if ranking is not None:
-            want = set(fids)
-            return [f for f in ranking() if f in want]
-        return sorted(fids, reverse=True)
+    def _apply_moves(self) -> None:
+        """Re-key the files whose next use moved later in their home plan since the last search (an open
+        consumed it, the cursor skipped it); in another plan a move leaves the bound an upper bound."""
+        dirty = self._dirty
+        if not dirty:
+            return
+        slots, home = self._slot, self._home
+        if len(self._active) == 1:
+            plan = self._active[0]
+            for p, fid in dirty:
+                if p is plan and home[fid] == 0:
+                    self._rehome(fid)
+        else:
+            for p, fid in dirty:
+                slot = slots.get(id(p))
+                if slot is not None and home[fid] == slot:
+                    self._rehome(fid)
+        dirty.clear()
+
+    def _rehome(self, fid: int) -> None:
+        """File ``fid`` (resident) goes to the plan that gives its least distance, or to the unplanned."""
+        best, slot, pos = NOT_PLANNED, -1, -1
+        for k, plan in enumerate(self._active):
+            p = plan.next_position(fid)
+            if p is not None and p - plan.pos < best:
+                best, slot, pos = p - plan.pos, k, p
+        if slot < 0:
+            if self._home[fid] >= 0 or fid not in self._never:
+                self._home[fid] = -1
+                self._to_never(fid)
+            return
+        self._never.discard(fid)
+        self._home[fid] = slot
+        self._home_pos[fid] = pos
+        heapq.heappush(self._heaps[slot], _encode(pos, fid))
+        self._entries += 1
+
+    def _to_never(self, fid: int) -> None:
+        self._never.add(fid)
+        if not self._ordered:
+            heapq.heappush(self._never_heap, -fid)
+
+    def _rebuild(self) -> None:
+        """Every resident's home and key from scratch, vectorised (the set of plans changed)."""
+        self.rebuilds += 1
+        self._dirty.clear()
+        self._version = self.plans.version
+        self._active = self.plans.active()
+        if any(len(p) >= 2**31 for p in self._active) or len(self._active) >= 2**15:
+            raise ValueError("PlanPolicy: a plan of 2**31 positions or more, or 2**15 plans (the daemon "
+                             "accepts at most 8 Mi ids per plan message and 64 plans)")
+        self._slot = {id(p): k for k, p in enumerate(self._active)}
+        res = np.fromiter(self._sizes, dtype=np.int64, count=len(self._sizes))
+        best = np.full(res.shape, NOT_PLANNED, dtype=np.int64)
+        home = np.full(res.shape, -1, dtype=np.int64)
+        pos = np.zeros(res.shape, dtype=np.int64)
+        for k, plan in enumerate(self._active):
+            nxt = plan.next_positions(res)
+            d = np.where(nxt >= 0, nxt - plan.pos, NOT_PLANNED)
+            better = d < best
+            best[better] = d[better]
+            home[better] = k
+            pos[better] = nxt[better]
+        self._home[res] = home
+        self._home_pos[res] = pos
+        self._heaps = []
+        for k in range(len(self._active)):
+            mine = home == k
+            keys = (((_LOW - pos[mine]).astype(np.uint64) << np.uint64(32))
+                    | (_LOW - res[mine]).astype(np.uint64))
+            keys.sort()
+            self._heaps.append(keys.tolist())  # a sorted list is a heap
+        self._entries = len(res) - int((home < 0).sum())
+        never = res[home < 0]
+        self._never = set(never.tolist())
+        self._never_heap = [] if self._ordered else np.sort(-never).tolist()
+
+    def _current(self) -> None:
+        if self._version != self.plans.version or self._entries > 2 * len(self._sizes) + 1024 \
+                or len(self._never_heap) > 2 * len(self._never) + 1024 or len(self._dirty) > len(self._sizes) + 1024:
+            self._rebuild()
+        else:
+            self._apply_moves()
+
+    # -- victims ------------------------------------------------------------------------------------
+    def _next_planned(self, taken: Set[int]):
+        """Pop the resident with the greatest true distance: (distance, fid), or None."""
+        heaps, active, home, home_pos = self._heaps, self._active, self._home, self._home_pos
+        while True:
+            top, top_k = None, -1
+            for k, h in enumerate(heaps):
+                while h:
+                    e = h[0]
+                    fid = _LOW - (e & _LOW)
+                    p = _LOW - (e >> 32)
+                    if home[fid] == k and home_pos[fid] == p and fid not in taken:
+                        break
+                    heapq.heappop(h)  # stale (re-keyed, re-homed, removed) or a duplicate of a taken one
+                    self._entries -= 1
+                if h:
+                    d = p - active[k].pos
+                    if top is None or (d, fid) > top:
+                        top, top_k = (d, fid), k
+            if top is None:
+                return None
+            d, fid = top
+            if len(active) > 1 and self.plans.distance(fid) < d:
+                self._rehome(fid)  # its home's bound is above its true distance: move it, look again
+                continue
+            heapq.heappop(heaps[top_k])
+            self._entries -= 1
+            return top_k, d, fid
+
+    def _never_order(self):
+        """Residents with no planned use, first victim first (the inner policy's order)."""
+        if self._ordered:
+            never = self._never
+            iter_ranking = getattr(self.inner, "iter_ranking", None)
+            for f in (iter_ranking() if iter_ranking is not None else self.inner.ranking()):
+                if f in never:
+                    yield f
+            return
+        h, never, seen = self._never_heap, self._never, []
+        try:
+            while h:
+                f = -heapq.heappop(h)
+                if f in never and (not seen or seen[-1] != f):
+                    seen.append(f)
+                    yield f
+        finally:
+            for f in seen:  # put back what was looked at (victims leave ``never`` when evicted)
+                heapq.heappush(h, -f)
 
     def victims(self, fid: int, size: int, free_bytes: int) -> Optional[List[int]]:
         if not self.plans.plans:
@@ -82,22 +256,36 @@ class PlanPolicy(Policy):
             return out
         if need <= 0:
             return []
-        res = np.fromiter(self._sizes.keys(), dtype=np.int64, count=len(self._sizes))
-        dist = self.plans.distances(res)
-        never = res[dist == NOT_PLANNED].tolist()
+        self._current()
         out: List[int] = []
         freed = 0
-        for v in self._inner_order(never):
-            out.append(v)
-            freed += self._sizes[v]
-            if freed >= need:
-                return out
-        later = dist > mine
-        planned = res[later & (dist != NOT_PLANNED)]
-        order = planned[np.argsort(-dist[later & (dist != NOT_PLANNED)], kind="stable")]
-        for v in order.tolist():
-            out.append(v)
-            freed += self._sizes[v]
-            if freed >= need:
-                return out
-        return None  # would evict a file needed sooner than the newcomer: bypass
+        sizes = self._sizes
+        if self._never:
+            order = self._never_order()
+            try:
+                for v in order:
+                    out.append(v)
+                    freed += sizes[v]
+                    if freed >= need:
+                        return out
+            finally:
+                order.close()
+        taken: Set[int] = set()
+        popped = []
+        try:
+            while True:
+                got = self._next_planned(taken)
+                if got is None or got[1] <= mine:
+                    if got is not None:
+                        popped.append(got)
+                    return None  # would evict a file needed sooner than the newcomer: bypass
+                popped.append(got)
+                taken.add(got[2])
+                out.append(got[2])
+                freed += sizes[got[2]]
+                if freed >= need:
+                    return out
+        finally:
+            for k, _, v in popped:  # still valid entries: push back (an evicted one turns stale)
+                heapq.heappush(self._heaps[k], _encode(int(self._home_pos[v]), v))
+                self._entries += 1

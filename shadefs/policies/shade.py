@@ -286,3 +286,8 @@ class ShadePolicy(Policy):
         """Resident file ids, first victim first, as ranked now (for tests and debugging; in deferred mode
         call :meth:`apply_pending` until it returns False first to see every queued update applied)."""
         return [fid for level in self._levels.values() for fid in level]
+
+    def iter_ranking(self):
+        """:meth:`ranking` lazily (a generator; do not change the policy while iterating it)."""
+        for level in self._levels.values():
+            yield from level
