@@ -202,6 +202,61 @@ def baseline_rss(work: str) -> int:
     return rss
 
 
+def _cpu_s() -> float:
+    a, b = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return a.ru_utime + a.ru_stime + b.ru_utime + b.ru_stime
+
+
+def _walk_py(src: str, stat: bool) -> int:
+    """os.scandir over the tree, d_type only (``stat`` False) or one ``DirEntry.stat()`` per file."""
+    n, stack = 0, [src]
+    while stack:
+        with os.scandir(stack.pop()) as it:
+            for de in it:
+                if de.is_dir(follow_symlinks=False):
+                    stack.append(de.path)
+                else:
+                    if stat:
+                        de.stat(follow_symlinks=False)
+                    n += 1
+    return n
+
+
+def _scan(src: str, workers: int) -> int:
+    from shadefs.backends.posix import PosixBackend
+    from shadefs.namespace import Namespace
+
+    b = PosixBackend(src, scan_workers=workers)
+    return Namespace.scan(b).num_files
+
+
+def floors(src: str, n: int) -> "docsection.Table":
+    """The warm scan against its floors, one after the other on the same tree (dentries and inodes warm):
+    C without and with a stat per file (find), Python without and with (os.scandir), and shadefs' scan
+    with 16, 2 and 1 listing threads."""
+    def find(fmt):
+        subprocess.run(["find", src, "-type", "f", "-printf", fmt], stdout=subprocess.DEVNULL, check=True)
+        return n
+    cases = [("find -printf '%f' (getdents and d_type, no stat), C", lambda: find("%f\n")),
+             ("find -printf '%s %T@ %m %U %G' (one stat per file), C", lambda: find("%s %T@ %m %U %G\n")),
+             ("os.scandir, d_type only (no stat), Python", lambda: _walk_py(src, False)),
+             ("os.scandir + DirEntry.stat() per file, Python", lambda: _walk_py(src, True)),
+             ("Namespace.scan, posix, 16 threads (the default)", lambda: _scan(src, 16)),
+             ("Namespace.scan, posix, 2 threads", lambda: _scan(src, 2)),
+             ("Namespace.scan, posix, 1 thread", lambda: _scan(src, 1))]
+    find("%f\n")  # warm
+    rows = []
+    for label, fn in cases:
+        c, t = _cpu_s(), time.monotonic()
+        got = fn()
+        wall, cpu = time.monotonic() - t, _cpu_s() - c
+        assert got == n, (label, got, n)
+        rows.append([label, f"{wall:.2f}", f"{cpu:.2f}", f"{cpu / n * 1e6:.1f}", load()])
+        print(rows[-1], flush=True)
+    return docsection.Table(f"Warm scan of {n:,} files against its floors (one run, in this order)",
+                            ["what", "wall s", "CPU s", "CPU us/file", "load"], rows)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--files", nargs="+", default=["1000000"], metavar="N[:K]",
@@ -214,8 +269,23 @@ def main(argv=None) -> int:
     ap.add_argument("--write-doc", action="store_true", help="rewrite the Namespace section of docs/performance.md")
     ap.add_argument("--section", default="bench_namespace", help="the doc section to write (its markers' name)")
     ap.add_argument("--title", default="Namespace", help="the section's heading")
+    ap.add_argument("--floors", action="store_true",
+                    help="only the warm scan of the first --files tree against find and os.scandir")
     a = ap.parse_args(argv)
     os.makedirs(a.workdir, exist_ok=True)
+    if a.floors:
+        n = int(a.files[0].partition(":")[0])
+        src = os.path.join(a.workdir, f"tree-{n}")
+        build_tree(src, n)
+        t = floors(src, n)
+        print(t.text(), flush=True)
+        if a.write_doc:
+            start, end = docsection.markers(a.section)
+            body = [start, f"## {a.title}", "",
+                    "Reproduce: `" + " ".join(["python scripts/bench_namespace.py", *sys.argv[1:]]) + "`", "",
+                    t.markdown(), "", end]
+            docsection.write_section(DOC, a.section, "\n".join(body))
+        return 0
     base = None if a.no_daemon else baseline_rss(a.workdir)
     rows, rows2 = [], []
     for spec in a.files:
