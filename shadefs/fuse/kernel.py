@@ -141,6 +141,7 @@ class _Modes:
                 kept = self.kept.pop(fid, None)
                 if kept is not None:
                     self.kept_bytes -= kept[1]
+                keep = True
                 if h.outcome == "disk" and kept is not None:
                     bid = kept[0]
                 else:
@@ -148,9 +149,11 @@ class _Modes:
                     bfd = h.backing_fd()
                     if bfd is not None:
                         bid = self._backing_open(bfd)
+                        # unlinked since the handle opened it (forget() ran before this file had a state)
+                        keep = os.fstat(bfd).st_nlink > 0
                     elif self.ram_memfd and h.outcome == "ram":
                         bid = self._memfd_backing(h)
-                st = self.files[fid] = [bid, 0, h.size, True]
+                st = self.files[fid] = [bid, 0, h.size, keep]
             st[1] += 1
             bid = st[0]
         if stale is not None:

@@ -1,6 +1,7 @@
 """The read path under stress, on a real mount (issue 9, item 7).
 
-16 threads read random files with a hot subset through a mount with tiny RAM and disk tiers (lru), so
+16 threads read random files with a hot subset through a mount with tiny RAM and disk tiers (lru; and
+fifo with no RAM tier), so
 files keep moving between absent, fetching, resident(ram), moving, resident(disk) and deleting. Checked:
 
 - every read returns the exact bytes of the source;
@@ -30,7 +31,7 @@ import pytest
 from shadefs.cache.tiers import DiskTier
 from shadefs.control.client import ControlClient, find_endpoint
 
-from mountutil import metrics_port, scrape
+from mountutil import metrics_port, scrape, wait_for
 from stressutil import EntryTimeline, OpenCounter, PAGE, entry_files, non_entry_files, pages, tmpfs, used_bytes
 
 RAM = 256 * 1024
@@ -136,7 +137,9 @@ def audit(m) -> dict:
     return m.full_stats()["audit"]
 
 
-def test_stress_16_threads_tiny_tiers_lru(tmp_path, root, mount):
+@pytest.mark.parametrize("policy,ram", [("lru", RAM), ("fifo", 0)], ids=["lru-ram256k", "fifo-ram0"])
+def test_stress_16_threads_tiny_tiers(tmp_path, root, mount, policy, ram):
+    """(``fifo``, no RAM tier: the issue's report of entry files 4-7 % over the disk budget.)"""
     src = tmp_path / "src"
     spec = make_source(src, 48, seed=9)
     rels = sorted(spec)
@@ -147,8 +150,8 @@ def test_stress_16_threads_tiny_tiers_lru(tmp_path, root, mount):
         for d in ["tmp"] + shards:                # made before the mount, so inotify watches them all
             os.makedirs(os.path.join(ns_dir, d), mode=0o700)
         timeline = EntryTimeline(ns_dir, shards, {DiskTier.key(r): len(spec[r]) for r in rels})
-        m = mount(src, "--ram-cache", f"{RAM}", "--disk-cache", cache_fs, "--disk-cache-size", f"{DISK}",
-                  "--policy", "lru", "--no-kernel-cache", "--checkpoint-interval", "3600", *EXTRA, env=AUDIT_ENV)
+        m = mount(src, "--ram-cache", f"{ram}", "--disk-cache", cache_fs, "--disk-cache-size", f"{DISK}",
+                  "--policy", policy, "--no-kernel-cache", "--checkpoint-interval", "3600", *EXTRA, env=AUDIT_ENV)
         assert not entry_files(ns_dir)
         others = non_entry_files(ns_dir)
         baseline = used_bytes(cache_fs)
@@ -190,6 +193,12 @@ def test_stress_16_threads_tiny_tiers_lru(tmp_path, root, mount):
             with open(path, "rb") as f:
                 contents[path] = f.read()
         assert non_entry_files(ns_dir) == others  # the baseline held while sampling
+        # the kernel sends RELEASE after close() returns: wait (bounded) until no reader pins an unlinked entry
+        try:
+            wait_for(lambda: used_bytes(cache_fs) - baseline == a["budget"]["disk"]["used"], timeout=15,
+                     what="the cache filesystem holds the disk tier's entries only")
+        except AssertionError:
+            pass  # asserted below, with the figures
         end_used = used_bytes(cache_fs)
 
     assert failures == []
@@ -199,7 +208,11 @@ def test_stress_16_threads_tiny_tiers_lru(tmp_path, root, mount):
     c = a["counters"]
     assert c["opens"] == n                                   # one outcome per open
     assert c["hits_ram"] + c["hits_disk"] + c["misses"] == n
-    assert c["hits_ram"] > 0 and c["hits_disk"] > 0 and c["promotions"] > 0 and c["demotions"] > 0
+    assert c["hits_disk"] > 0
+    if ram:
+        assert c["hits_ram"] > 0 and c["promotions"] > 0 and c["demotions"] > 0
+    else:
+        assert (c["hits_ram"], c["promotions"], c["demotions"]) == (0, 0, 0)
     assert (c["corrupt_entries"], c["backend_errors"], c["disk_write_errors"], c["streamed"]) == (0, 0, 0, 0)
     assert stats_json["corrupt_entries"] == 0
     assert c["misses"] == c["backend_reads"] + c["joined"]   # every miss read once, or waited for that read
@@ -209,10 +222,10 @@ def test_stress_16_threads_tiny_tiers_lru(tmp_path, root, mount):
     assert a["both"] == [] and a["flag_errors"] == [] and a["fetching"] == [] and a["moving"] == []
     # budgets: on disk (every instant: the cache directory's inotify events) and in RAM (sampled)
     disk = a["budget"]["disk"]
-    assert timeline.unknown == [] and timeline.events >= c["demotions"] > 0
+    assert timeline.unknown == [] and timeline.events >= c["demotions"] and timeline.events > 0
     assert timeline.peak <= DISK, f"entry bytes in the cache directory reached {timeline.peak} > {DISK}"
     assert timeline.now == disk["used"]
-    assert sampler.ram_max <= RAM
+    assert sampler.ram_max <= ram
     # at rest: the entry files are exactly the disk tier's index, each with the source's bytes
     assert (disk["reserved"], disk["dying"], disk["pending"]) == (0, 0, [])
     assert sorted(files_left) == sorted(a["entries"].values())
@@ -220,12 +233,12 @@ def test_stress_16_threads_tiny_tiers_lru(tmp_path, root, mount):
     paths = {str(fid): rel for fid, rel in _fids(m, rels).items()}
     for fid, path in a["entries"].items():
         assert contents[path] == spec[paths[fid]]
-    print(f"\nstress: {n} opens, {c['misses']} misses ({c['joined']} joined), {c['hits_ram']} RAM hits, "
+    print(f"\nstress {policy} ram {ram}: {n} opens, {c['misses']} misses ({c['joined']} joined), {c['hits_ram']} RAM hits, "
           f"{c['hits_disk']} disk hits, {c['promotions']} promotions, {c['demotions']} demotions; "
           f"entry bytes peak {timeline.peak} / {DISK} B ({timeline.events} events), cache filesystem "
           f"(statvfs: unlinked entries still open included) peak {sampler.disk_max} B over "
           f"{sampler.disk_samples} samples; max RAM "
-          f"{sampler.ram_max} / {RAM} B ({sampler.ram_moving_max} B with moving victims) over "
+          f"{sampler.ram_max} / {ram} B ({sampler.ram_moving_max} B with moving victims) over "
           f"{sampler.audits} audits")
 
 
