@@ -119,7 +119,7 @@ class Sampler:
                 self.errors.append(repr(e))
                 return
             ram = a["budget"]["ram"]
-            self.ram_max = max(self.ram_max, ram["used"] + ram["reserved"])
+            self.ram_max = max(self.ram_max, ram["used"] + ram["reserved"] + ram["dying"])
             self.ram_moving_max = max(self.ram_moving_max, ram["used"] + ram["reserved"] + a["moving_bytes"])
             self.both.update(a["both"])
             self.flag_errors.update(a["flag_errors"])
