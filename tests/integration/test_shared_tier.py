@@ -341,3 +341,82 @@ def test_a_full_redis_refuses_writes_and_still_serves(tmp_path):
     finally:
         t.close()
         server.stop()
+
+
+def test_the_plan_prefetcher_reads_from_the_group_and_offers_what_no_tier_keeps(tmp_path, redis_server):
+    """Two caches of one source on one real Redis (no FUSE): node A, with no node tier, prefetches its
+    plan from the backend and, at each open, offers the bytes to the group (no tier of A keeps them);
+    node B's prefetcher then reads every file from the group, none from the backend."""
+    import numpy as np
+
+    from shadefs.backends.posix import PosixBackend
+    from shadefs.cache.core import TieredCache
+    from shadefs.cache.index import TierIndex
+    from shadefs.cache.tiers import MemoryTier
+    from shadefs.namespace import Namespace
+    from shadefs.plan.plans import PlanRegistry
+    from shadefs.plan.policy import PlanPolicy
+    from shadefs.plan.prefetch import Prefetcher
+    from shadefs.policies import Importance, get_policy
+
+    src = tmp_path / "src"
+    src.mkdir()
+    spec = {f"f{i}.bin": blob(i, 1000 + 37 * i) for i in range(8)}
+    for rel, data in spec.items():
+        (src / rel).write_bytes(data)
+
+    class Counting(PosixBackend):
+        def __init__(self, url):
+            super().__init__(url)
+            self.reads = []
+
+        def read(self, path, size):
+            self.reads.append(path)
+            return super().read(path, size)
+
+    def node():
+        backend = Counting(str(src))
+        ns = Namespace(backend.walk())
+        imp = Importance(ns.num_files)
+        plans = PlanRegistry(ns.num_files)
+        index = TierIndex("ram", 0, PlanPolicy(get_policy("static")(0, imp), plans))
+        shared = tier(redis_server.url, source=str(src), size=10**6)
+        cache = TieredCache(ns, backend, (index, MemoryTier()), None, imp, shared=shared)
+        plans.lock = cache.lock
+        pf = Prefetcher(cache, plans, 10**6, concurrency=0)
+        cache.attach_plans(plans, pf)
+        h, _ = plans.register(None, np.arange(ns.num_files, dtype=np.int64))
+        plans.announce(h, 0, 0, [ns.num_files], np.arange(ns.num_files, dtype=np.uint32)[::-1].copy())
+        return cache, ns, pf, backend, shared
+
+    def epoch(cache, ns, pf):
+        while pf.step():
+            pass
+        for f in reversed(range(ns.num_files)):
+            h = cache.open(f)
+            try:
+                assert h.read(0, h.size) == spec[ns.path(f)] and h.outcome == "prefetch"
+            finally:
+                h.release()
+
+    a, ns, pfa, backend_a, shared_a = node()
+    b = None
+    try:
+        epoch(a, ns, pfa)
+        keys = [a.shared_key(f) for f in range(ns.num_files)]
+        deadline = time.monotonic() + 20
+        while not all(shared_a.contains_many(keys)) and time.monotonic() < deadline:
+            time.sleep(0.05)  # offers go through a background queue
+        assert shared_a.contains_many(keys) == [True] * ns.num_files
+        assert len(backend_a.reads) == ns.num_files and pfa.shared_bytes == 0
+        b, ns_b, pfb, backend_b, shared_b = node()
+        epoch(b, ns_b, pfb)
+        total = sum(len(v) for v in spec.values())
+        s = b.stats()
+        assert backend_b.reads == [] and s["backend_bytes"] == 0
+        assert s["prefetch"]["ready"] == ns.num_files == s["opens"]
+        assert s["prefetch"]["shared_bytes"] == s["prefetch"]["fetched_bytes"] == total
+    finally:
+        shared_a.close()
+        if b is not None:
+            shared_b.close()
