@@ -5,7 +5,7 @@ import struct
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
 from shadefs.control import protocol as P
 from shadefs.control.protocol import ProtocolError
@@ -323,6 +323,9 @@ def test_fuzz_valid_round_trip(frames):
 @FAST
 @given(mutated_request())
 def test_fuzz_mutated_matches_reference(frames):
+    # the reference models scores/resident/stats; warm, register and plan have their own tests
+    # (test_plan_protocol.py): a mutation that lands on one of those kinds is out of its scope
+    assume(len(frames) < 2 or frames[1] not in (P.WARM, P.REGISTER, P.PLAN))
     assert reason_of(frames, max_bytes=256, max_paths=6) == reference_reason(frames, 256, 6)
 
 
