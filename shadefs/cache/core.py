@@ -247,6 +247,7 @@ class TieredCache:
         self.joined = 0                # misses that waited for another open's backend read
         self.streamed = 0              # misses no tier admitted: served by ranges
         self.backend_reads = 0         # whole-file backend reads (fills)
+        self.range_reads = 0           # backend reads of one range (streamed files; reported in audit())
         self.open_bytes = 0
         self.hit_bytes = 0
         self.backend_bytes = 0
@@ -728,6 +729,9 @@ class TieredCache:
             self.entries.csum[fid] = csum
             self.verified[fid] = False  # written, not yet read back: its first hit verifies it
             fl.gen, fl.csum = gen, csum
+            # the bytes in hand: an open whose entry is evicted before it opens it is served from them,
+            # not read from the backend a second time (they live only as long as the flight's waiters)
+            fl.data = data if data is not None else (keep[0] if keep else None)
             del self._flights[fid]
         return keep[0] if fetched and keep else None
 
@@ -769,6 +773,7 @@ class TieredCache:
                           f"expected {length} (the file changed under the mount)")
         with self.lock:
             self.backend_bytes += length
+            self.range_reads += 1
         return data
 
     def read_range(self, fid: int, offset: int, length: int) -> bytes:
@@ -960,7 +965,7 @@ class TieredCache:
             flags = self.resident_flags.copy()
             counters = {k: getattr(self, k) for k in (
                 "opens", "hits_ram", "hits_disk", "hits_shared", "misses", "joined", "streamed",
-                "backend_reads", "backend_errors", "corrupt_entries", "disk_write_errors",
+                "backend_reads", "range_reads", "backend_errors", "corrupt_entries", "disk_write_errors",
                 "disk_writes_refused", "promotions", "demotions")}
         want = np.zeros(len(flags), dtype=np.uint8)
         want[np.asarray(ram, dtype=np.int64)] |= RAM_BIT

@@ -213,10 +213,13 @@ def test_stress_16_threads_tiny_tiers(tmp_path, root, mount, policy, ram):
         assert c["hits_ram"] > 0 and c["promotions"] > 0 and c["demotions"] > 0
     else:
         assert (c["hits_ram"], c["promotions"], c["demotions"]) == (0, 0, 0)
-    assert (c["corrupt_entries"], c["backend_errors"], c["disk_write_errors"], c["streamed"]) == (0, 0, 0, 0)
+    assert (c["corrupt_entries"], c["backend_errors"], c["disk_write_errors"]) == (0, 0, 0)
     assert stats_json["corrupt_entries"] == 0
-    assert c["misses"] == c["backend_reads"] + c["joined"]   # every miss read once, or waited for that read
-    assert opens.total() == c["backend_reads"]               # ... counted outside the daemon too
+    # every miss read the file once, waited for that read, or (no tier could take it while the others'
+    # fills held the budget) was streamed by ranges; no miss read it again by ranges after its fill
+    assert c["misses"] == c["backend_reads"] + c["joined"] + c["streamed"]
+    assert c["streamed"] > 0 or c["range_reads"] == 0
+    assert opens.total() == c["backend_reads"] + c["range_reads"]   # ... counted outside the daemon too
     # no file in two tiers: sampled throughout and at the end; residency flags agree with the indexes
     assert sampler.audits > 10 and sampler.both == set() and sampler.flag_errors == set()
     assert a["both"] == [] and a["flag_errors"] == [] and a["fetching"] == [] and a["moving"] == []
