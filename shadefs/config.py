@@ -124,7 +124,7 @@ class MountConfig:
     passthrough: bool = True                  # kernel front end: FUSE passthrough for NVMe hits when allowed
     verify_entries: str = "first-hit"         # disk entry checksums: at the first hit of each entry, or every open
     backend_options: tuple = ()               # (key, value) pairs for fsspec backends
-    scan_workers: int = 16
+    scan_workers: Optional[int] = None        # posix listing threads; None: 1 on local filesystems, 16 on others
     backend_timeout_s: float = 60.0           # deadline of one backend read (EIO after); 0 = none
     # the shared tier (issue 13): None = off
     shared_tier: Optional[tuple] = dataclasses.field(default=None, repr=False)  # Redis URLs: may hold a password

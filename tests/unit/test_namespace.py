@@ -137,3 +137,19 @@ def test_an_empty_source_round_trips(tmp_path):
     ns.save(str(tmp_path / "ns.bin"), {})
     loaded, why = Namespace.load(str(tmp_path / "ns.bin"), {})
     assert why == "" and loaded.listdir(loaded.root) == [("only_dirs", 1)] and loaded.lookup("only_dirs") == 1
+
+
+def test_posix_scan_threads_default_to_one_on_a_local_filesystem(tmp_path):
+    """A warm local scan is CPU-bound: one listing thread (16 contend for the GIL; docs/performance.md);
+    a network or FUSE source gets 16; an explicit scan_workers wins."""
+    from shadefs.backends import posix
+
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "x").write_bytes(b"x")
+    kind = posix._fs_type(str(tmp_path))
+    assert kind and kind == posix._fs_type(str(tmp_path / "d"))
+    want = 1 if kind in posix.LOCAL_FS else posix.REMOTE_SCAN_WORKERS
+    assert posix.PosixBackend(str(tmp_path)).scan_workers == want
+    assert posix._fs_type("/proc/self") == "proc" and "proc" not in posix.LOCAL_FS
+    assert posix.PosixBackend(str(tmp_path), scan_workers="4").scan_workers == 4
+    assert Namespace.scan(posix.PosixBackend(str(tmp_path))).num_files == 1
