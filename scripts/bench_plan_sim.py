@@ -10,7 +10,7 @@ epoch's real draw, which ShadeSampler cannot know: it isolates what the missing 
 Belady's OPT with the whole future. Same classes as the daemon
 (``shadefs.plan``); one reader's order.
 
-    python scripts/bench_plan_sim.py TRACE --epoch-len N [--policy shade] [--sizes 5,10,20]
+    python scripts/bench_plan_sim.py TRACE --epoch-len N [--policy shade] [--sizes 5,10,20] [--prefix train/]
 """
 import argparse
 import sys
@@ -58,12 +58,16 @@ def main(argv=None):
     ap.add_argument("--epoch-len", type=int, required=True, help="train opens per epoch")
     ap.add_argument("--policy", default="shade")
     ap.add_argument("--sizes", default="5,10,20", help="cache sizes, %% of the distinct train bytes")
+    ap.add_argument("--prefix", default="train/", help="replay only opens of paths under this prefix "
+                    "(default train/, make demo's layout; '' = every open, e.g. a bench_plan.py trace)")
     ap.add_argument("--scores", help="importance per file (the trace's .scores.csv) for shade")
     a = ap.parse_args(argv)
     full = sim.read_trace(a.trace)
     paths = [full.paths[i] for i in full.ids.tolist()]
-    keep = [p for p in paths if p.startswith("train/")]
-    sizes = [int(full.sizes[i]) for i, p in zip(full.ids.tolist(), paths) if p.startswith("train/")]
+    keep = [p for p in paths if p.startswith(a.prefix)]
+    sizes = [int(full.sizes[i]) for i, p in zip(full.ids.tolist(), paths) if p.startswith(a.prefix)]
+    if not keep:
+        raise SystemExit(f"error: no opens under {a.prefix!r} in {a.trace} (see --prefix)")
     t = sim.Trace.from_requests(keep, sizes)
     imp = sim.load_scores(a.scores, t) if a.scores else None
     print(f"{t.requests} train opens, {t.distinct_files} files, {a.epoch_len} per epoch; policy {a.policy}")
