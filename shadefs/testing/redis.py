@@ -129,6 +129,14 @@ class RedisCluster:
                        "cluster replicate")
         for rep in self.replicas:
             self._wait(lambda: "master_link_status:up" in rep.cli("info", "replication"), "replica link up")
+            # every master must know the replica as a replica before a failover: a takeover announced by a
+            # node another master has not met yet is ignored there, and that master keeps routing the slots
+            # to the dead node (seen: the slot map unchanged 15 s after a takeover)
+            rep_id = rep.node_id()
+            for m in self.masters[1:]:
+                self._wait(lambda: any(line.startswith(rep_id) and "slave" in line.split()[2]
+                                       for line in m.cli("cluster", "nodes").splitlines()),
+                           f"master {m.port} knows replica {rep.port}")
         self.wait_ok()
 
     @property
@@ -145,6 +153,25 @@ class RedisCluster:
                 pass
             time.sleep(0.05)
         raise AssertionError(f"cluster: {what} not reached in {timeout} s")
+
+    def wait_replicated(self, timeout: float = 20.0) -> None:
+        """Wait until every replica has applied its master's replication stream up to now (its
+        ``slave_repl_offset`` reaches the master's ``master_repl_offset`` read at the call).
+
+        ``WAIT numreplicas`` sent from a fresh ``redis-cli`` does not do this: a connection that wrote
+        nothing waits for offset 0, so it returns at once even while the replica still lacks the writes.
+
+        Raises: AssertionError after ``timeout`` seconds."""
+        def field(server, name):
+            for line in server.cli("info", "replication").splitlines():
+                if line.startswith(name + ":"):
+                    return int(line.split(":", 1)[1])
+            return -1
+
+        target = field(self.masters[0], "master_repl_offset")
+        for rep in self.replicas:
+            self._wait(lambda: field(rep, "slave_repl_offset") >= target,
+                       f"replica {rep.port} at the master's replication offset {target}", timeout)
 
     def wait_ok(self, servers=None) -> None:
         for s in servers or self.masters + self.replicas:

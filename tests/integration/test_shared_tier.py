@@ -253,7 +253,7 @@ def test_cluster_failover_is_survived(redis_cluster_replica):
         keys = [SharedTier.key(f"f{i}", 100) for i in range(64)]
         for i, k in enumerate(keys):
             assert t.offer(k, blob(i, 100)) == "admitted"
-        c.masters[0].cli("wait", 1, 2000)  # the replica has every write of its master
+        c.wait_replicated()  # the replica has every write of its master (a bare WAIT does not ensure it)
         c.masters[0].kill()
         rep = c.replicas[0]
         rep.cli("cluster", "failover", "takeover")  # what the cluster does itself after node-timeout
