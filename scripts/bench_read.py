@@ -661,8 +661,10 @@ CASES = [
     ("ram-single-nokc", "RAM hit, libfuse single, no kernel cache", "ram", "single", False, False),
     ("ram-multi-trace", "RAM hit, libfuse multi, --trace", "ram", "multi", True, True),
     ("ram-single-trace", "RAM hit, libfuse single, --trace", "ram", "single", True, True),
-    ("nvme-kernel", "NVMe hit, kernel, passthrough", "nvme", "kernel", True, False),
-    ("nvme-kernel-nopt", "NVMe hit, kernel, no passthrough", "nvme", "kernel-nopt", True, False),
+    ("nvme-kernel", "NVMe hit, kernel, passthrough, --verify-entries first-hit", "nvme", "kernel-first", True,
+     False),
+    ("nvme-kernel-nopt", "NVMe hit, kernel, no passthrough, --verify-entries first-hit", "nvme", "kernel-nopt", True,
+     False),
     ("nvme-kernel-every", "NVMe hit, kernel, passthrough, --verify-entries every-open", "nvme", "kernel-every", True,
      False),
     ("nvme-multi", "NVMe hit, libfuse multi", "nvme", "multi", True, False),
@@ -684,11 +686,13 @@ def frontend_options(loop: str) -> List[str]:
     if loop in ("kernel", "kernel-memfd"):
         return ["--fuse-impl", "kernel"]
     if loop == "kernel-nopt":
-        return ["--fuse-impl", "kernel", "--no-passthrough"]
+        return ["--fuse-impl", "kernel", "--no-passthrough", "--verify-entries", "first-hit"]
     if loop == "kernel-r4":
         return ["--fuse-impl", "kernel", "--fuse-readers", "4"]
     if loop == "kernel-every":
-        return ["--fuse-impl", "kernel", "--verify-entries", "every-open"]
+        return ["--fuse-impl", "kernel", "--verify-entries", "every-open"]   # the default, said explicitly
+    if loop == "kernel-first":
+        return ["--fuse-impl", "kernel", "--verify-entries", "first-hit"]
     return ["--fuse-impl", "libfuse", "--fuse-loop", loop]
 
 

@@ -217,10 +217,11 @@ class TieredCache:
         self.ram_index, self.ram = ram
         self.disk_index, self.disk = disk if disk is not None else (None, None)
         self.entries = self.disk.table(namespace.num_files) if self.disk is not None else None
-        # entry checksums (docs/architecture.md, "Entry checksums"): "first-hit" verifies each entry
-        # generation at its first hit after it was written or reloaded, then trusts it while it stays
-        # resident; "every-open" verifies it on every disk hit. verified[fid]: the resident generation passed.
-        self.verify_entries = "first-hit"
+        # entry checksums (docs/architecture.md, "Entry checksums"): "every-open" (the default) verifies an
+        # entry on every disk hit; "first-hit" verifies each entry generation at its first hit after it was
+        # written or reloaded, then trusts it while it stays resident. verified[fid]: the resident generation
+        # passed (kept in both modes; read only by first-hit).
+        self.verify_entries = "every-open"
         self.verified = np.zeros(namespace.num_files if self.disk is not None else 0, dtype=np.bool_)
         self.importance = importance
         self.trace = trace

@@ -258,12 +258,12 @@ def _flip(path, at):
 
 
 def test_first_hit_verification_checks_each_entry_generation_once(small_tree, tmp_path):
-    """--verify-entries first-hit (the default): an entry is verified at its first hit after it was written;
+    """--verify-entries first-hit (opt-in): an entry is verified at its first hit after it was written;
     a byte flipped before that hit is caught, one flipped after it is not (the documented trade: every
     later hit of that generation trusts it), and the next generation is verified again."""
     src, spec = small_tree
     cache, ns, backend = build(src, tmp_path, "static", ram=0, disk=100000)
-    assert cache.verify_entries == "first-hit"
+    cache.verify_entries = "first-hit"
     f = fid(ns, "dog/04.bin")
     want = spec["dog/04.bin"]
     assert open_read(cache, f) == (want, "miss")          # written into the disk tier, not yet read back
@@ -281,7 +281,7 @@ def test_first_hit_verification_checks_each_entry_generation_once(small_tree, tm
 def test_every_open_verification_catches_a_flip_after_earlier_hits(small_tree, tmp_path):
     src, spec = small_tree
     cache, ns, backend = build(src, tmp_path, "static", ram=0, disk=100000)
-    cache.verify_entries = "every-open"
+    assert cache.verify_entries == "every-open"                 # the default (issue 9: every disk hit)
     f = fid(ns, "cat/05.bin")
     want = spec["cat/05.bin"]
     open_read(cache, f)
