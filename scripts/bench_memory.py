@@ -143,7 +143,7 @@ def main() -> None:
             "by ranges, never held whole (the issue measured 33 -> 400 MiB before streaming landed). `held`:",
             "300 files of 96 KiB (28.1 MiB) held open with `--ram-cache 4MiB --policy lru --no-kernel-cache`;",
             "the bound is the RAM tier's 4 MiB, held-open buffers included (docs/operations.md, \"Sizing the",
-            "tiers\"). Growth above the bound (0.3 MiB here) is not broken down (handles, the interpreter's heap).",
+            "tiers\"). Growth above the bound is not broken down (handles, the interpreter's heap).",
             "",
             table,
             end,
