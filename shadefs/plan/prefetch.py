@@ -163,7 +163,15 @@ class Prefetcher:
                     q += 1
                     continue
                 fid = int(ids[q])
-                if fid in self.staged or fid in self.pending or not cache.fetchable(fid):
+                if fid in self.staged or fid in self.pending:
+                    if plan.next_position(fid) != q:
+                        # staged (or in flight) for an earlier use: that copy serves that open; this later
+                        # use needs a read of its own once it is taken, so the scan waits here instead of
+                        # passing over it (passing left a repeated epoch without any prefetch)
+                        break
+                    q += 1
+                    continue
+                if not cache.fetchable(fid):
                     q += 1
                     continue
                 size = int(ns.size(fid))

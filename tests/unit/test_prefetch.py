@@ -130,6 +130,33 @@ def test_a_planned_epoch_is_served_ready_and_read_once(tree):
     assert len(backend.reads) == ns.num_files and pf.reserved_bytes == 0
 
 
+@pytest.mark.parametrize("reannounce", [False, True])
+def test_a_second_planned_use_of_a_staged_file_is_prefetched_again(tree, reannounce):
+    """Two epochs announced at once, a window larger than the dataset: every file is staged for its epoch-0
+    use, and its epoch-1 use must be read again once that copy is taken, not passed over (which left
+    epoch 1 without any prefetch when the stream then re-announced epoch 1 alone)."""
+    src, spec = tree
+    cache, ns, plans, pf, h, backend = build(src, ram=0, window=10**6)
+    n = ns.num_files
+    e0 = list(range(n))
+    random.Random(1).shuffle(e0)
+    e1 = list(range(n))
+    random.Random(2).shuffle(e1)
+    plans.announce(h, 0, 0, [n, n], np.array(e0 + e1, dtype=np.uint32))
+    while pf.step():
+        pass
+    assert len(backend.reads) == n                       # each file once: one staged copy per file
+    assert [open_read(cache, f)[1] for f in e0] == ["prefetch"] * n
+    if reannounce:                                       # epoch 1 begins: the stream announces it alone
+        plans.announce(h, 0, 1, [n], np.array(e1, dtype=np.uint32))
+    while pf.step():
+        pass
+    assert len(backend.reads) == 2 * n                   # the epoch-1 uses, read ahead again
+    assert [open_read(cache, f)[1] for f in e1] == ["prefetch"] * n
+    s = cache.stats()
+    assert s["prefetch"]["ready"] == 2 * n and s["misses"] == 0 and s["prefetch"]["wasted_bytes"] == 0
+
+
 def test_an_open_of_a_file_being_prefetched_waits_for_that_read(tree):
     src, spec = tree
     gate = threading.Event()
