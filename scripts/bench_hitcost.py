@@ -316,12 +316,9 @@ def main() -> None:
         return
     try:
         if args.baseline:
-            tmp = tempfile.mkdtemp(prefix="lockhold-baseline-")
-            rev = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", args.baseline], check=True,
-                                 capture_output=True, text=True).stdout.strip()
-            arch = subprocess.run(["git", "-C", ROOT, "archive", rev, "shadefs"], check=True,
-                                  capture_output=True).stdout
-            subprocess.run(["tar", "-x", "-C", tmp], input=arch, check=True)
+            from shadefs.testing import baseline  # here, not at the top: a child imports the baseline's tree
+
+            tmp, rev = baseline.extract(ROOT, args.baseline, prefix="lockhold-baseline-")
             sides.append(tmp)
             labels.append(f"before ({rev})")
         sides.append(ROOT)

@@ -22,11 +22,10 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import subprocess
 import tempfile
 import time
 
-from shadefs.testing import Mount, docsection
+from shadefs.testing import Mount, baseline, docsection
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOC = os.path.join(ROOT, "docs", "performance.md")
@@ -106,12 +105,7 @@ def main() -> None:
     tmp = None
     try:
         if args.baseline:
-            tmp = tempfile.mkdtemp(prefix="memory-baseline-")
-            rev = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", args.baseline], check=True,
-                                 capture_output=True, text=True).stdout.strip()
-            arch = subprocess.run(["git", "-C", ROOT, "archive", rev, "shadefs"], check=True,
-                                  capture_output=True).stdout
-            subprocess.run(["tar", "-x", "-C", tmp], input=arch, check=True)
+            tmp, rev = baseline.extract(ROOT, args.baseline, prefix="memory-baseline-")
             sides.append((f"before ({rev})", {**os.environ, "PYTHONPATH": tmp}))
         sides.append(("after" if args.baseline else "this tree", dict(os.environ)))
         rows = []

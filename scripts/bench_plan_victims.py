@@ -29,7 +29,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -126,10 +125,9 @@ def main() -> None:
     trees = [("this tree", ROOT)]
     tmp = None
     if a.baseline:
-        tmp = tempfile.mkdtemp(prefix="bench-plan-victims-")
-        arch = subprocess.run(["git", "-C", ROOT, "archive", a.baseline, "shadefs"], capture_output=True,
-                              check=True).stdout
-        subprocess.run(["tar", "-x", "-C", tmp], input=arch, check=True)
+        from shadefs.testing import baseline  # here, not at the top: a child imports the baseline's tree
+
+        tmp, _ = baseline.extract(ROOT, a.baseline, prefix="bench-plan-victims-")
         trees.insert(0, (a.baseline, tmp))
     try:
         rows = []
