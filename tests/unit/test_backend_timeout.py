@@ -108,7 +108,7 @@ def test_a_path_whose_read_is_stuck_fails_fast_until_it_returns(caplog):
                      lambda: b.stat("stuck/a")):
             with pytest.raises(BackendError, match=r"an earlier read of this file has been stuck"):
                 call()
-        assert time.monotonic() - t0 < 0.1            # no deadline of their own
+        assert time.monotonic() - t0 < 0.25           # no deadline (0.3 s) of their own
     assert caplog.text.count("an earlier read of this file") == 1   # logged once per stuck episode
     assert b.stuck == 1 and b.threads == 1 and b.refused == 3 and b.timeouts == 1
     assert b.read_range("ok/b", 1, 3) == b"k/b"       # another path is served meanwhile
