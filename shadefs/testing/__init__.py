@@ -7,6 +7,7 @@
   :class:`LatencyProxyProcess` (:mod:`shadefs.testing.latency_proxy` in front of it), dummy AWS settings.
 - :mod:`shadefs.testing.docsection`: the tables and the generated sections of docs/performance.md.
 - :mod:`shadefs.testing.baseline`: :func:`~shadefs.testing.baseline.extract` (a git revision of the package beside the tree, for side-by-side benchmarks).
+- :mod:`shadefs.testing.handles`: :func:`~shadefs.testing.handles.open_read` (open, read whole, release, through a TieredCache).
 - :mod:`shadefs.testing.datasets`: :class:`~shadefs.testing.datasets.FileDataset` (ImageFolder-like `samples`; an item reads its file whole).
 
 Used by tests/conftest.py and scripts/bench_*.py; ships with the package (it needs the ``test``

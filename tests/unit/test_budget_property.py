@@ -20,14 +20,7 @@ from shadefs.cache.index import TierIndex
 from shadefs.cache.tiers import DiskTier, MemoryTier
 from shadefs.namespace import Namespace
 from shadefs.policies import Importance, get_policy, policy_names
-
-def open_read(cache, fid):
-    """Open ``fid`` through the cache, read it whole, release: (bytes, outcome)."""
-    h = cache.open(fid)
-    try:
-        return bytes(h.read(0, h.size)), h.outcome
-    finally:
-        h.release()
+from shadefs.testing.handles import open_read
 
 
 NUM_FILES = 12

@@ -16,6 +16,7 @@ from shadefs.plan.plans import PlanRegistry
 from shadefs.plan.policy import PlanPolicy
 from shadefs.plan.prefetch import Prefetcher
 from shadefs.policies import Importance, get_policy
+from shadefs.testing.handles import open_read
 
 
 class CountingBackend(PosixBackend):
@@ -34,16 +35,6 @@ class CountingBackend(PosixBackend):
         if path in self.fail:
             raise OSError(5, "injected backend failure")
         return super().read(path, size)
-
-
-
-def open_read(cache, fid):
-    """Open ``fid`` through the cache, read it whole, release: (bytes, outcome)."""
-    h = cache.open(fid)
-    try:
-        return h.read(0, h.size), h.outcome
-    finally:
-        h.release()
 
 
 @pytest.fixture(scope="module")

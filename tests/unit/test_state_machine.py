@@ -12,6 +12,7 @@ from shadefs.cache.index import TierIndex
 from shadefs.cache.tiers import DiskTier, MemoryTier
 from shadefs.namespace import Namespace
 from shadefs.policies import Importance, get_policy
+from shadefs.testing.handles import open_read as read_all
 
 
 class CountingBackend(PosixBackend):
@@ -61,14 +62,6 @@ def build(src, tmp_path, policy="lru", ram=0, disk=0):
     store = GatedDisk(str(tmp_path / "cache"), str(src)) if disk else None
     disk_t = (TierIndex("disk", disk, cls(disk, imp)), store) if disk else None
     return TieredCache(ns, backend, (TierIndex("ram", ram, cls(ram, imp)), MemoryTier()), disk_t, imp), ns, backend
-
-
-def read_all(cache, fid):
-    h = cache.open(fid)
-    try:
-        return h.read(0, h.size), h.outcome
-    finally:
-        h.release()
 
 
 def entry_files(cache, rel):
