@@ -4,6 +4,7 @@ import os
 import random
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -23,6 +24,10 @@ def test_live_stats_equal_the_replay(small_tree, mount, tmp_path, policy):
         rel = rng.choice(names)
         with open(os.path.join(m.path, rel), "rb") as f:
             assert f.read() == spec[rel]
+        # the kernel sends RELEASE after close() returns, asynchronously; a RAM buffer still pinned by the
+        # previous open when the next miss evicts makes the tier pick another victim than the replay does
+        # (a known divergence, see the note): let the RELEASE arrive first
+        time.sleep(0.02)
     live = m.stats()  # also flushes the trace
     t = sim.read_trace(str(trace))
     assert t.requests == live["opens"] == 120
