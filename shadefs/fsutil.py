@@ -1,11 +1,13 @@
-"""Atomic file writes, shared by the disk tier, its checkpoints and the simulator's scores file."""
+"""Atomic file writes, shared by the disk tier, its checkpoints, the namespace snapshot and the simulator's
+scores file: a temporary file is written, then renamed over its final name; on any failure the temporary is
+unlinked (never left behind), and the final name keeps its old content."""
 from __future__ import annotations
 
 import itertools
 import os
 from typing import Optional
 
-__all__ = ["atomic_write"]
+__all__ = ["atomic_write", "removing_on_error", "rename_into"]
 
 _seq = itertools.count()
 
@@ -24,7 +26,7 @@ def atomic_write(path: str, data: bytes, *, tmp_dir: Optional[str] = None, fsync
     d = tmp_dir or os.path.dirname(os.path.abspath(path))
     tmp = os.path.join(d, f".{os.path.basename(path)}.{os.getpid()}.{next(_seq)}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-    try:
+    with removing_on_error(tmp):
         try:
             view = memoryview(data)
             while view:
@@ -35,14 +37,43 @@ def atomic_write(path: str, data: bytes, *, tmp_dir: Optional[str] = None, fsync
                 os.fsync(fd)
         finally:
             os.close(fd)
-        try:
-            os.rename(tmp, path)
-        except FileNotFoundError:
-            os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o700, exist_ok=True)
-            os.rename(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+        rename_into(tmp, path)
+
+
+class removing_on_error:
+    """``with removing_on_error(tmp): ...`` unlinks the file ``tmp`` when the block raises, then re-raises.
+
+    Any exception counts, ``BaseException`` included (a KeyboardInterrupt or SystemExit mid-write leaves no
+    temporary either); a block that ends normally leaves ``tmp`` alone (it was renamed, or is the caller's to
+    keep). Failing to unlink (``OSError``: already gone, a read-only or failing disk) is ignored, so the
+    block's own exception is the one that propagates. ``as`` gives ``tmp``.
+    """
+
+    __slots__ = ("path",)
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def __enter__(self) -> str:
+        return self.path
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc_type is not None:
+            try:
+                os.unlink(self.path)
+            except OSError:
+                pass
+        return False   # re-raise
+
+
+def rename_into(tmp: str, path: str) -> None:
+    """``os.rename(tmp, path)``, creating ``path``'s missing parent directory (0700) and retrying once.
+
+    Raises:
+        OSError: the rename failed (``tmp`` is left where it was: the caller's ``removing_on_error`` unlinks it).
+    """
+    try:
+        os.rename(tmp, path)
+    except FileNotFoundError:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o700, exist_ok=True)
+        os.rename(tmp, path)

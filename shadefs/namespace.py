@@ -35,6 +35,7 @@ import numpy as np
 from xxhash import xxh3_64, xxh3_64_intdigest, xxh3_128_hexdigest
 
 from .backends.base import BackendError, DirChunk, Entry, ScanReport, chunks_from_entries
+from .fsutil import removing_on_error
 
 __all__ = ["Namespace", "normalize", "SNAPSHOT_FILE"]
 
@@ -523,7 +524,7 @@ class Namespace:
         tmp = os.path.join(tmp_dir, f".{os.path.basename(path)}.{os.getpid()}.tmp")
         h = xxh3_64()
         written = 0
-        try:
+        with removing_on_error(tmp):
             with open(tmp, "wb") as f:
                 def put(data) -> None:
                     nonlocal written
@@ -543,12 +544,6 @@ class Namespace:
                 f.write(struct.pack("<Q", h.intdigest()))
                 written += 8
             os.replace(tmp, path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
         return written
 
     @classmethod

@@ -29,6 +29,8 @@ from typing import Dict, Iterable, Optional
 import numpy as np
 import xxhash
 
+from ..fsutil import removing_on_error, rename_into
+
 __all__ = ["MemoryTier", "DiskTier", "EntryTable", "CorruptEntry", "DiskFloorReached", "CacheDirInUse",
            "entry_name", "ENTRY_NAME_LEN"]
 
@@ -287,7 +289,7 @@ class DiskTier:
         h = self.key(relpath)
         tmp = os.path.join(self.tmp_dir, f"{h}.{gen:016x}")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-        try:
+        with removing_on_error(tmp):
             x = xxhash.xxh3_64()
             written = 0
             try:
@@ -304,18 +306,7 @@ class DiskTier:
             finally:
                 os.close(fd)
             csum = x.intdigest()
-            final = os.path.join(self.dir, h[:2], entry_name(h, gen, csum))
-            try:
-                os.rename(tmp, final)
-            except FileNotFoundError:
-                os.makedirs(os.path.dirname(final), mode=0o700, exist_ok=True)
-                os.rename(tmp, final)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
+            rename_into(tmp, os.path.join(self.dir, h[:2], entry_name(h, gen, csum)))
         return csum
 
     def delete(self, relpath: str, gen: int, csum: int) -> None:
