@@ -234,10 +234,20 @@ class Mounts:
         return pid
 
     def mount_slowfs(self, source: str, mnt: str, delay_ms: float, stats_file: str, log_file: str) -> None:
+        self._spawn_source("_slowfs", [source, mnt, str(delay_ms), stats_file], mnt, log_file,
+                           "latency-injecting FUSE did not mount")
+
+    def mount_gatedfs(self, source: str, mnt: str, gate_file: str, log_file: str) -> None:
+        """The hung-backend source: opens of files below ``hang/`` block until ``gate_file`` exists."""
+        self._spawn_source("_gatedfs", [source, mnt, gate_file], mnt, log_file, "gated FUSE source did not mount")
+
+    def _spawn_source(self, mode: str, args: Sequence[str], mnt: str, log_file: str, failed: str) -> None:
+        """Run this script's ``mode`` (a FUSE source serving ``mnt``) as a child, and wait up to 30 s until
+        ``mnt`` is mounted; raises BenchError with ``failed`` and the log's tail if it exits or times out."""
         os.makedirs(mnt, exist_ok=True)
         with open(log_file, "w") as log:
-            p = subprocess.Popen([sys.executable, os.path.abspath(__file__), "_slowfs", source, mnt,
-                                  str(delay_ms), stats_file], stdout=log, stderr=subprocess.STDOUT,
+            p = subprocess.Popen([sys.executable, os.path.abspath(__file__), mode, *args], stdout=log,
+                                 stderr=subprocess.STDOUT,
                                  start_new_session=True)  # Ctrl-C must not kill it before shadefs is off it
         self.slowfs[mnt] = p
         self.active.append((mnt, p.pid, "slowfs"))
@@ -245,22 +255,7 @@ class Mounts:
         while not is_mounted(mnt):
             if p.poll() is not None or time.monotonic() > deadline:
                 with open(log_file) as f:
-                    raise BenchError(f"latency-injecting FUSE did not mount: {f.read()[-2000:]}")
-            time.sleep(0.05)
-
-    def mount_gatedfs(self, source: str, mnt: str, gate_file: str, log_file: str) -> None:
-        """The hung-backend source: opens of files below ``hang/`` block until ``gate_file`` exists."""
-        os.makedirs(mnt, exist_ok=True)
-        with open(log_file, "w") as log:
-            p = subprocess.Popen([sys.executable, os.path.abspath(__file__), "_gatedfs", source, mnt, gate_file],
-                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        self.slowfs[mnt] = p
-        self.active.append((mnt, p.pid, "slowfs"))
-        deadline = time.monotonic() + 30
-        while not is_mounted(mnt):
-            if p.poll() is not None or time.monotonic() > deadline:
-                with open(log_file) as f:
-                    raise BenchError(f"gated FUSE source did not mount: {f.read()[-2000:]}")
+                    raise BenchError(f"{failed}: {f.read()[-2000:]}")
             time.sleep(0.05)
 
     def pid_of(self, mnt: str) -> Optional[int]:
