@@ -117,16 +117,23 @@ class PlanAnnouncer:
         return int(self._stream)
 
     # -- announcing ------------------------------------------------------------------------------------
-    def announce(self, epoch: int, orders: Sequence[np.ndarray]) -> None:
-        """Queue epochs ``epoch, epoch + 1, ...`` (one int array of dataset indices each); never blocks."""
-        if not self.enabled or not orders:
+    def announce(self, epoch: int, orders) -> None:
+        """Queue epochs ``epoch, epoch + 1, ...`` (one int array of dataset indices each); never blocks.
+
+        ``orders`` may also be a callable ``f(client) -> orders or None``, run on the background thread
+        with the thread's own :class:`Client` (ShadeSampler's provisional draw: computed off the training
+        loop); None sends nothing.
+        """
+        if not self.enabled or orders is None or (not callable(orders) and not orders):
             return
         if self._ensure_client() is None:
             return
         if self._pid != os.getpid():  # a forked copy: its own thread and socket
             self._init_runtime()
         stream = self.stream
-        item = (int(epoch), [np.asarray(o, dtype=np.int64) for o in orders], stream)
+        if not callable(orders):
+            orders = [np.asarray(o, dtype=np.int64) for o in orders]
+        item = (int(epoch), orders, stream)
         while True:
             try:
                 self._queue.put_nowait(item)
@@ -162,8 +169,8 @@ class PlanAnnouncer:
             except queue.Empty:
                 return  # idle: the next announce starts a fresh thread
             try:
-                self._send(*item)
-                self.sent += 1
+                if self._send(*item):
+                    self.sent += 1
             except Exception as exc:  # never into the training loop
                 self.failed += 1
                 if self.failed == 1:
@@ -171,14 +178,19 @@ class PlanAnnouncer:
             finally:
                 self._queue.task_done()
 
-    def _send(self, epoch: int, orders: List[np.ndarray], stream: int) -> None:
+    def _send(self, epoch: int, orders, stream: int) -> bool:
         if self._sender is None:
             c = self._client
             self._sender = Client(endpoint=c.endpoint, mount_root=c.mount_root)  # this thread's own socket
         if self._handle is None:
             self._register()
         if self._handle is None:
-            return
+            return False
+        if callable(orders):
+            orders = orders(self._sender)
+            if not orders:
+                return False
+            orders = [np.asarray(o, dtype=np.int64) for o in orders]
         tindex = self._table_index
         ids, segments = [], []
         for o in orders:
@@ -186,8 +198,8 @@ class PlanAnnouncer:
             t = t[t >= 0]
             ids.append(t)
             segments.append(t.size)
-        self._sender.send_plan(self._handle, stream, epoch, segments,
-                               np.concatenate(ids).astype(np.uint32) if ids else np.zeros(0, np.uint32))
+        return self._sender.send_plan(self._handle, stream, epoch, segments,
+                                      np.concatenate(ids).astype(np.uint32) if ids else np.zeros(0, np.uint32))
 
     def _register(self) -> None:
         paths = DatasetPaths(self.dataset, self._client.mount_root)

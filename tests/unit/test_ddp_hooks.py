@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader  # noqa: E402
 
 from shadefs.hooks import ScoreReporter, ShadeSampler  # noqa: E402
 from shadefs.hooks.distributed import sender_ranks  # noqa: E402
-from shadefs.hooks.sampler import _GLOBAL_STREAM, rank_transform  # noqa: E402
+from shadefs.hooks.sampler import _GLOBAL_STREAM, _hash_exponential, _stream_key, rank_transform  # noqa: E402
 
 from hookfakes import LiveDaemon  # noqa: E402
 
@@ -149,12 +149,16 @@ def _global_weights_and_losses(ranks, epoch):
 
 
 def _documented_draw(weights, ls, epoch, seed=3):
-    """global_draw's documented contract: inverse-CDF sampling of total_size uniforms from a Generator
-    seeded with (seed, epoch, _GLOBAL_STREAM), P(i) = (w_i + ls) / sum_j (w_j + ls)."""
+    """global_draw's documented contract (draw="stable"): the labels of the first total_size arrivals of
+    one Poisson process per sample, of rate w_i + ls, arrival k of sample i after the Exp(1) gaps keyed by
+    (seed, epoch, _GLOBAL_STREAM, i, k) -- here by brute force: 40 arrivals of every sample, sorted."""
     total = -(-N // WORLD) * WORLD
-    rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, epoch, _GLOBAL_STREAM])))
-    cdf = np.cumsum(np.asarray(weights, dtype=np.float64) + ls)
-    return np.minimum(np.searchsorted(cdf, rng.random(total) * cdf[-1], side="right"), N - 1)
+    key = _stream_key(seed, epoch, _GLOBAL_STREAM)
+    w = np.asarray(weights, dtype=np.float64) + ls
+    items = np.arange(N)
+    times = np.cumsum(np.stack([_hash_exponential(key, items, k) for k in range(40)], axis=1), axis=1) / w[:, None]
+    labels = np.repeat(items, 40)
+    return labels[np.argsort(times.reshape(-1), kind="stable")[:total]]
 
 
 def test_next_draw_uses_the_global_scores(ranks):
