@@ -261,8 +261,7 @@ def _scan_dir(full: str, rel: str, ancestors: FrozenSet[Tuple[int, int]], dst: o
     """List one directory: its chunk (None if it cannot be listed), the subdirectories to list next,
     and what was skipped. Never raises for one bad entry."""
     rep = ScanReport()
-    names: List[str] = []
-    sts: List[os.stat_result] = []
+    files: Dict[str, os.stat_result] = {}   # name -> stat: one store per file, sorted by name once at the end
     tasks: List[Task] = []
     subdirs: List[str] = []
     prefix = f"{rel}/" if rel else ""
@@ -279,8 +278,7 @@ def _scan_dir(full: str, rel: str, ancestors: FrozenSet[Tuple[int, int]], dst: o
                 name = de.name
                 try:
                     if de.is_file(follow_symlinks=False):
-                        sts.append(de.stat(follow_symlinks=False))
-                        names.append(name)
+                        files[name] = de.stat(follow_symlinks=False)
                         continue
                     if de.is_dir(follow_symlinks=False):
                         st = de.stat(follow_symlinks=False)
@@ -289,8 +287,7 @@ def _scan_dir(full: str, rel: str, ancestors: FrozenSet[Tuple[int, int]], dst: o
                         if st is None:
                             continue
                         if stat_mod.S_ISREG(st.st_mode):
-                            sts.append(st)
-                            names.append(name)
+                            files[name] = st
                             continue
                         if not stat_mod.S_ISDIR(st.st_mode):
                             rep.add("special", prefix + name)
@@ -314,14 +311,18 @@ def _scan_dir(full: str, rel: str, ancestors: FrozenSet[Tuple[int, int]], dst: o
         return None, [], rep
     finally:
         os.close(fd)
+    # sorted by name as Python sorts strings (the namespace's order); per file: one C-level pass per field
+    names = sorted(files)
+    sts = list(map(files.__getitem__, names))
+    del files
     n = len(names)
+    modes = np.fromiter(map(_MODE, sts), dtype=np.uint16, count=n) & 0o7777
+    uids = np.fromiter(map(_UID, sts), dtype=np.uint32, count=n)
+    gids = np.fromiter(map(_GID, sts), dtype=np.uint32, count=n)
+    sizes = np.fromiter(map(_SIZE, sts), dtype=np.int64, count=n)
+    mtimes = np.fromiter(map(_MTIME, sts), dtype=np.float64, count=n)
+    del sts
     if n:
-        modes = np.fromiter(map(_MODE, sts), dtype=np.int64, count=n) & 0o7777
-        uids = np.fromiter(map(_UID, sts), dtype=np.int64, count=n)
-        gids = np.fromiter(map(_GID, sts), dtype=np.int64, count=n)
-        sizes = np.fromiter(map(_SIZE, sts), dtype=np.int64, count=n)
-        mtimes = np.fromiter(map(_MTIME, sts), dtype=np.float64, count=n)
-        del sts
         ok = check.readable(modes, uids, gids)
         if not ok.all():
             bad = np.flatnonzero(~ok)
@@ -332,29 +333,21 @@ def _scan_dir(full: str, rel: str, ancestors: FrozenSet[Tuple[int, int]], dst: o
             names = [names[i] for i in keep.tolist()]
             modes, uids, gids, sizes, mtimes = modes[keep], uids[keep], gids[keep], sizes[keep], mtimes[keep]
             n = len(names)
-    else:
-        modes = uids = gids = sizes = np.zeros(0, dtype=np.int64)
-        mtimes = np.zeros(0, dtype=np.float64)
-    order = sorted(range(n), key=names.__getitem__)
-    names = [names[i] for i in order]
-    idx = np.array(order, dtype=np.int64)
     joined = "".join(names)
     try:
         blob = joined.encode("utf-8")
-        ascii_ = len(blob) == len(joined)
-        encoded = None if ascii_ else [x.encode("utf-8") for x in names]
+        encoded = None if len(blob) == len(joined) else [x.encode("utf-8") for x in names]
     except UnicodeEncodeError:  # undecodable bytes in a name (surrogateescape)
         encoded = [x.encode("utf-8", "surrogateescape") for x in names]
         blob = b"".join(encoded)
-    if encoded is None:
+    if encoded is None:  # ASCII: a name's length in characters is its length in bytes
         lens = np.fromiter(map(len, names), dtype=np.int64, count=n)
-        hashes = np.fromiter((_xxh3(x.encode("ascii")) for x in names), dtype=np.uint64, count=n)
+        hashes = np.fromiter(map(_xxh3, map(str.encode, names)), dtype=np.uint64, count=n)
     else:
         lens = np.fromiter(map(len, encoded), dtype=np.int64, count=n)
         hashes = np.fromiter(map(_xxh3, encoded), dtype=np.uint64, count=n)
     chunk = DirChunk(rel, dst.st_mode & 0o7777, dst.st_uid, dst.st_gid, dst.st_mtime_ns, dst.st_ctime_ns,
-                     blob, lens, hashes, sizes[idx], mtimes[idx], modes[idx].astype(np.uint16), uids[idx].astype(np.uint32),
-                     gids[idx].astype(np.uint32), sorted(subdirs))
+                     blob, lens, hashes, sizes, mtimes, modes, uids, gids, sorted(subdirs))
     return chunk, tasks, rep
 
 

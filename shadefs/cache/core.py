@@ -48,7 +48,7 @@ from ..policies.base import Importance
 from .index import TierIndex
 from .tiers import CorruptEntry, DiskFloorReached, DiskTier, MemoryTier
 
-__all__ = ["TieredCache", "Handle", "Outcome", "PrefetchFuture"]
+__all__ = ["TieredCache", "Handle", "OpenTicket", "Outcome", "PrefetchFuture"]
 
 log = logging.getLogger("shadefs.cache")
 
@@ -167,6 +167,17 @@ class PrefetchFuture(cf.Future):
     failed (the waiting open then reads the file itself)."""
 
     prefetch = True
+
+
+class OpenTicket:
+    """An open :meth:`TieredCache.open_nowait` looked up but could not serve without waiting (a miss,
+    or a file fetching): pass it to :meth:`TieredCache.open_ticket`, exactly once, on a thread that may
+    block. ``fid``, ``size``: the file; ``plan``: what the lookup decided (opaque)."""
+
+    __slots__ = ("fid", "size", "plan")
+
+    def __init__(self, fid: int, size: int, plan: tuple):
+        self.fid, self.size, self.plan = fid, size, plan
 
 
 class _Flight:
@@ -301,57 +312,69 @@ class TieredCache:
                 h = self._memory_hit(fid, size)
                 if h is not None:
                     return h
-                fl = self._flights.get(fid)
-                disk_gen = None
-                leader = False
-                if fl is not None:                           # fetching: wait for that one read
-                    pass                                     # (moving: for the disk write, then again)
-                elif self.disk_index is not None and fid in self.disk_index:
-                    self.disk_index.hit(fid)
-                    disk_gen = (int(self.entries.gen[fid]), int(self.entries.csum[fid]))
-                else:                                        # absent: a prefetch has it, or this open leads
-                    pf = self._prefetched(fid, size)
-                    if pf is None:
-                        fl, demote = self._start_fetch(fid, size)
-                        leader = True
-                    else:
-                        fl = pf
-            if isinstance(fl, _Flight) and fl.kind == "demote":
-                fl.done.wait()  # moving, and no open handle pins its bytes: served once it landed
-                continue
-            if isinstance(fl, tuple):                        # from the plan prefetcher
-                kind, x = fl
-                if kind == "late":
-                    t0 = time.monotonic()
-                    x = x.result()
-                    if x is None:
-                        continue  # the prefetch failed: look again (nothing was counted)
-                    with self.lock:
-                        self.prefetcher.took_late(fid, time.monotonic() - t0)
-                        self._count(fid, size, "late")
-                return self._admit_data(fid, size, *x, kind)
-            if disk_gen is not None:
-                h = self._disk_hit(fid, size, *disk_gen)
-                if h is not None:
-                    return h
-                continue  # dropped or moved meanwhile: look again (nothing was counted)
-            if fl is None:
-                return self._stream_open(fid, size)
-            # counted once the source is known: "shared" when the group served it, else "miss"
-            if leader:
-                try:
-                    self._lead(fid, size, fl, demote)
-                finally:
-                    with self.lock:
-                        self._count(fid, size, fl.source)
+                plan = self._plan_open(fid, size)
+            h = self._finish_open(fid, size, *plan)
+            if h is not None:
+                return h
+
+    def _plan_open(self, fid: int, size: int) -> tuple:
+        """Under self.lock, for an open that is no memory hit: what it waits on (``fl``: a flight, a
+        prefetch ``(kind, x)`` or None), the disk entry it hits (``disk_gen``), whether it leads a new
+        fetch (``leader``, with the RAM victims to demote). A leading plan must be finished."""
+        fl = self._flights.get(fid)
+        disk_gen = None
+        leader = False
+        demote: list = []
+        if fl is not None:                           # fetching: wait for that one read
+            pass                                     # (moving: for the disk write, then again)
+        elif self.disk_index is not None and fid in self.disk_index:
+            self.disk_index.hit(fid)
+            disk_gen = (int(self.entries.gen[fid]), int(self.entries.csum[fid]))
+        else:                                        # absent: a prefetch has it, or this open leads
+            pf = self._prefetched(fid, size)
+            if pf is None:
+                fl, demote = self._start_fetch(fid, size)
+                leader = True
             else:
-                fl.done.wait()
+                fl = pf
+        return fl, disk_gen, leader, demote
+
+    def _finish_open(self, fid: int, size: int, fl, disk_gen, leader: bool, demote) -> Optional[Handle]:
+        """Outside the lock: serve the open :meth:`_plan_open` planned (may block on the backend or on
+        another open's read); None when the file moved meanwhile (nothing counted: plan again)."""
+        if isinstance(fl, _Flight) and fl.kind == "demote":
+            fl.done.wait()  # moving, and no open handle pins its bytes: served once it landed
+            return None
+        if isinstance(fl, tuple):                        # from the plan prefetcher
+            kind, x = fl
+            if kind == "late":
+                t0 = time.monotonic()
+                x = x.result()
+                if x is None:
+                    return None  # the prefetch failed: look again (nothing was counted)
+                with self.lock:
+                    self.prefetcher.took_late(fid, time.monotonic() - t0)
+                    self._count(fid, size, "late")
+            return self._admit_data(fid, size, *x, kind)
+        if disk_gen is not None:
+            return self._disk_hit(fid, size, *disk_gen)  # None: dropped or moved meanwhile
+        if fl is None:
+            return self._stream_open(fid, size)
+        # counted once the source is known: "shared" when the group served it, else "miss"
+        if leader:
+            try:
+                self._lead(fid, size, fl, demote)
+            finally:
                 with self.lock:
                     self._count(fid, size, fl.source)
-                    self.joined += 1
-                if fl.error is not None:
-                    raise fl.error
-            return self._miss_handle(fid, size, fl)
+        else:
+            fl.done.wait()
+            with self.lock:
+                self._count(fid, size, fl.source)
+                self.joined += 1
+            if fl.error is not None:
+                raise fl.error
+        return self._miss_handle(fid, size, fl)
 
     def _prefetched(self, fid: int, size: int):
         # under self.lock, for an absent file: ("prefetch", bytes) counted, ("late", future), or None
@@ -394,9 +417,15 @@ class TieredCache:
         """The group-wide key of file ``fid`` (path, size and mtime: a changed file never matches)."""
         return self.shared.key(self.ns.path(fid), int(self.ns.size(fid)), self._mtime_ns(fid))
 
-    def open_nowait(self, fid: int) -> Optional[Handle]:
+    def open_nowait(self, fid: int, ticket: bool = False):
         """Like :meth:`open` when the open is served without waiting on the backend or on an in-flight
-        fetch (a RAM or NVMe hit); else None, and nothing is counted."""
+        fetch (a RAM or NVMe hit); else None, and nothing is counted.
+
+        With ``ticket``, an open that would wait returns an :class:`OpenTicket` instead of None: its
+        lookup is done (it joined a fetch in flight, or leads a new one, or took a prefetch) and
+        :meth:`open_ticket` serves it, without a second lookup. A ticket must be passed to
+        :meth:`open_ticket` exactly once (a leading ticket dropped would leave the file's other opens
+        waiting on a fetch nobody runs)."""
         fid = int(fid)
         size = int(self.ns.size(fid))
         if self._orphans:
@@ -407,12 +436,21 @@ class TieredCache:
                 if h is not None:
                     return h
                 if fid in self._flights or self.disk_index is None or fid not in self.disk_index:
-                    return None
+                    return OpenTicket(fid, size, self._plan_open(fid, size)) if ticket else None
                 self.disk_index.hit(fid)
                 gen, csum = int(self.entries.gen[fid]), int(self.entries.csum[fid])
             h = self._disk_hit(fid, size, gen, csum)
             if h is not None:
                 return h
+
+    def open_ticket(self, t: "OpenTicket") -> Handle:
+        """Serve an open :meth:`open_nowait` returned a ticket for (counts one outcome; may block on the
+        backend, as :meth:`open`). Raises as :meth:`open`."""
+        plan, t.plan = t.plan, None
+        if plan is None:
+            raise ValueError(f"ticket for file {t.fid} already used")
+        h = self._finish_open(t.fid, t.size, *plan)
+        return h if h is not None else self.open(t.fid)
 
     def _memory_hit(self, fid: int, size: int) -> Optional[Handle]:
         # under self.lock: resident(ram), or moving (its bytes are still in memory)

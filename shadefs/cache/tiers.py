@@ -244,16 +244,19 @@ class DiskTier:
         parts = []
         got = 0
         try:
-            while got <= size:
-                piece = os.pread(fd, min(chunk, size - got) if got < size else 1, got)
-                if not piece:
-                    break
+            # each pread asks for one byte more than is left: a short read is the end of the file, so an
+            # entry below ``chunk`` bytes is checked with one pread (and one past its end shows it longer)
+            while True:
+                want = min(chunk, size - got + 1)
+                piece = os.pread(fd, want, got)
                 got += len(piece)
                 if got > size:
                     break
                 h.update(piece)
                 if keep:
                     parts.append(piece)
+                if len(piece) < want:
+                    break
         except OSError as e:
             raise CorruptEntry(f"disk entry unreadable: {e.strerror or e}") from e
         if got != size:

@@ -5,7 +5,9 @@ Threads and the path of one request (docs/architecture.md, "The front ends"):
 - **Readers** (``--fuse-readers``, default 2) each block in ``read(2)`` on their own clone of the
   ``/dev/fuse`` fd (``FUSE_DEV_IOC_CLONE``) and answer everything that cannot wait on the backend on the
   spot: LOOKUP/GETATTR/READDIR(PLUS) from the namespace, an OPEN that is a RAM or NVMe hit
-  (``cache.open_nowait``), a READ of an open hit, RELEASE. No handoff, no lock on the hot path.
+  (``cache.open_nowait``), a READ of an open hit, RELEASE. No handoff, no lock on the hot path. An OPEN
+  that must wait leaves the reader with its lookup done (an ``OpenTicket``: the worker's
+  ``cache.open_ticket`` does not look the file up again).
 - **Workers** take what may block: an OPEN that is a miss (``cache.open`` waits on the backend) and a READ
   of a file streamed by ranges. They reply themselves when the data arrives (a reply may come from any
   thread, in any order; it must go to the fd the request was read from). The pool grows with the misses
@@ -42,6 +44,7 @@ from collections import OrderedDict
 from typing import Dict, List, Optional, Tuple
 
 from ..backends.base import BackendError
+from ..cache.core import OpenTicket
 from . import protocol as P
 from .handles import may_block, open_handle, open_handle_nowait
 from .mount import mount_fuse, unmount_fuse
@@ -259,6 +262,8 @@ class KernelFrontend:
         self.workers = _Workers(max_workers)
         nowait = getattr(cache, "open_nowait", None)
         self._open_nowait = nowait if nowait is not None else (lambda fid: open_handle_nowait(cache, fid))
+        # a cache with tickets: a miss's lookup on the reader is not repeated on the worker (open_ticket)
+        self._open_ticket = getattr(cache, "open_ticket", None)
         self.check_replies = os.environ.get(CHECK_REPLIES_ENV, "") not in ("", "0")
         self.ram_memfd = os.environ.get(RAM_MEMFD_ENV, "") not in ("", "0")
         self.fd: Optional[int] = None
@@ -485,8 +490,9 @@ class KernelFrontend:
             log.exception("FUSE reply check failed (unique %d)", unique)
 
     # -- async replies, interrupts ------------------------------------------------------------------------
-    def _defer(self, fd: int, unique: int, fn, *args) -> None:
-        """Hand a request that may block to a worker; it replies through :meth:`_finish`."""
+    def _defer(self, fd: int, unique: int, fn, *args, always: bool = False) -> None:
+        """Hand a request that may block to a worker; it replies through :meth:`_finish`. An
+        interrupted request is not handed over unless ``always`` (its worker then finds it answered)."""
         with self._plock:
             self._pending[unique] = fd
             early = unique in self._early_interrupts
@@ -494,7 +500,8 @@ class KernelFrontend:
                 self._early_interrupts.discard(unique)
         if early:
             self._interrupt_pending(unique)
-            return
+            if not always:
+                return
         self.workers.submit(fn, fd, unique, *args)
 
     def _finish(self, unique: int) -> bool:
@@ -628,19 +635,24 @@ class KernelFrontend:
             self._send(fd, unique, P.OPEN, errno.EISDIR, ())
             return
         try:
-            h = self._open_nowait(node)
+            h = self._open_nowait(node, True) if self._open_ticket is not None else self._open_nowait(node)
         except Exception as e:
             self._fail(fd, unique, P.OPEN, self.ns.path(node), e)
             return
         if h is None:
-            self._defer(fd, unique, self._open_slow, node)
+            self._defer(fd, unique, self._open_slow, node, None)
+        elif h.__class__ is OpenTicket:
+            # the ticket is served even if the open is interrupted first: it may lead a fetch that other
+            # opens of the file wait on (its handle is then released)
+            self._defer(fd, unique, self._open_slow, node, h, always=True)
         else:
             self._opened(fd, unique, node, h)
 
-    def _open_slow(self, fd: int, unique: int, fid: int) -> None:
-        """Worker: a miss (waits on the backend, or on another open's fetch of the same file)."""
+    def _open_slow(self, fd: int, unique: int, fid: int, ticket) -> None:
+        """Worker: a miss (waits on the backend, or on another open's fetch of the same file); ``ticket``:
+        the reader's lookup of it (:meth:`TieredCache.open_ticket`), or None."""
         try:
-            h = open_handle(self.cache, fid)
+            h = open_handle(self.cache, fid) if ticket is None else self._open_ticket(ticket)
         except Exception as e:
             if self._finish(unique):
                 self._fail(fd, unique, P.OPEN, self.ns.path(fid), e)

@@ -283,3 +283,32 @@ def test_every_open_verification_catches_a_flip_after_earlier_hits(small_tree, t
     assert open_read(cache, f) == (want, "miss")
     assert cache.corrupt_entries == 1 and len(backend.reads) == 2
     assert open_read(cache, f) == (want, "disk")
+
+
+@pytest.mark.parametrize("size", [0, 1, 300, 1 << 20, (1 << 20) + 7])
+def test_entry_verify_exact_short_long(tmp_path, size):
+    """DiskTier.verify: the exact bytes pass (one pread below 1 MiB), a byte short or long, or one
+    flipped byte, is CorruptEntry."""
+    import xxhash
+
+    from shadefs.cache.tiers import CorruptEntry, DiskTier
+
+    data = os.urandom(size)
+    csum = xxhash.xxh3_64_intdigest(data)
+    p = tmp_path / "e"
+    variants = {"exact": data, "long": data + b"x", "short": data[:-1] if size else None,
+                "flipped": (bytes([data[0] ^ 1]) + data[1:]) if size else None}
+    for name, content in variants.items():
+        if content is None:
+            continue
+        p.write_bytes(content)
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            if name == "exact":
+                assert DiskTier.verify(fd, size, csum, keep=True) == data
+                assert DiskTier.verify(fd, size, csum, keep=False) is None
+            else:
+                with pytest.raises(CorruptEntry):
+                    DiskTier.verify(fd, size, csum, keep=True)
+        finally:
+            os.close(fd)

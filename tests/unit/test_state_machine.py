@@ -185,3 +185,39 @@ def test_prefetch_shares_the_single_flight_and_reports_the_tier(small_tree, tmp_
     assert cache.prefetch(ns.file_id("dog/08.bin")) == "rejected"    # 9000 bytes: no tier admits it
     assert cache.counters()["opens"] == 0 and len(backend.reads) == 2
     assert read_all(cache, ns.file_id("dog/04.bin")) == (spec["dog/04.bin"], "disk")
+
+
+def test_open_nowait_ticket_serves_a_miss_without_a_second_lookup(small_tree, tmp_path):
+    """D8: the ticket carries the lookup (lead a fetch, or join one) to the thread that may block."""
+    from shadefs.cache.core import OpenTicket
+
+    src, spec = small_tree
+    cache, ns, backend = build(src, tmp_path, "lru", ram=0, disk=100000)
+    rel = "cat/05.bin"
+    f = ns.file_id(rel)
+    assert cache.open_nowait(f) is None                      # without a ticket: as before
+    t = cache.open_nowait(f, ticket=True)
+    assert isinstance(t, OpenTicket) and (t.fid, t.size) == (f, len(spec[rel]))
+    assert cache.counters()["opens"] == 0 and cache.state(f) == "fetching"   # it leads the fetch
+    # a second open while the first is not served: it joins the same flight, one backend read
+    t2 = cache.open_nowait(f, ticket=True)
+    assert isinstance(t2, OpenTicket) and backend.reads == []
+    calls = []
+    real_plan = cache._plan_open
+    cache._plan_open = lambda *a: calls.append(a) or real_plan(*a)   # the worker plans nothing again
+    h = cache.open_ticket(t)
+    h2 = cache.open_ticket(t2)
+    assert calls == []
+    assert (h.read(0, h.size), h.outcome) == (spec[rel], "miss")
+    assert (h2.read(0, h2.size), h2.outcome) == (spec[rel], "miss")
+    h.release()
+    h2.release()
+    c = cache.counters()
+    assert (c["opens"], c["misses"], c["joined"], c["backend_reads"]) == (2, 2, 1, 1)
+    assert backend.reads == [rel]
+    with pytest.raises(ValueError):
+        cache.open_ticket(t)                                 # exactly once
+    h = cache.open_nowait(f, ticket=True)                    # a hit is a Handle, never a ticket
+    assert h.outcome == "disk" and h.read(0, h.size) == spec[rel]
+    h.release()
+    assert cache.counters()["opens"] == 3

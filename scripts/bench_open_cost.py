@@ -1,0 +1,288 @@
+#!/usr/bin/env python3
+"""Where the daemon's CPU per open goes: RAM hit vs NVMe hit (kernel front end), counted per open.
+
+One reader process opens, reads to EOF and closes every file of a dataset in a loop (``os.open`` /
+``os.read(256 KiB)`` / ``os.close``) against one mount at a time; per case, for one timed run:
+
+- the daemon's user and system CPU per open (``/proc/PID/stat``) and its context switches per open
+  (voluntary + involuntary, summed over its threads in ``/proc/PID/task/*/status``): load on the shared
+  machine inflates CPU time, the counts are exact;
+- the daemon's system calls per open, by name (``strace -c -f`` attached for a second, shorter run:
+  strace slows every call, so only the counts are reported, not its times);
+- with ``--py-spy`` (if the ``py-spy`` binary is on PATH; not a dependency of shadefs), the share of the
+  daemon's on-CPU samples per Python function on the request path (``py-spy record --format raw``,
+  idle threads excluded: a sample inside a system call counts for the function that made it).
+
+Cases (``--cases``): ``ram`` (``--ram-cache 100%``), ``nvme-first`` (``--ram-cache 0 --disk-cache DIR
+--verify-entries first-hit``, passthrough), ``nvme-every`` (the default ``every-open``), ``nvme-nopt``
+(first-hit, ``--no-passthrough``). Every case uses ``--policy static``, every mount's counters are
+checked to show the outcome named for every timed open, and each pass must return the exact bytes.
+
+    python scripts/bench_open_cost.py --files 500 --size 110000 --seconds 4 --py-spy
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Dict, List, Optional, Tuple
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from bench_read import make_dataset  # noqa: E402  (the same synthetic files)
+
+from shadefs.testing import Mount, shadefs, unmount  # noqa: E402
+
+CASES = {
+    "ram": ["--ram-cache", "100%"],
+    "nvme-first": ["--ram-cache", "0", "--verify-entries", "first-hit"],
+    "nvme-every": ["--ram-cache", "0", "--verify-entries", "every-open"],
+    "nvme-nopt": ["--ram-cache", "0", "--verify-entries", "first-hit", "--no-passthrough"],
+}
+OUTCOME = {"ram": "ram", "nvme-first": "disk", "nvme-every": "disk", "nvme-nopt": "disk"}
+
+
+def cpu(pid: int) -> Tuple[float, float]:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    tck = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tck, int(fields[12]) / tck
+
+
+def ctx_switches(pid: int) -> int:
+    total = 0
+    for path in glob.glob(f"/proc/{pid}/task/*/status"):
+        try:
+            with open(path) as f:
+                for line in f:
+                    if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
+                        total += int(line.split()[1])
+        except OSError:
+            pass  # a thread that ended
+    return total
+
+
+def stats(mnt: str) -> dict:
+    import json
+    return json.loads(shadefs("stats", mnt, "--json").stdout)
+
+
+def read_loop(mnt: str, files: List[Tuple[str, int]], seconds: float, procs: int = 1) -> int:
+    """``procs`` reader processes (disjoint shards) open, read whole and close their files in order until
+    ``seconds`` passed; returns the opens done."""
+    code = (
+        "import os, sys, time\n"
+        "mnt, seconds = sys.argv[1], float(sys.argv[2])\n"
+        "files = [l.split() for l in sys.stdin.read().splitlines()]\n"
+        "paths = [(os.path.join(mnt, p), int(s)) for p, s in files]\n"
+        "n = 0; end = time.monotonic() + seconds\n"
+        "while time.monotonic() < end:\n"
+        "    for p, s in paths:\n"
+        "        fd = os.open(p, os.O_RDONLY)\n"
+        "        got = 0\n"
+        "        while True:\n"
+        "            b = os.read(fd, 262144)\n"
+        "            if not b: break\n"
+        "            got += len(b)\n"
+        "        os.close(fd)\n"
+        "        assert got == s, (p, got, s)\n"
+        "        n += 1\n"
+        "print(n)\n")
+    ps = []
+    for i in range(procs):
+        shard = files[i * len(files) // procs:(i + 1) * len(files) // procs]
+        p = subprocess.Popen([sys.executable, "-c", code, mnt, str(seconds)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+        p.stdin.write("\n".join(f"{q} {s}" for q, s in shard))
+        p.stdin.close()
+        ps.append(p)
+    n = 0
+    for p in ps:
+        out = p.stdout.read()
+        if p.wait() != 0:
+            raise SystemExit("a reader failed")
+        n += int(out.strip())
+    return n
+
+
+def strace_counts(pid: int, run) -> Dict[str, int]:
+    out = tempfile.mktemp(prefix="shadefs-strace-")
+    p = subprocess.Popen(["strace", "-c", "-f", "-o", out, "-p", str(pid)], stderr=subprocess.DEVNULL)
+    time.sleep(0.5)  # attached to every thread
+    run()
+    p.terminate()
+    p.wait(10)
+    counts: Dict[str, int] = {}
+    with open(out) as f:
+        for line in f:
+            m = re.match(r"\s*[\d.]+\s+[\d.]+\s+\d+\s+(\d+)\s+(?:\d+\s+)?(\w+)\s*$", line)
+            if m:
+                counts[m.group(2)] = int(m.group(1))
+    os.unlink(out)
+    return counts
+
+
+def pyspy_profile(pid: int, run, rate: int = 997) -> Dict[str, float]:
+    """Share of on-CPU samples per function (the innermost frame inside shadefs, else the innermost)."""
+    out = tempfile.mktemp(prefix="shadefs-pyspy-", suffix=".txt")
+    p = subprocess.Popen(["py-spy", "record", "--pid", str(pid), "--format", "raw", "--output", out,
+                          "--rate", str(rate), "--nonblocking"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(1.0)
+    run()
+    p.terminate()
+    p.wait(20)
+    leaf: Dict[str, int] = collections.Counter()
+    total = 0
+    with open(out) as f:
+        for line in f:
+            stack, _, n = line.rstrip().rpartition(" ")
+            if not stack:
+                continue
+            frames = stack.split(";")
+            n = int(n)
+            total += n
+            # attribute to the innermost frame, and name the shadefs frame that called it
+            inner = frames[-1]
+            ours = next((fr for fr in reversed(frames) if "shadefs/" in fr), inner)
+            fn = re.sub(r"\s*\(.*\)$", "", inner)
+            where = re.sub(r"\s*\((?:.*/)?(shadefs/[^:]+):\d+\)$", r" [\1]", ours)
+            key = fn if ours == inner else f"{fn} <- {where}"
+            leaf[key] += n
+    os.unlink(out)
+    return {k: v / total for k, v in leaf.most_common(25)} if total else {}
+
+
+def inprocess_miss(src: str, rounds: int = 5) -> Dict[str, float]:
+    """CPU microseconds per miss in process (no FUSE), the kernel front end's two ways of serving one:
+    ``open_nowait`` then ``open`` (the lookup done twice: review D8) and ``open_nowait(ticket=True)`` then
+    ``open_ticket``. An LRU RAM tier of 1/8 of the files' bytes read in a cycle: every open is a miss
+    that reads the backend, admits the file and evicts a victim. Interleaved rounds; the minimum is kept."""
+    from shadefs.backends.posix import PosixBackend
+    from shadefs.cache.core import TieredCache
+    from shadefs.cache.index import TierIndex
+    from shadefs.cache.tiers import MemoryTier
+    from shadefs.namespace import Namespace
+    from shadefs.policies import Importance, get_policy
+
+    backend = PosixBackend(src)
+    ns = Namespace(backend.walk())
+    imp = Importance(ns.num_files)
+    cap = max(1, ns.total_bytes // 8)
+    cache = TieredCache(ns, backend, (TierIndex("ram", cap, get_policy("lru")(cap, imp)), MemoryTier()), None, imp)
+    fids = [f for f in range(ns.num_files) if ns.size(f) > 0]
+
+    def twice(f):
+        h = cache.open_nowait(f)
+        if h is None:
+            h = cache.open(f)
+        h.release()
+
+    def ticket(f):
+        t = cache.open_nowait(f, ticket=True)
+        h = cache.open_ticket(t) if t.__class__.__name__ == "OpenTicket" else t
+        h.release()
+
+    best: Dict[str, float] = {}
+    for _ in range(rounds):
+        for name, fn in (("open_nowait + open", twice), ("open_nowait(ticket) + open_ticket", ticket)):
+            m0 = cache.misses
+            t0 = time.thread_time()
+            for f in fids:
+                fn(f)
+            dt = time.thread_time() - t0
+            n = cache.misses - m0
+            if n < 0.95 * len(fids):
+                raise SystemExit(f"{name}: {n} misses of {len(fids)} opens")
+            best[name] = min(best.get(name, 1e9), dt / len(fids) * 1e6)
+        absent = [f for f in fids if cache.state(f) == "absent"]
+        t0 = time.thread_time()
+        for f in absent:
+            cache.open_nowait(f)        # None, nothing counted: the lookup a ticket saves
+        dt = time.thread_time() - t0
+        best["open_nowait of an absent file alone"] = min(best.get("open_nowait of an absent file alone", 1e9),
+                                                          dt / max(1, len(absent)) * 1e6)
+    return best
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--files", type=int, default=500)
+    ap.add_argument("--size", type=int, default=110_000, help="mean file size, bytes (+-30 %%)")
+    ap.add_argument("--seconds", type=float, default=4.0, help="timed run per case")
+    ap.add_argument("--cases", nargs="*", choices=list(CASES), default=list(CASES))
+    ap.add_argument("--fuse-readers", type=int, nargs="+", default=[2], help="the daemon's reader threads")
+    ap.add_argument("--procs", type=int, default=1, help="reader processes")
+    ap.add_argument("--py-spy", action="store_true", help="also profile the daemon with py-spy (if installed)")
+    ap.add_argument("--no-strace", action="store_true")
+    ap.add_argument("--miss-inprocess", action="store_true", help="also the in-process CPU per miss (D8)")
+    ap.add_argument("--workdir")
+    a = ap.parse_args(argv)
+    work = a.workdir or tempfile.mkdtemp(prefix="shadefs-opencost-")
+    os.makedirs(work, exist_ok=True)
+    src = os.path.join(work, f"src-{a.size}")
+    files = make_dataset(src, a.files, a.size, seed=12)
+    print(f"{a.files} files of ~{a.size} B; load {os.getloadavg()}", flush=True)
+    rows = []
+    if a.miss_inprocess:
+        for k, v in inprocess_miss(src).items():
+            print(f"in process, per miss: {k}: {v:.1f} us CPU (load {os.getloadavg()[0]:.1f})", flush=True)
+    try:
+        for case, nthreads in [(c, r) for r in a.fuse_readers for c in a.cases]:
+            mnt = os.path.join(work, f"mnt-{case}")
+            cache = os.path.join(work, f"cache-{case}")
+            shutil.rmtree(cache, ignore_errors=True)
+            opts = ["--policy", "static", "--fuse-impl", "kernel", "--fuse-readers", str(nthreads)] + CASES[case]
+            if case != "ram":
+                opts += ["--disk-cache", cache, "--disk-cache-size", "100%"]
+            m = Mount(src, mnt, opts, log_file=os.path.join(work, f"{case}.log")).start()
+            try:
+                read_loop(mnt, files, 0.01)     # one pass: fills the tier
+                read_loop(mnt, files, 0.01)     # warm: every open the outcome named
+                before = stats(mnt)
+                u0, s0 = cpu(m.pid)
+                c0 = ctx_switches(m.pid)
+                t0 = time.monotonic()
+                n = read_loop(mnt, files, a.seconds, a.procs)
+                wall = time.monotonic() - t0
+                u1, s1 = cpu(m.pid)
+                c1 = ctx_switches(m.pid)
+                after = stats(mnt)
+                got = after["hits"][OUTCOME[case]] - before["hits"][OUTCOME[case]]
+                if got != n or after["opens"] - before["opens"] != n:
+                    raise SystemExit(f"{case}: {n} opens timed, {got} counted as {OUTCOME[case]}")
+                row = {"case": case, "threads": nthreads, "opens": n, "opens_s": n / wall, "user_us": (u1 - u0) / n * 1e6,
+                       "sys_us": (s1 - s0) / n * 1e6, "ctx": (c1 - c0) / n, "load": os.getloadavg()[0]}
+                if not a.no_strace and shutil.which("strace"):
+                    box = []
+                    counts = strace_counts(m.pid, lambda: box.append(read_loop(mnt, files, 1.5, a.procs)))
+                    row["syscalls"] = {k: v / box[0] for k, v in sorted(counts.items(), key=lambda kv: -kv[1])}
+                if a.py_spy and shutil.which("py-spy"):
+                    row["pyspy"] = pyspy_profile(m.pid, lambda: read_loop(mnt, files, a.seconds, a.procs))
+                rows.append(row)
+                print(f"{case}, {nthreads} reader threads, {a.procs} readers: {row['opens_s']:,.0f} opens/s, daemon user {row['user_us']:.0f} us + sys "
+                      f"{row['sys_us']:.0f} us per open, {row['ctx']:.2f} context switches per open "
+                      f"(load {row['load']:.1f})", flush=True)
+                if "syscalls" in row:
+                    print("  syscalls per open: " + ", ".join(f"{k} {v:.2f}" for k, v in row["syscalls"].items()
+                                                             if v >= 0.05), flush=True)
+                for k, v in row.get("pyspy", {}).items():
+                    if v >= 0.01:
+                        print(f"  {v * 100:5.1f} %  {k}", flush=True)
+            finally:
+                unmount(mnt, m.pid, exit_timeout=15)
+    finally:
+        if not a.workdir:
+            shutil.rmtree(work, ignore_errors=True)
+    print(f"end load {os.getloadavg()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
