@@ -163,10 +163,21 @@ class Namespace:
             FileNotFoundError: the source root does not exist.
             BackendError: the root cannot be listed, or listing failed.
         """
+        import gc
+
         _one_heap()
-        chunks, report = backend.scan(follow_symlinks=follow_symlinks)
-        ns = cls.__new__(cls)
-        ns._build(chunks, report)
+        # the listing allocates millions of short-lived objects (a DirEntry and a stat result per file) and
+        # creates no reference cycles: the cyclic collector would only walk them (~925 young collections
+        # per 1M files); it runs once at the end (_trim_heap)
+        was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            chunks, report = backend.scan(follow_symlinks=follow_symlinks)
+            ns = cls.__new__(cls)
+            ns._build(chunks, report)
+        finally:
+            if was_enabled:
+                gc.enable()
         _trim_heap()
         return ns
 
