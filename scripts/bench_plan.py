@@ -335,11 +335,12 @@ def merge(files):
         g["chunks"].append(d)
         for r in d["runs"]:
             r = dict(r, chunk=len(g["chunks"]) - 1)
-            g["runs"][(r["mode"], r["pct"], round(r.get("step_ms", 0.0), 1))] = r
+            r["n"] = d["n"]
+            g["runs"][(r["mode"], r["pct"], round(r.get("step_ms", 0.0), 1), d["n"])] = r
     for g in groups.values():
         order = {m: i for i, m in enumerate(ALL_MODES)}
         g["runs"] = sorted(g["runs"].values(),
-                           key=lambda r: (r.get("step_ms", 0) > 0, order[r["mode"]], r["pct"] or 0))
+                           key=lambda r: (r.get("step_ms", 0) > 0, r["n"], order[r["mode"]], r["pct"] or 0))
     return groups
 
 
@@ -362,7 +363,8 @@ def limit_s(gets, nbytes, chunk):
 def grid_rows(g):
     """One row per run: cold and warm epoch, x local, x limit, GETs (proxy), OPT misses, no-wait %."""
     runs = g["runs"]
-    local = next((r for r in runs if r["mode"] == "local"), None)
+    n0 = g["chunks"][0]["n"]
+    local = next((r for r in runs if r["mode"] == "local" and r["n"] == n0), None)
     loc_c = local["epochs"][0]["seconds"] if local else None
     loc_w = warm(local["epochs"], "seconds") if local else None
     rows = []
@@ -371,10 +373,12 @@ def grid_rows(g):
         eps = r["epochs"]
         c, w = eps[0], eps[1:]
         cold_s, warm_s = c["seconds"], warm(eps, "seconds")
-        row = {"run": LABEL[r["mode"]] + (f", step {r['step_ms']:.0f} ms" if r.get("step_ms") else ""),
+        same_n = r["n"] == n0  # x local only against a local run over the same files
+        row = {"run": LABEL[r["mode"]] + (f", step {r['step_ms']:.0f} ms" if r.get("step_ms") else "")
+               + ("" if same_n else f", {r['n']} files"),
                "mode": r["mode"], "pct": r["pct"], "load": r["load"][0], "cold_s": cold_s, "warm_s": warm_s,
-               "x_local_cold": cold_s / loc_c if loc_c else None,
-               "x_local_warm": warm_s / loc_w if loc_w and warm_s else None,
+               "x_local_cold": cold_s / loc_c if loc_c and same_n else None,
+               "x_local_warm": warm_s / loc_w if loc_w and warm_s and same_n else None,
                "gets_cold": c["gets"], "gets_warm": warm(eps, "gets"),
                "mib_cold": c["get_bytes"] / 2**20, "mib_warm": warm(eps, "get_bytes") / 2**20 if w else None,
                "step_ms": r.get("step_ms", 0.0)}
@@ -448,7 +452,7 @@ def plot(g, delay, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [r for r in grid_rows(g) if not r["step_ms"]]
+    rows = [r for r in grid_rows(g) if not r["step_ms"] and r["run"] == LABEL[r["mode"]]]
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     ch = g["chunks"][0]
     lim = ch["n"] / ch["limit"]["proxy_c"]
