@@ -8,6 +8,7 @@
 - :mod:`shadefs.testing.docsection`: the tables and the generated sections of docs/performance.md.
 - :mod:`shadefs.testing.baseline`: :func:`~shadefs.testing.baseline.extract` (a git revision of the package beside the tree, for side-by-side benchmarks).
 - :mod:`shadefs.testing.handles`: :func:`~shadefs.testing.handles.open_read` (open, read whole, release, through a TieredCache).
+- :mod:`shadefs.testing.users`: :func:`~shadefs.testing.users.as_nobody` (run a function as uid/gid 65534 in a forked child; its errno back).
 - :mod:`shadefs.testing.datasets`: :class:`~shadefs.testing.datasets.FileDataset` (ImageFolder-like `samples`; an item reads its file whole).
 
 Used by tests/conftest.py and scripts/bench_*.py; ships with the package (it needs the ``test``

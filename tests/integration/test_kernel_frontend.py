@@ -11,10 +11,9 @@ import pytest
 
 from conftest import is_mounted
 from mountutil import read, wait_for
+from shadefs.testing.users import NOBODY, as_nobody, fork_as_nobody, wait_exit_code
 
 pytestmark = pytest.mark.usefixtures("fuse")
-
-NOBODY = 65534
 
 
 def _passthrough_opens(log: str) -> int:
@@ -67,23 +66,6 @@ def test_passthrough_and_cached_opens_of_one_file_never_mix(small_tree, mount, t
     assert read(p00) == spec["dog/00.bin"]   # after both are released: a plain RAM hit
     s = m.stats()
     assert (s["hits"]["ram"], s["hits"]["disk"], s["misses"]) == (2, 1, 2)
-
-
-def _as_nobody(fn) -> int:
-    pid = os.fork()
-    if pid == 0:
-        code = 0
-        try:
-            os.setgroups([])
-            os.setgid(NOBODY)
-            os.setuid(NOBODY)
-            code = fn() or 0
-        except OSError as e:
-            code = e.errno or 255
-        except BaseException:
-            code = 254
-        os._exit(code)
-    return pid
 
 
 @pytest.fixture
@@ -143,7 +125,7 @@ def test_a_non_root_user_mounts_through_fusermount3(tmp_path, dev_fuse_for_every
         def serve():
             KernelFrontend(ns, Cache(), None, mountpoint=mp, fsname="shadefs-user-test", passthrough=False).run()
 
-        server = _as_nobody(serve)
+        server = fork_as_nobody(serve)
         try:
             wait_for(lambda: is_mounted(mp), timeout=20)
             with open("/proc/self/mounts") as f:
@@ -152,13 +134,15 @@ def test_a_non_root_user_mounts_through_fusermount3(tmp_path, dev_fuse_for_every
             opts = set(line.split()[3].split(","))
             assert {"ro", "nosuid", "nodev", f"user_id={NOBODY}", f"group_id={NOBODY}",
                     "default_permissions"} <= opts
-            reader = _as_nobody(lambda: 0 if read(os.path.join(mp, "d", "f.bin")) == data else 3)
-            _, status = os.waitpid(reader, 0)
-            assert os.waitstatus_to_exitcode(status) == 0
+
+            def read_as_nobody():
+                assert read(os.path.join(mp, "d", "f.bin")) == data
+
+            assert as_nobody(read_as_nobody) == 0
         finally:
             os.kill(server, signal.SIGTERM)  # unmounts through fusermount3 -u -z, then exits
-            _, status = os.waitpid(server, 0)
-        assert os.waitstatus_to_exitcode(status) == 0
+            code = wait_exit_code(server)
+        assert code == 0
         assert not is_mounted(mp)
     finally:
         if is_mounted(os.path.join(base, "mnt")):

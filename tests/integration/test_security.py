@@ -10,11 +10,10 @@ import pytest
 
 from conftest import Mount, is_mounted
 from mountutil import read
+from shadefs.testing.users import as_nobody
 
 pytestmark = [pytest.mark.usefixtures("fuse"),  # skipped without /dev/fuse + fusermount3; failed under CI=true
               pytest.mark.both_frontends]  # every test that mounts runs on both front ends
-
-NOBODY = 65534
 
 
 def mount_options(path) -> set:
@@ -24,25 +23,6 @@ def mount_options(path) -> set:
             if parts[1] == os.path.realpath(str(path)):
                 return set(parts[3].split(","))
     raise AssertionError(f"{path} is not mounted")
-
-
-def as_nobody(fn) -> int:
-    """Run ``fn()`` in a child process as uid/gid 65534; returns the errno it raised (0: none)."""
-    pid = os.fork()
-    if pid == 0:
-        code = 0
-        try:
-            os.setgroups([])
-            os.setgid(NOBODY)
-            os.setuid(NOBODY)
-            fn()
-        except OSError as e:
-            code = e.errno or 255
-        except BaseException:
-            code = 254
-        os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status)
 
 
 def test_control_socket_is_0600_inside_a_0700_directory(small_tree, mount):
