@@ -455,40 +455,18 @@ def gatedfs_main(source: str, mnt: str, gate_file: str) -> int:
     from shadefs.backends.posix import PosixBackend
     from shadefs.fuse.kernel import KernelFrontend
     from shadefs.namespace import Namespace
+    from shadefs.testing.gated import GatedCache
 
     logging.basicConfig(level=logging.INFO)
     ns = Namespace(PosixBackend(source).walk())
 
-    class Whole:
-        outcome = "miss"
+    def wait_for_the_gate_file() -> None:
+        # block without using CPU: opening a FIFO for reading waits for a writer (the release)
+        while not os.path.exists(gate_file):
+            os.close(os.open(gate_file + ".fifo", os.O_RDONLY))
 
-        def __init__(self, data):
-            self.data, self.size = data, len(data)
-
-        def read(self, offset, length):
-            return memoryview(self.data)[offset:offset + length]
-
-        def backing_fd(self):
-            return None
-
-        def release(self):
-            pass
-
-    class Gated:
-        def _load(self, fid):
-            with open(os.path.join(source, ns.path(fid)), "rb") as f:
-                return Whole(f.read())
-
-        def open_nowait(self, fid):
-            return None if ns.path(fid).startswith("hang/") else self._load(fid)
-
-        def open(self, fid):
-            # block without using CPU: opening a FIFO for reading waits for a writer (the release)
-            while not os.path.exists(gate_file):
-                os.close(os.open(gate_file + ".fifo", os.O_RDONLY))
-            return self._load(fid)
-
-    KernelFrontend(ns, Gated(), None, mountpoint=mnt, fsname="bench_read_gatedfs", passthrough=False).run()
+    KernelFrontend(ns, GatedCache(ns, source, wait_for_the_gate_file), None, mountpoint=mnt,
+                   fsname="bench_read_gatedfs", passthrough=False).run()
     return 0
 
 

@@ -7,7 +7,8 @@
   :class:`LatencyProxyProcess` (:mod:`shadefs.testing.latency_proxy` in front of it), dummy AWS settings.
 - :mod:`shadefs.testing.docsection`: the tables and the generated sections of docs/performance.md.
 - :mod:`shadefs.testing.baseline`: :func:`~shadefs.testing.baseline.extract` (a git revision of the package beside the tree, for side-by-side benchmarks).
-- :mod:`shadefs.testing.handles`: :func:`~shadefs.testing.handles.open_read` (open, read whole, release, through a TieredCache).
+- :mod:`shadefs.testing.handles`: :func:`~shadefs.testing.handles.open_read` (open, read whole, release, through a TieredCache), :func:`~shadefs.testing.handles.memory_handle` (a front end's Handle over bytes in memory).
+- :mod:`shadefs.testing.gated`: :class:`~shadefs.testing.gated.GatedCache` (behind an in-process kernel front end: a FUSE source whose ``hang/`` opens block until a gate opens; hung backend reads on demand).
 - :mod:`shadefs.testing.users`: :func:`~shadefs.testing.users.as_nobody` (run a function as uid/gid 65534 in a forked child; its errno back).
 - :mod:`shadefs.testing.datasets`: :class:`~shadefs.testing.datasets.FileDataset` (ImageFolder-like `samples`; an item reads its file whole).
 

@@ -1,9 +1,12 @@
-"""Reading through :class:`shadefs.cache.core.TieredCache` in process, for the unit tests."""
+"""Handles for tests: reading through :class:`shadefs.cache.core.TieredCache` in process (the unit tests),
+and a Handle over bytes in memory (the stand-in caches behind an in-process kernel front end)."""
 from __future__ import annotations
 
 from typing import Tuple
 
-__all__ = ["open_read"]
+from shadefs.fuse.handles import BytesHandle
+
+__all__ = ["open_read", "memory_handle"]
 
 
 def open_read(cache, fid: int) -> Tuple[bytes, str]:
@@ -16,3 +19,15 @@ def open_read(cache, fid: int) -> Tuple[bytes, str]:
         return bytes(h.read(0, h.size)), h.outcome
     finally:
         h.release()
+
+
+def memory_handle(data: bytes, outcome: str = "miss") -> BytesHandle:
+    """A front end's Handle over ``data`` (the whole file, in memory), counted as ``outcome`` ("miss" or
+    "ram"): no backing file (``backing_fd()`` is None), so the kernel front end serves its READs itself.
+
+    Raises:
+        ValueError: ``outcome`` is "disk" (a disk hit's Handle names an entry file of a real disk tier).
+    """
+    if outcome == "disk":
+        raise ValueError("a disk hit needs a real disk tier: use TieredCache")
+    return BytesHandle(None, -1, data, outcome)

@@ -18,53 +18,12 @@ from mountutil import read, wait_for
 from shadefs.backends.posix import PosixBackend
 from shadefs.fuse.kernel import KernelFrontend
 from shadefs.namespace import Namespace
+from shadefs.testing.gated import GatedCache
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/dev/fuse") or os.geteuid() != 0,
                                 reason="needs /dev/fuse and root (an in-process FUSE source)")
 
 HUNG = 16
-
-
-class _Bytes:
-    outcome = "miss"
-
-    def __init__(self, data):
-        self.data, self.size = data, len(data)
-
-    def read(self, offset, length):
-        return self.data[offset:offset + length]
-
-    def backing_fd(self):
-        return None
-
-    def release(self):
-        pass
-
-
-class GatedCache:
-    """Serves the source's bytes; an open of a ``hang/`` file waits until ``gate`` is set."""
-
-    def __init__(self, ns, root, gate):
-        self.ns, self.root, self.gate = ns, root, gate
-        self.waiting = 0
-        self.lock = threading.Lock()
-
-    def _load(self, fid):
-        with open(os.path.join(self.root, self.ns.path(fid)), "rb") as f:
-            return _Bytes(f.read())
-
-    def open_nowait(self, fid):
-        return None if self.ns.path(fid).startswith("hang/") else self._load(fid)
-
-    def open(self, fid):
-        with self.lock:
-            self.waiting += 1
-        try:
-            assert self.gate.wait(60), "the test never opened the gate"
-        finally:
-            with self.lock:
-                self.waiting -= 1
-        return self._load(fid)
 
 
 @pytest.fixture
@@ -79,7 +38,11 @@ def gated_source(tmp_path):
         (root / rel).write_bytes(data)
     ns = Namespace(PosixBackend(str(root)).walk())
     gate = threading.Event()
-    cache = GatedCache(ns, str(root), gate)
+
+    def wait_for_the_gate():
+        assert gate.wait(60), "the test never opened the gate"
+
+    cache = GatedCache(ns, str(root), wait_for_the_gate)
     mp = tmp_path / "gated"
     mp.mkdir()
     fe = KernelFrontend(ns, cache, None, mountpoint=str(mp), fsname="shadefs-test-gated", passthrough=False)

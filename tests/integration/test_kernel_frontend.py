@@ -11,6 +11,7 @@ import pytest
 
 from conftest import is_mounted
 from mountutil import read, wait_for
+from shadefs.testing.handles import memory_handle
 from shadefs.testing.users import NOBODY, as_nobody, fork_as_nobody, wait_exit_code
 
 pytestmark = pytest.mark.usefixtures("fuse")
@@ -101,24 +102,9 @@ def test_a_non_root_user_mounts_through_fusermount3(tmp_path, dev_fuse_for_every
             os.chmod(p, 0o755)
         ns = Namespace(PosixBackend(src).walk())
 
-        class Whole:
-            outcome = "ram"
-
-            def __init__(self, b):
-                self.b, self.size = b, len(b)
-
-            def read(self, off, n):
-                return self.b[off:off + n]
-
-            def backing_fd(self):
-                return None
-
-            def release(self):
-                pass
-
         class Cache:
             def open_nowait(self, fid):
-                return Whole(data)
+                return memory_handle(data, "ram")
 
             open = open_nowait
 
