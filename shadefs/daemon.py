@@ -120,6 +120,8 @@ class Daemon:
         self.cache = TieredCache(ns, self.backend, ram, disk, self.importance, trace=self.trace,
                                  on_backend_read=self._on_backend_read, shared=self.shared)
         self.cache.verify_entries = cfg.verify_entries
+        if self._audit and os.environ.get("SHADEFS_LOOSE_BUFFERS"):  # tests only: a smaller working-set bound
+            self.cache.loose_budget = int(os.environ["SHADEFS_LOOSE_BUFFERS"])
         self.plans.lock = self.cache.lock  # cursors advance under the lock that counts the opens
         window = (cfg.prefetch_window.resolve(0) if cfg.prefetch_window is not None else default_prefetch_window())
         if cfg.prefetch_concurrency <= 0:

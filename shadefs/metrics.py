@@ -38,6 +38,8 @@ BACKEND_READ_SECONDS = "shadefs_backend_read_seconds"  # histogram
 EVICTIONS = "shadefs_evictions_total"             # {tier}
 PROMOTIONS = "shadefs_promotions_total"
 DEMOTIONS = "shadefs_demotions_total"
+DEMOTIONS_SKIPPED = "shadefs_demotions_skipped_total"
+LOOSE_BYTES = "shadefs_loose_bytes"
 TIER_USED = "shadefs_tier_used_bytes"             # {tier}
 TIER_CAPACITY = "shadefs_tier_capacity_bytes"     # {tier}
 TIER_FILES = "shadefs_tier_files"                 # {tier}
@@ -144,6 +146,11 @@ class CacheCollector:
         yield from (evictions, used, cap, files)
         yield CounterMetricFamily(PROMOTIONS, "Disk hits moved to the RAM tier.", value=c["promotions"])
         yield CounterMetricFamily(DEMOTIONS, "RAM victims moved to the disk tier.", value=c["demotions"])
+        yield CounterMetricFamily(DEMOTIONS_SKIPPED, "RAM victims not demoted: the daemon's bounded working "
+                                  "set (LOOSE_BUFFERS) had no room for their bytes.", value=c["demotions_skipped"])
+        yield GaugeMetricFamily(LOOSE_BYTES, "Bytes the daemon holds outside the tiers (held-open RAM "
+                                "victims, victims being demoted, buffers no tier keeps); at most LOOSE_BUFFERS.",
+                                value=c["loose_bytes"])
         yield CounterMetricFamily(CORRUPT, "Disk entries dropped as partial or unreadable (at reload) "
                                   "or failing their checksum (on a read).", value=c["corrupt_entries"])
         yield CounterMetricFamily(DISK_WRITE_ERRORS, "Disk tier writes that failed (ENOSPC, EIO); the "

@@ -57,9 +57,13 @@ RAM_BIT, DISK_BIT = 1, 2  # bits of TieredCache.resident_flags
 
 # a fill into the disk tier reads the backend in pieces of this many bytes (the working set of one fill)
 FILL_CHUNK = 8 << 20
-# bytes that open handles may hold outside every tier (a shared-tier read no node tier kept, a prefetch no
-# tier admitted, a fill whose disk write failed); an open beyond it is served by ranges from the backend
+# bytes the daemon may hold outside every tier (its bounded working set): buffers open handles keep that
+# no tier holds (a shared-tier read no node tier kept, a prefetch no tier admitted, a fill whose disk write
+# failed, a RAM victim evicted while held open) and RAM victims on their way to the disk tier. An open
+# beyond it is served by ranges from the backend; a demotion beyond it is skipped (the victim is dropped)
 LOOSE_BUFFERS = 64 << 20
+# where the bytes of a RAM buffer record ([refs, bytes, where, fid]) are counted
+PIN_TIER, PIN_DYING, PIN_LOOSE = 0, 1, 2  # resident (the tier's own), the RAM index's dying bytes, loose
 
 
 class Handle:
@@ -71,9 +75,13 @@ class Handle:
         outcome: ``"ram"``, ``"disk"`` or ``"miss"`` (what this open was counted as).
 
     The bytes come from exactly one source: the RAM tier's own ``bytes`` object (no copy; pinned, so
-    that if the file is evicted while the handle is open its bytes stay counted in the RAM tier's budget
-    until the last handle on them is released), an fd of the file's verified disk entry (``pread``), a
-    buffer counted against :data:`LOOSE_BUFFERS`, or the backend by ranges (a file no tier holds).
+    that if the file is evicted while the handle is open its bytes are counted against
+    :data:`LOOSE_BUFFERS`, or, when that has no room, stay counted in the RAM tier's budget, until the
+    last handle on them is released), an fd of the file's verified disk entry (``pread``), a buffer
+    counted against :data:`LOOSE_BUFFERS`, or the backend by ranges (a file no tier holds).
+
+    :meth:`release` takes no lock: it queues its pin (``TieredCache._orphans``) and the cache's next
+    critical section applies it, as it does for a handle dropped without release.
     """
 
     __slots__ = ("fid", "size", "outcome", "_cache", "_data", "_fd", "_released", "_pin", "_loose")
@@ -88,7 +96,7 @@ class Handle:
         self._data = data
         self._fd = fd
         self._released = False
-        self._pin = pin      # [refs, bytes, dying, fid] of the RAM tier buffer this handle holds
+        self._pin = pin      # [refs, bytes, where (PIN_*), fid] of the RAM tier buffer this handle holds
         self._loose = loose  # bytes of a buffer counted against LOOSE_BUFFERS
 
     @property
@@ -135,13 +143,14 @@ class Handle:
                     pass
 
     def release(self) -> None:
-        """Close the fd and drop the buffer. Idempotent."""
+        """Close the fd and drop the buffer. Idempotent. Lock-free: the pin is handed back at the
+        cache's next critical section (every open, stats, audit and reservation applies it first)."""
         if self._released:
             return
         self._released = True
         self._data = None
         if self._pin is not None or self._loose:
-            self._cache._unpin(self._pin, self._loose)
+            self._cache._orphans.append((self._pin, self._loose))
             self._pin, self._loose = None, 0
         if self._fd is not None:
             try:
@@ -194,7 +203,7 @@ class _Flight:
         self.gen = 0
         self.csum = 0
         self.plan = None               # fetching into the disk tier: (generation, victims to delete)
-        self.pin = None                # moving: the pin of handles still holding the bytes (counted)
+        self.pin = None                # moving: the bytes' record (the flight holds one ref; counted)
         self.done = threading.Event()
 
 
@@ -239,13 +248,22 @@ class TieredCache:
         self.on_backend_read = on_backend_read
         self.lock = threading.Lock()
         self._flights: Dict[int, _Flight] = {}   # files fetching or moving
-        # RAM tier buffers that open handles hold: fid -> [refs, bytes, dying, fid]; an evicted one stays
-        # counted in the RAM index's dying bytes until its last handle is released (never over budget)
+        # RAM tier buffers that open handles hold: fid -> [refs, bytes, PIN_TIER, fid]. Evicted while held
+        # (or moving to the disk tier: the flight holds a ref), a record leaves the tier at once and its
+        # bytes are counted against loose_budget (PIN_LOOSE), or, with no room there, stay in the RAM
+        # index's dying bytes (PIN_DYING), until its last ref goes; self._held has those records
         self._pins: Dict[int, list] = {}
+        self._held: Dict[int, list] = {}         # id(record) -> record, for records out of the tier
         self.ram_index.pinned = self._pins
-        self.loose_bytes = 0                     # per-open buffers outside the tiers (<= loose_budget)
-        self._orphans: collections.deque = collections.deque()  # pins of handles dropped unreleased
+        self.ram_index.spill_room = self._loose_room
+        self.ram_index.spill = self._spill
+        self.loose_bytes = 0                     # bytes held outside the tiers (<= loose_budget)
+        # (pin, loose bytes) handed back by released or dropped handles, applied by the next critical
+        # section (deque.append: no lock on release)
+        self._orphans: collections.deque = collections.deque()
         self.loose_budget = LOOSE_BUFFERS
+        self.demotions_skipped = 0               # RAM victims not demoted: no loose room for their bytes
+        self.loose_refused = 0                   # opens with bytes in hand served by ranges: no loose room
         # called with a file id right after one of its disk entries is unlinked, before its bytes leave the
         # budget (outside the lock): a front end that pins entry files (passthrough backing ids) lets go
         self.entry_unlinked: List = []
@@ -305,10 +323,10 @@ class TieredCache:
         """
         fid = int(fid)
         size = int(self.ns.size(fid))
-        if self._orphans:
-            self._drain_orphans()
         while True:
             with self.lock:
+                if self._orphans:
+                    self._settle()
                 h = self._memory_hit(fid, size)
                 if h is not None:
                     return h
@@ -428,10 +446,10 @@ class TieredCache:
         waiting on a fetch nobody runs)."""
         fid = int(fid)
         size = int(self.ns.size(fid))
-        if self._orphans:
-            self._drain_orphans()
         while True:
             with self.lock:
+                if self._orphans:
+                    self._settle()
                 h = self._memory_hit(fid, size)
                 if h is not None:
                     return h
@@ -459,8 +477,8 @@ class TieredCache:
             self._count(fid, size, "ram")
             return Handle(self, fid, size, "ram", data=self.ram.get(fid), pin=self._pin_ram(fid, size))
         fl = self._flights.get(fid)
-        if fl is not None and fl.kind == "demote" and fl.pin is not None and fl.pin[0] > 0:
-            # moving, and handles still hold its bytes: they stay counted (dying) while any is open
+        if fl is not None and fl.kind == "demote" and fl.pin[0] > 1:
+            # moving, and handles (beyond the flight's own ref) still hold its bytes: counted while held
             self._count(fid, size, "ram")
             fl.pin[0] += 1
             return Handle(self, fid, size, "ram", data=fl.data, pin=fl.pin)
@@ -470,40 +488,59 @@ class TieredCache:
         # under self.lock: one more open handle on resident(ram) ``fid``'s buffer
         rec = self._pins.get(fid)
         if rec is None:
-            rec = self._pins[fid] = [0, size, False, fid]
+            rec = self._pins[fid] = [0, size, PIN_TIER, fid]
         rec[0] += 1
         return rec
 
-    def _unpin(self, rec: Optional[list], loose: int) -> None:
-        """A handle released its RAM buffer pin ``rec`` and/or ``loose`` bytes outside the tiers."""
-        with self.lock:
-            self._unpin_locked(rec, loose)
-            while self._orphans:
-                self._unpin_locked(*self._orphans.popleft())
-
-    def _drain_orphans(self) -> None:
-        with self.lock:
-            while self._orphans:
-                self._unpin_locked(*self._orphans.popleft())
+    def _settle(self) -> None:
+        """Under self.lock: apply the pins handed back by released (or dropped) handles. Every critical
+        section that reads or decides on pins or loose bytes (opens, reservations, stats, audit) calls it
+        first, so they see exact figures."""
+        orphans = self._orphans
+        while orphans:
+            self._unpin_locked(*orphans.popleft())
 
     def _unpin_locked(self, rec: Optional[list], loose: int) -> None:
-        self.loose_bytes -= loose
+        # under self.lock: one ref on buffer record ``rec`` and/or ``loose`` loose bytes go
+        if loose:
+            self.loose_bytes -= loose
         if rec is None:
             return
         rec[0] -= 1
         if rec[0] == 0:
-            if rec[2]:
-                self.ram_index.unlinked(rec[1])  # evicted while held: its bytes are free now
-            elif self._pins.get(rec[3]) is rec:
-                del self._pins[rec[3]]
+            where = rec[2]
+            if where == PIN_TIER:
+                if self._pins.get(rec[3]) is rec:
+                    del self._pins[rec[3]]
+                return
+            del self._held[id(rec)]
+            if where == PIN_LOOSE:
+                self.loose_bytes -= rec[1]       # evicted while held or moving: its bytes are free now
+            else:
+                self.ram_index.unlinked(rec[1])
+
+    def _loose_room(self) -> int:
+        # under self.lock (TierIndex.spill_room): bytes a held RAM victim may take outside the tier
+        return self.loose_budget - self.loose_bytes
+
+    def _spill(self, fid: int, size: int) -> None:
+        # under self.lock (TierIndex.spill): RAM victim ``fid``, held open, leaves the tier; its bytes
+        # are counted against loose_budget until its last ref goes
+        rec = self._pins[fid]
+        rec[2] = PIN_LOOSE
+        self.loose_bytes += size
 
     def _loose_handle(self, fid: int, size: int, outcome: Outcome, data: Optional[bytes]) -> Handle:
         """A handle on bytes no tier holds: kept while :data:`LOOSE_BUFFERS` allows, else dropped and
         served by ranges from the backend."""
         with self.lock:
-            if data is not None and self.loose_bytes + size <= self.loose_budget:
-                self.loose_bytes += size
-                return Handle(self, fid, size, outcome, data=data, loose=size)
+            if self._orphans:
+                self._settle()
+            if data is not None:
+                if self.loose_bytes + size <= self.loose_budget:
+                    self.loose_bytes += size
+                    return Handle(self, fid, size, outcome, data=data, loose=size)
+                self.loose_refused += 1
         return Handle(self, fid, size, outcome)
 
     def _count(self, fid: int, size: int, outcome: Outcome) -> None:
@@ -563,6 +600,8 @@ class TieredCache:
                 self.verified[fid] = True
             self._count(fid, size, "disk")
             if data is not None and self._current(fid, gen):
+                if self._orphans:
+                    self._settle()
                 victims = self.ram_index.reserve(fid, size)
                 if victims is not None:
                     demote = self._evict_ram(victims)
@@ -602,6 +641,8 @@ class TieredCache:
     def _start_fetch(self, fid: int, size: int):
         """Under self.lock, for an absent file: reserve it in RAM, else in the disk tier, and enter
         ``fetching``. Returns (flight, RAM victims to demote) or (None, []) when no tier admits it."""
+        if self._orphans:
+            self._settle()
         victims = self.ram_index.reserve(fid, size)
         if victims is not None:
             fl = _Flight("fetch")
@@ -822,25 +863,47 @@ class TieredCache:
         return self._read_range(fid, offset, length) if length else b""
 
     # -- demotion ----------------------------------------------------------------------------------
-    def _evict_ram(self, victims: List[int]) -> List[Tuple[int, bytes, _Flight]]:
-        # under self.lock; victims are already out of the RAM index: they enter ``moving`` (or ``absent``)
+    def _evict_ram(self, victims: List[int]) -> List[Tuple[int, bytes, Optional[_Flight]]]:
+        """Under self.lock; ``victims`` are already out of the RAM index (``reserve`` credited all of them
+        but the held-open ones it kept dying): they enter ``moving`` (or ``absent``).
+
+        A victim's bytes that stay in memory, held open (``reserve`` spilled it: PIN_LOOSE, or kept it:
+        PIN_DYING) or moving to the disk tier (the flight holds a ref), are counted until the last ref
+        goes. A victim with no handle whose bytes :data:`LOOSE_BUFFERS` has no room for is not demoted
+        (counted ``demotions_skipped``; it is only offered to the group, as a victim no disk tier takes)."""
         out = []
+        demotes = (self.disk_index is not None and self.disk_index.capacity_bytes > 0) or self.shared is not None
         for v in victims:
             data = self.ram.pop(v)
-            pin = self._pins.pop(v, None)
-            if pin is not None:
-                pin[2] = True  # held open: reserve() counted its bytes as dying until the last release
-            if data is not None and ((self.disk_index is not None and self.disk_index.capacity_bytes > 0)
-                                     or self.shared is not None):
-                fl = _Flight("demote", data)
-                fl.pin = pin
-                self._flights[v] = fl
-                out.append((v, data, fl))
+            rec = self._pins.pop(v, None)
+            if rec is not None:
+                if rec[2] == PIN_TIER:
+                    rec[2] = PIN_DYING  # no loose room: reserve() kept its bytes dying in the tier
+                self._held[id(rec)] = rec
+            if data is None or not demotes:
+                continue
+            if rec is None:
+                if self.loose_bytes + len(data) > self.loose_budget:
+                    self.demotions_skipped += 1
+                    out.append((v, data, None))
+                    continue
+                rec = [0, len(data), PIN_LOOSE, v]
+                self.loose_bytes += len(data)
+                self._held[id(rec)] = rec
+            rec[0] += 1  # the flight's ref, dropped when the disk write is done
+            fl = _Flight("demote", data)
+            fl.pin = rec
+            self._flights[v] = fl
+            out.append((v, data, fl))
         return out
 
-    def _demote(self, items: List[Tuple[int, bytes, _Flight]]) -> None:
-        """Outside the lock: write each moving RAM victim to the disk tier if its policy admits it."""
+    def _demote(self, items: List[Tuple[int, bytes, Optional[_Flight]]]) -> None:
+        """Outside the lock: write each moving RAM victim to the disk tier if its policy admits it (a
+        victim without a flight was not demoted: it is offered to the group only)."""
         for fid, data, fl in items:
+            if fl is None:
+                self._offer_shared(fid, data)
+                continue
             gen = csum = 0
             with self.lock:
                 plan = self._reserve_disk(fid, len(data))
@@ -866,6 +929,7 @@ class TieredCache:
                     elif plan is not None:
                         self.disk_index.abort(fid)
                     del self._flights[fid]
+                    self._unpin_locked(fl.pin, 0)  # the bytes are on disk (or dropped): the flight's ref
                 fl.done.set()
             if not ok:
                 self._offer_shared(fid, data)  # a RAM victim no disk tier takes goes to the group
@@ -983,17 +1047,28 @@ class TieredCache:
             ``ram`` / ``disk``: resident ids, sorted; ``both``: ids resident in both (must be empty);
             ``flag_errors``: ids whose residency flags disagree with the indexes (must be empty);
             ``fetching`` / ``moving``: ids in those states; ``moving_bytes``: the bytes moving flights hold;
-            ``budget``: per tier ``capacity``, ``used``, ``reserved``, ``dying`` (disk only non-zero),
-            ``pending`` (ids); ``entries``: ``{id: entry file path}`` of every disk-resident id;
-            ``counters``: the open/miss/backend counters of :meth:`counters` at the same instant.
+            ``budget``: per tier ``capacity``, ``used``, ``reserved``, ``dying``, ``pending`` (ids);
+            ``held``: RAM victims whose bytes are still in memory (held open or moving): ``dying`` (bytes
+            counted in the RAM tier's dying bytes, which they are all of), ``loose`` (bytes counted in
+            ``loose``), ``uncounted`` (ids of moving files whose bytes are counted nowhere: must be empty);
+            ``loose``: ``bytes`` (all bytes held outside the tiers: held victims and handles' buffers) and
+            ``budget`` (:data:`LOOSE_BUFFERS`); ``entries``: ``{id: entry file path}`` of every
+            disk-resident id; ``counters``: the open/miss/backend counters of :meth:`counters` at the same
+            instant.
         """
         with self.lock:
+            self._settle()
             ram = sorted(self.ram_index.sizes)
             disk = sorted(self.disk_index.sizes) if self.disk_index is not None else []
             fetching = sorted(f for f, fl in self._flights.items() if fl.kind == "fetch")
             moving = sorted(f for f, fl in self._flights.items() if fl.kind == "demote")
             moving_bytes = sum(len(fl.data) for fl in self._flights.values()
                                if fl.kind == "demote" and fl.data is not None)
+            held = {"dying": sum(r[1] for r in self._held.values() if r[2] == PIN_DYING),
+                    "loose": sum(r[1] for r in self._held.values() if r[2] == PIN_LOOSE),
+                    "uncounted": sorted(f for f, fl in self._flights.items() if fl.kind == "demote" and (
+                        fl.pin is None or self._held.get(id(fl.pin)) is not fl.pin or fl.pin[0] < 1))}
+            loose = {"bytes": self.loose_bytes, "budget": self.loose_budget}
             budget = {}
             for ix in (self.ram_index, self.disk_index):
                 if ix is not None:
@@ -1005,7 +1080,7 @@ class TieredCache:
             counters = {k: getattr(self, k) for k in (
                 "opens", "hits_ram", "hits_disk", "hits_shared", "misses", "joined", "streamed",
                 "backend_reads", "range_reads", "backend_errors", "corrupt_entries", "disk_write_errors",
-                "disk_writes_refused", "promotions", "demotions")}
+                "disk_writes_refused", "promotions", "demotions", "demotions_skipped", "loose_refused")}
         want = np.zeros(len(flags), dtype=np.uint8)
         want[np.asarray(ram, dtype=np.int64)] |= RAM_BIT
         want[np.asarray(disk, dtype=np.int64)] |= DISK_BIT
@@ -1013,6 +1088,7 @@ class TieredCache:
             "ram": ram, "disk": disk, "both": sorted(set(ram) & set(disk)),
             "flag_errors": np.flatnonzero(flags != want).tolist(),
             "fetching": fetching, "moving": moving, "moving_bytes": moving_bytes, "budget": budget,
+            "held": held, "loose": loose,
             "entries": {str(f): self.disk.entry_file(self.ns.path(f), g, c) for f, g, c in gens},
             "counters": counters,
         }
@@ -1140,6 +1216,7 @@ class TieredCache:
     def counters(self) -> dict:
         """Every counter and tier figure at one instant (what :mod:`shadefs.metrics` exports)."""
         with self.lock:
+            self._settle()
             tiers = {"ram": self.ram_index.snapshot()}
             if self.disk_index is not None:
                 tiers["disk"] = self.disk_index.snapshot()
@@ -1155,7 +1232,9 @@ class TieredCache:
                 "backend_bytes": self.backend_bytes, "backend_errors": self.backend_errors,
                 "corrupt_entries": self.corrupt_entries, "disk_write_errors": self.disk_write_errors,
                 "disk_writes_refused": self.disk_writes_refused, "promotions": self.promotions,
-                "demotions": self.demotions, "tiers": tiers, "prefetch": self._prefetch_stats(),
+                "demotions": self.demotions, "demotions_skipped": self.demotions_skipped,
+                "loose_refused": self.loose_refused,
+                "loose_bytes": self.loose_bytes, "tiers": tiers, "prefetch": self._prefetch_stats(),
             }
 
     def _prefetch_stats(self) -> dict:
@@ -1171,6 +1250,7 @@ class TieredCache:
     def stats(self) -> dict:
         """The stats JSON of docs/metrics.md (exact keys)."""
         with self.lock:
+            self._settle()
             hits = self.hits_ram + self.hits_disk + self.hits_shared
             disk = (self.disk_index.snapshot() if self.disk_index is not None
                     else {"used_bytes": 0, "capacity_bytes": 0, "files": 0, "evictions": 0})

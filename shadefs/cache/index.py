@@ -56,6 +56,8 @@ class TierIndex:
         self.bit = 0
         self.order = None                      # optional commit sequence per file id (checkpoints)
         self.pinned = None                     # optional: fids whose bytes an eviction cannot free yet
+        self.spill_room = None                 # optional () -> bytes pinned victims may take outside the tier
+        self.spill = None                      # optional (fid, bytes): a pinned victim now held outside
 
     def track_residency(self, flags: np.ndarray, bit: int, keep_order: bool = False) -> None:
         """Keep ``flags[fid] & bit`` set exactly while ``fid`` is resident here.
@@ -98,9 +100,13 @@ class TierIndex:
             hold_victims: the victims' bytes stay counted (``dying_bytes``, credited to this fill) until
                 :meth:`release`; for a store whose deletes happen after this call (the disk tier).
 
-        A victim in :attr:`pinned` (the RAM tier: a buffer that open handles still hold) frees nothing
-        now: its bytes move to ``dying_bytes`` (not credited to the fill) until :meth:`unlinked`, and the
-        policy is asked for more victims (up to 3 more times) to cover them.
+        A victim in :attr:`pinned` (the RAM tier: a buffer that open handles still hold) leaves the tier
+        at once and is credited like any other victim when its bytes can be held outside the tier:
+        :attr:`spill_room` (bytes, asked once per call) covers it, in eviction order, and :attr:`spill`
+        ``(fid, size)`` is called for it once the reservation is made (the caller counts those bytes
+        against its own bound). So the victims are exactly the policy's. A pinned victim the room does
+        not cover frees nothing now: its bytes move to ``dying_bytes`` (not credited to the fill) until
+        :meth:`unlinked`, and the policy is asked for more victims (up to 3 more times) to cover them.
 
         Returns:
             ``None`` when refused (nothing changes: the policy said no, the file is larger than the tier,
@@ -117,31 +123,43 @@ class TierIndex:
         if self.capacity_bytes <= 0 or size > self.capacity_bytes:
             return None
         free = self.free_bytes
+        pinned = self.pinned
+        room = self.spill_room() if pinned and self.spill_room is not None else 0
         held = 0
-        for _ in range(4):  # pinned victims free nothing: ask the policy again for that much more
+        spilled: list = []
+        for _ in range(4):  # pinned victims held in the tier free nothing: ask the policy for that much more
             victims = self.policy.victims(fid, size, free - held)
             if victims is None:
                 return None
             victims = list(victims)
             if len(set(victims)) != len(victims):
                 return None  # a victim named twice would be counted twice: refuse rather than overfill
-            freed = was_held = 0
+            freed = was_held = out = 0
+            spilled = []
+            sizes = self.sizes
             for v in victims:
-                if v not in self.sizes:
+                if v not in sizes:
                     return None  # a policy naming a non-resident victim is a bug; refuse rather than corrupt
-                if self.pinned is not None and v in self.pinned:
-                    was_held += self.sizes[v]
+                n = sizes[v]
+                if pinned and v in pinned:
+                    if out + n <= room:      # held outside the tier (the caller's bound): credited
+                        out += n
+                        spilled.append((v, n))
+                    else:                    # stays counted here until its last holder lets go
+                        was_held += n
                 else:
-                    freed += self.sizes[v]
-            if free + freed >= size or was_held == held:
+                    freed += n
+            if free + freed + out >= size or was_held == held:
                 break
             held = was_held
-        if free + freed < size:
+        if free + freed + out < size:
             return None  # the budget is enforced here, not trusted to the policy
         for v in victims:
             self._drop(v)
             self.evictions += 1
-        credit = freed if hold_victims else 0
+        for v, n in spilled:
+            self.spill(v, n)
+        credit = freed if hold_victims else 0  # (spilled bytes are not this store's: never credited)
         self.dying_bytes += credit + was_held  # pinned victims stay counted until :meth:`unlinked`
         self.pending[fid] = [size, credit]
         self.reserved_bytes += max(0, size - credit)

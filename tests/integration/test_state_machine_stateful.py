@@ -32,7 +32,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test
 
 from shadefs.backends.posix import PosixBackend
-from shadefs.cache.core import TieredCache
+from shadefs.cache.core import LOOSE_BUFFERS, PIN_DYING, PIN_LOOSE, TieredCache
 from shadefs.cache.index import TierIndex
 from shadefs.cache.tiers import DiskTier, MemoryTier
 from shadefs.namespace import Namespace
@@ -108,8 +108,9 @@ class ReadPath(RuleBasedStateMachine):
 
     @initialize(policy=st.sampled_from(["lru", "fifo", "shade", "static"]),
                 ram=st.sampled_from([0, 20000, 80000]), disk=st.sampled_from([50000, 160000]),
-                verify=st.sampled_from(["first-hit", "every-open"]))
-    def build(self, policy, ram, disk, verify):
+                verify=st.sampled_from(["first-hit", "every-open"]),
+                loose=st.sampled_from([LOOSE_BUFFERS, 40000, 5000]))
+    def build(self, policy, ram, disk, verify, loose):
         src, self.spec, fs = self.world
         self.fs = str(fs)
         cache_dir = os.path.join(self.fs, "cache")
@@ -125,6 +126,7 @@ class ReadPath(RuleBasedStateMachine):
         self.cache = TieredCache(self.ns, self.backend, (TierIndex("ram", ram, cls(ram, imp)), MemoryTier()),
                                  (TierIndex("disk", disk, cls(disk, imp)), self.disk), imp)
         self.cache.verify_entries = verify
+        self.cache.loose_budget = loose   # 40000, 5000: held victims and demotions also meet a full loose bound
         self.rels = sorted(self.spec)
         self.fids = {r: self.ns.file_id(r) for r in self.rels}
         self.model = dict(opens=0, hits_ram=0, hits_disk=0, misses=0, corrupt_entries=0)
@@ -139,7 +141,7 @@ class ReadPath(RuleBasedStateMachine):
         if self.cache is not None:
             c = self.cache.counters()
             for k in ("joined", "corrupt_entries", "disk_write_errors", "promotions", "demotions", "streamed",
-                      "backend_errors", "hits_ram", "hits_disk"):
+                      "backend_errors", "hits_ram", "hits_disk", "demotions_skipped"):
                 self.seen[k] = self.seen.get(k, 0) + c[k]
             self.cache.close()
             self.disk.close()
@@ -171,6 +173,7 @@ class ReadPath(RuleBasedStateMachine):
         fid = self.fids[rel]
         want, corrupt = self.predict(fid)
         reads0, failed0 = self.backend.total(), self.backend.failed
+        streamed0 = self.cache.counters()["streamed"]
         try:
             h = self.cache.open(fid)
         except OSError as e:
@@ -185,7 +188,7 @@ class ReadPath(RuleBasedStateMachine):
         self.model["corrupt_entries"] += corrupt
         if corrupt:
             self.damaged.pop(fid, None)
-        streamed = want == "miss" and h.source == "backend"
+        streamed = self.cache.counters()["streamed"] - streamed0 == 1   # no tier admitted it: by ranges
         assert self.backend.total() - reads0 == (1 if want == "miss" and not streamed else 0)
         assert h.read(0, h.size + 10) == self.spec[rel]
         if hold:
@@ -348,14 +351,20 @@ class ReadPath(RuleBasedStateMachine):
         a = self.cache.audit()
         assert a["both"] == [] and a["flag_errors"] == []
         assert a["fetching"] == [] and a["moving"] == [] and a["moving_bytes"] == 0
-        # RAM buffers of evicted files that held handles still read stay counted (dying) until released
+        # RAM buffers of evicted files that handles still hold stay counted until released: against the
+        # loose bound (the tier's victims are the policy's), or, with no room there, as the tier's dying bytes
         pins = {id(h._pin): h._pin for _, h in self.held if h._pin is not None}
-        pinned_dying = sum(p[1] for p in pins.values() if p[2])
-        assert self.cache.loose_bytes == sum(h._loose for _, h in self.held)
+        pinned_dying = sum(p[1] for p in pins.values() if p[2] == PIN_DYING)
+        pinned_loose = sum(p[1] for p in pins.values() if p[2] == PIN_LOOSE)
+        assert a["held"] == {"dying": pinned_dying, "loose": pinned_loose, "uncounted": []}
+        assert a["loose"]["bytes"] == sum(h._loose for _, h in self.held) + pinned_loose
+        assert a["loose"]["bytes"] <= a["loose"]["budget"] == self.cache.loose_budget
+        self.seen["held_loose"] = self.seen.get("held_loose", 0) + (pinned_loose > 0)
+        self.seen["held_dying"] = self.seen.get("held_dying", 0) + (pinned_dying > 0)
         for name, b in a["budget"].items():
             dying = pinned_dying if name == "ram" else 0
             assert (b["reserved"], b["dying"], b["pending"]) == (0, dying, []), (name, b)
-            assert b["used"] + b["dying"] <= b["capacity"]
+            assert b["used"] + b["reserved"] + b["dying"] <= b["capacity"]
         ram = self.cache.ram_index.sizes
         assert sorted(self.cache.ram._data) == a["ram"]
         assert a["budget"]["ram"]["used"] == sum(ram.values())
@@ -406,4 +415,4 @@ def test_read_path_state_machine(world):
     print(f"\nstate machine examples: {ReadPath.seen}")
     assert all(ReadPath.seen.get(k, 0) > 0 for k in (
         "joined", "corrupt_entries", "disk_write_errors", "promotions", "demotions", "streamed",
-        "backend_errors", "hits_ram", "hits_disk")), ReadPath.seen
+        "backend_errors", "hits_ram", "hits_disk", "held_loose", "held_dying", "demotions_skipped")), ReadPath.seen

@@ -92,3 +92,23 @@ def test_a_smaller_fill_than_its_victims_never_counts_more():
     assert (idx.dying_bytes, idx.reserved_bytes, idx.free_bytes) == (9, 0, 1)
     idx.abort(2)
     assert (idx.dying_bytes, idx.reserved_bytes, idx.free_bytes) == (0, 0, 10)
+
+
+def test_pinned_victims_leave_the_tier_while_the_spill_room_covers_them():
+    # RAM tier: victims 1 and 2 are held open (pinned); 5 bytes may be held outside the tier
+    idx = TierIndex("ram", 10, LRUPolicy(10))
+    spilled = []
+    idx.pinned = {1: None, 2: None}
+    idx.spill_room = lambda: 5
+    idx.spill = lambda fid, n: spilled.append((fid, n))
+    for f, n in ((1, 3), (2, 3), (3, 4)):
+        assert idx.admit(f, n) == []
+    assert idx.reserve(4, 3) == [1]            # the policy's victim, credited: no extra victim
+    assert spilled == [(1, 3)] and (idx.used_bytes, idx.dying_bytes, idx.reserved_bytes) == (7, 0, 3)
+    idx.commit(4)
+    idx.spill_room = lambda: 2                 # 2 (3 bytes) no longer fits outside: it stays dying here
+    assert idx.reserve(5, 3) == [2, 3]         # ... and the policy is asked for more (3)
+    assert spilled == [(1, 3)] and (idx.used_bytes, idx.dying_bytes, idx.reserved_bytes) == (3, 3, 3)
+    assert idx.used_bytes + idx.reserved_bytes + idx.dying_bytes <= 10
+    idx.unlinked(3)
+    assert idx.dying_bytes == 0
