@@ -1,8 +1,8 @@
 """The read path's per-file state machine driven by hypothesis (issue 9, item 7): a ``RuleBasedStateMachine``
 over an in-process :class:`TieredCache` with a real RAM tier and a REAL disk tier on a small tmpfs.
 
-Rules: opens (one at a time, and several threads opening one file at once while its backend read is held
-until every other open waits on it), handles held open across other steps and read later, warm-up
+Rules: opens (one at a time, one held open while another is opened, and several threads opening one file
+at once while its backend read is held until every other open waits on it), handles held open across other steps and read later, warm-up
 prefetches, backend failures (EIO, ENOENT) injected into the next read of a file, a disk entry flipped,
 cut short or deleted behind the cache's back (one not yet trusted: with ``--verify-entries first-hit`` a
 generation is checked at its first hit only), and the cache filesystem filled up (ENOSPC from the real tmpfs) and
@@ -10,6 +10,8 @@ freed. Every open's outcome is predicted from the state before it (RAM or moving
 unless its entry was damaged -> counted corrupt, read again: ``miss``; absent -> ``miss``).
 
 After every step (the cache is at rest then): a file is in at most one tier and its residency flags agree;
+RAM ``used + reserved + dying <= capacity`` and the loose bytes (exactly the held-open victims' and the
+loose handles') ``<= loose_budget`` (drawn: ``LOOSE_BUFFERS``, 40000 or 5000 B, so the bound also fills);
 nothing is fetching or moving, nothing reserved or dying; each tier's bytes <= its capacity; the entry
 files on the tmpfs are exactly the disk index's entries (no temporary, no victim left behind) and their
 bytes = the index's; every resident file's bytes are the source's; the counters equal the model's
@@ -126,7 +128,7 @@ class ReadPath(RuleBasedStateMachine):
         self.cache = TieredCache(self.ns, self.backend, (TierIndex("ram", ram, cls(ram, imp)), MemoryTier()),
                                  (TierIndex("disk", disk, cls(disk, imp)), self.disk), imp)
         self.cache.verify_entries = verify
-        self.cache.loose_budget = loose   # 40000, 5000: held victims and demotions also meet a full loose bound
+        self.cache.loose_budget = loose   # 40000, 5000: held victims and demotions also meet a full bound
         self.rels = sorted(self.spec)
         self.fids = {r: self.ns.file_id(r) for r in self.rels}
         self.model = dict(opens=0, hits_ram=0, hits_disk=0, misses=0, corrupt_entries=0)
@@ -200,6 +202,12 @@ class ReadPath(RuleBasedStateMachine):
     @rule(i=st.integers(0, len(SIZES) - 1), hold=st.booleans())
     def open(self, i, hold):
         self.open_read(self.rels[i], hold and len(self.held) < 4)
+
+    @rule(i=st.integers(0, len(SIZES) - 1), j=st.integers(0, len(SIZES) - 1))
+    def open_while_one_is_held(self, i, j):
+        """Open one file and keep it open, then open another: an eviction may find its victim held open."""
+        self.open_read(self.rels[i], len(self.held) < 4)
+        self.open_read(self.rels[j])
 
     @rule(i=st.integers(0, len(SIZES) - 1), n=st.integers(2, 5))
     def open_concurrently(self, i, n):
