@@ -115,20 +115,38 @@ print(json.dumps({"wall": wall, "cpu": cpu, "grown": rss() - before, "files": ns
 """
 
 
-def reference(rev: str, src: str, work: str) -> dict:
-    """The namespace of commit ``rev`` (its namespace.py and backends/, as package shadefs_ref), scanning
-    ``src`` in a fresh process: the "before" of this run."""
-    import json
+REF_SCAN_CODE = """
+import json, sys, time
+sys.path.insert(0, sys.argv[1])
+from shadefs_ref.backends.posix import PosixBackend
+from shadefs_ref.namespace import Namespace
+t0, c0 = time.monotonic(), time.process_time()
+ns = Namespace.scan(PosixBackend(sys.argv[2], scan_workers=1))
+print(json.dumps({"wall": time.monotonic() - t0, "cpu": time.process_time() - c0, "files": ns.num_files}))
+"""
 
+
+def ref_package(rev: str, work: str) -> str:
+    """Commit ``rev``'s namespace.py, fsutil.py (where it has one) and backends/ as package shadefs_ref."""
     pkg = os.path.join(work, f"ref-{rev}")
     if not os.path.isdir(os.path.join(pkg, "shadefs_ref")):
         os.makedirs(pkg, exist_ok=True)
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        tar = subprocess.run(["git", "-C", root, "archive", rev, "shadefs/__init__.py", "shadefs/namespace.py",
-                              "shadefs/backends"], check=True, capture_output=True).stdout
+        paths = [p for p in ("shadefs/__init__.py", "shadefs/namespace.py", "shadefs/fsutil.py", "shadefs/backends")
+                 if subprocess.run(["git", "-C", root, "cat-file", "-e", f"{rev}:{p}"]).returncode == 0]
+        tar = subprocess.run(["git", "-C", root, "archive", rev, *paths], check=True, capture_output=True).stdout
         subprocess.run(["tar", "-x", "-C", pkg], input=tar, check=True)
         os.rename(os.path.join(pkg, "shadefs"), os.path.join(pkg, "shadefs_ref"))
-    r = subprocess.run([sys.executable, "-c", REF_CODE, pkg, src], capture_output=True, text=True, check=True)
+    return pkg
+
+
+def reference(rev: str, src: str, work: str, code: str = REF_CODE) -> dict:
+    """The namespace of commit ``rev`` (its namespace.py and backends/, as package shadefs_ref), scanning
+    ``src`` in a fresh process: the "before" of this run."""
+    import json
+
+    pkg = ref_package(rev, work)
+    r = subprocess.run([sys.executable, "-c", code, pkg, src], capture_output=True, text=True, check=True)
     out = json.loads(r.stdout)
     out["load"] = load()
     return out
@@ -222,6 +240,13 @@ def _walk_py(src: str, stat: bool) -> int:
     return n
 
 
+def _processes() -> int:
+    """The listing processes a local scan uses by default (PosixBackend ``scan_processes``)."""
+    from shadefs.backends import posix
+
+    return min(getattr(posix, "SCAN_PROCESSES", 1), os.cpu_count() or 1)
+
+
 def _scan(src: str, workers: int) -> int:
     from shadefs.backends.posix import PosixBackend
     from shadefs.namespace import Namespace
@@ -230,26 +255,35 @@ def _scan(src: str, workers: int) -> int:
     return Namespace.scan(b).num_files
 
 
-def floors(src: str, n: int) -> "docsection.Table":
+def floors(src: str, n: int, work: str, ref: str = "", rounds: int = 2, threads=(1,)) -> "docsection.Table":
     """The warm scan against its floors, one after the other on the same tree (dentries and inodes warm):
-    C without and with a stat per file (find), Python without and with (os.scandir), and shadefs' scan
-    with 16, 2 and 1 listing threads."""
+    C without and with a stat per file (find), Python without and with (os.scandir), then ``rounds``
+    times shadefs' scan with each of ``threads`` listing threads (1: the default on a local disk; with the
+    default helper processes, which take over after 1 s: PosixBackend ``scan_processes``) and,
+    with ``ref``, commit ``ref``'s 1-thread scan in a fresh process right after it (before/after)."""
     def find(fmt):
         subprocess.run(["find", src, "-type", "f", "-printf", fmt], stdout=subprocess.DEVNULL, check=True)
         return n
     cases = [("find -printf '%f' (getdents and d_type, no stat), C", lambda: find("%f\n")),
              ("find -printf '%s %T@ %m %U %G' (one stat per file), C", lambda: find("%s %T@ %m %U %G\n")),
              ("os.scandir, d_type only (no stat), Python", lambda: _walk_py(src, False)),
-             ("os.scandir + DirEntry.stat() per file, Python", lambda: _walk_py(src, True)),
-             ("Namespace.scan, posix, 16 threads (the default)", lambda: _scan(src, 16)),
-             ("Namespace.scan, posix, 2 threads", lambda: _scan(src, 2)),
-             ("Namespace.scan, posix, 1 thread", lambda: _scan(src, 1))]
+             ("os.scandir + DirEntry.stat() per file, Python", lambda: _walk_py(src, True))]
+    for r in range(rounds):
+        for k in threads:
+            cases.append((f"Namespace.scan, posix, {k} thread{'s' if k > 1 else ''}"
+                          f"{', ' + str(_processes()) + ' processes' if _processes() > 1 else ''}, this tree "
+                          f"(round {r + 1})", lambda k=k: _scan(src, k)))
+        if ref:
+            cases.append((f"Namespace.scan, posix, 1 thread, commit {ref} (round {r + 1}; fresh process)",
+                          lambda: reference(ref, src, work, REF_SCAN_CODE)))
     find("%f\n")  # warm
     rows = []
     for label, fn in cases:
         c, t = _cpu_s(), time.monotonic()
         got = fn()
         wall, cpu = time.monotonic() - t, _cpu_s() - c
+        if isinstance(got, dict):  # a fresh process's own figures (without its start and imports)
+            got, wall, cpu = got["files"], got["wall"], got["cpu"]
         assert got == n, (label, got, n)
         rows.append([label, f"{wall:.2f}", f"{cpu:.2f}", f"{cpu / n * 1e6:.1f}", load()])
         print(rows[-1], flush=True)
@@ -270,14 +304,16 @@ def main(argv=None) -> int:
     ap.add_argument("--section", default="bench_namespace", help="the doc section to write (its markers' name)")
     ap.add_argument("--title", default="Namespace", help="the section's heading")
     ap.add_argument("--floors", action="store_true",
-                    help="only the warm scan of the first --files tree against find and os.scandir")
+                    help="only the warm scan of the first --files tree against find and os.scandir (and --ref)")
+    ap.add_argument("--rounds", type=int, default=2, help="--floors: rounds of the shadefs scans (default 2)")
+    ap.add_argument("--threads", type=int, nargs="+", default=[1], help="--floors: listing threads (default 1)")
     a = ap.parse_args(argv)
     os.makedirs(a.workdir, exist_ok=True)
     if a.floors:
         n = int(a.files[0].partition(":")[0])
         src = os.path.join(a.workdir, f"tree-{n}")
         build_tree(src, n)
-        t = floors(src, n)
+        t = floors(src, n, a.workdir, a.ref, a.rounds, a.threads)
         print(t.text(), flush=True)
         if a.write_doc:
             start, end = docsection.markers(a.section)

@@ -233,6 +233,91 @@ def inprocess_miss(src: str, rounds: int = 5) -> Dict[str, float]:
     return best
 
 
+def inprocess_hits(src: str, work: str, rounds: int = 5) -> Dict[str, float]:
+    """CPU microseconds per hit in process (no FUSE, no front end): ``open_nowait`` + ``release`` of a
+    RAM hit and of an NVMe hit in each verify mode, and the NVMe hit's parts (the entry's path: sha256
+    of the file's path; ``open`` + ``close`` of the entry; ``DiskTier.verify``). Minimum of ``rounds``."""
+    from shadefs.backends.posix import PosixBackend
+    from shadefs.cache.core import TieredCache
+    from shadefs.cache.index import TierIndex
+    from shadefs.cache.tiers import DiskTier, MemoryTier
+    from shadefs.namespace import Namespace
+    from shadefs.policies import Importance, get_policy
+
+    backend = PosixBackend(src)
+    ns = Namespace(backend.walk())
+    imp = Importance(ns.num_files)
+    big = ns.total_bytes * 2
+    pol = get_policy("static")
+    ram = TieredCache(ns, backend, (TierIndex("ram", big, pol(big, imp)), MemoryTier()), None, imp)
+    cdir = os.path.join(work, "inprocess-cache")
+    shutil.rmtree(cdir, ignore_errors=True)
+    disk = TieredCache(ns, backend, (TierIndex("ram", 0, pol(0, imp)), MemoryTier()),
+                       (TierIndex("disk", big, pol(big, imp)), DiskTier(cdir, src)), imp)
+    fids = list(range(ns.num_files))
+    for c in (ram, disk):
+        for f in fids:
+            c.open(f).release()
+    paths = [ns.path(f) for f in fids]
+    gens = [(int(disk.entries.gen[f]), int(disk.entries.csum[f])) for f in fids]
+
+    def hits(c):
+        for f in fids:
+            c.open_nowait(f).release()
+
+    def entry_paths():
+        for p, (g, k) in zip(paths, gens):
+            disk.disk.entry_file(p, g, k)
+
+    files = [disk.disk.entry_file(p, g, k) for p, (g, k) in zip(paths, gens)]
+
+    def open_close():
+        for e in files:
+            os.close(os.open(e, os.O_RDONLY | os.O_CLOEXEC))
+
+    def verify():
+        for e, f, (g, k) in zip(files, fids, gens):
+            fd = os.open(e, os.O_RDONLY | os.O_CLOEXEC)
+            DiskTier.verify(fd, int(ns.size(f)), k, keep=False)
+            os.close(fd)
+
+    def mode(m):
+        def run():
+            disk.verify_entries = m
+            hits(disk)
+        return run
+
+    from shadefs.fuse.kernel import _Modes
+
+    modes = _Modes(-1)   # the kernel front end's per-file passthrough state; every file has a kept backing id
+    for f in fids:
+        modes.kept[f] = (1000 + f, int(ns.size(f)))
+
+    def passthrough_state():
+        disk.verify_entries = "first-hit"
+        for f in fids:
+            h = disk.open_nowait(f)
+            modes.acquire(f, h)
+            modes.release(f)
+            h.release()
+
+    cases = [("RAM hit: open_nowait + release", lambda: hits(ram)),
+             ("NVMe hit, first-hit, with the front end's passthrough state (_Modes acquire + release)",
+              passthrough_state),
+             ("NVMe hit, first-hit: open_nowait + release", mode("first-hit")),
+             ("NVMe hit, every-open: open_nowait + release", mode("every-open")),
+             ("  its entry path (sha256 of the path, join)", entry_paths),
+             ("  open + close of the entry", open_close),
+             ("  open + DiskTier.verify + close of the entry", verify)]
+    best: Dict[str, float] = {}
+    for _ in range(rounds):
+        for name, fn in cases:
+            t0 = time.thread_time()
+            fn()
+            best[name] = min(best.get(name, 1e9), (time.thread_time() - t0) / len(fids) * 1e6)
+    return best
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--files", type=int, default=500)
@@ -244,6 +329,7 @@ def main(argv=None) -> int:
     ap.add_argument("--py-spy", action="store_true", help="also profile the daemon with py-spy (if installed)")
     ap.add_argument("--no-strace", action="store_true")
     ap.add_argument("--miss-inprocess", action="store_true", help="also the in-process CPU per miss (D8)")
+    ap.add_argument("--hit-inprocess", action="store_true", help="also the in-process CPU per RAM / NVMe hit")
     ap.add_argument("--workdir")
     a = ap.parse_args(argv)
     work = a.workdir or tempfile.mkdtemp(prefix="shadefs-opencost-")
@@ -252,6 +338,9 @@ def main(argv=None) -> int:
     files = make_dataset(src, a.files, a.size, seed=12)
     print(f"{a.files} files of ~{a.size} B; load {os.getloadavg()}", flush=True)
     rows = []
+    if a.hit_inprocess:
+        for k, v in inprocess_hits(src, work).items():
+            print(f"in process, per hit: {k}: {v:.1f} us CPU (load {os.getloadavg()[0]:.1f})", flush=True)
     if a.miss_inprocess:
         for k, v in inprocess_miss(src).items():
             print(f"in process, per miss: {k}: {v:.1f} us CPU (load {os.getloadavg()[0]:.1f})", flush=True)

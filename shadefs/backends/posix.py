@@ -1,7 +1,7 @@
 """The posix backend: a local directory or an NFS / parallel-filesystem mount.
 
 The listing is a parallel ``os.scandir`` over directories (metadata round trips dominate on NFS, so
-several in flight at once). Reads are one ``open`` + ``readinto`` of exactly the snapshot size; a
+several in flight at once); a large local tree is listed by several processes (CPU-bound there). Reads are one ``open`` + ``readinto`` of exactly the snapshot size; a
 file whose length changed since the scan is an error, never a short file. A missing file is ENOENT,
 unless the whole source is gone (an empty or missing root: an NFS or bind mount went away), which is
 an error (EIO) that heals when the source comes back.
@@ -12,6 +12,7 @@ import concurrent.futures as cf
 import operator
 import os
 import stat as stat_mod
+import time
 from typing import Any, Dict, FrozenSet, Iterator, List, Optional, Tuple
 
 import numpy as np
@@ -25,6 +26,25 @@ __all__ = ["PosixBackend"]
 LOCAL_FS = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "tmpfs", "ramfs", "zfs", "f2fs", "overlay",
                       "jfs", "reiserfs", "bcachefs", "vfat", "exfat", "hfsplus", "apfs"})
 REMOTE_SCAN_WORKERS = 16
+
+
+#: a 1-thread listing still running after this many seconds hands the subtrees left to helper processes
+SCAN_PROCESSES_AFTER_S = 1.0
+#: helper processes of such a listing (at most the CPU count): each lists whole subtrees outside this
+#: process's GIL and sends their chunks back (a warm 1M-file scan is CPU-bound: docs/performance.md)
+SCAN_PROCESSES = 4
+
+
+def _whole(value, name: str, default: int) -> int:
+    if value in (None, ""):
+        return default
+    try:
+        n = int(value)
+    except (TypeError, ValueError):
+        n = 0
+    if n < 1 or str(value).strip() != str(n):
+        raise BackendError(f"backend option {name}={value}: must be a whole number >= 1")
+    return n
 
 
 def _fs_type(path: str) -> str:
@@ -51,14 +71,21 @@ class PosixBackend(Backend):
             CPU-bound there, and threads contending for the GIL made a warm 1M-file scan 5.6x slower with
             16 than with 1: docs/performance.md), 16 on a network or FUSE filesystem (each ``stat`` waits
             on a server: threads overlap the waits).
+        scan_processes (int): processes that list a local tree (this one included; default
+            ``min(4, CPUs)``). A 1-thread listing still running after ``SCAN_PROCESSES_AFTER_S`` (1 s)
+            deals the subtrees it has not listed yet to ``scan_processes - 1`` helper processes (fresh
+            interpreters) and lists its own share: the warm scan is CPU-bound in Python, and processes do
+            not share a GIL. Small trees are listed in process alone. 1: never.
     """
 
     scheme = "file"
 
-    def __init__(self, url: str, scan_workers=None, **options):
+    def __init__(self, url: str, scan_workers=None, scan_processes=None, **options):
         super().__init__(url, **options)
         root = url[len("file://"):] if url.startswith("file://") else url
         self.root = os.path.abspath(root)
+        self.scan_processes = _whole(scan_processes, "scan_processes", min(SCAN_PROCESSES, os.cpu_count() or 1))
+        self.scan_after_s = SCAN_PROCESSES_AFTER_S
         if scan_workers in (None, ""):
             self.scan_workers = 1 if _fs_type(self.root) in LOCAL_FS else REMOTE_SCAN_WORKERS
             return
@@ -118,12 +145,17 @@ class PosixBackend(Backend):
         root_task = (self.root, "", frozenset([(root_st.st_dev, root_st.st_ino)]), root_st)
         if workers == 1:
             stack = [root_task]
+            deadline = time.monotonic() + self.scan_after_s
             while stack:
                 chunk, tasks, rep = _scan_dir(*stack.pop(), real_root, follow, check)
                 report.merge(rep)
                 stack.extend(tasks)
                 if chunk is not None:
                     yield chunk
+                if self.scan_processes > 1 and len(stack) >= 2 * self.scan_processes \
+                        and time.monotonic() > deadline:
+                    yield from self._scan_in_processes(stack, real_root, follow, check, report)
+                    return
             return
         with cf.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="scan") as pool:
             pending = {pool.submit(_scan_dir, *root_task, real_root, follow, check)}
@@ -136,6 +168,47 @@ class PosixBackend(Backend):
                         pending.add(pool.submit(_scan_dir, *t, real_root, follow, check))
                     if chunk is not None:
                         yield chunk
+
+    def _scan_in_processes(self, stack: List["Task"], real_root: str, follow: bool, check: "_ReadCheck",
+                           report: ScanReport) -> Iterator[DirChunk]:
+        """List the subtrees of ``stack`` in this process and ``scan_processes - 1`` helper processes (a
+        fresh interpreter each, ``python -c``: nothing of this process, its threads or its main module is
+        inherited), each task's subtree whole in one of them, dealt round-robin in the 1-thread order;
+        a helper's chunks come back pickled on its stdout. The same rules as in process
+        (:func:`_scan_dir`). Raises BackendError if a helper fails."""
+        import pickle
+        import subprocess
+        import sys
+
+        tasks = stack[::-1]   # the order the 1-thread loop would have taken them in
+        k = min(self.scan_processes, len(tasks))
+        pkg_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([pkg_root, *filter(None, [os.environ.get("PYTHONPATH")])]))
+        helpers = []
+        try:
+            for i in range(1, k):
+                p = subprocess.Popen([sys.executable, "-c", "from shadefs.backends.posix import _helper_main; "
+                                      "_helper_main()"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+                p.stdin.write(pickle.dumps((tasks[i::k], real_root, follow, check), pickle.HIGHEST_PROTOCOL))
+                p.stdin.close()
+                helpers.append(p)
+            for t in tasks[0::k]:      # this process's share, while the helpers list theirs
+                chunks, rep = _scan_subtree(t, real_root, follow, check)
+                report.merge(rep)
+                yield from chunks
+            for p in helpers:
+                out = p.stdout.read()
+                if p.wait() != 0 or not out:
+                    raise BackendError(f"listing {self.root!r}: a scan helper process failed (exit {p.returncode})")
+                chunks, rep = pickle.loads(out)
+                report.merge(rep)
+                yield from chunks
+        finally:
+            for p in helpers:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+                p.stdout.close()
 
     # -- snapshots -----------------------------------------------------------------------------------
     def snapshot_key(self, follow_symlinks: bool) -> Optional[Dict[str, Any]]:
@@ -349,6 +422,37 @@ def _scan_dir(full: str, rel: str, ancestors: FrozenSet[Tuple[int, int]], dst: o
     chunk = DirChunk(rel, dst.st_mode & 0o7777, dst.st_uid, dst.st_gid, dst.st_mtime_ns, dst.st_ctime_ns,
                      blob, lens, hashes, sizes, mtimes, modes, uids, gids, sorted(subdirs))
     return chunk, tasks, rep
+
+
+def _helper_main() -> None:
+    """A scan helper process (:meth:`PosixBackend._scan_in_processes`): reads (tasks, real_root, follow,
+    check) pickled on stdin, writes (chunks, report) pickled on stdout."""
+    import pickle
+    import sys
+
+    tasks, real_root, follow, check = pickle.loads(sys.stdin.buffer.read())
+    report = ScanReport()
+    out: List[DirChunk] = []
+    for t in tasks:
+        chunks, rep = _scan_subtree(t, real_root, follow, check)
+        report.merge(rep)
+        out.extend(chunks)
+    sys.stdout.buffer.write(pickle.dumps((out, report), pickle.HIGHEST_PROTOCOL))
+    sys.stdout.buffer.flush()
+
+
+def _scan_subtree(task: "Task", real_root: str, follow: bool, check: "_ReadCheck") -> Tuple[List[DirChunk], ScanReport]:
+    """A scan helper process: list ``task``'s directory and everything below it (the 1-thread order)."""
+    report = ScanReport()
+    out: List[DirChunk] = []
+    stack = [task]
+    while stack:
+        chunk, tasks, rep = _scan_dir(*stack.pop(), real_root, follow, check)
+        report.merge(rep)
+        stack.extend(tasks)
+        if chunk is not None:
+            out.append(chunk)
+    return out, report
 
 
 def _resolve_link(path: str, rel: str, real_root: str, follow: bool, rep: ScanReport) -> Optional[os.stat_result]:

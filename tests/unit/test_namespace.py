@@ -153,3 +153,44 @@ def test_posix_scan_threads_default_to_one_on_a_local_filesystem(tmp_path):
     assert posix._fs_type("/proc/self") == "proc" and "proc" not in posix.LOCAL_FS
     assert posix.PosixBackend(str(tmp_path), scan_workers="4").scan_workers == 4
     assert Namespace.scan(posix.PosixBackend(str(tmp_path))).num_files == 1
+
+
+def test_posix_scan_in_helper_processes_equals_the_one_thread_scan(tricky, tmp_path):
+    """A listing that runs past scan_after_s hands its subtrees to helper processes: the same tree, the
+    same bytes of every array, the same report (symlinks inside/outside/dangling, a loop, a fifo)."""
+    from shadefs.backends import posix
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "o.bin").write_bytes(b"o")
+    for i in range(12):  # enough subtrees to hand out
+        d = tricky / f"d{i:02d}"
+        (d / "sub").mkdir(parents=True)
+        (d / "f.bin").write_bytes(b"f" * i)
+        (d / "sub" / "g.bin").write_bytes(b"g")
+    os.symlink("../d00/f.bin", tricky / "d01" / "in.bin")          # inside: served as its target
+    os.symlink(str(outside / "o.bin"), tricky / "d02" / "out.bin")  # outside: skipped
+    os.symlink("nope", tricky / "d03" / "dangling")                 # dangling: skipped
+    os.symlink("..", tricky / "d04" / "sub" / "loop")               # a loop: skipped
+    os.mkfifo(tricky / "d05" / "fifo")                               # special: skipped
+
+    def scan(processes, after):
+        b = posix.PosixBackend(str(tricky), scan_processes=processes)
+        b.scan_after_s = after
+        return Namespace.scan(b)
+
+    one = scan(1, 0.0)
+    many = scan(3, 0.0)
+    assert many.num_files == one.num_files == len(TRICKY) + 12 * 2 + 1
+    assert many.fingerprint == one.fingerprint and list(many.paths) == list(one.paths)
+    for name in ("sizes", "mtimes", "etags", "_off", "_parent", "_perm", "_keys", "_key_ids", "_kids",
+                 "_dir_start", "_dir_nlink", "_dir_mtime_ns", "_dir_ctime_ns"):
+        assert getattr(many, name).tobytes() == getattr(one, name).tobytes(), name
+    assert bytes(many._blob) == bytes(one._blob)
+    assert many.report.counts == one.report.counts == {"symlinks_outside": 1, "symlinks_dangling": 1,
+                                                        "loops": 1, "special": 1}
+    assert {k: sorted(v) for k, v in many.report.examples.items()} == \
+        {k: sorted(v) for k, v in one.report.examples.items()}
+    assert many.lookup("d01/in.bin") is not None and many.lookup("d02/out.bin") is None
+    with pytest.raises(posix.BackendError):
+        posix.PosixBackend(str(tricky), scan_processes="0")
