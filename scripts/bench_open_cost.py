@@ -160,6 +160,11 @@ def pyspy_profile(pid: int, run, rate: int = 997) -> Dict[str, float]:
     run()
     p.terminate()
     p.wait(20)
+    import inspect
+
+    from shadefs.fuse import kernel
+    src, first = inspect.getsourcelines(kernel.KernelFrontend._reader)
+    reader_wait = first + next(i for i, l in enumerate(src) if "os.readv(fd, [buf])" in l)
     leaf: Dict[str, int] = collections.Counter()
     total = 0
     with open(out) as f:
@@ -169,6 +174,13 @@ def pyspy_profile(pid: int, run, rate: int = 997) -> Dict[str, float]:
                 continue
             frames = stack.split(";")
             n = int(n)
+            inner = frames[-1]
+            # py-spy's idle detection misses threads blocked in a system call: drop the known waits (the
+            # readers' read of /dev/fuse, lock/condition/queue/event waits, selectors, accept)
+            if inner.startswith(f"KernelFrontend._reader (shadefs/fuse/kernel.py:{reader_wait})") or \
+                    re.match(r"(wait|get|_wait_for_tstate_lock|select|accept|sleep) \(.*(threading|queue|selectors|"
+                             r"socket|socketserver)\.py", inner):
+                continue
             total += n
             # attribute to the innermost frame, and name the shadefs frame that called it
             inner = frames[-1]
@@ -177,8 +189,17 @@ def pyspy_profile(pid: int, run, rate: int = 997) -> Dict[str, float]:
             where = re.sub(r"\s*\((?:.*/)?(shadefs/[^:]+):\d+\)$", r" [\1]", ours)
             key = fn if ours == inner else f"{fn} <- {where}"
             leaf[key] += n
+            # and by request handler: the frame the reader loop called (or the thread's entry)
+            at = next((i for i, fr in enumerate(frames) if fr.startswith("KernelFrontend._reader")), None)
+            if at is None:
+                handler = "other threads: " + re.sub(r"\s*\(.*\)$", "", frames[min(3, len(frames) - 1)])
+            elif at + 1 < len(frames):
+                handler = "handler " + re.sub(r"\s*\(.*\)$", "", frames[at + 1])
+            else:
+                handler = "reader loop itself (decode, dispatch)"
+            leaf["[" + handler + "]"] += n
     os.unlink(out)
-    return {k: v / total for k, v in leaf.most_common(25)} if total else {}
+    return {k: v / total for k, v in leaf.most_common(40)} if total else {}
 
 
 def inprocess_miss(src: str, rounds: int = 5) -> Dict[str, float]:
