@@ -35,32 +35,8 @@ import time
 from typing import Dict, List, Optional, Tuple
 
 from shadefs.testing import Mount, shadefs, unmount
+from shadefs.testing.datasets import random_tree
 
-
-def make_dataset(root: str, n: int, mean_size: int, seed: int) -> List[Tuple[str, int]]:
-    """``n`` files of ``mean_size`` +-30 % random bytes, 500 per directory (as bench_read's); reused when
-    the manifest matches. Returns [(relative path, size)]."""
-    import json
-    import random
-
-    rng = random.Random(seed)
-    lo, hi = max(1, int(mean_size * 0.7)), max(1, int(mean_size * 1.3))
-    files = [(f"c{i // 500:04d}/f{i:07d}.bin", rng.randint(lo, hi)) for i in range(n)]
-    manifest = os.path.join(root, "manifest.json")
-    try:
-        with open(manifest) as f:
-            if [tuple(x) for x in json.load(f)] == files:
-                return files
-    except (OSError, ValueError):
-        pass
-    shutil.rmtree(root, ignore_errors=True)
-    for rel, size in files:
-        os.makedirs(os.path.join(root, os.path.dirname(rel)), exist_ok=True)
-        with open(os.path.join(root, rel), "wb") as f:
-            f.write(os.urandom(size))
-    with open(manifest, "w") as f:
-        json.dump(files, f)
-    return files
 
 CASES = {
     "ram": ["--ram-cache", "100%"],
@@ -356,7 +332,7 @@ def main(argv=None) -> int:
     work = a.workdir or tempfile.mkdtemp(prefix="shadefs-opencost-")
     os.makedirs(work, exist_ok=True)
     src = os.path.join(work, f"src-{a.size}")
-    files = make_dataset(src, a.files, a.size, seed=12)
+    files = random_tree(src, a.files, a.size, seed=12)
     print(f"{a.files} files of ~{a.size} B; load {os.getloadavg()}", flush=True)
     rows = []
     if a.hit_inprocess:

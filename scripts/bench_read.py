@@ -58,6 +58,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from shadefs.cli import is_mounted
 from shadefs.testing import Mount, ShadefsError, docsection, force_unmount, proc_cpu_s, shadefs, unmount
+from shadefs.testing.datasets import random_tree
 from shadefs.testing.docsection import Table
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -79,36 +80,8 @@ class BenchError(RuntimeError):
 
 # -- datasets ---------------------------------------------------------------------------------------------
 def make_dataset(root: str, n: int, mean_size: int, seed: int) -> List[Tuple[str, int]]:
-    """``n`` files of ``mean_size`` +-30 % bytes of random content under ``root`` (reused if already there).
-
-    Returns [(relative path, size)] in path order.
-    """
-    rng = random.Random(seed)
-    lo, hi = max(1, int(mean_size * 0.7)), max(1, int(mean_size * 1.3))
-    files = [(f"c{i // PER_DIR:04d}/f{i:07d}.bin", rng.randint(lo, hi)) for i in range(n)]
-    manifest = os.path.join(root, "manifest.json")
-    try:
-        with open(manifest) as f:
-            if json.load(f) == files:
-                return files
-    except (OSError, ValueError):
-        pass
-    if os.path.exists(root):
-        shutil.rmtree(root)
-    for i in range(0, n, PER_DIR):
-        os.makedirs(os.path.join(root, os.path.dirname(files[i][0])), exist_ok=True)
-    for rel, size in files:
-        fd = os.open(os.path.join(root, rel), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            os.write(fd, os.urandom(size))
-        finally:
-            os.close(fd)
-    tmp = manifest + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(files, f)
-    os.replace(tmp, manifest)
-    os.sync()
-    return files
+    """``n`` files of ``mean_size`` +-30 % random bytes, PER_DIR to a directory (reused if already there)."""
+    return random_tree(root, n, mean_size, seed, per_dir=PER_DIR)
 
 
 # -- reader processes --------------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""A map-style dataset of the files under a directory, for the hook tests and the plan benchmarks.
+"""A map-style dataset of the files under a directory, for the hook tests and the plan benchmarks, and
+:func:`random_tree`, the read benchmarks' tree of random files.
 
 :class:`FileDataset` looks like ``torchvision.datasets.ImageFolder`` where the hooks look
 (``samples`` of ``(path, class)``, ``root``), and its item is the length in bytes of the file read whole,
@@ -8,10 +9,51 @@ works with every multiprocessing start method.
 """
 from __future__ import annotations
 
+import json
 import os
-from typing import List, Optional
+import random
+import shutil
+from typing import List, Optional, Tuple
 
-__all__ = ["FileDataset", "read_size"]
+from shadefs.fsutil import atomic_write
+
+__all__ = ["FileDataset", "read_size", "random_tree"]
+
+
+def random_tree(root: str, n: int, mean_size: int, seed: int, per_dir: int = 500) -> List[Tuple[str, int]]:
+    """``n`` files of ``mean_size`` +-30 % bytes (uniform, drawn with ``seed``) of random content under
+    ``root``, ``per_dir`` to a directory: ``c0000/f0000000.bin`` ... (scripts/bench_read.py, bench_open_cost.py).
+
+    A tree already there with the same list (its ``manifest.json``) is reused; otherwise ``root`` is replaced.
+    The data are synced to disk before it returns. Returns ``[(relative path, size in bytes)]`` in path order.
+
+    Raises:
+        OSError: the tree cannot be written.
+    """
+    rng = random.Random(seed)
+    lo, hi = max(1, int(mean_size * 0.7)), max(1, int(mean_size * 1.3))
+    files = [(f"c{i // per_dir:04d}/f{i:07d}.bin", rng.randint(lo, hi)) for i in range(n)]
+    manifest = os.path.join(root, "manifest.json")
+    try:
+        with open(manifest) as f:
+            if [tuple(x) for x in json.load(f)] == files:
+                return files
+    except (OSError, ValueError, TypeError):
+        pass
+    if os.path.exists(root):
+        shutil.rmtree(root)
+    for i in range(0, n, per_dir):
+        os.makedirs(os.path.join(root, os.path.dirname(files[i][0])), exist_ok=True)
+    for rel, size in files:
+        fd = os.open(os.path.join(root, rel), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.write(fd, os.urandom(size))
+        finally:
+            os.close(fd)
+    os.makedirs(root, exist_ok=True)
+    atomic_write(manifest, json.dumps(files).encode(), mode=0o644)
+    os.sync()
+    return files
 
 
 def read_size(path: str) -> int:
