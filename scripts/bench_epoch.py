@@ -48,6 +48,7 @@ import io
 import json
 import os
 import platform
+import shlex
 import shutil
 import signal
 import statistics
@@ -61,6 +62,7 @@ import numpy as np
 
 from shadefs.testing import Mount, docsection, proc_cpu_s, shadefs, unmount
 from shadefs.testing.docsection import markdown_table
+from shadefs.testing.latency_proxy import parse_rate
 from shadefs.testing.s3 import DUMMY_AWS_ENV, LatencyProxyProcess, MotoServer, free_port
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -190,6 +192,39 @@ def probe(endpoints: Dict[str, str], key: str, n: int = 60) -> Dict[str, Dict[st
         ts.sort()
         out[name] = {"median_ms": 1e3 * statistics.median(ts), "p90_ms": 1e3 * ts[int(0.9 * (n - 1))]}
     return out
+
+
+def _limit_share(endpoint: str, keys: List[str], threads: int, start_at: float) -> tuple:
+    # one probe process: ``threads`` boto3 clients (made before the clock starts), each GETting its share
+    # of ``keys`` (whole objects) from ``start_at`` (time.monotonic(), the same clock in every process)
+    import boto3
+
+    clients = [boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1") for _ in range(threads)]
+
+    def worker(k: int) -> int:
+        for key in keys[k::threads]:
+            clients[k].get_object(Bucket=BUCKET, Key=key)["Body"].read()
+        return len(keys[k::threads])
+
+    time.sleep(max(0.0, start_at - time.monotonic()))
+    t0 = time.monotonic()
+    with cf.ThreadPoolExecutor(threads) as pool:
+        n = sum(pool.map(worker, range(threads)))
+    return n, t0, time.monotonic()
+
+
+def limit_gets(endpoint: str, keys: List[str], procs: int, threads: int) -> float:
+    """Whole-object GETs/s of ``keys`` with ``procs`` processes x ``threads`` boto3 clients in parallel
+    (no FUSE, no cache): what the backend sustains. Several processes, so that the probe's own CPU
+    (boto3 under one GIL) is not what it measures. Raises whatever boto3 raises."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    start_at = time.monotonic() + 3.0  # every process has made its clients by then
+    with cf.ProcessPoolExecutor(procs, mp_context=ctx) as pool:
+        parts = list(pool.map(_limit_share, [endpoint] * procs, [keys[i::procs] for i in range(procs)],
+                              [threads] * procs, [start_at] * procs))
+    return sum(p[0] for p in parts) / (max(p[2] for p in parts) - min(p[1] for p in parts))
 
 
 # ================================================================================== shadefs mounts
@@ -358,6 +393,11 @@ def child_main(cfg: Dict[str, Any]) -> int:
             loss_sum += float(losses.detach().sum())
             n += len(y)
         seconds = time.perf_counter() - t0
+        if cfg.get("epoch_sync"):
+            # the parent snapshots the proxy's GET counters now (this epoch's backend GETs and bytes), then
+            # answers; the next epoch (and its plan announcement) starts only after that
+            print("EPOCH_END", flush=True)
+            sys.stdin.readline()
         row = {"epoch": epoch + 1, "seconds": seconds, "samples": n, "images_per_s": n / seconds,
                "data_wait_s": wait, "train_loss": loss_sum / max(n, 1)}
         if cfg.get("mnt"):
@@ -389,16 +429,47 @@ def child_main(cfg: Dict[str, Any]) -> int:
 
 
 # ================================================================================ the parent side
-def run_child(cfg: Dict[str, Any], timeout_s: float) -> Dict[str, Any]:
-    """Run one training process; adds ``train_cpu_s``: CPU of it and its DataLoader workers."""
+def run_child(cfg: Dict[str, Any], timeout_s: float, on_epoch=None) -> Dict[str, Any]:
+    """Run one training process; adds ``train_cpu_s``: CPU of it and its DataLoader workers.
+
+    ``on_epoch()``, if given, is called at the end of every epoch while the child waits (the proxy's
+    counters are read there); its results are returned as ``out["epoch_marks"]``, one per epoch.
+
+    Raises:
+        RuntimeError: the child failed or printed no result; subprocess.TimeoutExpired after ``timeout_s``.
+    """
+    import threading
+
     cpu0 = children_cpu()
-    r = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", json.dumps(cfg)],
-                       stdout=subprocess.PIPE, text=True, timeout=timeout_s)
-    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
-    if r.returncode != 0 or not lines:
-        raise RuntimeError(f"run {cfg['config']} failed (exit {r.returncode})")
-    out = json.loads(lines[-1][len("RESULT "):])
+    cfg = dict(cfg, epoch_sync=on_epoch is not None)
+    proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--child", json.dumps(cfg)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    timer = threading.Timer(timeout_s, proc.kill)
+    timer.start()
+    marks, result = [], None
+    try:
+        for line in proc.stdout:
+            if line.startswith("EPOCH_END"):
+                marks.append(on_epoch())
+                proc.stdin.write("\n")
+                proc.stdin.flush()
+            elif line.startswith("RESULT "):
+                result = line[len("RESULT "):]
+        rc = proc.wait()
+    finally:
+        timed_out = not timer.is_alive() and proc.returncode not in (0, None) and result is None
+        timer.cancel()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    if timed_out:
+        raise subprocess.TimeoutExpired(proc.args, timeout_s)
+    if rc != 0 or result is None:
+        raise RuntimeError(f"run {cfg['config']} failed (exit {rc})")
+    out = json.loads(result)
     out["train_cpu_s"] = children_cpu() - cpu0
+    if on_epoch is not None:
+        out["epoch_marks"] = marks
     return out
 
 
@@ -409,6 +480,14 @@ def summarize(run: Dict[str, Any]) -> Dict[str, Any]:
            "warm_img_s": statistics.mean(e["images_per_s"] for e in warm),
            "cold_wait_s": eps[0]["data_wait_s"],
            "warm_wait_s": statistics.mean(e["data_wait_s"] for e in warm)}
+    if "gets" in eps[0]:
+        out.update(cold_gets=eps[0]["gets"], warm_gets=statistics.mean(e["gets"] for e in warm),
+                   cold_get_bytes=eps[0]["get_bytes"],
+                   warm_get_bytes=statistics.mean(e["get_bytes"] for e in warm))
+    if "ready" in eps[0]:
+        nowait = lambda es: (100.0 * sum(e["hits"] + e["ready"] for e in es)  # noqa: E731
+                             / max(1, sum(e["opens"] for e in es)))
+        out.update(cold_nowait=nowait(eps[:1]), warm_nowait=nowait(warm))
     if "hit_ratio" in eps[0]:
         final = eps[-1]["stats"]
         w_opens = sum(e["opens"] for e in warm)
@@ -443,11 +522,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--image-size", type=int, default=64, help="transforms.Resize target (default 64)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "shadefs-bench-epoch"))
+    p.add_argument("--limit-clients", type=int, default=32,
+                   help="clients of the physical-limit probe (default 32, the prefetch concurrency)")
     p.add_argument("--run-timeout", type=float, default=1800, help="seconds per training run")
     p.add_argument("--json", metavar="OUT.json", help="also write the results here")
     p.add_argument("--write-doc", action="store_true",
                    help="replace the bench_epoch section of docs/performance.md and the plot")
-    p.add_argument("--results", metavar="IN.json", help="render from saved results; run nothing")
+    p.add_argument("--results", metavar="IN.json", nargs="+",
+                   help="render from saved results (several: chunks of one grid, merged); run nothing")
     p.add_argument("--child", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     a.train_limit = a.train_limit or (400 if a.quick else 2000)
@@ -460,6 +542,37 @@ def parse_args(argv=None) -> argparse.Namespace:
     if a.epochs < 1 or a.train_limit < 1 or not a.sizes or any(not 0 < s <= 100 for s in a.sizes):
         p.error("--epochs, --train-limit must be >= 1 and --sizes in 1..100")
     return a
+
+
+def merge_results(paths: List[str]) -> Dict[str, Any]:
+    """One results dict from the JSON files of several chunks (one bench lock hold each) of one grid:
+    the runs of all of them (a later run of the same config and size replaces an earlier one), each
+    tagged with its chunk, the chunks' commands, loads and physical limits kept (``chunks``,
+    ``limits``). Raises ValueError if the chunks differ in data, epochs, workers or proxy settings."""
+    chunks = []
+    for path in paths:
+        with open(path) as f:
+            chunks.append(json.load(f))
+    base = dict(chunks[0])
+    same = ("train_limit", "epochs", "workers", "batch_size", "delay_ms", "rate", "noise", "quality")
+    for c in chunks[1:]:
+        diff = [k for k in same if c["args"].get(k) != base["args"].get(k)]
+        if diff:
+            raise ValueError(f"chunks differ in {diff}: not one grid")
+    runs: Dict[tuple, Dict[str, Any]] = {}
+    for i, c in enumerate(chunks):
+        for r in c["runs"]:
+            runs[(r["config"], r["size_pct"])] = dict(r, chunk=i, summary=summarize(r))
+    order = {c: i for i, c in enumerate(CONFIG_ORDER)}
+    base["runs"] = sorted(runs.values(), key=lambda r: (r["size_pct"] is not None, r["size_pct"] or 0,
+                                                        order[r["config"]]))
+    base["chunks"] = [{k: c.get(k) for k in ("command", "started", "load_start", "load_end", "total_s",
+                                             "limit", "probe")} for c in chunks]
+    base["limits"] = {i: c.get("limit") for i, c in enumerate(chunks)}
+    base["load_end"] = chunks[-1]["load_end"]
+    base["total_s"] = sum(c["total_s"] for c in chunks)
+    base["args"] = dict(base["args"], sizes=sorted({s for c in chunks for s in c["args"]["sizes"]}))
+    return base
 
 
 def run_benchmark(a: argparse.Namespace) -> Dict[str, Any]:
@@ -476,6 +589,7 @@ def run_benchmark(a: argparse.Namespace) -> Dict[str, Any]:
         "machine": {"cpus": os.cpu_count(), "kernel": platform.release(),
                     "python": platform.python_version()},
         "args": {k: v for k, v in vars(a).items() if k not in ("child", "results")},
+        "command": "python scripts/bench_epoch.py " + shlex.join(sys.argv[1:]),
         "data": data, "runs": [],
     }
     try:
@@ -503,6 +617,22 @@ def run_benchmark(a: argparse.Namespace) -> Dict[str, Any]:
         log(f"GET latency (s3fs cat_file, one {probe_kb:.0f} kB object, median): moto alone "
             f"{results['probe']['moto']['median_ms']:.1f} ms, through the proxy "
             f"{results['probe']['proxy']['median_ms']:.1f} ms")
+        # the physical limit: whole-object GETs/s that moto sustains alone and through the proxy with
+        # --limit-clients in parallel (the prefetcher's default concurrency), no FUSE, no cache
+        keys = sorted(f"{prefix}/{os.path.relpath(os.path.join(d, f), data_root)}"
+                      for d, _, fs in os.walk(os.path.join(data_root, "train")) for f in fs)
+        c = a.limit_clients
+        log(f"physical limit: GETs/s with {c} clients (1 process; 4 processes), moto alone and through "
+            "the proxy")
+        L = {"load": list(os.getloadavg()), "concurrency": c,
+             "moto_alone": limit_gets(moto.endpoint, keys, 4, max(1, c // 4)),
+             "proxy_1proc": limit_gets(proxy.endpoint, keys, 1, c),
+             "proxy_4proc": limit_gets(proxy.endpoint, keys, 4, max(1, c // 4))}
+        L["proxy_c"] = max(L["proxy_1proc"], L["proxy_4proc"])
+        L["link_Bps"] = parse_rate(a.rate) / 8 if parse_rate(a.rate) else None
+        results["limit"] = L
+        log(f"  moto alone {L['moto_alone']:.0f}/s; through the proxy {L['proxy_1proc']:.0f}/s "
+            f"(1 process), {L['proxy_4proc']:.0f}/s (4 processes)")
         plan = [(c, None) for c in ("direct", "local") if c in a.configs]
         plan += [(c, s) for s in a.sizes for c in MOUNTED if c in a.configs]
         base = {"epochs": a.epochs, "batch_size": a.batch_size, "workers": a.workers,
@@ -519,7 +649,7 @@ def run_benchmark(a: argparse.Namespace) -> Dict[str, Any]:
             daemon_cpu = None
             if config == "direct":
                 cfg.update(endpoint=proxy.endpoint, s3_root=f"{BUCKET}/{prefix}/train")
-                run = run_child(cfg, a.run_timeout)
+                run = run_child(cfg, a.run_timeout, proxy.snapshot)
             elif config == "local":
                 cfg.update(data=os.path.join(data_root, "train"))
                 run = run_child(cfg, a.run_timeout)
@@ -535,7 +665,7 @@ def run_benchmark(a: argparse.Namespace) -> Dict[str, Any]:
                     pid = mount(source, mnt, POLICY[config], size, proxy.endpoint,
                                 os.path.join(logs, f"{name}.log"), metrics_port)
                     cfg.update(data=os.path.join(mnt, "train"), mnt=mnt)
-                    run = run_child(cfg, a.run_timeout)
+                    run = run_child(cfg, a.run_timeout, proxy.snapshot)
                     daemon_cpu = proc_cpu(pid)
                     run["backend_read"] = backend_read_latency(metrics_port)
                 finally:
@@ -544,6 +674,11 @@ def run_benchmark(a: argparse.Namespace) -> Dict[str, Any]:
                         os.rmdir(mnt)
                     except OSError:
                         pass
+            prev = gets0  # per epoch: the GETs and object bytes the proxy carried during it
+            for ep, mark in zip(run["epochs"], run.pop("epoch_marks", [])):
+                ep["gets"] = mark["gets"] - prev["gets"]
+                ep["get_bytes"] = mark["get_body_bytes"] - prev["get_body_bytes"]
+                prev = mark
             gets1 = proxy.snapshot()  # backend GETs and object bytes of the whole run, counted by the proxy
             run["proxy_gets"] = gets1["gets"] - gets0["gets"]
             run["proxy_get_bytes"] = gets1["get_body_bytes"] - gets0["get_body_bytes"]
@@ -569,6 +704,28 @@ def _pct(x: Optional[float]) -> str:
     return "" if x is None else f"{100 * x:.1f} %"
 
 
+def limit_of(results: Dict[str, Any], run: Dict[str, Any]) -> Optional[Dict[str, float]]:
+    """The physical limit of ``run``'s epochs, seconds: the slowest of (its proxy-counted GETs at the
+    measured concurrent-GET rate of its chunk, its object bytes at the link's rate, the local-disk run's
+    epoch: decoding and the model need that much anyway). ``{"cold", "warm"}`` or None (no probe)."""
+    L = results.get("limits", {}).get(run.get("chunk", 0)) or results.get("limit")
+    if not L or "gets" not in run["epochs"][0]:
+        return None
+    local = next((r for r in results["runs"] if r["config"] == "local"), None)
+    loc = [e["seconds"] for e in local["epochs"]] if local else []
+
+    def one(i: int, e: Dict[str, Any]) -> float:
+        t = e["gets"] / L["proxy_c"]
+        if L.get("link_Bps"):
+            t = max(t, e["get_bytes"] / L["link_Bps"])
+        if loc:
+            t = max(t, loc[min(i, len(loc) - 1)] if i == 0 else statistics.mean(loc[1:] or loc))
+        return t
+
+    lims = [one(i, e) for i, e in enumerate(run["epochs"])]
+    return {"cold": lims[0], "warm": statistics.mean(lims[1:] or lims)}
+
+
 def table(results: Dict[str, Any]) -> str:
     runs = results["runs"]
     direct = next((r for r in runs if r["config"] == "direct"), None)
@@ -576,20 +733,24 @@ def table(results: Dict[str, Any]) -> str:
     e = results["args"]["epochs"]
     warm_label = f"epochs 2..{e} (mean)" if e > 2 else ("epoch 2" if e == 2 else "epoch 1")
     head = ["run", "cache", "load", "epoch 1 (cold)", warm_label, "warm img/s", "warm vs direct S3",
-            "hit ratio ep. 1", "hit ratio warm", "hit ratio (stats)", "byte hit ratio (stats)",
-            "backend read", "proxy GETs (run)"]
+            "hit ratio (1 / warm)", "no wait % (1 / warm)", "GETs (1 / warm)", "MiB (1 / warm)",
+            "limit s (1 / warm)", "x limit (1 / warm)"]
     rows = []
     for r in runs:
         s = r["summary"]
+        lim = limit_of(results, r)
+        two = lambda a, b, f: (f"{format(s[a], f)} / {format(s[b], f)}" if a in s else "")  # noqa: E731
         rows.append([
             LABELS[r["config"]], "" if r["size_pct"] is None else f"{r['size_pct']} %",
             f"{r['load_before'][0]:.1f}",
             f"{s['cold_s']:.1f} s", f"{s['warm_s']:.1f} s", f"{s['warm_img_s']:.0f}",
             f"{ref / s['warm_s']:.2f}x" if ref else "",
-            _pct(s.get("cold_hit")), _pct(s.get("warm_hit")), _pct(s.get("hit_ratio")),
-            _pct(s.get("byte_hit_ratio")),
-            f"{s['backend_bytes'] / 2**20:.0f} MiB" if "backend_bytes" in s else "",
-            str(r["proxy_gets"]) if "proxy_gets" in r else "",
+            f"{_pct(s['cold_hit'])} / {_pct(s['warm_hit'])}" if "cold_hit" in s else "",
+            two("cold_nowait", "warm_nowait", ".1f"), two("cold_gets", "warm_gets", ".0f"),
+            (f"{s['cold_get_bytes'] / 2**20:.1f} / {s['warm_get_bytes'] / 2**20:.1f}"
+             if "cold_get_bytes" in s else ""),
+            f"{lim['cold']:.1f} / {lim['warm']:.1f}" if lim else "",
+            f"{s['cold_s'] / lim['cold']:.2f} / {s['warm_s'] / lim['warm']:.2f}" if lim else "",
         ])
     return markdown_table(head, rows)
 
@@ -799,12 +960,47 @@ def render_section(results: Dict[str, Any]) -> str:
                 f"connections; its timers delivered response chunks a mean {pc['late_down']['mean_ms']:.2f} ms "
                 f"(p99 {pc['late_down']['p99_ms']:.2f} ms) after their due time (CPU contention), on top "
                 "of the configured delay.")
+    chunks = results.get("chunks") or [{k: results.get(k) for k in ("command", "started", "load_start",
+                                                                     "load_end", "total_s", "limit")}]
+    if len(chunks) > 1 or chunks[0].get("command"):
+        head = (f"*Generated by `scripts/bench_epoch.py` from {len(chunks)} command(s), one bench lock hold "
+                f"each (about {results['total_s'] / 60:.0f} min in all), rendered with `python "
+                f"scripts/bench_epoch.py --results CHUNK.json ... --write-doc`:*")
+        cmds = [f"- `{c['command']}` ({c['started']}, {c['total_s'] / 60:.1f} min, load "
+                f"{c['load_start'][0]:.2f} -> {c['load_end'][0]:.2f})" for c in chunks]
+    else:
+        head = (f"*Generated by `scripts/bench_epoch.py` on {results['started']}; regenerate with `{cmd}`"
+                f" (about {results['total_s'] / 60:.0f} min here).*")
+        cmds = []
+    lim_lines = []
+    for c in chunks:
+        L = c.get("limit")
+        if L:
+            lim_lines.append(
+                f"- moto alone {L['moto_alone']:.0f} GETs/s (4 processes x {max(1, L['concurrency'] // 4)} "
+                f"clients); through the proxy {L['proxy_1proc']:.0f}/s with {L['concurrency']} clients in one "
+                f"process, {L['proxy_4proc']:.0f}/s in 4 processes: **limit {L['proxy_c']:.0f} GETs/s** (load "
+                f"{L['load'][0]:.2f}); an epoch of {d['files']} cold files at that rate: "
+                f"{d['files'] / L['proxy_c']:.1f} s; the link ({a['rate']}) carries the "
+                f"{d['bytes'] / 2**20:.1f} MiB in {d['bytes'] / L['link_Bps']:.2f} s" if L.get("link_Bps") else "")
     lines = [
         START,
         "## Epoch time over slow storage",
         "",
-        f"*Generated by `scripts/bench_epoch.py` on {results['started']}; regenerate with `{cmd}`"
-        f" (about {results['total_s'] / 60:.0f} min here).*",
+        head,
+        "",
+    ] + (cmds + [""] if cmds else []) + [
+        "**The physical limit**, measured first in each command (whole-object GETs of all the dataset's "
+        "objects, no FUSE, no cache):",
+        "",
+    ] + lim_lines + [
+        "",
+        "Per-epoch columns: GETs and MiB = requests and object bytes **counted by the proxy** during "
+        "that epoch (misses, prefetches, the lookahead into the next epoch; warm = mean of epochs "
+        "2..E); no wait = (RAM hits + opens served by a completed prefetch) / opens; **limit** = the "
+        "slowest of that epoch's own GETs at the measured GETs/s, its bytes at the link rate, and the "
+        "local-disk run's epoch (decoding and the model take that long anyway); x limit = epoch / limit "
+        "(1.00 = at the physical limit).",
         "",
         f"**What is timed.** One pass of `DataLoader(dataset, batch_size={a['batch_size']}, "
         f"num_workers={a['workers']}, persistent_workers=True)` with a training step per batch, "
@@ -825,6 +1021,11 @@ def render_section(results: Dict[str, Any]) -> str:
         "`shadefs.hooks` (as `train_fashion_mnist.py --hook`; no validation, so PADS stays in its "
         "aggressive mode after epoch 0). Epochs draw N samples with replacement, cached ones first and "
         "repeated `rep_factor`=3 times.",
+        "- *shadefs shade + hook* announces each epoch's PADS draw to the daemon (`ShadeSampler`'s default, "
+        "issue 11); *shade + hook, no plan* is the same with `announce_plan=False`.",
+        "- *shadefs static + PlanSampler*: `--policy static`, `PlanSampler(dataset, seed=0)` instead of "
+        "`shuffle=True` (the same uniform permutations, each epoch announced with one lookahead epoch): "
+        "the daemon prefetches in plan order and evicts by the known future (Belady on the plan).",
         "- *local disk (no shadefs)*: ImageFolder on the local copy of the same files, page cache warm: "
         "the limit.",
         "",
@@ -912,8 +1113,7 @@ def main(argv=None) -> int:
 
     signal.signal(signal.SIGTERM, _term)
     if a.results:
-        with open(a.results) as f:
-            results = json.load(f)
+        results = merge_results(a.results)
     else:
         try:
             results = run_benchmark(a)

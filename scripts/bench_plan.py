@@ -324,6 +324,12 @@ def measure(args):
 
 # -- rendering ----------------------------------------------------------------------------------------
 
+def _json_flag(command):
+    """The ``--json`` path of a recorded command line ("" if none): names a chunk in the tables."""
+    words = shlex.split(command)
+    return words[words.index("--json") + 1] if "--json" in words[:-1] else ""
+
+
 def merge(files):
     """{delay_ms: {"chunks": [...], "runs": [...]}}; a later run of the same (mode, pct, step) replaces an
     earlier one."""
@@ -332,6 +338,7 @@ def merge(files):
         with open(path) as f:
             d = json.load(f)
         g = groups.setdefault(d["delay_ms"], {"chunks": [], "runs": {}})
+        d = dict(d, json=d.get("json") or _json_flag(d.get("command", "")))
         g["chunks"].append(d)
         for r in d["runs"]:
             r = dict(r, chunk=len(g["chunks"]) - 1)
@@ -374,8 +381,9 @@ def grid_rows(g):
         c, w = eps[0], eps[1:]
         cold_s, warm_s = c["seconds"], warm(eps, "seconds")
         same_n = r["n"] == n0  # x local only against a local run over the same files
+        tag = os.path.splitext(os.path.basename(ch.get("json") or ""))[0]
         row = {"run": LABEL[r["mode"]] + (f", step {r['step_ms']:.0f} ms" if r.get("step_ms") else "")
-               + ("" if same_n else f", {r['n']} files"),
+               + ("" if same_n else f", {r['n']} files") + (f" ({tag})" if tag and r.get("step_ms") else ""),
                "mode": r["mode"], "pct": r["pct"], "load": r["load"][0], "cold_s": cold_s, "warm_s": warm_s,
                "x_local_cold": cold_s / loc_c if loc_c and same_n else None,
                "x_local_warm": warm_s / loc_w if loc_w and warm_s and same_n else None,
