@@ -575,6 +575,18 @@ def merge_results(paths: List[str]) -> Dict[str, Any]:
     return base
 
 
+def save_partial(results: Dict[str, Any], a: argparse.Namespace, t_start: float) -> None:
+    """Write the runs so far to ``--json`` (after every run: a chunk cut short by its time limit keeps
+    what it measured; ``--results`` renders it like a complete one)."""
+    if not a.json:
+        return
+    out = dict(results, load_start=results.get("load_start") or list(os.getloadavg()),
+               load_end=list(os.getloadavg()), total_s=time.monotonic() - t_start, partial=True)
+    with open(a.json + ".tmp", "w") as f:
+        json.dump(out, f, indent=1)
+    os.replace(a.json + ".tmp", a.json)
+
+
 def run_benchmark(a: argparse.Namespace) -> Dict[str, Any]:
     t_start = time.monotonic()
     load_start = os.getloadavg()
@@ -590,6 +602,7 @@ def run_benchmark(a: argparse.Namespace) -> Dict[str, Any]:
                     "python": platform.python_version()},
         "args": {k: v for k, v in vars(a).items() if k not in ("child", "results")},
         "command": "python scripts/bench_epoch.py " + shlex.join(sys.argv[1:]),
+        "load_start": list(load_start),
         "data": data, "runs": [],
     }
     try:
@@ -688,6 +701,7 @@ def run_benchmark(a: argparse.Namespace) -> Dict[str, Any]:
                        proxy_cpu_s=proc_cpu(proxy.pid) - cpu_proxy)
             run["summary"] = summarize(run)
             results["runs"].append(run)
+            save_partial(results, a, t_start)
     finally:
         if proxy is not None:
             proxy.stop()
