@@ -53,7 +53,30 @@ def stop_process(proc: Optional[subprocess.Popen], timeout: float = 10.0) -> Non
         proc.wait(timeout=timeout)
 
 
-class MotoServer:
+class _LoopbackServer:
+    """What both servers below share: a child process ``proc`` serving HTTP on ``127.0.0.1:port``;
+    ``with`` starts it (unless started already) and stops it. Subclasses set ``proc`` and ``port`` and give
+    ``start()`` and ``stop()``."""
+
+    proc: Optional[subprocess.Popen]
+    port: int
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> Optional[int]:
+        return self.proc.pid if self.proc else None
+
+    def __enter__(self):
+        return self if self.proc is not None else self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+class MotoServer(_LoopbackServer):
     """``python -m moto.server -H 127.0.0.1 -p PORT`` as a child process.
 
     ``port`` 0 picks a free one. ``start(timeout_s)`` returns once ``/moto-api/`` answers, raising
@@ -64,14 +87,6 @@ class MotoServer:
         self.port = port or free_port()
         self.log_file = log_file
         self.proc: Optional[subprocess.Popen] = None
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def pid(self) -> Optional[int]:
-        return self.proc.pid if self.proc else None
 
     def start(self, timeout_s: float = 60.0) -> "MotoServer":
         out = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL
@@ -115,14 +130,9 @@ class MotoServer:
 
         return boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1")
 
-    def __enter__(self) -> "MotoServer":
-        return self if self.proc is not None else self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
 
-class LatencyProxyProcess:
+class LatencyProxyProcess(_LoopbackServer):
     """``python -m shadefs.testing.latency_proxy`` in front of ``127.0.0.1:upstream_port``.
 
     ``delay_ms``: one-way delay per direction (ms); ``rate``: per-direction rate ("1gbit"); ``mode``:
@@ -137,14 +147,6 @@ class LatencyProxyProcess:
         self.port = 0
         self.settings = ""
         self.counters: Dict[str, Any] = {}
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def pid(self) -> Optional[int]:
-        return self.proc.pid if self.proc else None
 
     def start(self) -> "LatencyProxyProcess":
         self.proc = subprocess.Popen(self.args, stdout=subprocess.PIPE, text=True)
@@ -190,8 +192,3 @@ class LatencyProxyProcess:
             if line.startswith("{"):
                 return json.loads(line)
 
-    def __enter__(self) -> "LatencyProxyProcess":
-        return self if self.proc is not None else self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
