@@ -7,6 +7,8 @@ For every cache size (``--sizes``, percent of the training set's bytes) and ever
 - sampler ``importance``: ``train_fashion_mnist.py --hook`` (ShadeSampler = SHADE's PADS, cache-aware,
   plus ScoreReporter sending per-sample losses to the daemon; it announces each epoch's draw, issue 11);
 - sampler ``importance-noplan``: the same with ``--no-plan`` (no announced draws: the policy alone);
+- sampler ``importance-prev``: ShadeSampler as before its provisional lookahead (``--no-lookahead --draw
+  cdf``): each epoch's draw announced at its start, nothing ahead;
 - sampler ``plan``: ``train_fashion_mnist.py --plan`` (PlanSampler: uniform permutations, announced);
 
 each with the policies ``lru``, ``static`` and ``shade`` (``--modes all``: uniform and importance with all
@@ -83,15 +85,17 @@ TRAIN_SCRIPT = os.path.join(HERE, "train_fashion_mnist.py")
 DOC = os.path.join(REPO, "docs", "performance.md")
 IMG_DIR = os.path.join(REPO, "docs", "img")
 START, END = docsection.markers("bench_hit_ratio")
-SAMPLERS = ("uniform", "importance", "plan", "importance-noplan")
+SAMPLERS = ("uniform", "importance", "plan", "importance-noplan", "importance-prev")
 POLICIES = ("lru", "static", "shade")
 # "all": both base samplers with every policy, plus the announced-plan modes of issue 11 (PlanSampler +
 # static; ShadeSampler without its plan + shade, beside "importance", which announces its plan by default)
 ALL_MODES = [(s, p) for s in SAMPLERS[:2] for p in POLICIES] + [("plan", "static"), ("importance-noplan", "shade")]
 SAMPLER_LABEL = {"uniform": "uniform (shuffle=True)", "importance": "ShadeSampler (PADS, announces its plan)",
-                 "plan": "PlanSampler (uniform, announced)", "importance-noplan": "ShadeSampler (PADS), no plan"}
+                 "plan": "PlanSampler (uniform, announced)", "importance-noplan": "ShadeSampler (PADS), no plan",
+                 "importance-prev": "ShadeSampler, plan without lookahead (cdf draw)"}
 SAMPLER_FLAGS = {"uniform": [], "importance": ["--hook"], "plan": ["--plan"],
-                 "importance-noplan": ["--hook", "--no-plan"]}
+                 "importance-noplan": ["--hook", "--no-plan"],
+                 "importance-prev": ["--hook", "--no-lookahead", "--draw", "cdf"]}
 HIT_OUTCOMES = ("ram", "disk", "shared")   # trace outcomes served by a tier; "prefetch" / "late" are backend reads
 GOAL_SIZE = 10.0          # percent: where SHADE's headline (x LRU) is checked
 GOAL_OPT = 0.95           # shade >= 95 % of OPT

@@ -8,11 +8,14 @@ announced when the epoch starts, as ShadeSampler does (no lookahead: the next dr
 yet reported); the same with an oracle lookahead (each epoch's plan announced together with the next
 epoch's real draw, which ShadeSampler cannot know: it isolates what the missing lookahead costs); and
 Belady's OPT with the whole future. Same classes as the daemon
-(``shadefs.plan``); one reader's order.
+(``shadefs.plan``); one reader's order. The ``live`` column is what the daemon that recorded the trace
+served from its tiers (the trace's ``outcome`` column: ram, disk, shared), e.g. with ShadeSampler's
+provisional next-epoch draws, which the replay does not model.
 
     python scripts/bench_plan_sim.py TRACE --epoch-len N [--policy shade] [--sizes 5,10,20] [--prefix train/]
 """
 import argparse
+import csv
 import sys
 
 import numpy as np
@@ -52,6 +55,20 @@ def epoch_plans(trace, policy, cache_bytes, epoch_len, importance=None, lookahea
     return hits
 
 
+HIT_OUTCOMES = ("ram", "disk", "shared")
+
+
+def live_hits(path, prefix):
+    """Opens under ``prefix`` the recording daemon served from a tier (None: no outcome column)."""
+    with open(path, newline="") as f:
+        rows = csv.reader(f)
+        head = next(rows, None)
+        if not head or "outcome" not in head:
+            return None
+        pi, oi = head.index("path"), head.index("outcome")
+        return sum(1 for row in rows if row[pi].startswith(prefix) and row[oi] in HIT_OUTCOMES)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("trace")
@@ -63,6 +80,7 @@ def main(argv=None):
     ap.add_argument("--scores", help="importance per file (the trace's .scores.csv) for shade")
     a = ap.parse_args(argv)
     full = sim.read_trace(a.trace)
+    live = live_hits(a.trace, a.prefix)
     paths = [full.paths[i] for i in full.ids.tolist()]
     keep = [p for p in paths if p.startswith(a.prefix)]
     sizes = [int(full.sizes[i]) for i, p in zip(full.ids.tolist(), paths) if p.startswith(a.prefix)]
@@ -83,6 +101,9 @@ def main(argv=None):
         print(f"{pct:7g}  {alone / r:12.4f}  {planned / r:12.4f}  {oracle / r:17.4f}  {opt / r:.4f}"
               f"  {planned / opt if opt else float('nan'):9.4f}  {oracle / opt if opt else float('nan'):10.4f}"
               f"  {(oracle - planned) / r:.4f}")
+    if live is not None:
+        print(f"live (the recording daemon, at its own cache size): {live} of {t.requests} opens from a tier = "
+              f"{live / t.requests:.4f}")
     return 0
 
 

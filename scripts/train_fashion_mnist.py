@@ -104,7 +104,9 @@ def make_loaders(args: argparse.Namespace) -> tuple:
         from shadefs.hooks import ShadeSampler
         train_loader = DataLoader(
             train_set, batch_size=args.batch_size,
-            sampler=ShadeSampler(train_set, seed=args.seed, announce_plan=not getattr(args, "no_plan", False)),
+            sampler=ShadeSampler(train_set, seed=args.seed, announce_plan=not getattr(args, "no_plan", False),
+                                 lookahead_at=None if getattr(args, "no_lookahead", False) else 0.0,
+                                 draw=getattr(args, "draw", "stable")),
             **common)
     elif getattr(args, "plan", False):
         # clairvoyant mode: the same uniform permutations, announced to the daemon (shadefs.hooks)
@@ -212,6 +214,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                              "the daemon prefetches ahead of) instead of shuffle=True")
     parser.add_argument("--no-plan", action="store_true",
                         help="with --hook: ShadeSampler does not announce its draws (announce_plan=False)")
+    parser.add_argument("--no-lookahead", action="store_true",
+                        help="with --hook: no provisional next-epoch draw (lookahead_at=None)")
+    parser.add_argument("--draw", choices=("stable", "cdf"), default="stable",
+                        help="with --hook: ShadeSampler's draw (default stable; cdf = the draw before the "
+                             "provisional lookahead)")
     parser.add_argument("--json", metavar="OUT.json",
                         help="write per-epoch results as JSON")
     args = parser.parse_args(argv)
