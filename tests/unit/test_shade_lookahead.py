@@ -11,6 +11,8 @@ require("torch")  # skipped without torch; failed under CI=true
 from shadefs.hooks import ShadeSampler  # noqa: E402
 from shadefs.hooks.sampler import _stream_key, keyed_shuffle, race_draw  # noqa: E402
 
+from shadefs.testing.mounts import wait_for  # noqa: E402
+
 from hookfakes import FakeDataset, LiveDaemon  # noqa: E402
 
 N = 60
@@ -20,6 +22,12 @@ def _plan_of(live):
     plans = live.daemon.plans.active()
     assert len(plans) == 1
     return plans[0]
+
+
+def _received(live, n):
+    """Wait until the daemon has processed ``n`` plan messages (a flushed send is only on its socket)."""
+    wait_for(lambda: live.server.counters()["plans_received"] >= n)
+    assert live.server.counters()["plans_received"] == n
 
 
 def _fids(live, order):
@@ -37,7 +45,8 @@ def test_provisional_draw_is_announced_then_replaced_by_the_real_one(tmp_path):
         order0 = np.array(list(s), dtype=np.int64)
         assert s.announcer.flush()
         # epoch 0's draw, then [epoch 0, provisional epoch 1] (the second replaces the first)
-        assert live.server.counters()["plans_received"] == 2
+        assert s.announcer.sent == 2
+        _received(live, 2)
         plan = _plan_of(live)
         assert plan.segments == [(0, N), (1, N)]
         prov = s.provisional
@@ -50,7 +59,8 @@ def test_provisional_draw_is_announced_then_replaced_by_the_real_one(tmp_path):
         s.set_epoch(1)
         order1 = np.array(list(s), dtype=np.int64)
         assert s.announcer.flush()
-        assert live.server.counters()["plans_received"] == 4  # real epoch 1, provisional epoch 2
+        assert s.announcer.sent == 4
+        _received(live, 4)  # real epoch 1, provisional epoch 2
         plan = _plan_of(live)
         assert plan.segments == [(1, N), (2, N)]
         np.testing.assert_array_equal(plan.ids[:N], _fids(live, order1))  # the real draw replaced it
@@ -84,22 +94,25 @@ def test_the_provisional_draw_starts_when_the_loader_takes_that_index(tmp_path, 
         assert s.announcer.flush()
         got = [next(it) for _ in range(index)]
         assert s.announcer.flush()
-        assert live.server.counters()["plans_received"] == 1  # only this epoch's draw so far
+        assert s.announcer.sent == 1 and s.provisional is None  # only this epoch's draw so far
         got += list(it)
         assert s.announcer.flush()
-        assert live.server.counters()["plans_received"] == 2 and len(got) == N
+        assert s.announcer.sent == 2 and s.provisional.epoch == 1 and len(got) == N
+        _received(live, 2)
 
 
 def test_a_provisional_draw_overtaken_by_the_next_epoch_is_not_sent(tmp_path):
     with LiveDaemon(tmp_path, N) as live:
-        s = ShadeSampler(live.dataset, seed=1, client=live.client(), lookahead_at=1.0)
-        it = iter(s)
-        s.announcer.flush()
-        old = s.generation
-        list(it)  # queues the provisional job ...
-        s.generation = old + 1  # ... which finds the next epoch already started (as iter() would)
+        s = ShadeSampler(live.dataset, seed=1, client=live.client(), lookahead_at=None)
+        list(s)
+        assert s.announcer.flush() and s.announcer.sent == 1
+        s._announce_provisional(s.generation - 1, s.epoch, s.plan.order)  # a job of the previous epoch
         assert s.announcer.flush()
-        assert live.server.counters()["plans_received"] == 1 and s.provisional is None
+        assert s.announcer.sent == 1 and s.provisional is None
+        s._announce_provisional(s.generation, s.epoch, s.plan.order)  # this epoch's: sent
+        assert s.announcer.flush()
+        assert s.announcer.sent == 2 and s.provisional.epoch == s.epoch + 1
+        _received(live, 2)
 
 
 def test_same_weights_and_residency_give_the_real_draw_exactly(tmp_path):
