@@ -7,8 +7,11 @@ into disjoint per-rank shards, and puts the draws that are already cached first,
 ``rep_factor`` times. docs/hooks.md has the procedure step by step and the fixes against the
 reference code (github.com/R-I-S-Khan/SHADE, ``shade_utils/shadesampler.py``).
 
-Never touches global RNG state: every random step uses a ``numpy.random.Generator`` seeded from
-(seed, epoch[, rank]). Never blocks on the daemon for longer than one residency query per epoch.
+Never touches global RNG state: every random step is keyed by (seed, epoch[, rank]) -- counter-based
+hashes per sample with the default ``draw="stable"`` (:func:`race_draw`, :func:`keyed_shuffle`), a
+``numpy.random.Generator`` with ``draw="cdf"``. Never blocks on the daemon for longer than one residency
+query per epoch. With a daemon it announces each epoch's draw and a provisional draw of the next epoch
+(computed on the announcer's thread; issue 11, docs/hooks.md).
 """
 from __future__ import annotations
 
