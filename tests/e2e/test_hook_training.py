@@ -51,14 +51,14 @@ class IndexedImageFolder(ImageFolder):
         return x, y, i
 
 
-def train(root, epochs, hook, batch_size=16, lookahead_at=0.0):
+def train(root, epochs, hook, batch_size=16, announce_plan=True):
     """Train ``epochs``; returns (dataset, reporter or None, [(dataset indices, float32 losses)] per batch)."""
     ds = IndexedImageFolder(os.path.join(root, "train"), transform=transforms.Compose(
         [transforms.Grayscale(1), transforms.ToTensor()]))
     net = model()
     opt = torch.optim.SGD(net.parameters(), lr=0.05)
     if hook:
-        sampler = ShadeSampler(ds, seed=0, lookahead_at=lookahead_at)
+        sampler = ShadeSampler(ds, seed=0, announce_plan=announce_plan)
         loader = DataLoader(ds, batch_size=batch_size, sampler=sampler, num_workers=2)
         reporter = ScoreReporter(ds, sampler=sampler)
     else:
@@ -102,9 +102,10 @@ def test_hook_scores_reach_the_daemon_and_shade_keeps_the_top_files(bmp_tree, mo
     src, size = bmp_tree
     k = 40  # cache holds 40 of 240 files
     m = mount(src, "--ram-cache", str(k * size), "--policy", "shade")
-    # no provisional lookahead: the last epoch's draw of an epoch 3 that never runs would otherwise stay the
-    # daemon's plan for the pass below, which then follows Belady on it, not shade's ranking (docs/hooks.md)
-    ds, reporter, batches = train(m.path, epochs=3, hook=True, lookahead_at=None)
+    # no announced plan: a plan still active after training (the provisional draw of an epoch 3 that never
+    # runs, or a last epoch whose first opens came before its plan and so never finishes) would make the
+    # pass below follow Belady on it, not shade's ranking (docs/hooks.md)
+    ds, reporter, batches = train(m.path, epochs=3, hook=True, announce_plan=False)
     s = m.full_stats()
     assert reporter.dropped == 0
     assert s["scores_received"] == reporter.batches == 3 * (len(ds) // 16)
