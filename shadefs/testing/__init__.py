@@ -10,7 +10,7 @@
 - :mod:`shadefs.testing.handles`: :func:`~shadefs.testing.handles.open_read` (open, read whole, release, through a TieredCache), :func:`~shadefs.testing.handles.memory_handle` (a front end's Handle over bytes in memory).
 - :mod:`shadefs.testing.gated`: :class:`~shadefs.testing.gated.GatedCache` (behind an in-process kernel front end: a FUSE source whose ``hang/`` opens block until a gate opens; hung backend reads on demand).
 - :mod:`shadefs.testing.users`: :func:`~shadefs.testing.users.as_nobody` (run a function as uid/gid 65534 in a forked child; its errno back).
-- :mod:`shadefs.testing.datasets`: :class:`~shadefs.testing.datasets.FileDataset` (ImageFolder-like `samples`; an item reads its file whole).
+- :mod:`shadefs.testing.datasets`: :class:`~shadefs.testing.datasets.FileDataset` (ImageFolder-like `samples`; an item reads its file whole), :func:`~shadefs.testing.datasets.random_tree` (the read benchmarks' tree of random files, reused when unchanged).
 
 Used by tests/conftest.py and scripts/bench_*.py; ships with the package (it needs the ``test``
 extra only for the S3 pieces).
