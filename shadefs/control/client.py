@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import time
+import weakref
 from typing import Optional, Sequence
 
 import numpy as np
@@ -130,6 +131,7 @@ class ControlClient:
         self._pid: Optional[int] = None
         self._ctx = None
         self._sock = None
+        self._finalizer = None
 
     def _socket(self):
         import zmq
@@ -139,7 +141,7 @@ class ControlClient:
             return self._sock
         # After a fork the parent's context and socket must not be touched (not even closed) here;
         # pyzmq skips closing objects created in another process when they are collected.
-        self._sock = self._ctx = None
+        self._sock = self._ctx = self._finalizer = None
         ctx = zmq.Context()
         try:
             sock = ctx.socket(zmq.DEALER)
@@ -171,6 +173,13 @@ class ControlClient:
             ctx.destroy(linger=0)
             raise
         self._ctx, self._sock, self._pid = ctx, sock, pid
+        # A client dropped without close() must still close its socket before its context terminates.
+        # Left to the garbage collector, a client in a reference cycle (a failed test's traceback, a
+        # sampler and its announcer) takes its context and socket with it, and the collector may finalize
+        # the context first: zmq_ctx_term then waits forever for the socket. The finalizer holds both, so
+        # neither is garbage, and closes them in order (in the creating process only).
+        self._finalizer = weakref.finalize(self, _close_zmq, sock, ctx, pid)
+        self._finalizer.atexit = False
         return sock
 
     def _resolve_credentials(self) -> Optional[dict]:
@@ -194,7 +203,7 @@ class ControlClient:
 
     def __getstate__(self):
         state = self.__dict__.copy()
-        state["_ctx"] = state["_sock"] = state["_pid"] = None  # sockets never cross processes
+        state["_ctx"] = state["_sock"] = state["_pid"] = state["_finalizer"] = None  # sockets never cross processes
         return state
 
     def send_scores(self, paths: Sequence[str], values) -> bool:
@@ -324,10 +333,12 @@ class ControlClient:
 
     def close(self) -> None:
         """Close the socket (queued scores get ``linger_s`` to leave). Safe to call twice or after a fork."""
-        if self._sock is not None and self._pid == os.getpid():
-            self._sock.close()
-            self._ctx.term()
-        self._sock = self._ctx = None
+        fin = self._finalizer
+        if fin is not None and self._pid == os.getpid():
+            fin()  # closes the socket (queued scores get linger_s), then terminates the context
+        elif fin is not None:
+            fin.detach()  # created in the parent before a fork: never touched here
+        self._sock = self._ctx = self._finalizer = None
         self._pid = None
 
     def __enter__(self) -> "ControlClient":
@@ -335,3 +346,11 @@ class ControlClient:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _close_zmq(sock, ctx, pid: int) -> None:
+    # the socket first (its LINGER bounds how long queued messages may still leave), then the context
+    if os.getpid() != pid:
+        return  # a forked child's copy: the parent's objects are not touched
+    sock.close()
+    ctx.term()

@@ -107,6 +107,7 @@ def test_hook_scores_reach_the_daemon_and_shade_keeps_the_top_files(bmp_tree, mo
     # pass below follow Belady on it, not shade's ranking (docs/hooks.md)
     ds, reporter, batches = train(m.path, epochs=3, hook=True, announce_plan=False)
     s = m.full_stats()
+    assert s["prefetch"]["plans_announced"] == 0
     assert reporter.dropped == 0
     assert s["scores_received"] == reporter.batches == 3 * (len(ds) // 16)
     assert sum(s["scores_rejected"].values()) == 0
