@@ -255,6 +255,7 @@ class TieredCache:
         self._pins: Dict[int, list] = {}
         self._held: Dict[int, list] = {}         # id(record) -> record, for records out of the tier
         self.ram_index.pinned = self._pins
+        self._ram_data = self.ram._data          # the RAM store's dict: the hit path reads it directly
         self.ram_index.spill_room = self._loose_room
         self.ram_index.spill = self._spill
         self.loose_bytes = 0                     # bytes held outside the tiers (<= loose_budget)
@@ -322,6 +323,12 @@ class TieredCache:
             OSError: the backend failed (EIO), after the backend's own retries.
         """
         fid = int(fid)
+        with self.lock:  # the RAM hit first: one critical section, one dict lookup (no size lookup)
+            if self._orphans:
+                self._settle()
+            data = self._ram_data.get(fid)
+            if data is not None:
+                return self._ram_hit(fid, data)
         size = int(self.ns.size(fid))
         while True:
             with self.lock:
@@ -445,6 +452,12 @@ class TieredCache:
         :meth:`open_ticket` exactly once (a leading ticket dropped would leave the file's other opens
         waiting on a fetch nobody runs)."""
         fid = int(fid)
+        with self.lock:  # the RAM hit first: one critical section, one dict lookup (no size lookup)
+            if self._orphans:
+                self._settle()
+            data = self._ram_data.get(fid)
+            if data is not None:
+                return self._ram_hit(fid, data)
         size = int(self.ns.size(fid))
         while True:
             with self.lock:
@@ -470,12 +483,34 @@ class TieredCache:
         h = self._finish_open(t.fid, t.size, *plan)
         return h if h is not None else self.open(t.fid)
 
+    def _ram_hit(self, fid: int, data: bytes) -> Handle:
+        """Under self.lock: count a hit of resident(ram) ``fid`` (its bytes ``data``, the RAM store's
+        own) and return its pinned Handle. The hot path (docs/performance.md, "Lock hold"): residency and
+        bytes come from one lookup (the RAM store holds exactly the RAM index's files, both changed in
+        the same critical sections), the size is ``len(data)``, :meth:`_count` and :meth:`_pin_ram` are
+        inlined."""
+        self.ram_index.policy.on_hit(fid)
+        size = len(data)
+        self.opens += 1
+        self.open_bytes += size
+        self.hits_ram += 1
+        self.hit_bytes += size
+        if self.plans is not None:
+            self.plans.observe(fid)
+        if self.trace is not None:
+            self.trace.record(self.ns.path(fid), size, "ram")
+        rec = self._pins.get(fid)
+        if rec is None:
+            rec = self._pins[fid] = [1, size, PIN_TIER, fid]
+        else:
+            rec[0] += 1
+        return Handle(self, fid, size, "ram", data, None, rec)
+
     def _memory_hit(self, fid: int, size: int) -> Optional[Handle]:
         # under self.lock: resident(ram), or moving (its bytes are still in memory)
-        if fid in self.ram_index:
-            self.ram_index.hit(fid)
-            self._count(fid, size, "ram")
-            return Handle(self, fid, size, "ram", data=self.ram.get(fid), pin=self._pin_ram(fid, size))
+        data = self._ram_data.get(fid)
+        if data is not None:
+            return self._ram_hit(fid, data)
         fl = self._flights.get(fid)
         if fl is not None and fl.kind == "demote" and fl.pin[0] > 1:
             # moving, and handles (beyond the flight's own ref) still hold its bytes: counted while held
@@ -496,9 +531,15 @@ class TieredCache:
         """Under self.lock: apply the pins handed back by released (or dropped) handles. Every critical
         section that reads or decides on pins or loose bytes (opens, reservations, stats, audit) calls it
         first, so they see exact figures."""
-        orphans = self._orphans
+        orphans, pins = self._orphans, self._pins
         while orphans:
-            self._unpin_locked(*orphans.popleft())
+            rec, loose = orphans.popleft()
+            if loose or rec is None or rec[2] != PIN_TIER or rec[0] != 1:
+                self._unpin_locked(rec, loose)
+            else:                                  # the common case, inlined: a RAM hit's last handle
+                rec[0] = 0
+                if pins.get(rec[3]) is rec:
+                    del pins[rec[3]]
 
     def _unpin_locked(self, rec: Optional[list], loose: int) -> None:
         # under self.lock: one ref on buffer record ``rec`` and/or ``loose`` loose bytes go

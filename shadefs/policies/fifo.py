@@ -11,3 +11,6 @@ class FIFOPolicy(LRUPolicy):
 
     name = "fifo"
     touch_on_hit = False
+
+    def on_hit(self, fid):
+        """A hit does not change the order (no attribute check on the hit path)."""
