@@ -127,15 +127,15 @@ def strace_counts(pid: int, run) -> Dict[str, int]:
     return counts
 
 
-def pyspy_profile(pid: int, run, rate: int = 997) -> Dict[str, float]:
+def pyspy_profile(pid: int, run, seconds: float, rate: int = 997) -> Dict[str, float]:
     """Share of on-CPU samples per function (the innermost frame inside shadefs, else the innermost)."""
     out = tempfile.mktemp(prefix="shadefs-pyspy-", suffix=".txt")
     p = subprocess.Popen(["py-spy", "record", "--pid", str(pid), "--format", "raw", "--output", out,
-                          "--rate", str(rate), "--nonblocking"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                          "--rate", str(rate), "--nonblocking", "--duration", str(int(seconds) + 2)],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     time.sleep(1.0)
     run()
-    p.terminate()
-    p.wait(20)
+    p.wait(60)  # it writes its file when the duration is over
     import inspect
 
     from shadefs.fuse import kernel
@@ -372,7 +372,7 @@ def main(argv=None) -> int:
                     counts = strace_counts(m.pid, lambda: box.append(read_loop(mnt, files, 1.5, a.procs)))
                     row["syscalls"] = {k: v / box[0] for k, v in sorted(counts.items(), key=lambda kv: -kv[1])}
                 if a.py_spy and shutil.which("py-spy"):
-                    row["pyspy"] = pyspy_profile(m.pid, lambda: read_loop(mnt, files, a.seconds, a.procs))
+                    row["pyspy"] = pyspy_profile(m.pid, lambda: read_loop(mnt, files, a.seconds, a.procs), a.seconds)
                 rows.append(row)
                 print(f"{case}, {nthreads} reader threads, {a.procs} readers: {row['opens_s']:,.0f} opens/s, daemon user {row['user_us']:.0f} us + sys "
                       f"{row['sys_us']:.0f} us per open, {row['ctx']:.2f} context switches per open "

@@ -197,12 +197,16 @@ class PosixBackend(Backend):
                 report.merge(rep)
                 yield from chunks
             for p in helpers:
-                out = p.stdout.read()
-                if p.wait() != 0 or not out:
+                try:
+                    chunks, rep = pickle.load(p.stdout)   # streamed: no second copy of the pickled bytes
+                except (EOFError, pickle.UnpicklingError, ValueError) as e:
+                    raise BackendError(f"listing {self.root!r}: a scan helper process failed "
+                                       f"(exit {p.wait()}: {e})") from None
+                if p.wait() != 0:
                     raise BackendError(f"listing {self.root!r}: a scan helper process failed (exit {p.returncode})")
-                chunks, rep = pickle.loads(out)
                 report.merge(rep)
                 yield from chunks
+                del chunks
         finally:
             for p in helpers:
                 if p.poll() is None:
@@ -437,7 +441,7 @@ def _helper_main() -> None:
         chunks, rep = _scan_subtree(t, real_root, follow, check)
         report.merge(rep)
         out.extend(chunks)
-    sys.stdout.buffer.write(pickle.dumps((out, report), pickle.HIGHEST_PROTOCOL))
+    pickle.dump((out, report), sys.stdout.buffer, pickle.HIGHEST_PROTOCOL)
     sys.stdout.buffer.flush()
 
 
