@@ -34,12 +34,15 @@ def run_mode(args, name, policy, hook, plan=False):
     mnt = os.path.join(args.workdir, f"mnt-{name}")
     cache = os.path.join(args.workdir, f"cache-{name}")
     shutil.rmtree(cache, ignore_errors=True)  # start cold
+    log = os.path.join(args.workdir, f"{name}.log")
+    if os.path.exists(log):
+        os.unlink(log)  # the daemon appends: one run per log, so a grep of it sees this run only
     os.makedirs(mnt, exist_ok=True)
     trace = os.path.join(args.workdir, f"{name}.trace.csv")
     out = os.path.join(args.workdir, f"{name}.train.json")
     sh(SHADEFS + ["mount", args.data, mnt, "--ram-cache", args.ram_cache, "--disk-cache", cache,
                   "--disk-cache-size", args.disk_cache_size, "--policy", policy, "--trace", trace,
-                  "--log-file", os.path.join(args.workdir, f"{name}.log")])
+                  "--log-file", log])
     try:
         cmd = [sys.executable, os.path.join(HERE, "train_fashion_mnist.py"), "--data", mnt,
                "--epochs", args.epochs, "--workers", args.workers, "--json", out]
