@@ -322,25 +322,9 @@ class TieredCache:
             FileNotFoundError: the backend says the file is gone (ENOENT).
             OSError: the backend failed (EIO), after the backend's own retries.
         """
-        fid = int(fid)
-        with self.lock:  # the RAM hit first: one critical section, one dict lookup (no size lookup)
-            if self._orphans:
-                self._settle()
-            data = self._ram_data.get(fid)
-            if data is not None:
-                return self._ram_hit(fid, data)
-        size = int(self.ns.size(fid))
-        while True:
-            with self.lock:
-                if self._orphans:
-                    self._settle()
-                h = self._memory_hit(fid, size)
-                if h is not None:
-                    return h
-                plan = self._plan_open(fid, size)
-            h = self._finish_open(fid, size, *plan)
-            if h is not None:
-                return h
+        # one lookup path: a hit is served by open_nowait, anything else by its ticket
+        h = self.open_nowait(fid, ticket=True)
+        return self.open_ticket(h) if type(h) is OpenTicket else h
 
     def _plan_open(self, fid: int, size: int) -> tuple:
         """Under self.lock, for an open that is no memory hit: what it waits on (``fl``: a flight, a
