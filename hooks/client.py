@@ -10,13 +10,17 @@ Never imports torch. The ZeroMQ socket is created lazily per process by ``Contro
 """
 from __future__ import annotations
 
+import errno as _errno
 import logging
 import os
+import sys
+import warnings
 from typing import List, Optional, Sequence
 
 import numpy as np
 
-__all__ = ["Client", "DatasetPaths", "EndpointNotFound", "XATTR_ENDPOINT", "find_mount_root"]
+__all__ = ["Client", "DatasetPaths", "EndpointNotFound", "XATTR_ENDPOINT", "find_mount_root", "warn_user",
+           "no_daemon_reason", "socket_missing"]
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +34,60 @@ except Exception:  # pragma: no cover - depends on what is installed beside the 
 
     class EndpointNotFound(LookupError):  # type: ignore[no-redef]
         """No shadefs endpoint: not inside a mount and ``SHADEFS_ENDPOINT`` unset."""
+
+
+_HOOKS_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def _internal(filename: str) -> bool:
+    """A frame of the hooks, of torch (the DataLoader calls ``iter(sampler)``), or of the import machinery."""
+    if filename.startswith(_HOOKS_DIR) or filename.startswith("<frozen "):
+        return True
+    torch = sys.modules.get("torch")
+    tdir = os.path.dirname(getattr(torch, "__file__", "") or "")
+    return bool(tdir) and filename.startswith(tdir + os.sep)
+
+
+def warn_user(message: str, category=RuntimeWarning) -> None:
+    """``warnings.warn`` attributed to the user's line: the first frame outside ``shadefs.hooks`` and torch.
+
+    A sampler's warning raised under ``for x in loader`` then names the training script's ``for`` line (what
+    ``stacklevel`` is for), whichever path inside the hooks and the DataLoader led to it. Called off the
+    main thread (no user frame on the stack), it names the outermost frame.
+    """
+    level = 2  # the caller of warn_user
+    f = sys._getframe(1)
+    while f.f_back is not None and _internal(f.f_code.co_filename):
+        f = f.f_back
+        level += 1
+    warnings.warn(message, category, stacklevel=level)
+
+
+def no_daemon_reason(exc: BaseException) -> str:
+    """Why discovery found no daemon, in plain words (``exc`` from :class:`Client`'s constructor)."""
+    if isinstance(exc, ImportError):
+        return f"the shadefs control client is not installed ({exc})"
+    if isinstance(exc, EndpointNotFound):
+        code = getattr(exc, "errno", None)
+        if code in (_errno.ENODATA, _errno.ENOTSUP, _errno.EOPNOTSUPP):
+            return f"it is not on a shadefs mount, and {ENV_ENDPOINT} is not set"
+        if code in (_errno.ENOTCONN, _errno.ECONNABORTED):
+            return "the shadefs mount there has no running daemon (its daemon stopped or crashed)"
+        if code == _errno.ENOENT:
+            return "the path does not exist"
+        if code is not None:
+            return f"its {XATTR_ENDPOINT} attribute could not be read ({os.strerror(code)})"
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}"
+
+
+def socket_missing(endpoint: str) -> Optional[str]:
+    """For an ``ipc://`` endpoint whose socket file does not exist, why no daemon can answer; else None."""
+    if endpoint.startswith("ipc://"):
+        path = endpoint[len("ipc://"):]
+        if not os.path.exists(path):
+            return f"its control socket {path} does not exist (no daemon listens there)"
+    return None
 
 
 def _control_module():
@@ -111,12 +169,10 @@ class DatasetPaths:
         outside = sum(self.rel_path(int(i)) is None for i in idx)
         frac = outside / idx.size
         if frac > 0.5:
-            import warnings
-
-            warnings.warn(
+            warn_user(
                 f"shadefs: {outside} of {idx.size} sampled dataset paths (e.g. {self.abs_path(int(idx[0]))!r}) "
                 f"lie outside the mount {self.mount_root!r}: importance scores and cache residency are not "
-                "used for them", RuntimeWarning, stacklevel=4)
+                "used for them")
         return frac
 
     def __len__(self) -> int:
@@ -234,8 +290,15 @@ class Client:
         self.mount_root: Optional[str] = (
             os.path.normpath(os.path.abspath(mount_root)) if mount_root is not None else None
         )
+        self.timeout_s = float(timeout_s)
+        self.credentials = credentials
         self._cc = cc.ControlClient(endpoint, timeout_s=timeout_s, credentials=credentials)
         self._send_errors = 0
+
+    def twin(self) -> "Client":
+        """A new client of the same daemon with the same settings and a socket of its own (another thread's)."""
+        return Client(endpoint=self.endpoint, mount_root=self.mount_root, timeout_s=self.timeout_s,
+                      credentials=self.credentials)
 
     @property
     def dropped(self) -> int:

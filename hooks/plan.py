@@ -23,14 +23,13 @@ import logging
 import os
 import queue
 import threading
-import warnings
 from typing import Iterator, List, Optional, Sequence, Union
 
 import numpy as np
 import torch.utils.data
 
 from . import distributed as _dist
-from .client import Client, DatasetPaths, dataset_root
+from .client import Client, DatasetPaths, dataset_root, no_daemon_reason, socket_missing, warn_user
 
 __all__ = ["PlanSampler", "PlanAnnouncer"]
 
@@ -75,10 +74,13 @@ class PlanAnnouncer:
         self._sender = None
         self._lock = threading.Lock()
         self._pid = os.getpid()
+        self._notices: List[str] = []
+        self.unanswered_warned = False         # the no-answer warning was given (once; the owner may say it)
 
     def __getstate__(self):
         state = dict(self.__dict__)
-        for k in ("_queue", "_thread", "_handle", "_table_index", "_sender", "_lock", "_pid"):
+        for k in ("_queue", "_thread", "_handle", "_table_index", "_sender", "_lock", "_pid", "_notices",
+                  "_unanswered"):
             state.pop(k, None)
         return state
 
@@ -94,20 +96,41 @@ class PlanAnnouncer:
             self._discovered = True
             root = dataset_root(self.dataset)
             try:
-                self._client = Client(root)
+                client = Client(root)
             except Exception as exc:  # EndpointNotFound, ImportError, a bad endpoint
-                warnings.warn(f"shadefs: no daemon for {root!r} ({exc}); {self.owner} samples as usual and "
-                              "announces nothing", RuntimeWarning, stacklevel=4)
-                self.enabled = False
+                self._no_daemon(f"for {root!r}", no_daemon_reason(exc))
                 return None
+            why = socket_missing(client.endpoint)
+            if why is not None:
+                client.close()
+                self._no_daemon(f"at {client.endpoint}", why)
+                return None
+            self._client = client
         if self._client is None or self._client.mount_root is None:
             if self._client is not None:
-                warnings.warn(f"shadefs: the mount root of {self._client.endpoint} is unknown (pass "
-                              f"Client(mount_root=...)); {self.owner} announces nothing", RuntimeWarning,
-                              stacklevel=4)
+                warn_user(f"shadefs: the mount root of {self._client.endpoint} is unknown (pass "
+                          f"Client(mount_root=...)); {self.owner} announces no plan, so training continues "
+                          "without prefetch")
             self.enabled = False
             return None
         return self._client
+
+    def _no_daemon(self, where: str, why: str) -> None:
+        """The one no-daemon warning (docs/hooks.md): announcing is off for good."""
+        self.enabled = False
+        warn_user(f"shadefs: no daemon answered {where}: {why}. {self.owner} yields its order as usual, but "
+                  "the plan is not announced, so training continues without prefetch (mount the dataset "
+                  "with 'shadefs mount' and check that its daemon runs, or pass client=False to turn this "
+                  "warning off)")
+
+    def _notify(self, message: str) -> None:
+        """Queue a warning found on the background thread; the next announce/flush/close on the caller's
+        thread gives it (so it names the user's line, not the thread)."""
+        self._notices.append(message)
+
+    def _give_notices(self) -> None:
+        while self._notices:
+            warn_user(self._notices.pop(0))
 
     @property
     def stream(self) -> int:
@@ -124,6 +147,7 @@ class PlanAnnouncer:
         with the thread's own :class:`Client` (ShadeSampler's provisional draw: computed off the training
         loop); None sends nothing.
         """
+        self._give_notices()
         if not self.enabled or orders is None or (not callable(orders) and not orders):
             return
         if self._ensure_client() is None:
@@ -152,6 +176,7 @@ class PlanAnnouncer:
     def flush(self, timeout: float = 10.0) -> bool:
         """Wait until every queued announcement was sent (or failed); returns whether it finished in time."""
         if self._thread is None:
+            self._give_notices()
             return True
         done = threading.Event()
 
@@ -160,7 +185,9 @@ class PlanAnnouncer:
             done.set()
 
         threading.Thread(target=waiter, daemon=True).start()
-        return done.wait(timeout)
+        ok = done.wait(timeout)
+        self._give_notices()
+        return ok
 
     def _run(self) -> None:
         while True:
@@ -171,6 +198,13 @@ class PlanAnnouncer:
             try:
                 if self._send(*item):
                     self.sent += 1
+            except TimeoutError:  # the endpoint exists, nobody answers the path table's registration
+                self.failed += 1
+                if not self.unanswered_warned:
+                    self.unanswered_warned = True
+                    self._notify(f"shadefs: no daemon answered at {self._client.endpoint} within "
+                                 f"{self._sender.timeout_s:g} s: {self.owner}'s plan is not announced "
+                                 "(tried again each epoch), so training continues without prefetch")
             except Exception as exc:  # never into the training loop
                 self.failed += 1
                 if self.failed == 1:
@@ -180,8 +214,7 @@ class PlanAnnouncer:
 
     def _send(self, epoch: int, orders, stream: int) -> bool:
         if self._sender is None:
-            c = self._client
-            self._sender = Client(endpoint=c.endpoint, mount_root=c.mount_root)  # this thread's own socket
+            self._sender = self._client.twin()  # this thread's own socket
         if self._handle is None:
             self._register()
         if self._handle is None:
@@ -213,8 +246,8 @@ class PlanAnnouncer:
                 tindex[i] = len(table)
                 table.append(p[len(prefix):])
         if not table:
-            warnings.warn(f"shadefs: no sample of the dataset lies in the mount {paths.mount_root}; "
-                          f"{self.owner} announces nothing", RuntimeWarning, stacklevel=2)
+            self._notify(f"shadefs: no sample of the dataset lies in the mount {paths.mount_root}: {self.owner} "
+                         "announces no plan, so training continues without prefetch")
             self.enabled = False
             return
         self._handle = self._sender.register_paths(table)
@@ -222,6 +255,7 @@ class PlanAnnouncer:
 
     def close(self) -> None:
         self.flush(5.0)
+        self._give_notices()
         if self._sender is not None:
             self._sender.close()
             self._sender = None

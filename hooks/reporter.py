@@ -11,13 +11,12 @@ Never blocks on the daemon (sends are queued or dropped); never imports torch it
 from __future__ import annotations
 
 import logging
-import warnings
 from typing import TYPE_CHECKING, Optional, Set, Union
 
 import numpy as np
 
 from . import distributed as _dist
-from .client import Client, DatasetPaths, dataset_root, find_mount_root
+from .client import Client, DatasetPaths, dataset_root, find_mount_root, no_daemon_reason, socket_missing, warn_user
 
 if TYPE_CHECKING:  # pragma: no cover
     from .sampler import ShadeSampler
@@ -83,7 +82,7 @@ class ScoreReporter:
                         try:
                             self.paths = DatasetPaths(dataset, root)
                         except TypeError as exc:
-                            warnings.warn(f"shadefs: {exc}; scores are not sent", RuntimeWarning, stacklevel=2)
+                            warn_user(f"shadefs: {exc}; scores are not sent")
         self._generation = -1
         self._cursor = 0
         self._senders: Optional[Set[int]] = None
@@ -92,10 +91,16 @@ class ScoreReporter:
 
     def _discover(self) -> Optional[Client]:
         try:
-            return Client(dataset_root(self.dataset))
+            client = Client(dataset_root(self.dataset))
         except Exception as exc:
-            log.info("shadefs: no daemon for the reporter: %s", exc)
+            log.info("shadefs: no daemon for the reporter: %s", no_daemon_reason(exc))
             return None
+        why = socket_missing(client.endpoint)
+        if why is not None:
+            log.info("shadefs: no daemon for the reporter at %s: %s", client.endpoint, why)
+            client.close()
+            return None
+        return client
 
     # ---------------------------------------------------------------------------------- report
     def report(self, losses, indices=None) -> None:

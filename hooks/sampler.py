@@ -19,14 +19,13 @@ import dataclasses
 import itertools
 import logging
 import math
-import warnings
 from typing import Iterator, List, Optional, Union
 
 import numpy as np
 import torch.utils.data
 
 from . import distributed as _dist
-from .client import Client, DatasetPaths, dataset_root
+from .client import Client, DatasetPaths, dataset_root, no_daemon_reason, socket_missing, warn_user
 
 __all__ = ["ShadeSampler", "EpochPlan", "rank_transform", "pads_sort", "race_draw", "keyed_shuffle"]
 
@@ -368,12 +367,12 @@ class ShadeSampler(torch.utils.data.Sampler):
             try:
                 client = Client(root)
             except Exception as exc:  # EndpointNotFound, ImportError, a bad endpoint
-                warnings.warn(
-                    f"shadefs: no daemon for {root!r} ({exc}); ShadeSampler runs importance "
-                    "sampling without cache awareness and reports go nowhere",
-                    RuntimeWarning,
-                    stacklevel=3,
-                )
+                self._no_daemon(f"for {root!r}", no_daemon_reason(exc))
+                return
+            why = socket_missing(client.endpoint)
+            if why is not None:
+                client.close()
+                self._no_daemon(f"at {client.endpoint}", why)
                 return
         self.client = client
         root = getattr(client, "mount_root", None)
@@ -386,9 +385,14 @@ class ShadeSampler(torch.utils.data.Sampler):
             except TypeError as exc:
                 reason = str(exc)
         if reason is not None:
-            warnings.warn(
-                f"shadefs: {reason}; ShadeSampler runs without cache awareness", RuntimeWarning, stacklevel=3
-            )
+            warn_user(f"shadefs: {reason}; ShadeSampler runs without cache awareness")
+
+    @staticmethod
+    def _no_daemon(where: str, why: str) -> None:
+        warn_user(f"shadefs: no daemon answered {where}: {why}. ShadeSampler samples by importance without "
+                  "cache awareness, announces no plan and sends no scores; training continues without "
+                  "prefetch (mount the dataset with 'shadefs mount' and check that its daemon runs, or pass "
+                  "client=False to turn this warning off)")
 
     # ----------------------------------------------------------------------------- SHADE state
     def update_scores(self, indices, losses) -> None:
@@ -614,13 +618,12 @@ class ShadeSampler(torch.utils.data.Sampler):
             if resident is not None:
                 raise  # the provisional draw: its caller counts the failure
             self._resident_failures += 1
+            if self.announcer is not None:
+                self.announcer.unanswered_warned = True  # this warning says it; the plan's would repeat it
             if self._resident_failures == 1:
-                warnings.warn(
-                    f"shadefs: residency query failed ({exc}); this epoch is planned without cache "
-                    "awareness (retried next epoch, warned once)",
-                    RuntimeWarning,
-                    stacklevel=4,
-                )
+                warn_user(
+                    f"shadefs: the residency query failed ({exc}); this epoch is planned without cache "
+                    "awareness (retried next epoch, warned once)")
             return None
         res_u = np.zeros(uniq.size, dtype=bool)
         res_u[inside] = flags

@@ -46,7 +46,16 @@ def load_credentials(path: str) -> dict:
 
 
 class EndpointNotFound(RuntimeError):
-    """No control endpoint: ``SHADEFS_ENDPOINT`` is unset and the path is not inside a shadefs mount."""
+    """No control endpoint: ``SHADEFS_ENDPOINT`` is unset and the path is not inside a shadefs mount.
+
+    Attributes:
+        errno: the error of reading the path's ``user.shadefs.endpoint`` attribute (``ENODATA``: not on a
+            shadefs mount; ``ENOTCONN``: a mount whose daemon is gone; ``ENOENT``: no such path), or None.
+    """
+
+    def __init__(self, message: str, errno: Optional[int] = None):
+        super().__init__(message)
+        self.errno = errno
 
 
 class ControlError(RuntimeError):
@@ -85,7 +94,7 @@ def find_endpoint(path_inside_mount: str) -> str:
     except OSError as e:
         raise EndpointNotFound(
             f"no shadefs control endpoint for {path_inside_mount!r} ({e.strerror or e}): pass a path "
-            f"inside a shadefs mount or set {ENV_ENDPOINT} (see 'shadefs endpoint MOUNTPOINT')") from None
+            f"inside a shadefs mount or set {ENV_ENDPOINT} (see 'shadefs endpoint MOUNTPOINT')", e.errno) from None
     url = raw.decode("utf-8", "replace").strip("\0").strip()
     if not url:
         raise EndpointNotFound(f"{path_inside_mount!r} has an empty {XATTR} attribute; set {ENV_ENDPOINT}")
