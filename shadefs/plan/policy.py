@@ -83,6 +83,7 @@ class PlanPolicy(Policy):
         self.rebuilds = 0
         self._dirty: list = []                       # (plan, fid): next use moved later, not yet re-keyed
         plans.watchers.append(self._dirty.append)    # O(1) on the hit path; applied at the next victim search
+        self.on_hit = inner.on_hit                   # type: ignore[method-assign]  # no frame of ours on a hit
 
     # -- the inner policy's calls, and keeping the structure --------------------------------------
     def on_hit(self, fid: int) -> None:

@@ -18,8 +18,13 @@ class LRUPolicy(Policy):
     def __init__(self, capacity_bytes, importance=None):
         super().__init__(capacity_bytes, importance)
         self._order: "OrderedDict[int, int]" = OrderedDict()  # fid -> size, oldest first
+        if self.touch_on_hit and type(self).on_hit is LRUPolicy.on_hit:
+            # the RAM-hit path calls on_hit under the cache lock: the OrderedDict's own method, no
+            # Python frame (docs/performance.md, "Lock hold")
+            self.on_hit = self._order.move_to_end  # type: ignore[method-assign]
 
     def on_hit(self, fid):
+        """A hit moves ``fid`` to the most recently used end (``touch_on_hit``; O(1))."""
         if self.touch_on_hit:
             self._order.move_to_end(fid)
 
