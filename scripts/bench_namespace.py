@@ -12,12 +12,16 @@ files takes an hour on a shared disk). Then, side by side in one run:
 - per-call costs of ``lookup``, ``child``, ``attr``, ``path`` (CPU microseconds, 20k calls);
 - the daemon through the real CLI with a disk tier (so it persists the snapshot): ``shadefs mount``
   wall time and daemon RSS (VmRSS) after a scan, then after a restart from the snapshot; and the RSS of a
-  daemon serving a 1-file source (the fixed cost), so (RSS - that) / N is the per-file cost.
+  daemon serving a 1-file source (the fixed cost), so (RSS - that) / N is the per-file cost; with
+  ``--daemon-ref REV`` the daemon of commit REV too (its whole package, ``git archive``, run through
+  PYTHONPATH), interleaved with this tree's for ``--daemon-rounds`` rounds (``--daemon-only`` skips the
+  in-process scan).
 
 The machine is shared: the load average is printed beside every timed figure.
 
 Reproduce: ``python scripts/bench_namespace.py --files 1000000 --workdir /tmp/shadefs-bench-ns --keep``
-and ``--files 1000000 10000000:10``; ``--write-doc`` rewrites the "Namespace" section of
+and ``--files 1000000 10000000:10``; before/after at the daemon level:
+``--files 1000000 --workdir /tmp/fe2-ns --keep --daemon-only --daemon-ref main --daemon-rounds 2``; ``--write-doc`` rewrites the "Namespace" section of
 docs/performance.md (the rows of every N measured in this run).
 """
 from __future__ import annotations
@@ -184,26 +188,65 @@ def in_process(src: str, n: int) -> dict:
     return out
 
 
-def daemon_runs(src: str, work: str, n: int) -> dict:
+def full_package(rev: str, work: str) -> str:
+    """Commit ``rev``'s whole ``shadefs`` package under WORK/full-REV (for its daemon: PYTHONPATH)."""
+    pkg = os.path.join(work, f"full-{rev}")
+    if not os.path.isdir(os.path.join(pkg, "shadefs")):
+        os.makedirs(pkg, exist_ok=True)
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        tar = subprocess.run(["git", "-C", root, "archive", rev, "shadefs"], check=True, capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", pkg], input=tar, check=True)
+    return pkg
+
+
+def daemon_env(rev: str, work: str) -> dict:
+    """The environment (and, by the caller, the working directory ``work``) under which ``python -m
+    shadefs`` runs commit ``rev``'s package ('' = this tree's)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    pkg = full_package(rev, work) if rev else root
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([pkg, *filter(None, [os.environ.get("PYTHONPATH")])]))
+    code = "import shadefs, sys; print(shadefs.__file__)"
+    got = subprocess.run([sys.executable, "-c", code], env=env, cwd=work, capture_output=True, text=True,
+                         check=True).stdout.strip()
+    assert got.startswith(pkg), (got, pkg)
+    return env
+
+
+def daemon_runs(src: str, work: str, n: int, rev: str = "") -> dict:
+    """``shadefs mount`` of ``src`` (a scan, then a restart from the snapshot) with commit ``rev``'s daemon
+    ('' = this tree's), run from ``work``: mount-ready wall, the daemon's scan seconds and VmRSS 2 s later."""
     cache = os.path.join(work, f"cache-{n}")
     shutil.rmtree(cache, ignore_errors=True)
     mnt = os.path.join(work, f"mnt-{n}")
     args = ["--disk-cache", cache, "--disk-cache-size", "1MiB", "--ram-cache", "0"]
+    env = daemon_env(rev, work)
     out = {}
-    for run in ("scan", "snapshot"):
-        m = Mount(src, mnt, args, log_file=os.path.join(work, f"daemon-{n}-{run}.log"), mount_timeout=1800)
-        t0 = time.monotonic()
-        m.start()
-        ready = time.monotonic() - t0
-        time.sleep(2)
-        ns = m.stats()["namespace"]
-        assert ns["files"] == n and ns["from_snapshot"] == (run == "snapshot"), ns
-        out[run] = {"ready": ready, "rss": rss_of(m.pid), "load": load(), "scan_s": ns["scan_seconds"]}
-        m.umount()
+    here = os.getcwd()
+    os.chdir(work)  # python -m puts the working directory first on sys.path
+    try:
+        for run in ("scan", "snapshot"):
+            out[run] = _daemon_run(src, mnt, args, os.path.join(work, f"daemon-{n}-{rev or 'this'}-{run}.log"), env,
+                                   n, run)
+    finally:
+        os.chdir(here)
     snap = [os.path.join(d, f) for d, _, fs in os.walk(cache) for f in fs if f == "namespace.bin"]
     out["snapshot_bytes"] = os.path.getsize(snap[0]) if snap else 0
     shutil.rmtree(cache, ignore_errors=True)
     return out
+
+
+def _daemon_run(src, mnt, args, log_file, env, n, run) -> dict:
+    m = Mount(src, mnt, args, log_file=log_file, env=env, mount_timeout=1800)
+    t0 = time.monotonic()
+    m.start()
+    try:
+        ready = time.monotonic() - t0
+        time.sleep(2)
+        ns = m.stats()["namespace"]
+        assert ns["files"] == n and ns["from_snapshot"] == (run == "snapshot"), ns
+        return {"ready": ready, "rss": rss_of(m.pid), "load": load(), "scan_s": ns["scan_seconds"]}
+    finally:
+        m.umount()
 
 
 def baseline_rss(work: str) -> int:
@@ -307,7 +350,13 @@ def main(argv=None) -> int:
                     help="only the warm scan of the first --files tree against find and os.scandir (and --ref)")
     ap.add_argument("--rounds", type=int, default=2, help="--floors: rounds of the shadefs scans (default 2)")
     ap.add_argument("--threads", type=int, nargs="+", default=[1], help="--floors: listing threads (default 1)")
+    ap.add_argument("--daemon-ref", default="", metavar="REV",
+                    help="also mount with commit REV's daemon (its whole package), interleaved with this tree's")
+    ap.add_argument("--daemon-rounds", type=int, default=1, help="rounds of the daemon runs (default 1)")
+    ap.add_argument("--daemon-only", action="store_true", help="skip the in-process scan (and --ref)")
     a = ap.parse_args(argv)
+    if a.daemon_only:
+        a.ref = ""
     os.makedirs(a.workdir, exist_ok=True)
     if a.floors:
         n = int(a.files[0].partition(":")[0])
@@ -345,17 +394,22 @@ def main(argv=None) -> int:
                 rows.append([f"{label}, before ({a.ref})", f"{fwall:.2f} / {fcpu:.2f}", floa,
                              f"{r['wall']:.2f} / {r['cpu']:.2f}", r["load"], f"{r['grown'] / n:.0f}", "-",
                              f"{r['lookup']:.1f}", "-", "-", "-"])
-            p = in_process(src, n)
-            rows.append([label, f"{fwall:.2f} / {fcpu:.2f}", floa, f"{p['wall']:.2f} / {p['cpu']:.2f}", p["load"],
-                         f"{p['grown'] / n:.0f}", f"{p['arrays'] / n:.0f}", f"{p['lookup']:.1f}",
-                         f"{p['child']:.1f}", f"{p['attr']:.2f}", f"{p['path']:.2f}"])
+            if not a.daemon_only:
+                p = in_process(src, n)
+                rows.append([label, f"{fwall:.2f} / {fcpu:.2f}", floa, f"{p['wall']:.2f} / {p['cpu']:.2f}",
+                             p["load"], f"{p['grown'] / n:.0f}", f"{p['arrays'] / n:.0f}", f"{p['lookup']:.1f}",
+                             f"{p['child']:.1f}", f"{p['attr']:.2f}", f"{p['path']:.2f}"])
             if base is not None:
-                d = daemon_runs(src, a.workdir, n)
-                s, r = d["scan"], d["snapshot"]
-                rows2.append([label, f"{s['ready']:.2f}", f"{s['scan_s']:.2f}", f"{s['rss'] / 2**20:.0f}",
-                              f"{(s['rss'] - base) / n:.0f}", s["load"], f"{r['ready']:.2f}", f"{r['scan_s']:.2f}",
-                              f"{r['rss'] / 2**20:.0f}", f"{(r['rss'] - base) / n:.0f}", r["load"],
-                              f"{d['snapshot_bytes'] / n:.0f}"])
+                for rnd in range(a.daemon_rounds):   # before and after, interleaved
+                    for rev in ([a.daemon_ref] if a.daemon_ref else []) + [""]:
+                        d = daemon_runs(src, a.workdir, n, rev)
+                        s, r = d["scan"], d["snapshot"]
+                        who = f"{label}, {rev or 'this tree'}" + (f" (round {rnd + 1})" if a.daemon_rounds > 1 else "")
+                        rows2.append([who, f"{s['ready']:.2f}", f"{s['scan_s']:.2f}", f"{s['rss'] / 2**20:.0f}",
+                                      f"{(s['rss'] - base) / n:.0f}", s["load"], f"{r['ready']:.2f}",
+                                      f"{r['scan_s']:.2f}", f"{r['rss'] / 2**20:.0f}", f"{(r['rss'] - base) / n:.0f}",
+                                      r["load"], f"{d['snapshot_bytes'] / n:.0f}"])
+                        print(rows2[-1], flush=True)
         finally:
             if bind > 1:
                 unbind(src, bind)
@@ -367,7 +421,7 @@ def main(argv=None) -> int:
         ["files", "find wall / CPU s", "load", "scan wall / CPU s", "load", "RSS grown B/file", "arrays B/file",
          "lookup us", "child us", "attr us", "path us"], rows,
         "find = the same stat() of every file, in C (the floor); costs per call are CPU microseconds.")
-    tables = [t1]
+    tables = [t1] if rows else []
     if rows2:
         tables.append(docsection.Table(
             "The daemon: shadefs mount with a disk tier, then a restart from the snapshot",

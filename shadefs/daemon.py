@@ -174,7 +174,8 @@ class Daemon:
                         return ns
             if why != "no snapshot":
                 log.info("namespace snapshot %s not used (%s): scanning the source", path, why)
-        return Namespace.scan(self.backend, follow_symlinks=cfg.follow_symlinks)
+        # isolated: the listing's heap stays in a child process (docs/performance.md, "Namespace")
+        return Namespace.scan(self.backend, follow_symlinks=cfg.follow_symlinks, isolate=True)
 
     def _save_snapshot(self, path: str) -> None:
         ns = self.namespace

@@ -109,6 +109,31 @@ def _trim_heap() -> None:
         libc.malloc_trim(0)
 
 
+def _can_fork() -> bool:
+    """May this process fork a scan child? Linux (memfd), and no thread but this one (a fork copies
+    only the calling thread: a lock another thread holds would stay locked in the child)."""
+    import threading
+
+    return hasattr(os, "fork") and hasattr(os, "memfd_create") and threading.active_count() == 1
+
+
+def _threads() -> int:
+    import threading
+
+    return threading.active_count()
+
+
+def _die_with(parent: int) -> None:
+    """In a forked child: be killed when ``parent`` exits (``PR_SET_PDEATHSIG``), or exit now if it has."""
+    import signal
+
+    libc = _libc()
+    if libc is not None and hasattr(libc, "prctl"):
+        libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:
+        os._exit(1)
+
+
 class _Paths(Sequence):
     """``ns.paths``: file paths by id, built on access (the namespace keeps no string per file)."""
 
@@ -156,13 +181,25 @@ class Namespace:
         self._build(chunks_from_entries(entries, report), report)
 
     @classmethod
-    def scan(cls, backend, follow_symlinks: bool = False) -> "Namespace":
+    def scan(cls, backend, follow_symlinks: bool = False, isolate: bool = False) -> "Namespace":
         """Scan ``backend`` (:meth:`~shadefs.backends.base.Backend.scan`) and build the namespace.
+
+        With ``isolate`` (the daemon's choice), a backend whose listing may run in a forked process
+        (``scan_in_child``: posix) is scanned and built in a child process forked for it, which hands the
+        finished namespace back as one buffer in the :meth:`save` format (a ``memfd``): this process then
+        holds the arrays only, exactly as after :meth:`load`, and none of the heap the listing used (its
+        millions of short-lived objects and temporary arrays die with the child; docs/performance.md,
+        "Namespace"). Only where it is safe to fork: Linux, and no other thread in this process;
+        otherwise, and without ``isolate``, the scan runs in this process.
 
         Raises:
             FileNotFoundError: the source root does not exist.
-            BackendError: the root cannot be listed, or listing failed.
+            BackendError: the root cannot be listed, or listing failed (or the scan process died).
         """
+        if isolate and getattr(backend, "scan_in_child", False):
+            if _can_fork():
+                return cls._scan_in_child(backend, follow_symlinks)
+            log.info("scanning in this process (%d threads running: a fork is not safe)", _threads())
         import gc
 
         _one_heap()
@@ -180,6 +217,81 @@ class Namespace:
                 gc.enable()
         _trim_heap()
         return ns
+
+    @classmethod
+    def _scan_in_child(cls, backend, follow_symlinks: bool) -> "Namespace":
+        """:meth:`scan` in a forked child; the namespace comes back through a memfd (:meth:`_write`
+        format), an exception pickled through a pipe. The child dies with this process (PDEATHSIG)."""
+        import pickle
+        import signal
+
+        t0 = time.monotonic()
+        fd = os.memfd_create("shadefs-namespace", os.MFD_CLOEXEC)
+        r, w = os.pipe()
+        parent = os.getpid()
+        try:
+            pid = os.fork()
+        except OSError:
+            os.close(fd), os.close(r), os.close(w)
+            raise
+        if pid == 0:  # the child: never returns
+            code = 1
+            try:
+                os.close(r)
+                _die_with(parent)
+                try:
+                    ns = cls.scan(backend, follow_symlinks)
+                    with open(fd, "wb", closefd=False) as f:
+                        ns._write(f, {})
+                    msg = b"ok"
+                except BaseException as e:  # handed to the parent, which raises it
+                    try:
+                        msg = b"E" + pickle.dumps(e, pickle.HIGHEST_PROTOCOL)
+                    except Exception:
+                        msg = b"E" + pickle.dumps(BackendError(f"{type(e).__name__}: {e}"))
+                with open(w, "wb", closefd=False) as f:
+                    f.write(msg)
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(w)
+        try:
+            with open(r, "rb", closefd=False) as f:
+                msg = f.read()   # EOF when the child has exited (or died)
+            _, status = os.waitpid(pid, 0)
+            child, pid = pid, 0
+            if not msg:
+                sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0
+                raise BackendError(f"listing {getattr(backend, 'root', '?')!r}: the scan process died "
+                                   f"({f'signal {signal.Signals(sig).name}' if sig else f'exit {os.WEXITSTATUS(status)}'})")
+            if msg != b"ok":
+                raise pickle.loads(msg[1:])
+            size = os.fstat(fd).st_size
+            buf = np.empty(size, dtype=np.uint8)
+            view, got = memoryview(buf), 0
+            while got < size:
+                n = os.preadv(fd, [view[got:]], got)
+                if n <= 0:
+                    break
+                got += n
+            del view
+            ns, why = cls._from_buffer(buf[:got], {}, t0)
+            if ns is None:
+                raise BackendError(f"the scan process handed back an unreadable namespace ({why})")
+            ns.from_snapshot = False
+            ns.scan_seconds = time.monotonic() - t0
+            log.info("namespace scanned and built in a child process (pid %d) in %.2f s, handed back as %s",
+                     child, ns.scan_seconds, f"{size / 2**20:.1f} MiB")
+            return ns
+        finally:
+            if pid:  # interrupted while the child runs: it must not outlive the wait
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    os.waitpid(pid, 0)
+                except (ProcessLookupError, ChildProcessError):
+                    pass
+            os.close(r)
+            os.close(fd)
 
     # -- construction ------------------------------------------------------------------------------
     def _build(self, chunks: Iterable[DirChunk], report: ScanReport) -> None:
@@ -511,6 +623,17 @@ class Namespace:
         Raises:
             OSError: the file cannot be written.
         """
+        d = os.path.dirname(os.path.abspath(path))
+        tmp_dir = os.path.join(d, "tmp") if os.path.isdir(os.path.join(d, "tmp")) else d
+        tmp = os.path.join(tmp_dir, f".{os.path.basename(path)}.{os.getpid()}.tmp")
+        with removing_on_error(tmp):
+            with open(tmp, "wb") as f:
+                written = self._write(f, key)
+            os.replace(tmp, path)
+        return written
+
+    def _write(self, f, key: Dict[str, Any]) -> int:
+        """Write the :meth:`save` format to the binary file ``f``; returns the bytes written."""
         parts: List[Tuple[str, Any]] = [("_blob", self._blob)]
         parts += [(name, np.ascontiguousarray(getattr(self, name))) for name in self._ARRAYS]
         layout: List[Tuple[str, int, str, List[int]]] = []
@@ -530,32 +653,26 @@ class Namespace:
         head = _MAGIC + struct.pack("<Q", len(header)) + header
         head += b"\0" * ((-len(head)) % _ALIGN)
         # streamed from the arrays' own memory (no copy of the namespace), hashed on the way
-        d = os.path.dirname(os.path.abspath(path))
-        tmp_dir = os.path.join(d, "tmp") if os.path.isdir(os.path.join(d, "tmp")) else d
-        tmp = os.path.join(tmp_dir, f".{os.path.basename(path)}.{os.getpid()}.tmp")
         h = xxh3_64()
         written = 0
-        with removing_on_error(tmp):
-            with open(tmp, "wb") as f:
-                def put(data) -> None:
-                    nonlocal written
-                    h.update(data)
-                    f.write(data)
-                    written += len(data)
 
-                put(head)
-                body = 0
-                for (name, a), (_, off, _, _) in zip(parts, layout):
-                    if off > body:
-                        put(b"\0" * (off - body))
-                        body = off
-                    mv = a if name == "_blob" else memoryview(a).cast("B")
-                    put(mv)
-                    body += len(mv)
-                f.write(struct.pack("<Q", h.intdigest()))
-                written += 8
-            os.replace(tmp, path)
-        return written
+        def put(data) -> None:
+            nonlocal written
+            h.update(data)
+            f.write(data)
+            written += len(data)
+
+        put(head)
+        body = 0
+        for (name, a), (_, off, _, _) in zip(parts, layout):
+            if off > body:
+                put(b"\0" * (off - body))
+                body = off
+            mv = a if name == "_blob" else memoryview(a).cast("B")
+            put(mv)
+            body += len(mv)
+        f.write(struct.pack("<Q", h.intdigest()))
+        return written + 8
 
     @classmethod
     def load(cls, path: str, key: Dict[str, Any]) -> Tuple[Optional["Namespace"], str]:
@@ -568,6 +685,11 @@ class Namespace:
             return None, "no snapshot"
         except OSError as e:
             return None, f"cannot read it: {e}"
+        return cls._from_buffer(buf, key, t0)
+
+    @classmethod
+    def _from_buffer(cls, buf: np.ndarray, key: Dict[str, Any], t0: float) -> Tuple[Optional["Namespace"], str]:
+        """:meth:`load` of the bytes ``buf`` (uint8, shape (n,)); the arrays are views of ``buf``."""
         try:
             m = len(_MAGIC)
             if len(buf) < m + 16 or buf[:m].tobytes() != _MAGIC:

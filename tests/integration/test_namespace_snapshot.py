@@ -26,6 +26,8 @@ def test_an_unchanged_source_is_served_from_the_snapshot(small_tree, tmp_path, m
     (src / "empty").mkdir()
     m = remount(mount, src, cache)
     assert m.stats()["namespace"]["from_snapshot"] is False
+    # the daemon's scan runs in a child process: the listing's heap never lives in the daemon
+    assert "namespace scanned and built in a child process" in m.log()
     m.umount()
     m = remount(mount, src, cache)
     ns = m.stats()["namespace"]

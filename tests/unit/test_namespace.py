@@ -155,11 +155,8 @@ def test_posix_scan_threads_default_to_one_on_a_local_filesystem(tmp_path):
     assert Namespace.scan(posix.PosixBackend(str(tmp_path))).num_files == 1
 
 
-def test_posix_scan_in_helper_processes_equals_the_one_thread_scan(tricky, tmp_path):
-    """A listing that runs past scan_after_s hands its subtrees to helper processes: the same tree, the
-    same bytes of every array, the same report (symlinks inside/outside/dangling, a loop, a fifo)."""
-    from shadefs.backends import posix
-
+def _helper_tree(tricky, tmp_path):
+    """``tricky`` with 12 subtrees to hand out, and symlinks inside/outside/dangling, a loop, a fifo."""
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / "o.bin").write_bytes(b"o")
@@ -173,6 +170,15 @@ def test_posix_scan_in_helper_processes_equals_the_one_thread_scan(tricky, tmp_p
     os.symlink("nope", tricky / "d03" / "dangling")                 # dangling: skipped
     os.symlink("..", tricky / "d04" / "sub" / "loop")               # a loop: skipped
     os.mkfifo(tricky / "d05" / "fifo")                               # special: skipped
+
+
+def test_posix_scan_in_helper_processes_equals_the_one_thread_scan(tricky, tmp_path):
+    """A listing that runs past scan_after_s hands its subtrees to helper processes (here fresh
+    interpreters: pytest runs a timeout thread, so no fork): the same tree, the same bytes of every
+    array, the same report (symlinks inside/outside/dangling, a loop, a fifo)."""
+    from shadefs.backends import posix
+
+    _helper_tree(tricky, tmp_path)
 
     def scan(processes, after):
         b = posix.PosixBackend(str(tricky), scan_processes=processes)
@@ -194,3 +200,132 @@ def test_posix_scan_in_helper_processes_equals_the_one_thread_scan(tricky, tmp_p
     assert many.lookup("d01/in.bin") is not None and many.lookup("d02/out.bin") is None
     with pytest.raises(posix.BackendError):
         posix.PosixBackend(str(tricky), scan_processes="0")
+
+
+ISOLATED = r"""
+import json, os, signal, sys, time
+from shadefs.backends import posix
+from shadefs.backends.base import BackendError
+from shadefs.namespace import Namespace
+
+root, case, processes = sys.argv[1], sys.argv[2], int(sys.argv[3])
+record = os.path.join(os.path.dirname(root), "pids")
+listed = posix._scan_subtree
+
+def recording_subtree(*a):  # inherited by forked helpers only (a fresh interpreter imports its own)
+    with open(record + ".subtree", "a") as f:
+        f.write(f"{os.getpid()}\n")
+    time.sleep(0.05)  # every subtree takes a while: no process claims them all before the others start
+    return listed(*a)
+
+posix._scan_subtree = recording_subtree
+
+class Recording(posix.PosixBackend):
+    def scan(self, follow_symlinks=False):
+        with open(record, "a") as f:
+            f.write(f"{os.getpid()}\n")
+        if case == "die":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if case == "raise":
+            raise BackendError("listing failed: boom")
+        return super().scan(follow_symlinks)
+
+out = {"pid": os.getpid()}
+b = Recording(root, scan_processes=processes)
+b.scan_after_s = 0.0
+try:
+    ns = Namespace.scan(b, isolate=case != "forks")
+except OSError as e:
+    out["error"] = [type(e).__name__, str(e)]
+else:
+    one = Namespace.scan(posix.PosixBackend(root, scan_processes=1))
+    out["from_snapshot"] = ns.from_snapshot
+    out["same"] = [n for n in ("sizes", "mtimes", "etags", "_off", "_parent", "_perm", "_perm_table", "_keys",
+                               "_key_ids", "_kids", "_dir_start", "_dir_nlink", "_dir_mtime_ns", "_dir_ctime_ns")
+                   if getattr(ns, n).tobytes() == getattr(one, n).tobytes()]
+    out["blob"] = bytes(ns._blob) == bytes(one._blob)
+    out["dirs"] = ns.dir_paths == one.dir_paths and ns.fingerprint == one.fingerprint
+    out["report"] = [ns.report.counts, one.report.counts, ns.report.examples == one.report.examples]
+    out["paths"] = list(ns.paths)
+out["scanned_in"] = [int(x) for x in open(record).read().split()]
+out["subtrees_in"] = sorted(set(int(x) for x in open(record + ".subtree").read().split())) \
+    if os.path.exists(record + ".subtree") else []
+print(json.dumps(out))
+"""
+
+
+def _isolated(root, case, processes=1):
+    """Run ISOLATED in a fresh interpreter (no thread but its main one, so a scan may fork)."""
+    import json
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", ISOLATED, str(root), case, str(processes)], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_an_isolated_scan_runs_in_a_child_and_equals_the_in_process_scan(tricky, tmp_path):
+    """Namespace.scan(isolate=True) (the daemon's) lists and builds in a forked child and hands the arrays
+    back through a memfd: the same bytes of every array, paths, report (a dangling link, a loop, a fifo)."""
+    os.symlink("nope", tricky / "a" / "dangling")
+    os.symlink("..", tricky / "a" / "b" / "loop")
+    os.mkfifo(tricky / "e" / "fifo")
+    out = _isolated(tricky, "ok")
+    assert out["from_snapshot"] is False and out["blob"] and out["dirs"]
+    assert len(out["same"]) == 14, out["same"]
+    assert out["report"][0] == out["report"][1] == {"symlinks_dangling": 1, "loops": 1, "special": 1}
+    assert out["report"][2] is True
+    assert out["paths"] == sorted(TRICKY)
+    assert len(out["scanned_in"]) == 1 and out["scanned_in"][0] != out["pid"]  # listed in a child
+
+
+def test_an_isolated_scan_reports_the_childs_error_and_its_death(tmp_path):
+    (tmp_path / "src").mkdir()
+    assert _isolated(tmp_path / "src", "raise")["error"] == ["BackendError", "listing failed: boom"]
+    died = _isolated(tmp_path / "src", "die")["error"]
+    assert died[0] == "BackendError" and "the scan process died (signal SIGKILL)" in died[1]
+    gone = _isolated(tmp_path / "missing", "ok")["error"]
+    assert gone == ["FileNotFoundError", f"source {str(tmp_path / 'missing')!r} is not a directory"]
+
+
+def test_an_isolated_scan_stays_in_process_while_another_thread_runs(tricky):
+    """A fork copies only the calling thread: with another thread alive the scan is not forked."""
+    import threading
+
+    seen = []
+
+    class Recording(PosixBackend):
+        def scan(self, follow_symlinks=False):
+            seen.append(os.getpid())
+            return super().scan(follow_symlinks)
+
+    stop = threading.Event()
+    t = threading.Thread(target=stop.wait, daemon=True)
+    t.start()
+    try:
+        ns = Namespace.scan(Recording(str(tricky)), isolate=True)
+    finally:
+        stop.set()
+        t.join()
+    assert seen == [os.getpid()]
+    check_tree(ns, tricky)
+
+
+def test_posix_scan_in_forked_helpers_equals_the_one_thread_scan(tricky, tmp_path):
+    """Where nothing but the main thread runs, the helpers are forked and claim subtrees from a pipe:
+    the same bytes of every array as the 1-thread scan, and subtrees listed in more than one process;
+    the same inside the daemon's isolated scan child."""
+    _helper_tree(tricky, tmp_path)
+    for case in ("forks", "ok"):
+        for f in ("pids", "pids.subtree"):
+            if os.path.exists(tricky.parent / f):
+                os.unlink(tricky.parent / f)
+        out = _isolated(tricky, case, processes=3)
+        assert out["blob"] and out["dirs"] and len(out["same"]) == 14, out
+        assert out["report"][0] == out["report"][1] == {"symlinks_outside": 1, "symlinks_dangling": 1,
+                                                        "loops": 1, "special": 1}
+        assert len(out["paths"]) == len(TRICKY) + 12 * 2 + 1
+        assert len(out["subtrees_in"]) >= 2, out["subtrees_in"]   # this process and a forked helper
+        assert (out["pid"] in out["subtrees_in"]) == (case == "forks")
