@@ -73,6 +73,8 @@ class Handle:
         fid: the file id.
         size: the file's size in bytes (the snapshot's).
         outcome: ``"ram"``, ``"disk"`` or ``"miss"`` (what this open was counted as).
+        gen: the generation of the disk entry the handle serves (or served: an entry-less disk hit of
+            :meth:`TieredCache.open_kept`), else 0.
 
     The bytes come from exactly one source: the RAM tier's own ``bytes`` object (no copy; pinned, so
     that if the file is evicted while the handle is open its bytes are counted against
@@ -84,12 +86,13 @@ class Handle:
     critical section applies it, as it does for a handle dropped without release.
     """
 
-    __slots__ = ("fid", "size", "outcome", "_cache", "_data", "_fd", "_released", "_pin", "_loose")
+    __slots__ = ("fid", "size", "outcome", "_cache", "_data", "_fd", "_released", "_pin", "_loose", "gen")
 
     def __init__(self, cache: "TieredCache", fid: int, size: int, outcome: Outcome,
                  data: Optional[bytes] = None, fd: Optional[int] = None, pin: Optional[list] = None,
-                 loose: int = 0):
+                 loose: int = 0, gen: int = 0):
         self.fid = fid
+        self.gen = gen
         self.size = size
         self.outcome = outcome
         self._cache = cache
@@ -594,6 +597,34 @@ class TieredCache:
         # under self.lock: is generation ``gen`` the resident disk entry of ``fid``?
         return fid in self.disk_index and int(self.entries.gen[fid]) == gen
 
+    def open_kept(self, fid: int, gen: int) -> Optional[Handle]:
+        """An NVMe hit whose entry the caller already holds open: generation ``gen`` of ``fid``'s disk
+        entry (a FUSE passthrough backing id the kernel front end kept, which pins that entry file).
+
+        Counted as one disk hit, exactly as :meth:`open_nowait` counts it, when that generation is still
+        the resident entry, under ``--verify-entries first-hit``, has passed its check (its first hit
+        verified it: ``verified[fid]``), cannot be promoted (larger than the RAM tier) and is neither
+        fetching nor moving. The handle opens no entry and has no fd (:meth:`Handle.backing_fd` None):
+        the caller serves the open from its own reference (a read through it, not expected, is served by
+        ranges from the backend). One critical section; no path hash, no ``open``/``close``.
+
+        Returns None, and nothing is counted, otherwise (evicted, replaced by a newer generation, dropped
+        as corrupt, not yet verified, ``every-open``, promotable): the caller then opens the file the
+        usual way (:meth:`open_nowait`) and must not use its reference to generation ``gen``.
+        """
+        with self.lock:
+            if self._orphans:
+                self._settle()
+            if (self.verify_entries != "first-hit" or self.disk_index is None or fid not in self.disk_index
+                    or fid in self._flights or not self.verified[fid] or int(self.entries.gen[fid]) != gen):
+                return None
+            size = int(self.ns.size(fid))
+            if size <= self.ram_index.capacity_bytes:
+                return None  # _disk_hit reads and verifies it to promote it
+            self.disk_index.hit(fid)
+            self._count(fid, size, "disk")
+        return Handle(self, fid, size, "disk", gen=gen)
+
     def _disk_hit(self, fid: int, size: int, gen: int, csum: int) -> Optional[Handle]:
         """Serve a disk-resident file: open its entry, verify its checksum, count the hit, promote it to
         RAM when RAM admits it. None (nothing counted) when the entry was dropped, moved or corrupt."""
@@ -611,7 +642,7 @@ class TieredCache:
             with self.lock:  # this generation passed at an earlier hit (cleared with every new one)
                 if self._current(fid, gen) and self.verified[fid]:
                     self._count(fid, size, "disk")
-                    return Handle(self, fid, size, "disk", fd=fd)
+                    return Handle(self, fid, size, "disk", fd=fd, gen=gen)
         try:
             data = self.disk.verify(fd, size, csum, keep=keep)
         except CorruptEntry as e:
@@ -640,7 +671,7 @@ class TieredCache:
             self._unlink(fid, gen, csum, size)
             self._demote(demote)
             return Handle(self, fid, size, "disk", data=data, pin=promoted)
-        return Handle(self, fid, size, "disk", fd=fd)
+        return Handle(self, fid, size, "disk", fd=fd, gen=gen)
 
     def _drop_corrupt(self, fid: int, gen: int, csum: int, size: int, why: str) -> None:
         with self.lock:
@@ -863,7 +894,7 @@ class TieredCache:
         if fl.tier == "disk":
             try:
                 return Handle(self, fid, size, fl.source,
-                              fd=self.disk.open_entry(self.ns.path(fid), fl.gen, fl.csum))
+                              fd=self.disk.open_entry(self.ns.path(fid), fl.gen, fl.csum), gen=fl.gen)
             except OSError:
                 pass  # evicted already: serve from the backend
         return self._loose_handle(fid, size, fl.source, fl.data)

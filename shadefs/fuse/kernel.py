@@ -24,7 +24,12 @@ Passthrough (kernel >= 6.9, CAP_SYS_ADMIN, negotiated in INIT): an OPEN served b
 answered with ``FOPEN_PASSTHROUGH`` and a backing id registered from the entry's fd
 (``FUSE_DEV_IOC_BACKING_OPEN``), so the kernel reads the entry file itself; every open still reaches the
 daemon (counting stays per open). The kernel requires all concurrent opens of one inode to agree (all
-passthrough on the same backing file, or all cached): :class:`_Modes` keeps that per file.
+passthrough on the same backing file, or all cached): :class:`_Modes` keeps that per file. Backing ids
+outlive the last release (bounded by ``KEEP_BACKING_BYTES``), tied to the entry generation they were
+registered from: under ``--verify-entries first-hit`` an NVMe hit of a file with a backing id in use or
+kept is counted by ``cache.open_kept(fid, gen)`` (one critical section) and answered with that id, without
+opening the entry, as long as that generation is still the resident, verified entry; an evicted,
+replaced or corrupt entry's id is never reused (the open takes the usual path, and a new id).
 
 Set ``SHADEFS_FUSE_CHECK_REPLIES=1`` to check every reply's length against its opcode (the test suite
 does); a bad reply is logged as ``FUSE reply check failed`` with a traceback.
@@ -73,6 +78,17 @@ _OUT_HEADER_PACK = P.OUT_HEADER.pack
 _OUT_HEADER_SIZE = P.OUT_HEADER.size
 
 
+class _StopFlag(threading.Event):
+    """An Event whose state is also the plain attribute ``stopped``: the reader loop reads it once per
+    request (``Event.is_set`` is a Python call there)."""
+
+    stopped = False
+
+    def set(self) -> None:
+        self.stopped = True
+        super().set()
+
+
 class _Workers:
     """A thread pool that grows when every worker is busy (a miss never queues behind hung misses) and
     shrinks after ``idle_s`` seconds without work. At ``max_threads`` further work queues."""
@@ -118,25 +134,40 @@ class _Workers:
 
 class _Modes:
     """Per file: the io mode the kernel holds for its open files (passthrough on one backing id, or cached)
-    and how many of our handles are open in it. Only used when passthrough was negotiated."""
+    and how many of our handles are open in it. Only used when passthrough was negotiated.
+
+    Each backing id is tied to the disk entry generation it was registered from (``Handle.gen``): an open
+    of a file with a backing id in use or kept (:meth:`gen_of`) is first offered to
+    ``cache.open_kept(fid, gen)``, which counts the hit without opening the entry when that generation is
+    still resident and verified; a backing id is reused for a disk hit only of the same generation."""
 
     def __init__(self, dev_fd: int, ram_memfd: bool = False, keep_bytes: int = KEEP_BACKING_BYTES):
         self.dev_fd = dev_fd
         self.ram_memfd = ram_memfd
         self.lock = threading.Lock()
-        self.files: Dict[int, List] = {}   # fid -> [backing_id or None, open count, bytes, keep at release]
+        self.files: Dict[int, List] = {}   # fid -> [backing_id or None, open count, bytes, keep at release, gen]
         # backing ids kept registered after the last release of an NVMe hit, so that the next NVMe hit of
         # the file needs no open/fstat/ioctl; each pins its entry file (also after an eviction), so they are
         # bounded in bytes and dropped as soon as an open of the file is not an NVMe hit
-        self.kept: "OrderedDict[int, Tuple[int, int]]" = OrderedDict()   # fid -> (backing id, bytes)
+        self.kept: "OrderedDict[int, Tuple[int, int, int]]" = OrderedDict()   # fid -> (backing id, bytes, gen)
         self.kept_bytes = 0
         self.keep_limit = keep_bytes
         self.backing_errors = 0
         self.first_error: Optional[str] = None
 
+    def gen_of(self, fid: int) -> Optional[int]:
+        """The entry generation of the backing id open or kept for ``fid``, or None (no lock: a hint that
+        ``cache.open_kept`` checks, and :meth:`acquire` checks again)."""
+        st = self.files.get(fid)
+        if st is not None:
+            return st[4] if st[0] is not None else None
+        kept = self.kept.get(fid)
+        return kept[2] if kept is not None else None
+
     def acquire(self, fid: int, h) -> Optional[int]:
         """Count one open of ``fid``; returns the backing id to answer it with (None: cached mode)."""
         stale = None
+        gen = getattr(h, "gen", 0)
         with self.lock:
             st = self.files.get(fid)
             if st is None:
@@ -145,7 +176,7 @@ class _Modes:
                 if kept is not None:
                     self.kept_bytes -= kept[1]
                 keep = True
-                if h.outcome == "disk" and kept is not None:
+                if h.outcome == "disk" and kept is not None and kept[2] == gen:
                     bid = kept[0]
                 else:
                     stale = kept
@@ -156,7 +187,7 @@ class _Modes:
                         keep = os.fstat(bfd).st_nlink > 0
                     elif self.ram_memfd and h.outcome == "ram":
                         bid = self._memfd_backing(h)
-                st = self.files[fid] = [bid, 0, h.size, keep]
+                st = self.files[fid] = [bid, 0, h.size, keep, gen]
             st[1] += 1
             bid = st[0]
         if stale is not None:
@@ -175,10 +206,10 @@ class _Modes:
             drop = []
             if st[0] is not None:
                 if st[3] and st[2] <= self.keep_limit and not self.ram_memfd:
-                    self.kept[fid] = (st[0], st[2])
+                    self.kept[fid] = (st[0], st[2], st[4])
                     self.kept_bytes += st[2]
                     while self.kept_bytes > self.keep_limit:
-                        _, (bid, size) = self.kept.popitem(last=False)
+                        _, (bid, size, _) = self.kept.popitem(last=False)
                         self.kept_bytes -= size
                         drop.append(bid)
                 else:
@@ -264,11 +295,13 @@ class KernelFrontend:
         self._open_nowait = nowait if nowait is not None else (lambda fid: open_handle_nowait(cache, fid))
         # a cache with tickets: a miss's lookup on the reader is not repeated on the worker (open_ticket)
         self._open_ticket = getattr(cache, "open_ticket", None)
+        # a cache that counts an NVMe hit on a kept passthrough backing id without opening the entry
+        self._open_kept = getattr(cache, "open_kept", None)
         self.check_replies = os.environ.get(CHECK_REPLIES_ENV, "") not in ("", "0")
         self.ram_memfd = os.environ.get(RAM_MEMFD_ENV, "") not in ("", "0")
         self.fd: Optional[int] = None
         self._fds: List[int] = []
-        self._stop = threading.Event()
+        self._stop = _StopFlag()
         self._files: Dict[int, Tuple] = {}       # fh -> (handle, fid)
         self._next_fh = itertools.count(1)
         self._pending: Dict[int, int] = {}       # unique -> fd, requests a worker is serving
@@ -281,6 +314,7 @@ class KernelFrontend:
         self.proto_minor = 0
         self.interrupted = 0
         self.passthrough_opens = 0
+        self.kept_opens = 0       # NVMe hits counted on a backing id we hold, without opening the entry
         self.reply_errors = 0
         nf = self.ns.num_files
         self._root = self.ns.root
@@ -351,8 +385,9 @@ class KernelFrontend:
             if signalled:
                 log.info("signal %d: unmounting %s", signalled[0], self.mountpoint)
             unmount_fuse(self.mountpoint)   # a no-op when the kernel already unmounted us
-            log.info("kernel front end: %d opens answered by passthrough, %d requests interrupted, "
-                     "%d worker threads at most", self.passthrough_opens, self.interrupted, self.workers.peak)
+            log.info("kernel front end: %d opens answered by passthrough (%d of them NVMe hits on a kept backing "
+                     "id, without opening the entry), %d requests interrupted, %d worker threads at most",
+                     self.passthrough_opens, self.kept_opens, self.interrupted, self.workers.peak)
             for fd in self._fds:
                 try:
                     os.close(fd)
@@ -418,7 +453,8 @@ class KernelFrontend:
         buf = bytearray(BUFSIZE)
         ops = self._ops
         unpack = P.IN_HEADER.unpack_from
-        while not self._stop.is_set():
+        stop = self._stop
+        while not stop.stopped:
             try:
                 n = os.readv(fd, [buf])
             except OSError as e:
@@ -467,6 +503,9 @@ class KernelFrontend:
         if len(bufs) == 1:
             body_len = len(bufs[0])
             iov = [_OUT_HEADER_PACK(_OUT_HEADER_SIZE + body_len, -error, unique), bufs[0]]
+        elif not bufs:  # RELEASE, errors: the header alone
+            body_len = 0
+            iov = [_OUT_HEADER_PACK(_OUT_HEADER_SIZE, -error, unique)]
         else:
             body_len = sum(len(b) for b in bufs)
             iov = [_OUT_HEADER_PACK(_OUT_HEADER_SIZE + body_len, -error, unique), *bufs]
@@ -635,7 +674,17 @@ class KernelFrontend:
             self._send(fd, unique, P.OPEN, errno.EISDIR, ())
             return
         try:
-            h = self._open_nowait(node, True) if self._open_ticket is not None else self._open_nowait(node)
+            h = None
+            modes = self.modes
+            if modes is not None and self._open_kept is not None:
+                # an NVMe hit of a file whose backing id we hold: counted without opening its entry
+                gen = modes.gen_of(node)
+                if gen is not None:
+                    h = self._open_kept(node, gen)
+                    if h is not None:
+                        self.kept_opens += 1
+            if h is None:
+                h = self._open_nowait(node, True) if self._open_ticket is not None else self._open_nowait(node)
         except Exception as e:
             self._fail(fd, unique, P.OPEN, self.ns.path(node), e)
             return

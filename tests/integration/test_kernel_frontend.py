@@ -69,6 +69,97 @@ def test_passthrough_and_cached_opens_of_one_file_never_mix(small_tree, mount, t
     assert (s["hits"]["ram"], s["hits"]["disk"], s["misses"]) == (2, 1, 2)
 
 
+def _kept_opens(log: str) -> int:
+    found = re.findall(r"opens answered by passthrough \((\d+) of them NVMe hits on a kept backing id", log)
+    assert found, log
+    return int(found[-1])
+
+
+def _entry_files(cache_dir, rel: str):
+    import glob
+    import hashlib
+    h = hashlib.sha256(rel.encode()).hexdigest()
+    return glob.glob(os.path.join(str(cache_dir), "*", h[:2], h + ".*"))
+
+
+def _needs_passthrough(log: str) -> None:
+    if "passthrough on" not in log:
+        pytest.skip("this kernel does not offer FUSE passthrough: " + log[log.find("passthrough"):][:120])
+
+
+def test_nvme_hits_on_a_kept_backing_id_open_no_entry_and_count_per_open(small_tree, mount, tmp_path):
+    """--verify-entries first-hit: a miss registers the backing id of the entry it wrote, the first hit
+    verifies the entry (and reuses that id), every later hit is counted on the kept id without opening
+    the entry; every open still reaches the daemon and counts one outcome."""
+    src, spec = small_tree
+    m = mount(src, "--fuse-impl", "kernel", "--ram-cache", "0", "--disk-cache", tmp_path / "cache",
+              "--disk-cache-size", "100%", "--verify-entries", "first-hit")
+    for _ in range(4):
+        for rel, data in sorted(spec.items()):
+            assert read(os.path.join(m.path, rel)) == data
+    s = m.stats()
+    assert (s["opens"], s["misses"], s["hits"]["disk"], s["hits"]["ram"], s["corrupt_entries"]) == (40, 10, 30, 0, 0)
+    m.umount()
+    log = m.log()
+    _needs_passthrough(log)
+    assert _passthrough_opens(log) == 40
+    assert _kept_opens(log) == 20       # passes 3 and 4: neither the miss nor the first (verifying) hit
+
+
+def test_a_kept_backing_id_never_serves_an_evicted_replaced_or_corrupt_entry(small_tree, mount, tmp_path, cli):
+    """The source file changes in place (same size and mtime), its entry is evicted and re-admitted (a new
+    generation): the hits that follow serve the new bytes, not the old generation's kept backing file; an
+    entry damaged before its first hit is detected there (first-hit's guarantee), dropped and re-read."""
+    src, spec = small_tree
+    cache_dir = tmp_path / "cache"
+    m = mount(src, "--fuse-impl", "kernel", "--ram-cache", "0", "--policy", "lru", "--disk-cache", cache_dir,
+              "--disk-cache-size", "12000", "--verify-entries", "first-hit")
+    x, y = "cat/09.bin", "dog/02.bin"          # 10000 and 3000 bytes: one evicts the other
+    px, py = os.path.join(m.path, x), os.path.join(m.path, y)
+    for _ in range(3):                         # miss, first hit (verified), hit on the kept id
+        assert read(px) == spec[x]
+    new = bytes(b ^ 0xFF for b in spec[x])
+    st = os.stat(src / x)
+    with open(src / x, "r+b") as f:            # the source changes in place (same size)
+        f.write(new)
+    os.utime(src / x, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert read(py) == spec[y]                 # miss: evicts x's entry (the old generation)
+    assert m.stats()["tiers"]["disk"]["files"] == 1
+    assert read(px) == new                     # miss: a new generation (evicts y)
+    for _ in range(2):                         # its first hit, then a hit on the kept id: the new bytes
+        assert read(px) == new
+    # re-admitted by a warm-up, with no open in between (no miss replaces the kept id)
+    src_bytes = bytes(b ^ 0x55 for b in spec[x])
+    with open(src / x, "r+b") as f:
+        f.write(src_bytes)
+    os.utime(src / x, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert read(py) == spec[y]                 # evicts x
+    cli("warm", m.path, x, "--quiet")          # reads x from the backend into the disk tier
+    assert m.stats()["tiers"]["disk"]["files"] == 1
+    for _ in range(2):                         # first hit (verified), then on the kept id
+        assert read(px) == src_bytes
+    new = src_bytes
+    # damage the resident entry, then evict and re-admit x: the new entry's first hit checks it
+    assert read(py) == spec[y]                 # evicts x
+    assert read(px) == new                     # miss: written again (not yet verified)
+    (entry,) = _entry_files(cache_dir, x)
+    with open(entry, "r+b") as f:
+        f.seek(100)
+        b = f.read(1)
+        f.seek(100)
+        f.write(bytes([b[0] ^ 1]))
+    assert read(px) == new                     # first hit: corrupt, dropped, read again (a miss)
+    assert read(px) == new                     # first hit of the rewritten entry: verified
+    assert read(px) == new                     # on the kept id
+    s = m.stats()
+    assert (s["opens"], s["misses"], s["hits"]["disk"], s["corrupt_entries"]) == (15, 7, 8, 1)
+    m.umount()
+    log = m.log()
+    _needs_passthrough(log)
+    assert _kept_opens(log) == 4
+    assert "dropping corrupt disk entry" in log
+
+
 @pytest.fixture
 def dev_fuse_for_everyone():
     """/dev/fuse usable by other users for the test (Debian's udev makes it 0666; a container's may be
