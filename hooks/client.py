@@ -374,6 +374,15 @@ class Client:
                 log.warning("shadefs: dropping a plan for %s: %s", self.endpoint, exc)
             return False
 
+    def withdraw_plan(self, handle: bytes, stream: int) -> bool:
+        """Queue a ``withdraw`` (the stream's plan is over); never blocks, never raises. False when dropped."""
+        try:
+            return bool(self._cc.withdraw_plan(handle, stream))
+        except Exception as exc:
+            self._send_errors += 1
+            log.warning("shadefs: could not withdraw a plan at %s: %s", self.endpoint, exc)
+            return False
+
     def close(self) -> None:
         self._cc.close()
 

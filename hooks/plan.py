@@ -19,10 +19,12 @@ announces its PADS draw, repeats included).
 """
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import queue
 import threading
+import weakref
 from typing import Iterator, List, Optional, Sequence, Union
 
 import numpy as np
@@ -36,6 +38,19 @@ __all__ = ["PlanSampler", "PlanAnnouncer"]
 log = logging.getLogger(__name__)
 
 _PLAN_STREAM = 0x5EED_0003
+_WITHDRAW = "withdraw"  # a queue item's orders: end the stream's plan (docs/protocol.md ``withdraw``)
+
+_LIVE: "weakref.WeakSet" = weakref.WeakSet()  # announcers that sent a plan: withdrawn at a clean exit
+
+
+@atexit.register
+def _withdraw_at_exit() -> None:
+    """A job that exits without close() still ends its plans (a crash leaves them to the daemon's expiry)."""
+    for announcer in list(_LIVE):
+        try:
+            announcer.close(timeout=2.0, warn=False)  # no one is left to read a warning
+        except Exception:  # pragma: no cover - never fail the interpreter's exit
+            pass
 
 
 class PlanAnnouncer:
@@ -51,6 +66,8 @@ class PlanAnnouncer:
     The first announcement registers the dataset's path table (once per announcer); then each
     announcement is one ``plan`` message of 4 bytes per sample. Indices outside the mount are left out.
     Announcements queue (the newest wins when the thread falls behind); :meth:`flush` waits for them.
+    :meth:`close` -- called for you at a clean interpreter exit -- withdraws the plans it announced, so the
+    daemon drops them at once instead of following the last (lookahead) epoch until it expires them.
     Picklable (the thread and sockets are not carried; a copy announces on its own once used).
     """
 
@@ -65,6 +82,7 @@ class PlanAnnouncer:
         self._init_runtime()
         self.sent = 0
         self.failed = 0
+        self.withdrawn = 0
 
     def _init_runtime(self) -> None:
         self._queue: "queue.Queue" = queue.Queue(maxsize=4)
@@ -75,6 +93,7 @@ class PlanAnnouncer:
         self._lock = threading.Lock()
         self._pid = os.getpid()
         self._notices: List[str] = []
+        self._planned: set = set()             # streams with a plan on the daemon (sent, not withdrawn)
         self.unanswered_warned = False         # the no-answer warning was given (once; the owner may say it)
 
     def __getstate__(self):
@@ -157,7 +176,9 @@ class PlanAnnouncer:
         stream = self.stream
         if not callable(orders):
             orders = [np.asarray(o, dtype=np.int64) for o in orders]
-        item = (int(epoch), orders, stream)
+        self._put((int(epoch), orders, stream))
+
+    def _put(self, item) -> None:
         while True:
             try:
                 self._queue.put_nowait(item)
@@ -172,11 +193,16 @@ class PlanAnnouncer:
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="shadefs-plan", daemon=True)
                 self._thread.start()
+            _LIVE.add(self)
 
     def flush(self, timeout: float = 10.0) -> bool:
         """Wait until every queued announcement was sent (or failed); returns whether it finished in time."""
+        ok = self._flush(timeout)
+        self._give_notices()
+        return ok
+
+    def _flush(self, timeout: float) -> bool:
         if self._thread is None:
-            self._give_notices()
             return True
         done = threading.Event()
 
@@ -185,9 +211,7 @@ class PlanAnnouncer:
             done.set()
 
         threading.Thread(target=waiter, daemon=True).start()
-        ok = done.wait(timeout)
-        self._give_notices()
-        return ok
+        return done.wait(timeout)
 
     def _run(self) -> None:
         while True:
@@ -196,8 +220,11 @@ class PlanAnnouncer:
             except queue.Empty:
                 return  # idle: the next announce starts a fresh thread
             try:
-                if self._send(*item):
+                if item[1] is _WITHDRAW:
+                    self._withdraw(item[2])
+                elif self._send(*item):
                     self.sent += 1
+                    self._planned.add(item[2])
             except TimeoutError:  # the endpoint exists, nobody answers the path table's registration
                 self.failed += 1
                 if not self.unanswered_warned:
@@ -234,6 +261,12 @@ class PlanAnnouncer:
         return self._sender.send_plan(self._handle, stream, epoch, segments,
                                       np.concatenate(ids).astype(np.uint32) if ids else np.zeros(0, np.uint32))
 
+    def _withdraw(self, stream: int) -> None:
+        # on the socket that sent the plans: the daemon reads the withdraw after them
+        if self._sender is not None and self._handle is not None and self._sender.withdraw_plan(self._handle, stream):
+            self.withdrawn += 1
+        self._planned.discard(stream)
+
     def _register(self) -> None:
         paths = DatasetPaths(self.dataset, self._client.mount_root)
         prefix = paths.mount_root.rstrip("/") + "/"
@@ -253,10 +286,30 @@ class PlanAnnouncer:
         self._handle = self._sender.register_paths(table)
         self._table_index = tindex
 
-    def close(self) -> None:
-        self.flush(5.0)
-        self._give_notices()
-        if self._sender is not None:
+    def close(self, timeout: float = 5.0, *, warn: bool = True) -> None:
+        """End this announcer's plans on the daemon (``withdraw``) and close its socket.
+
+        Waits up to ``timeout`` seconds for queued announcements, then for the withdraw; the daemon drops
+        the plans at once, and what it had prefetched for them and not yet handed to an open counts as
+        ``prefetch.wasted_bytes``. Called for you at a clean interpreter exit; a job that crashes leaves its
+        plans to the daemon's expiry (300 s without a match). Idempotent; a later :meth:`announce` announces
+        again. A forked copy in another process does nothing. ``warn``: give the warnings the background
+        thread found (False at exit: nobody is left to read them).
+        """
+        if self._pid != os.getpid():
+            return
+        _LIVE.discard(self)
+        idle = self._flush(timeout)
+        if self._planned:
+            for stream in sorted(self._planned):
+                self._put((None, _WITHDRAW, stream))
+            _LIVE.discard(self)
+            idle = self._flush(timeout)
+        if warn:
+            self._give_notices()
+        else:
+            self._notices.clear()
+        if idle and self._sender is not None:  # (a thread still sending keeps its socket: one thread each)
             self._sender.close()
             self._sender = None
 
@@ -348,6 +401,18 @@ class PlanSampler(torch.utils.data.Sampler):
     def flush(self, timeout: float = 10.0) -> bool:
         """Wait until the announcements so far reached the daemon's socket (tests, benchmarks)."""
         return self.announcer.flush(timeout)
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Tell the daemon the job is done with its plan (:meth:`PlanAnnouncer.close`): it drops the last
+        announced epochs at once instead of prefetching for and evicting by them until they expire. Called
+        for you at a clean exit; ``with PlanSampler(...) as sampler:`` calls it at the block's end."""
+        self.announcer.close(timeout)
+
+    def __enter__(self) -> "PlanSampler":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def __repr__(self) -> str:
         return (f"PlanSampler(N={len(self.dataset)}, sampler={type(self.sampler).__name__ if self.sampler is not None else None}, "

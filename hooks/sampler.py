@@ -518,6 +518,22 @@ class ShadeSampler(torch.utils.data.Sampler):
         trigger = _LookaheadTrigger(self, self.generation, self.epoch, self.plan.order)
         return itertools.chain(order[:k], trigger, order[k:])
 
+    def close(self, timeout: float = 5.0) -> None:
+        """Tell the daemon the job is done with this sampler's plan (``withdraw``: it drops the last
+        announced draws at once instead of following them until they expire), then close the client's
+        socket. Called for you at a clean exit for the plan; ``with ShadeSampler(...) as sampler:`` calls it
+        at the block's end. The sampler still samples afterwards (a later epoch announces again)."""
+        if self.announcer is not None:
+            self.announcer.close(timeout)
+        if self.client is not None:
+            self.client.close()
+
+    def __enter__(self) -> "ShadeSampler":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     @property
     def yielded_order(self) -> Optional[np.ndarray]:
         """The dataset indices of the current epoch, in the order ``iter()`` yields them."""

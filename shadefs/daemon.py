@@ -397,3 +397,12 @@ class Daemon:
             raise ProtocolError(e.reason, e.message) from None
         log.info("announced %s", plan.describe())
         self.prefetcher.wake()
+
+    def withdraw_plan(self, handle: bytes, stream: int) -> None:
+        """``withdraw``: the job is done with stream ``stream``'s plan; drop it now (what it still had in the
+        prefetch window counts as wasted). A plan the daemon does not hold (finished, retired, another
+        daemon's) changes nothing."""
+        plan = self.plans.withdraw(handle, stream)
+        if plan is not None:
+            log.info("withdrawn %s", plan.describe())
+            self.prefetcher.wake()

@@ -206,6 +206,7 @@ class CacheCollector:
             ended = CounterMetricFamily(PLANS_ENDED, "Plans no longer followed, by why.", labels=["why"])
             ended.add_metric(["retired"], p["plans_retired"])
             ended.add_metric(["finished"], p.get("plans_finished", 0))
+            ended.add_metric(["withdrawn"], p.get("plans_withdrawn", 0))
             yield ended
         checkpointer = getattr(d, "checkpointer", None)
         if checkpointer is not None:

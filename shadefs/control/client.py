@@ -287,6 +287,15 @@ class ControlClient:
         """
         return self._send_oneway(P.encode_plan(handle, stream, first_epoch, segments, ids, window=window))
 
+    def withdraw_plan(self, handle: bytes, stream: int) -> bool:
+        """End stream ``stream``'s plan of table ``handle`` (``withdraw``, one-way; never blocks): the daemon
+        drops it at once. Sent on the socket that sent the plans, it arrives after them.
+
+        Returns:
+            True if queued, False if the send queue was full (counted in ``dropped``).
+        """
+        return self._send_oneway(P.encode_withdraw(handle, stream))
+
     def stats(self) -> dict:
         """The daemon's stats JSON (``shadefs stats --json``), with ``scores_received``/``scores_rejected``.
 

@@ -32,6 +32,10 @@ count); more than :data:`MAX_PLAN_IDS` ids or :data:`MAX_PLAN_SEGMENTS` segments
 ids frame that is not 4 bytes per id, or segment lengths that do not sum to the id count, is
 ``length_mismatch`` (8).
 
+``withdraw`` (one-way, added after ``plan``; a daemon without it rejects it as ``unknown_kind``) ends a
+stream's plan: the job is done with it. Its handle frame must be 8 bytes and its stream frame 4 bytes, else
+``malformed`` (5).
+
 Never raises anything but :class:`ProtocolError` on bytes from the wire.
 """
 from __future__ import annotations
@@ -53,7 +57,7 @@ __all__ = [
     "decode_reply", "error_reply_id", "wants_reply", "check_paths",
     "REGISTER", "PLAN", "PLAN_FORMAT", "PLAN_META_BYTES", "MAX_PLAN_IDS", "MAX_PLAN_SEGMENTS",
     "RegisterRequest", "RegisterReply", "PlanMessage", "encode_register_request", "encode_register_reply",
-    "encode_plan",
+    "encode_plan", "WITHDRAW", "PlanWithdraw", "encode_withdraw",
 ]
 
 VERSION = b"SHADEFS1"
@@ -63,8 +67,9 @@ STATS = b"stats"
 WARM = b"warm"
 REGISTER = b"register"
 PLAN = b"plan"
+WITHDRAW = b"withdraw"
 ERROR = b"error"
-REQUEST_KINDS = (SCORES, RESIDENT, STATS, WARM, REGISTER, PLAN)
+REQUEST_KINDS = (SCORES, RESIDENT, STATS, WARM, REGISTER, PLAN, WITHDRAW)
 REPLY_KINDS = (RESIDENT, STATS, WARM, REGISTER, ERROR)
 
 REQUEST_ID_BYTES = 8
@@ -85,7 +90,9 @@ MAX_PLAN_SEGMENTS = 16
 REASONS = ("version", "unknown_kind", "malformed", "length_mismatch", "non_finite", "bad_path",
            "unknown_path", "oversize", "unknown_handle", "flood")
 
-_FRAME_COUNTS = {SCORES: 4, RESIDENT: 4, STATS: 3, WARM: 4, REGISTER: 5, PLAN: 6}
+_FRAME_COUNTS = {SCORES: 4, RESIDENT: 4, STATS: 3, WARM: 4, REGISTER: 5, PLAN: 6, WITHDRAW: 4}
+#: One-way kinds: never answered, not even when rejected.
+ONE_WAY = (SCORES, PLAN, WITHDRAW)
 
 
 class ProtocolError(ValueError):
@@ -209,7 +216,16 @@ class PlanMessage:
     ids: np.ndarray
 
 
-Request = Union[Scores, ResidentRequest, StatsRequest, WarmRequest, RegisterRequest, PlanMessage]
+@dataclasses.dataclass(frozen=True, eq=False)
+class PlanWithdraw:
+    """``withdraw`` (one-way): stream ``stream`` of table ``handle`` is done with its plan (the job closed its
+    sampler or exited); the daemon drops the plan now instead of retiring it after ``idle_s``."""
+
+    handle: bytes
+    stream: int
+
+
+Request = Union[Scores, ResidentRequest, StatsRequest, WarmRequest, RegisterRequest, PlanMessage, PlanWithdraw]
 Reply = Union[ResidentReply, StatsReply, WarmReply, RegisterReply, ErrorReply]
 
 
@@ -337,6 +353,19 @@ def encode_plan(handle: bytes, stream: int, first_epoch: int, segments: Sequence
     return [VERSION, PLAN, bytes(handle), meta, segs.astype("<u4").tobytes(), ids.astype("<u4").tobytes()]
 
 
+def encode_withdraw(handle: bytes, stream: int) -> List[bytes]:
+    """Frames of a ``withdraw`` message (one-way): ``handle`` (8 bytes), ``stream`` as little-endian uint32.
+
+    Raises:
+        ProtocolError: ``malformed`` (a handle that is not 8 bytes, a stream outside 0 .. 2**32-1).
+    """
+    if len(handle) != 8:
+        raise ProtocolError("malformed", f"a table handle is 8 bytes, got {len(handle)}")
+    if not 0 <= int(stream) <= 0xFFFFFFFF:
+        raise ProtocolError("malformed", f"stream {stream} is not in 0 .. 2**32-1")
+    return [VERSION, WITHDRAW, bytes(handle), np.array([stream], dtype="<u4").tobytes()]
+
+
 def encode_stats_request(request_id: bytes) -> List[bytes]:
     """Frames of a ``stats`` request. Raises :class:`ProtocolError` for a bad request id."""
     _check_request_id(request_id)
@@ -385,6 +414,12 @@ def decode_request(frames: Sequence[bytes], *, total_bytes: Optional[int] = None
         return StatsRequest(frames[2])
     if kind == PLAN:
         return _decode_plan(frames)
+    if kind == WITHDRAW:
+        if len(frames[2]) != 8:
+            raise ProtocolError("malformed", f"a table handle is 8 bytes, got {len(frames[2])}")
+        if len(frames[3]) != 4:
+            raise ProtocolError("malformed", f"a withdraw's stream is 4 bytes, got {len(frames[3])}")
+        return PlanWithdraw(frames[2], int(np.frombuffer(frames[3], dtype="<u4")[0]))
     if kind == REGISTER:
         _check_request_id(frames[2])
         if len(frames[3]) not in (0, 8):
@@ -472,8 +507,9 @@ def decode_reply(frames: Sequence[bytes], *, max_bytes: int = MAX_MESSAGE_BYTES)
 
 
 def wants_reply(frames: Sequence[bytes]) -> bool:
-    """Whether a (possibly invalid) inbound message gets a reply: everything but ``scores`` and ``plan``."""
-    return not (len(frames) >= 2 and bytes(frames[1]) in (SCORES, PLAN))
+    """Whether a (possibly invalid) inbound message gets a reply: everything but the one-way kinds
+    (``scores``, ``plan``, ``withdraw``)."""
+    return not (len(frames) >= 2 and bytes(frames[1]) in ONE_WAY)
 
 
 def error_reply_id(frames: Sequence[bytes]) -> bytes:

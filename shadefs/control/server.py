@@ -466,6 +466,9 @@ class ControlServer:
                 with self._lock:
                     self._plans += 1
                 return
+            if isinstance(msg, P.PlanWithdraw):
+                self._handler.withdraw_plan(msg.handle, msg.stream)
+                return
             fids = self._file_ids(msg.paths)
             if isinstance(msg, P.RegisterRequest):
                 handle, size = self._handler.register_paths(msg.handle or None, fids)

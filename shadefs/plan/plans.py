@@ -14,7 +14,9 @@ of the same file, consumed in order. An open of a file the plan does not name (t
 job) is not this plan's business and is ignored. An open of a file the plan names, but not within the
 window, is *unmatched*; a plan with ``unmatched_limit`` unmatched opens since its last match, or no match
 for ``idle_s`` seconds, is **retired** (its reader stopped following it: the job changed its mind,
-crashed or ended), logged once and counted. A plan whose every position was consumed is *finished*.
+crashed or ended), logged once and counted. A plan whose every position was consumed is *finished*. A
+job that ends cleanly **withdraws** its plans (``withdraw``, docs/protocol.md), which drops them at once;
+the retirement after ``idle_s`` remains for a job that crashed.
 Neither state pins cache space: a plan only ranks files (Belady on the known future,
 :mod:`shadefs.plan.policy`) and lends the prefetcher its order (:mod:`shadefs.plan.prefetch`).
 
@@ -265,6 +267,7 @@ class PlanRegistry:
         self.announced = 0
         self.retired = 0
         self.finished = 0
+        self.withdrawn = 0
         self.listeners: List = []              # callback(plan, why) when a plan ends (prefetcher waste)
         self.watchers: List = []               # callback((plan, fid)) when fid's next use in plan moved later
 
@@ -425,11 +428,27 @@ class PlanRegistry:
     def _end(self, plan: Plan, why: str) -> None:
         if why == "finished":
             self.finished += 1
+        elif why == "withdrawn":
+            self.withdrawn += 1
         elif why != "replaced":
             self.retired += 1
             log.warning("retired %s: %s", plan.describe(), why)  # once per plan: it is gone now
         for cb in self.listeners:
             cb(plan, why)
+
+    def withdraw(self, handle: bytes, stream: int) -> Optional[Plan]:
+        """End stream ``(handle, stream)``'s plan now: the job is done with it (``withdraw``). Listeners see
+        it end as ``"withdrawn"`` (the prefetcher counts its window entries as wasted). Takes :attr:`lock`.
+
+        Returns:
+            the plan dropped, or None when the registry holds none for that stream (it finished or was
+            retired before, or was never announced): nothing changes then.
+        """
+        with self.lock:
+            plan = self.plans.get((bytes(handle), int(stream)))
+            if plan is not None:
+                self._remove(plan, "withdrawn")
+            return plan
 
     def retire_all(self, why: str = "unmounted") -> None:
         for plan in list(self.plans.values()):
@@ -458,5 +477,6 @@ class PlanRegistry:
 
     def counters(self) -> dict:
         return {"plans_active": len(self.plans), "plans_retired": self.retired,
-                "plans_finished": self.finished, "plans_announced": self.announced,
+                "plans_finished": self.finished, "plans_withdrawn": self.withdrawn,
+                "plans_announced": self.announced,
                 "tables": len(self.tables)}

@@ -156,3 +156,21 @@ def test_limits_are_refused_with_reasons():
     with pytest.raises(PlanError) as e:
         r.register(b"\x09" * 8, np.array([0]))
     assert e.value.reason == "unknown_handle"
+
+
+def test_withdraw_drops_the_stream_plan_at_once_and_tells_the_listeners(caplog):
+    r, h = registry(10)
+    ended = []
+    r.listeners.append(lambda plan, why: ended.append((plan.key, why)))
+    r.announce(h, 0, 0, [10], np.arange(10, dtype=np.uint32))
+    r.announce(h, 1, 0, [10], np.arange(10, dtype=np.uint32))
+    with caplog.at_level(logging.WARNING, logger="shadefs.plan"):
+        plan = r.withdraw(h, 0)
+    assert plan is not None and plan.key == (h, 0)
+    assert [p.key for p in r.active()] == [(h, 1)] and ended == [((h, 0), "withdrawn")]
+    assert r.distance(3) == 3                          # stream 1 still plans file 3
+    c = r.counters()
+    assert (c["plans_withdrawn"], c["plans_retired"], c["plans_finished"], c["plans_active"]) == (1, 0, 0, 1)
+    assert not caplog.records                          # a clean end is not a warning
+    assert r.withdraw(h, 0) is None and r.withdraw(b"\x09" * 8, 1) is None   # nothing held: no change
+    assert r.counters()["plans_withdrawn"] == 1 and r.counters()["tables"] == 1

@@ -31,6 +31,23 @@ def test_register_roundtrip_and_reply():
     assert isinstance(r, P.RegisterReply) and (r.request_id, r.handle, r.size) == (RID, H, 2)
 
 
+def test_withdraw_roundtrip_is_one_way():
+    frames = P.encode_withdraw(H, 2**32 - 1)
+    assert frames == [b"SHADEFS1", b"withdraw", H, b"\xff\xff\xff\xff"]
+    m = P.decode_request(frames)
+    assert isinstance(m, P.PlanWithdraw) and (m.handle, m.stream) == (H, 2**32 - 1)
+    assert not P.wants_reply(frames) and not P.wants_reply([b"SHADEFS1", b"withdraw", b"bad"])
+    for bad in ([P.VERSION, P.WITHDRAW, b"short", b"\0" * 4], [P.VERSION, P.WITHDRAW, H, b"\0" * 8],
+                [P.VERSION, P.WITHDRAW, H]):
+        with pytest.raises(P.ProtocolError) as e:
+            P.decode_request(bad)
+        assert e.value.reason == "malformed"
+    for handle, stream in ((b"x", 0), (H, -1), (H, 2**32)):
+        with pytest.raises(P.ProtocolError) as e:
+            P.encode_withdraw(handle, stream)
+        assert e.value.reason == "malformed"
+
+
 def _plan_frames(**over):
     f = P.encode_plan(H, 0, 0, [3], np.array([0, 1, 2], dtype=np.uint32))
     for i, v in over.items():
@@ -74,7 +91,8 @@ def test_encoder_refuses_what_the_daemon_would():
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.binary(max_size=40), min_size=0, max_size=8), st.sampled_from([P.PLAN, P.REGISTER, b"x"]))
+@given(st.lists(st.binary(max_size=40), min_size=0, max_size=8),
+       st.sampled_from([P.PLAN, P.REGISTER, P.WITHDRAW, b"x"]))
 def test_fuzzed_frames_only_ever_raise_protocol_error(rest, kind):
     frames = [P.VERSION, kind] + rest
     try:
@@ -82,7 +100,7 @@ def test_fuzzed_frames_only_ever_raise_protocol_error(rest, kind):
     except P.ProtocolError as e:
         assert e.reason in P.REASONS
     else:
-        assert isinstance(m, (P.PlanMessage, P.RegisterRequest))
+        assert isinstance(m, (P.PlanMessage, P.RegisterRequest, P.PlanWithdraw))
 
 
 @settings(max_examples=100, deadline=None)
