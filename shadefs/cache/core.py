@@ -300,6 +300,9 @@ class TieredCache:
             self.disk_index.track_residency(self.resident_flags, DISK_BIT, keep_order=True)
         # deferred policy bookkeeping (score batches, hit touches), applied by a background thread
         self.apply_slice = 64            # ids per lock acquisition (~100 us at 1M residents)
+        # queued hit touches are applied at least this often (seconds): lru applies every queued touch
+        # before an eviction decision, so this bounds that work to the hits of one period
+        self.apply_period = 0.01
         self._bg_policies: List = []
         self._bg_wake = threading.Event()
         self._bg_stop = threading.Event()
@@ -1251,7 +1254,7 @@ class TieredCache:
 
     def _background(self) -> None:
         while not self._bg_stop.is_set():
-            self._bg_wake.wait(0.05)  # hit touches are applied at least this often
+            self._bg_wake.wait(self.apply_period)
             self._bg_wake.clear()
             for policy in self._bg_policies:
                 more = True
