@@ -33,6 +33,13 @@ interleaved. With ``--fuse-loop single`` a hit waits behind whichever miss the l
     .venv/bin/python scripts/bench_read.py --write-doc     # also rewrite docs/performance.md "Read path"
                                                            # and docs/img/bench_read.png
 
+``--baseline REV`` also mounts every selected case with the ``shadefs`` package of git revision REV (its
+daemon started with that package on PYTHONPATH; rows labelled ``[baseline REV]``), in the same rounds,
+so the working tree and the baseline are timed side by side on the same files:
+
+    .venv/bin/python scripts/bench_read.py --sizes large --readers 8 --cases ram-kernel nvme-kernel \
+        --no-slow --no-hung --baseline main
+
 Only the part of docs/performance.md between ``<!-- bench_read:start -->`` and
 ``<!-- bench_read:end -->`` is replaced. Every mount is unmounted in ``finally`` blocks (also on Ctrl-C).
 """
@@ -625,6 +632,20 @@ CASES = [
 DEFAULT_CASES = ["ram-kernel", "ram-kernel-r4", "ram-multi", "nvme-kernel", "nvme-kernel-every", "nvme-kernel-nopt",
                  "miss-kernel", "miss-kernel-ram", "miss-multi"]
 LABELS = {"direct": "direct (page cache)", **{c[0]: c[1] for c in CASES}}
+BASELINE_ENV: Dict[str, str] = {}   # case key -> PYTHONPATH of a baseline revision's package (--baseline)
+
+
+def add_baseline_cases(keys: Sequence[str], package_dir: str, rev: str) -> List[str]:
+    """``--baseline``: a copy of each case in ``keys`` (key ``KEY-base``) whose daemon runs the package in
+    ``package_dir`` (git revision ``rev``); returns the new keys."""
+    new = []
+    for c in [c for c in CASES if c[0] in keys]:
+        key = c[0] + "-base"
+        CASES.append((key, f"{c[1]} [baseline {rev}]") + tuple(c[2:]))
+        LABELS[key] = CASES[-1][1]
+        BASELINE_ENV[key] = package_dir
+        new.append(key)
+    return new
 
 
 def frontend_options(loop: str) -> List[str]:
@@ -763,6 +784,8 @@ def run_size(args, pool: ReaderPool, mounts: Mounts, size_name: str, src: str, f
             opts = mount_options(tier, loop, kc, trace_file, cache_dir, sum(size for _, size in files))
             progress(f"{size_name}: {label}: shadefs mount {' '.join(opts)}")
             env = dict(os.environ, SHADEFS_EXPERIMENT_RAM_MEMFD="1") if loop == "kernel-memfd" else None
+            if key in BASELINE_ENV:
+                env = dict(env or os.environ, PYTHONPATH=BASELINE_ENV[key])
             mounts.mount_shadefs(src, mnt, opts, os.path.join(work, "logs", f"{size_name}-{key}.log"), env=env)
             setup[key] = (mnt, cache_dir, trace_file, tier)
             targets[key] = mnt
@@ -1322,6 +1345,8 @@ def parse_args(argv=None):
     p.add_argument("--doc", default=os.path.join(ROOT, "docs", "performance.md"))
     p.add_argument("--plot", default=os.path.join(ROOT, "docs", "img", "bench_read.png"))
     p.add_argument("--json", metavar="FILE", help="also write the raw results as JSON")
+    p.add_argument("--baseline", metavar="REV", help="also run every selected case against the shadefs package "
+                   "of git revision REV, side by side in the same rounds")
     p.add_argument("--quiet-machine", dest="noisy_note", action="store_false",
                    help="omit the 'machine was shared' caveat from the doc")
     args = p.parse_args(argv)
@@ -1355,6 +1380,13 @@ def main(argv=None) -> int:
     args.load_start = os.getloadavg()
     progress(f"bench_read: {info['nproc']} CPUs, kernel {info['kernel']}, libfuse {info.get('libfuse')} "
              f"({info.get('libfuse_path')}), workdir {work} on {info['workdir_fs']}, load {os.getloadavg()}")
+    baseline_dir = None
+    if args.baseline:
+        from shadefs.testing import baseline
+        baseline_dir, rev = baseline.extract(ROOT, args.baseline, prefix="shadefs-bench-read-baseline-")
+        selected = [c[0] for c in CASES] if "all" in args.cases else list(args.cases)
+        args.cases = selected + add_baseline_cases(selected, baseline_dir, rev)
+        os.chdir(work)  # ``python -m shadefs`` puts the cwd first on sys.path: not this tree's package
     pool = mounts = None
     results: Dict[str, dict] = {}
     slow = hung = None
@@ -1394,6 +1426,8 @@ def main(argv=None) -> int:
             mounts.unmount_all()
         if own_work and not args.keep:
             shutil.rmtree(work, ignore_errors=True)
+        if baseline_dir:
+            shutil.rmtree(baseline_dir, ignore_errors=True)
     elapsed = time.monotonic() - t_start
     args.load_end = os.getloadavg()
 
