@@ -295,8 +295,9 @@ class KernelFrontend:
         self._open_nowait = nowait if nowait is not None else (lambda fid: open_handle_nowait(cache, fid))
         # a cache with tickets: a miss's lookup on the reader is not repeated on the worker (open_ticket)
         self._open_ticket = getattr(cache, "open_ticket", None)
-        # a cache that counts an NVMe hit on a kept passthrough backing id without opening the entry
-        self._open_kept = getattr(cache, "open_kept", None)
+        # a cache that counts an NVMe hit on a kept passthrough backing id without opening the entry (asked
+        # only under --verify-entries first-hit: every-open reads the entry at every hit)
+        self._open_kept = getattr(cache, "open_kept", None) if hasattr(cache, "verify_entries") else None
         self.check_replies = os.environ.get(CHECK_REPLIES_ENV, "") not in ("", "0")
         self.ram_memfd = os.environ.get(RAM_MEMFD_ENV, "") not in ("", "0")
         self.fd: Optional[int] = None
@@ -676,7 +677,7 @@ class KernelFrontend:
         try:
             h = None
             modes = self.modes
-            if modes is not None and self._open_kept is not None:
+            if modes is not None and self._open_kept is not None and self.cache.verify_entries == "first-hit":
                 # an NVMe hit of a file whose backing id we hold: counted without opening its entry
                 gen = modes.gen_of(node)
                 if gen is not None:
