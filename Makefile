@@ -10,6 +10,7 @@ VENV    ?= .venv
 PY      := $(VENV)/bin/python
 DATA    ?= data/fmnist
 WORKDIR ?= /tmp/shadefs-demo
+DEMO_ARGS ?=
 APT_PKGS := fuse3 libfuse2 dataset-fashion-mnist attr redis-server redis-tools
 
 .PHONY: demo test deps venv dataset bench clean
@@ -37,7 +38,7 @@ $(DATA).complete: | deps venv
 dataset: $(DATA).complete
 
 demo: deps venv dataset
-	$(PY) scripts/demo.py --data $(DATA) --workdir $(WORKDIR)
+	$(PY) scripts/demo.py --data $(DATA) --workdir $(WORKDIR) $(DEMO_ARGS)
 
 test: deps venv
 	$(PY) -m pytest tests -q
