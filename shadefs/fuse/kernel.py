@@ -25,7 +25,7 @@ answered with ``FOPEN_PASSTHROUGH`` and a backing id registered from the entry's
 (``FUSE_DEV_IOC_BACKING_OPEN``), so the kernel reads the entry file itself; every open still reaches the
 daemon (counting stays per open). The kernel requires all concurrent opens of one inode to agree (all
 passthrough on the same backing file, or all cached): :class:`_Modes` keeps that per file. Backing ids
-outlive the last release (bounded by ``KEEP_BACKING_BYTES``), tied to the entry generation they were
+outlive the last release (at most ``KEEP_BACKING_IDS``), tied to the entry generation they were
 registered from: under ``--verify-entries first-hit`` an NVMe hit of a file with a backing id in use or
 kept is counted by ``cache.open_kept(fid, gen)`` (one critical section) and answered with that id, without
 opening the entry, as long as that generation is still the resident, verified entry; an evicted,
@@ -65,7 +65,12 @@ MAX_WRITE = 4096          # read-only: keeps the request buffer at FUSE_MIN_READ
 BUFSIZE = 4 * P.MIN_READ_BUFFER
 _DIR_ENTRY_CACHE = 64     # directories whose listing is kept between READDIR chunks
 
-KEEP_BACKING_BYTES = 256 << 20   # entry bytes pinned by backing ids kept between opens
+# backing ids kept between opens, at most: each holds ~0.5 KB of unreclaimable kernel memory (a struct file and
+# a fuse_backing: measured +192 B filp and +64 B kmalloc-64 slab objects per id, 470 B of SUnreclaim) and keeps
+# its entry's inode and dentry (~1.3 KB) from being reclaimed; 65536 ids: ~32 MiB + ~85 MiB. (It was 256 MiB
+# of entry bytes: 2,400 ids for ~110 KB files, too few for an epoch to find its id again, and up to 900k ids
+# for ~300 B files. Bytes do not matter: an evicted entry's id is closed by the entry_unlinked hook.)
+KEEP_BACKING_IDS = 65536
 # CPython hands the GIL to a waiting thread only after the holder ran this long (default 5 ms): a reader
 # thread woken by a hit then waits behind a worker busy with a miss. At 0.25 ms a hit waits at most that.
 SWITCH_INTERVAL_S = 0.00025
@@ -141,17 +146,18 @@ class _Modes:
     ``cache.open_kept(fid, gen)``, which counts the hit without opening the entry when that generation is
     still resident and verified; a backing id is reused for a disk hit only of the same generation."""
 
-    def __init__(self, dev_fd: int, ram_memfd: bool = False, keep_bytes: int = KEEP_BACKING_BYTES):
+    def __init__(self, dev_fd: int, ram_memfd: bool = False, keep_ids: int = KEEP_BACKING_IDS):
         self.dev_fd = dev_fd
         self.ram_memfd = ram_memfd
         self.lock = threading.Lock()
         self.files: Dict[int, List] = {}   # fid -> [backing_id or None, open count, bytes, keep at release, gen]
         # backing ids kept registered after the last release of an NVMe hit, so that the next NVMe hit of
-        # the file needs no open/fstat/ioctl; each pins its entry file (also after an eviction), so they are
-        # bounded in bytes and dropped as soon as an open of the file is not an NVMe hit
+        # the file opens nothing and makes no ioctl (cache.open_kept); at most keep_ids (least recently
+        # released first out), closed as soon as their entry is unlinked (forget) or an open of the file is
+        # not an NVMe hit of the same generation
         self.kept: "OrderedDict[int, Tuple[int, int, int]]" = OrderedDict()   # fid -> (backing id, bytes, gen)
-        self.kept_bytes = 0
-        self.keep_limit = keep_bytes
+        self.kept_bytes = 0                # entry bytes of the kept ids (a figure, not a bound)
+        self.keep_ids = keep_ids
         self.backing_errors = 0
         self.first_error: Optional[str] = None
 
@@ -205,10 +211,10 @@ class _Modes:
             del self.files[fid]
             drop = []
             if st[0] is not None:
-                if st[3] and st[2] <= self.keep_limit and not self.ram_memfd:
+                if st[3] and self.keep_ids > 0 and not self.ram_memfd:
                     self.kept[fid] = (st[0], st[2], st[4])
                     self.kept_bytes += st[2]
-                    while self.kept_bytes > self.keep_limit:
+                    while len(self.kept) > self.keep_ids:
                         _, (bid, size, _) = self.kept.popitem(last=False)
                         self.kept_bytes -= size
                         drop.append(bid)

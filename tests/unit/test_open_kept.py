@@ -129,3 +129,23 @@ def _modes_generations(m, tmp_path):
     m.kept_bytes = 100
     m.forget(9)
     assert m.gen_of(9) is None and m.kept_bytes == 0
+
+
+def test_modes_keep_at_most_keep_ids_backing_ids_least_recently_released_out():
+    null = os.open(os.devnull, os.O_RDONLY)
+    try:
+        m = _Modes(null, keep_ids=2)
+        for fid, bid in ((1, 51), (2, 52), (3, 53)):
+            m.kept[fid] = (bid, 1000, 7)
+        m.kept_bytes = 3000
+        assert m.acquire(3, _H("disk", 7, size=1000)) == 53   # taken out of the kept ids while open
+        m.release(3)                               # kept again, newest: 3 ids > 2, the oldest (1) is closed
+        assert list(m.kept) == [2, 3] and m.kept_bytes == 2000 and m.gen_of(1) is None
+        assert m.acquire(2, _H("disk", 7, size=1000)) == 52
+        m.release(2)
+        assert list(m.kept) == [3, 2]
+        assert m.acquire(1, _H("disk", 7, size=1000)) is None  # its id is gone (no fd here: cached mode)
+        m.release(1)
+        assert list(m.kept) == [3, 2] and m.kept_bytes == 2000
+    finally:
+        os.close(null)
