@@ -175,7 +175,7 @@ class Daemon:
             if why != "no snapshot":
                 log.info("namespace snapshot %s not used (%s): scanning the source", path, why)
         # isolated: the listing's heap stays in a child process (docs/performance.md, "Namespace")
-        return Namespace.scan(self.backend, follow_symlinks=cfg.follow_symlinks, isolate=True)
+        return Namespace.scan(self.backend, follow_symlinks=cfg.follow_symlinks, isolate=True, snapshot_key=key)
 
     def _save_snapshot(self, path: str) -> None:
         ns = self.namespace

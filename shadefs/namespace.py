@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+import mmap
 import os
 import posixpath
 import stat as stat_mod
@@ -200,7 +201,8 @@ class Namespace:
         self._build(chunks_from_entries(entries, report), report)
 
     @classmethod
-    def scan(cls, backend, follow_symlinks: bool = False, isolate: bool = False) -> "Namespace":
+    def scan(cls, backend, follow_symlinks: bool = False, isolate: bool = False,
+             snapshot_key: Optional[Dict[str, Any]] = None) -> "Namespace":
         """Scan ``backend`` (:meth:`~shadefs.backends.base.Backend.scan`) and build the namespace.
 
         With ``isolate`` (the daemon's choice), a backend whose listing may run in a forked process
@@ -209,7 +211,8 @@ class Namespace:
         holds the arrays only, exactly as after :meth:`load`, and none of the heap the listing used (its
         millions of short-lived objects and temporary arrays die with the child; docs/performance.md,
         "Namespace"). Only where it is safe to fork: Linux, and no other thread in this process;
-        otherwise, and without ``isolate``, the scan runs in this process.
+        otherwise, and without ``isolate``, the scan runs in this process. ``snapshot_key``: the key
+        the caller will :meth:`save` it with (an isolated scan's buffer is then written as it is).
 
         Raises:
             FileNotFoundError: the source root does not exist.
@@ -217,7 +220,7 @@ class Namespace:
         """
         if isolate and getattr(backend, "scan_in_child", False):
             if _can_fork():
-                return cls._scan_in_child(backend, follow_symlinks)
+                return cls._scan_in_child(backend, follow_symlinks, snapshot_key or {})
             log.info("scanning in this process (%d threads running: a fork is not safe)", _threads())
         ns = cls._scan_here(backend, follow_symlinks)
         _trim_heap()
@@ -243,9 +246,10 @@ class Namespace:
         return ns
 
     @classmethod
-    def _scan_in_child(cls, backend, follow_symlinks: bool) -> "Namespace":
+    def _scan_in_child(cls, backend, follow_symlinks: bool, key: Dict[str, Any]) -> "Namespace":
         """:meth:`scan` in a forked child; the namespace comes back through a memfd (:meth:`_write`
-        format), an exception pickled through a pipe. The child dies with this process (PDEATHSIG)."""
+        format, tagged with ``key``: :meth:`save` with that key writes it as it is), an exception pickled
+        through a pipe. The child dies with this process (PDEATHSIG)."""
         import pickle
         import signal
 
@@ -266,7 +270,7 @@ class Namespace:
                 try:
                     ns = cls._scan_here(backend, follow_symlinks)   # its heap is dropped at exit: no trim
                     with open(fd, "wb", closefd=False) as f:
-                        ns._write(f, {})
+                        ns._write(f, key)
                     msg = b"ok"
                 except BaseException as e:  # handed to the parent, which raises it
                     try:
@@ -291,17 +295,13 @@ class Namespace:
             if msg != b"ok":
                 raise pickle.loads(msg[1:])
             size = os.fstat(fd).st_size
-            buf = np.empty(size, dtype=np.uint8)
-            view, got = memoryview(buf), 0
-            while got < size:
-                n = os.preadv(fd, [view[got:]], got)
-                if n <= 0:
-                    break
-                got += n
-            del view
-            ns, why = cls._from_buffer(buf[:got], {}, t0)
+            # mapped, not copied: the memfd's pages become the arrays' (copy-on-write, so they stay
+            # writable like a loaded snapshot's); the mapping outlives the fd
+            image = np.frombuffer(mmap.mmap(fd, size, access=mmap.ACCESS_COPY), dtype=np.uint8)
+            ns, why = cls._from_buffer(image, json.loads(json.dumps(key)), t0)
             if ns is None:
                 raise BackendError(f"the scan process handed back an unreadable namespace ({why})")
+            ns._image = (image, key)
             ns.from_snapshot = False
             ns.scan_seconds = time.monotonic() - t0
             log.info("namespace scanned and built in a child process (pid %d) in %.2f s, handed back as %s",
@@ -653,9 +653,14 @@ class Namespace:
         d = os.path.dirname(os.path.abspath(path))
         tmp_dir = os.path.join(d, "tmp") if os.path.isdir(os.path.join(d, "tmp")) else d
         tmp = os.path.join(tmp_dir, f".{os.path.basename(path)}.{os.getpid()}.tmp")
+        image = getattr(self, "_image", None)
         with removing_on_error(tmp):
             with open(tmp, "wb") as f:
-                written = self._write(f, key)
+                if image is not None and image[1] == key:  # an isolated scan's buffer: already this format
+                    f.write(memoryview(image[0]))
+                    written = len(image[0])
+                else:
+                    written = self._write(f, key)
             os.replace(tmp, path)
         return written
 

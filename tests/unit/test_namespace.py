@@ -234,7 +234,7 @@ out = {"pid": os.getpid()}
 b = Recording(root, scan_processes=processes)
 b.scan_after_s = 0.0
 try:
-    ns = Namespace.scan(b, isolate=case != "forks")
+    ns = Namespace.scan(b, isolate=case != "forks", snapshot_key={"k": [1, 2]})
 except OSError as e:
     out["error"] = [type(e).__name__, str(e)]
 else:
@@ -247,6 +247,14 @@ else:
     out["dirs"] = ns.dir_paths == one.dir_paths and ns.fingerprint == one.fingerprint
     out["report"] = [ns.report.counts, one.report.counts, ns.report.examples == one.report.examples]
     out["paths"] = list(ns.paths)
+    saved = []
+    for image in (True, False):  # an isolated scan writes its buffer as it is: the file save() writes
+        if not image:
+            ns.__dict__.pop("_image", None)
+        path = os.path.join(os.path.dirname(root), f"ns{len(saved)}.bin")
+        ns.save(path, {"k": [1, 2]})
+        saved.append(open(path, "rb").read())
+    out["saved_same"] = saved[0] == saved[1] and Namespace.load(path, {"k": [1, 2]})[1] == ""
 out["scanned_in"] = [int(x) for x in open(record).read().split()]
 out["subtrees_in"] = sorted(set(int(x) for x in open(record + ".subtree").read().split())) \
     if os.path.exists(record + ".subtree") else []
@@ -273,7 +281,7 @@ def test_an_isolated_scan_runs_in_a_child_and_equals_the_in_process_scan(tricky,
     os.symlink("..", tricky / "a" / "b" / "loop")
     os.mkfifo(tricky / "e" / "fifo")
     out = _isolated(tricky, "ok")
-    assert out["from_snapshot"] is False and out["blob"] and out["dirs"]
+    assert out["from_snapshot"] is False and out["blob"] and out["dirs"] and out["saved_same"]
     assert len(out["same"]) == 14, out["same"]
     assert out["report"][0] == out["report"][1] == {"symlinks_dangling": 1, "loops": 1, "special": 1}
     assert out["report"][2] is True
@@ -323,7 +331,7 @@ def test_posix_scan_in_forked_helpers_equals_the_one_thread_scan(tricky, tmp_pat
             if os.path.exists(tricky.parent / f):
                 os.unlink(tricky.parent / f)
         out = _isolated(tricky, case, processes=3)
-        assert out["blob"] and out["dirs"] and len(out["same"]) == 14, out
+        assert out["blob"] and out["dirs"] and out["saved_same"] and len(out["same"]) == 14, out
         assert out["report"][0] == out["report"][1] == {"symlinks_outside": 1, "symlinks_dangling": 1,
                                                         "loops": 1, "special": 1}
         assert len(out["paths"]) == len(TRICKY) + 12 * 2 + 1
