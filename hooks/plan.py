@@ -23,6 +23,7 @@ import atexit
 import logging
 import os
 import queue
+import sys
 import threading
 import weakref
 from typing import Iterator, List, Optional, Sequence, Union
@@ -41,6 +42,23 @@ _PLAN_STREAM = 0x5EED_0003
 _WITHDRAW = "withdraw"  # a queue item's orders: end the stream's plan (docs/protocol.md ``withdraw``)
 
 _LIVE: "weakref.WeakSet" = weakref.WeakSet()  # announcers that sent a plan: withdrawn at a clean exit
+
+
+def _withdraw_dropped(state: dict) -> None:
+    """An announcer was collected with plans still on the daemon (its ``__dict__``: the announcer is gone).
+    Its thread had gone idle (a live thread holds the announcer), so its socket is free to send on."""
+    if sys.is_finalizing() or state.get("_pid") != os.getpid():
+        return
+    sender, handle, planned = state.get("_sender"), state.get("_handle"), state.get("_planned")
+    if not planned or sender is None or handle is None:
+        return
+    try:
+        for stream in sorted(planned):
+            sender.withdraw_plan(handle, stream)
+        planned.clear()
+        sender.close()
+    except Exception:  # pragma: no cover - never raise from a finalizer
+        pass
 
 
 @atexit.register
@@ -66,8 +84,9 @@ class PlanAnnouncer:
     The first announcement registers the dataset's path table (once per announcer); then each
     announcement is one ``plan`` message of 4 bytes per sample. Indices outside the mount are left out.
     Announcements queue (the newest wins when the thread falls behind); :meth:`flush` waits for them.
-    :meth:`close` -- called for you at a clean interpreter exit -- withdraws the plans it announced, so the
-    daemon drops them at once instead of following the last (lookahead) epoch until it expires them.
+    :meth:`close` -- called for you at a clean interpreter exit, and a withdraw is also sent when the
+    announcer is garbage-collected -- withdraws the plans it announced, so the daemon drops them at once
+    instead of following the last (lookahead) epoch until it expires them.
     Picklable (the thread and sockets are not carried; a copy announces on its own once used).
     """
 
@@ -84,6 +103,9 @@ class PlanAnnouncer:
         self.failed = 0
         self.withdrawn = 0
 
+    #: seconds the background thread waits for an announcement before it ends (the next one starts another)
+    IDLE_S = 60.0
+
     def _init_runtime(self) -> None:
         self._queue: "queue.Queue" = queue.Queue(maxsize=4)
         self._thread: Optional[threading.Thread] = None
@@ -95,11 +117,18 @@ class PlanAnnouncer:
         self._notices: List[str] = []
         self._planned: set = set()             # streams with a plan on the daemon (sent, not withdrawn)
         self.unanswered_warned = False         # the no-answer warning was given (once; the owner may say it)
+        # dropped without close() (e.g. a training function's local sampler): withdraw on collection; at
+        # exit, _withdraw_at_exit closes the ones still alive
+        old = self.__dict__.get("_finalizer")
+        if old is not None:
+            old.detach()
+        self._finalizer = weakref.finalize(self, _withdraw_dropped, self.__dict__)
+        self._finalizer.atexit = False
 
     def __getstate__(self):
         state = dict(self.__dict__)
         for k in ("_queue", "_thread", "_handle", "_table_index", "_sender", "_lock", "_pid", "_notices",
-                  "_unanswered"):
+                  "_planned", "unanswered_warned", "_finalizer"):
             state.pop(k, None)
         return state
 
@@ -216,7 +245,7 @@ class PlanAnnouncer:
     def _run(self) -> None:
         while True:
             try:
-                item = self._queue.get(timeout=60.0)
+                item = self._queue.get(timeout=self.IDLE_S)
             except queue.Empty:
                 return  # idle: the next announce starts a fresh thread
             try:

@@ -95,29 +95,42 @@ def test_close_withdraws_the_plan_and_counts_its_window_as_wasted(tree, mount, k
 
 
 CHILD = textwrap.dedent("""
-    import os, sys, time
+    import gc, os, sys, time
     from shadefs.control.client import ControlClient, find_endpoint
     from shadefs.hooks import PlanSampler
+    from shadefs.hooks.plan import PlanAnnouncer
     from shadefs.testing.datasets import FileDataset
-    ds = FileDataset(sys.argv[1])
-    sampler = PlanSampler(ds, seed=int(sys.argv[3]), lookahead_epochs=1)
-    it = iter(sampler)
-    assert sampler.flush()
-    c = ControlClient(find_endpoint(sys.argv[1]))
-    want = int(sys.argv[4])
-    deadline = time.monotonic() + 30
-    while c.stats()["plans_received"] < want:
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
-    c.close()
-    if sys.argv[2] == "crash":
-        for i in it:
-            ds[i]
-        os._exit(3)                                  # no atexit: the daemon keeps the plan until it expires
+    PlanAnnouncer.IDLE_S = 0.2                        # the announcer's thread ends soon after its last send
+
+    def train():
+        ds = FileDataset(sys.argv[1])
+        sampler = PlanSampler(ds, seed=int(sys.argv[3]), lookahead_epochs=1)
+        it = iter(sampler)
+        assert sampler.flush()
+        c = ControlClient(find_endpoint(sys.argv[1]))
+        want = int(sys.argv[4])
+        deadline = time.monotonic() + 30
+        while c.stats()["plans_received"] < want:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        c.close()
+        if sys.argv[2] == "crash":
+            for i in it:
+                ds[i]
+            os._exit(3)                              # no atexit: the daemon keeps the plan until it expires
+        while sampler.announcer._thread.is_alive():  # idle: the thread no longer holds the announcer
+            time.sleep(0.05)
+        return sampler
+
+    sampler = train()
+    if sys.argv[2] == "dropped":
+        del sampler                                  # dropped without close(), before the exit
+        gc.collect()
+        os._exit(0)                                  # not through atexit: the collection sent the withdraw
     """)
 
 
-def test_a_clean_exit_withdraws_and_a_crash_leaves_the_plan_to_expire(tree, mount, tmp_path):
+def test_a_clean_exit_or_a_dropped_sampler_withdraws_and_a_crash_leaves_the_plan_to_expire(tree, mount, tmp_path):
     src, _ = tree
     m = mount(src, "--ram-cache", "0", "--no-kernel-cache")
     script = tmp_path / "child.py"
@@ -134,6 +147,11 @@ def test_a_clean_exit_withdraws_and_a_crash_leaves_the_plan_to_expire(tree, moun
     wait_for(lambda: prefetch(m)["plans_withdrawn"] == 1, timeout=10, what="the clean exit's withdraw")
     p = prefetch(m)
     assert p["plans_active"] == 1 and p["plans_retired"] == 0   # only the crashed job's plan is left
+    # a third job drops its sampler (a training function's local) after the thread went idle
+    dropped = subprocess.run([sys.executable, str(script), m.path, "dropped", "3", "3"], env=env, timeout=120)
+    assert dropped.returncode == 0
+    wait_for(lambda: prefetch(m)["plans_withdrawn"] == 2, timeout=10, what="the dropped sampler's withdraw")
+    assert prefetch(m)["plans_active"] == 1
     c = ControlClient(find_endpoint(m.path))
     try:
         assert c.stats()["scores_rejected"]["unknown_kind"] == 0
