@@ -1100,7 +1100,7 @@ def render_section(results: Dict[str, Any]) -> str:
     lines += [
         "",
         "**Reading it.** With `shuffle=True` every file is read once per epoch, so `static` can hit at "
-        "most the cache fraction and `lru` about (fraction)^2/2 (DESIGN.md): their warm epochs are "
+        "most the cache fraction and `lru` about (fraction)^2/2 (docs/policies.md): their warm epochs are "
         "still mostly misses, and their time is set by the miss path (the GET, plus the FUSE round "
         "trips and the daemon's CPU) more than by the hits. The shade run changes the access pattern "
         "instead (importance sampling with replacement, cached samples first and repeated), which is "

@@ -15,7 +15,7 @@ bytes, the group's total; each member contributes 1/N of it):
 Per configuration it reports, over the epochs after the first (the first fills the caches): per-node hit
 ratio (RAM and shared separately), backend GETs per epoch (all nodes), and epoch time (the slowest node).
 Expected: without the shared tier each node hits about f (a static cache under uniform reshuffling:
-DESIGN.md); with it about f + s, because a node offers the group only what its own tier refused, so the
+docs/policies.md); with it about f + s, because a node offers the group only what its own tier refused, so the
 group holds what the nodes do not.
 
 Then the cost of one hit by tier, on one mount, single reader: open + read + close of a file served by

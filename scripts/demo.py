@@ -13,9 +13,9 @@ times and test accuracy, ``shadefs stats``, unmounts, and finally prints the run
 
 The work folder (``--workdir``) holds each run's mountpoint, NVMe cache directory (15 % of the dataset,
 about 50 MB each), access trace and daemon log. A run's cache and mountpoint are removed as soon as it is
-unmounted, and the traces, logs and training JSON at the end, so a finished demo leaves nothing there;
-``--keep`` keeps all of it (and prints how to replay the traces). A run that fails keeps the folder for its
-logs. Nothing there is needed to re-run fast: every run starts cold anyway. The converted dataset
+unmounted, and the traces and training JSON at the end; the three daemon logs (a few KB each: the record of
+the run, e.g. to ``grep -i corrupt``) stay, and a re-run replaces them. ``--keep`` keeps all of it (and
+prints how to replay the traces). A run that fails keeps the folder. Nothing there is needed to re-run fast: every run starts cold anyway. The converted dataset
 (``--data``) is kept (rebuilding Fashion-MNIST's 70,000 PNGs took 28-43 s on this 2-core machine at load 4;
 the closing line says how to remove it).
 
@@ -151,7 +151,8 @@ def run_mode(args, name, policy, hook, plan=False):
     os.makedirs(mnt, exist_ok=True)
     trace = os.path.join(args.workdir, f"{name}.trace.csv")
     out = os.path.join(args.workdir, f"{name}.train.json")
-    args.created += [mnt, cache, log, trace, trace + ".scores.csv", out]
+    args.created += [mnt, cache, trace, trace + ".scores.csv", out]  # not the log: it stays
+    args.logs.append(log)
     try:
         _run_child(SHADEFS + ["mount", args.data, mnt, "--ram-cache", args.ram_cache, "--disk-cache", cache,
                               "--disk-cache-size", args.disk_cache_size, "--policy", policy, "--trace", trace,
@@ -206,6 +207,22 @@ def clean_workdir(args) -> None:
         _rmdir(args.workdir)
 
 
+def logs_note(logs, runs) -> str:
+    """The closing line about the daemon logs the demo keeps: where, how many warnings and errors they hold,
+    and the corrupt disk entries the stats counted (a checksum mismatch, dropped and re-read from the
+    source: docs/operations.md)."""
+    corrupt = sum(int(r["stats"].get("corrupt_entries", 0)) for r in runs)
+    warnings = 0
+    for log in logs:
+        try:
+            with open(log, errors="replace") as f:
+                warnings += sum(1 for line in f if " WARNING " in line or " ERROR " in line)
+        except OSError:
+            pass
+    return (f"daemon logs (kept): {' '.join(logs)}: {warnings} warnings or errors; "
+            f"{corrupt} corrupt disk entries in the stats")
+
+
 def dataset_note(data: str) -> str:
     """The closing line about the converted dataset, which the demo keeps (its size, and how to remove it)."""
     files = total = disk = 0
@@ -245,6 +262,7 @@ def main(argv=None) -> int:
     args.made_workdir = not os.path.isdir(args.workdir)
     os.makedirs(args.workdir, exist_ok=True)
     args.created = []
+    args.logs = []  # each mode's daemon log (kept)
     args.left = []  # mountpoints that could not be released
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
@@ -262,7 +280,7 @@ def main(argv=None) -> int:
                   flush=True)
         return e.code
     except BaseException:
-        print(f"demo: failed; the work folder {args.workdir} is kept for its daemon logs", file=sys.stderr)
+        print(f"demo: failed; the work folder {args.workdir} is kept, with its daemon logs", file=sys.stderr)
         raise
     _quiet()
     if not args.keep:
@@ -305,8 +323,9 @@ def print_summary(args, runs) -> None:
             print(line)
         print(f"the work folder {args.workdir} keeps each run's NVMe cache, trace and daemon log (--keep)")
     else:
-        print(f"the work folder {args.workdir} was cleaned up (mounts, caches, traces, daemon logs); --keep "
-              "keeps them, e.g. to replay the traces with shadefs simulate")
+        print(f"the work folder {args.workdir} was cleaned up (mounts, caches, traces); --keep keeps them, "
+              "e.g. to replay the traces with shadefs simulate")
+    print(logs_note(args.logs, runs))
     print(dataset_note(args.data))
 
 

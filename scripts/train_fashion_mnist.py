@@ -292,4 +292,8 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # Ctrl-C: stop quietly (the demo, or the user, unmounts)
+        print("interrupted", file=sys.stderr)
+        sys.exit(128 + 2)

@@ -1,7 +1,7 @@
 """One shadefs daemon: builds the snapshot, the tiers and the cache for a mount, runs the FUSE loop,
 and answers the control plane.
 
-Order matters (DESIGN.md, "Conventions"): the daemon process is forked first (by the CLI), then the source
+Order matters (the project's design notes, "Conventions"; docs/architecture.md): the daemon process is forked first (by the CLI), then the source
 is scanned and the FUSE loop starts; threads and ZeroMQ contexts start only in FUSE ``init()``
 (:meth:`Daemon.on_mounted`), after the mount exists. The parent CLI process learns the outcome through a
 pipe: one line, ``ok`` or ``error: ...``.

@@ -2,7 +2,7 @@
 
 With a plan announced (:mod:`shadefs.plan.plans`), ``concurrency`` threads walk each plan from its cursor
 forward and read the files the reader will open next that no tier holds, many at once, so a
-latency-bound reader becomes bandwidth-bound (NoPFS, SC '21; DESIGN.md). A fetched file waits in the
+latency-bound reader becomes bandwidth-bound (NoPFS, SC '21; docs/architecture.md, "Plans"). A fetched file waits in the
 **window** (``--prefetch-window`` bytes, fetched-but-not-yet-opened bytes and in-flight prefetches
 together never exceed it) until its open takes it: the open is then counted ``prefetch.ready``, or
 ``prefetch.late`` if it had to wait for the read to finish (with the wait in seconds). The open then offers
