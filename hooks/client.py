@@ -139,11 +139,15 @@ class DatasetPaths:
     ``dataset.imgs``); a ``Subset``-like wrapper (``.dataset`` + ``.indices``) is followed. The
     relative paths are sliced on demand from the dataset's own strings, so no second copy of N paths
     is kept. Relative sample paths (``ImageFolder("m/train")``) are taken against the working directory
-    at construction, so a later ``chdir`` changes nothing.
+    at construction (or against ``cwd``), so a later ``chdir`` changes nothing.
 
     Args:
         dataset: the training dataset.
-        mount_root: path of the mount root (made absolute).
+        mount_root: path of the mount root (made absolute against the same directory).
+        cwd: the directory relative paths are taken against (default: the working directory now); a
+            sampler passes the one it saw at its own construction.
+        warn: how the outside-the-mount warning is given (default :func:`warn_user`; a background thread
+            passes a function that queues it for the user's thread).
 
     Raises:
         TypeError: the dataset exposes no per-sample paths.
@@ -154,11 +158,12 @@ class DatasetPaths:
 
     CHECK = 1000
 
-    def __init__(self, dataset, mount_root: str):
+    def __init__(self, dataset, mount_root: str, *, cwd: Optional[str] = None, warn=None):
         self._abs, self._subset = _sample_paths(dataset)
-        self.mount_root = os.path.normpath(os.path.abspath(mount_root))
+        self._cwd = os.path.abspath(cwd) if cwd is not None else os.getcwd()
+        self.mount_root = absolute(mount_root, self._cwd)
         self._prefix = self.mount_root.rstrip("/") + "/"
-        self._cwd = os.getcwd()
+        self._warn = warn if warn is not None else warn_user
         self.outside_fraction = self._check_inside()
 
     def _check_inside(self) -> float:
@@ -169,7 +174,7 @@ class DatasetPaths:
         outside = sum(self.rel_path(int(i)) is None for i in idx)
         frac = outside / idx.size
         if frac > 0.5:
-            warn_user(
+            self._warn(
                 f"shadefs: {outside} of {idx.size} sampled dataset paths (e.g. {self.abs_path(int(idx[0]))!r}) "
                 f"lie outside the mount {self.mount_root!r}: importance scores and cache residency are not "
                 "used for them")
@@ -197,6 +202,12 @@ class DatasetPaths:
         return [self.rel_path(i) for i in np.asarray(indices, dtype=np.int64).tolist()]
 
 
+def absolute(path, cwd: Optional[str] = None) -> str:
+    """``os.path.abspath(path)`` taken against ``cwd`` (default: the working directory now), normalized."""
+    path = os.fspath(path)
+    return os.path.normpath(path if path.startswith("/") else os.path.join(cwd or os.getcwd(), path))
+
+
 def _sample_paths(dataset):
     """(list of (path, ...) or paths, subset index list or None) for ``dataset``."""
     subset = None
@@ -215,14 +226,16 @@ def _sample_paths(dataset):
     return samples, subset
 
 
-def dataset_root(dataset) -> Optional[str]:
-    """A directory of ``dataset`` that lies inside its mount: ``.root``, else the first sample's dir."""
+def dataset_root(dataset, cwd: Optional[str] = None) -> Optional[str]:
+    """A directory of ``dataset`` that lies inside its mount: ``.root``, else the first sample's dir.
+
+    Relative paths are taken against ``cwd`` (default: the working directory now); absolute result."""
     ds = dataset
     while hasattr(ds, "dataset") and not hasattr(ds, "samples"):
         ds = ds.dataset
     root = getattr(ds, "root", None)
-    if isinstance(root, (str, os.PathLike)) and os.path.isdir(root):
-        return os.path.abspath(os.fspath(root))
+    if isinstance(root, (str, os.PathLike)) and os.path.isdir(absolute(root, cwd)):
+        return absolute(root, cwd)
     try:
         samples, _ = _sample_paths(dataset)
     except TypeError:
@@ -230,7 +243,7 @@ def dataset_root(dataset) -> Optional[str]:
     if len(samples) == 0:
         return None
     first = samples[0][0] if isinstance(samples[0], (tuple, list)) else samples[0]
-    return os.path.dirname(os.path.abspath(os.fspath(first)))
+    return os.path.dirname(absolute(first, cwd))
 
 
 class Client:

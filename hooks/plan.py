@@ -98,6 +98,10 @@ class PlanAnnouncer:
         self.enabled = client is not False
         self._client = client if isinstance(client, Client) else None
         self._discovered = client is not None
+        # a relative dataset root is taken against the working directory now, in the user's thread: the
+        # discovery and the path table (first announcement, background thread) use this one, so a chdir
+        # between construction and the first epoch changes nothing
+        self._cwd = os.getcwd()
         self._init_runtime()
         self.sent = 0
         self.failed = 0
@@ -134,6 +138,7 @@ class PlanAnnouncer:
 
     def __setstate__(self, state):
         self.__dict__.update(state)
+        self.__dict__.setdefault("_cwd", os.getcwd())
         self._init_runtime()
 
     # -- discovery ----------------------------------------------------------------------------------
@@ -142,7 +147,7 @@ class PlanAnnouncer:
             return None
         if self._client is None and not self._discovered:
             self._discovered = True
-            root = dataset_root(self.dataset)
+            root = dataset_root(self.dataset, self._cwd)
             try:
                 client = Client(root)
             except Exception as exc:  # EndpointNotFound, ImportError, a bad endpoint
@@ -297,13 +302,13 @@ class PlanAnnouncer:
         self._planned.discard(stream)
 
     def _register(self) -> None:
-        paths = DatasetPaths(self.dataset, self._client.mount_root)
+        paths = DatasetPaths(self.dataset, self._client.mount_root, cwd=self._cwd, warn=self._notify)
         prefix = paths.mount_root.rstrip("/") + "/"
         n = len(paths)
         tindex = np.full(n, -1, dtype=np.int64)
         table: List[str] = []
         for i in range(n):
-            p = os.path.abspath(paths.abs_path(i))  # a relative dataset root is relative to the cwd
+            p = os.path.normpath(paths.abs_path(i))  # absolute: against the cwd at construction
             if p.startswith(prefix) and len(p) > len(prefix):
                 tindex[i] = len(table)
                 table.append(p[len(prefix):])

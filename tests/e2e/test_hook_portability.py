@@ -51,12 +51,42 @@ def test_a_relative_dataset_root_keeps_importance_mode(small_tree, mount, tmp_pa
     assert sampler.paths.rel_paths(range(len(ds))) == REL
     with open(os.path.join(m.path, "dog/00.bin"), "rb") as f:
         assert f.read() == spec["dog/00.bin"]
-    order = list(sampler)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        order = list(sampler)  # the first announcement: the path table is built on the background thread
+        assert sampler.announcer.flush(timeout=30.0)  # gives the thread's queued warnings on this thread
+    assert [str(w.message) for w in caught] == []  # e.g. none "... lie outside the mount"
+    ann = sampler.announcer
+    assert ann.enabled and ann.sent >= 1 and ann.failed == 0
+    assert ann._table_index is not None and ann._table_index.tolist() == list(range(len(REL)))  # all 10 planned
+    assert wait_for(lambda: m.full_stats()["plans_received"] >= 1)
     assert sampler.plan.resident == int(np.sum(sampler.plan.shard == REL.index("dog/00.bin")))
     assert sampler.plan.resident > 0 and order[0] == REL.index("dog/00.bin")
     reporter.report(np.arange(len(order), dtype=np.float32))
     assert reporter.sent == 1
     assert wait_for(lambda: m.full_stats()["scores_received"] == 1)
+
+
+def test_a_plan_sampler_on_a_relative_root_plans_every_sample_after_a_chdir(small_tree, mount, tmp_path,
+                                                                             monkeypatch):
+    from shadefs.hooks import PlanSampler
+
+    src, _ = small_tree
+    m = mount(src, "--ram-cache", "1MiB", name="m")
+    monkeypatch.chdir(tmp_path)
+    ds = folder("m")  # relative
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        sampler = PlanSampler(ds, seed=2, lookahead_epochs=0)
+        monkeypatch.chdir("/")  # between construction and the first epoch: discovery and table unchanged
+        order = list(sampler)
+        assert sampler.flush(timeout=30.0)
+        sampler.close()
+    assert [str(w.message) for w in caught] == []
+    ann = sampler.announcer
+    assert sorted(order) == list(range(len(REL))) and ann.sent == 1 and ann.failed == 0
+    assert ann._table_index.tolist() == list(range(len(REL)))  # every sample is in the path table
+    assert wait_for(lambda: m.full_stats()["plans_received"] == 1)
 
 
 def test_most_indices_outside_the_mount_warn_once(small_tree, mount, tmp_path):
