@@ -300,9 +300,7 @@ class TieredCache:
             self.disk_index.track_residency(self.resident_flags, DISK_BIT, keep_order=True)
         # deferred policy bookkeeping (score batches, hit touches), applied by a background thread
         self.apply_slice = 64            # ids per lock acquisition (~100 us at 1M residents)
-        # queued hit touches are applied at least this often (seconds): lru applies every queued touch
-        # before an eviction decision, so this bounds that work to the hits of one period
-        self.apply_period = 0.01
+        self.apply_period = 0.05         # seconds: queued hit touches are applied at least this often
         self._bg_policies: List = []
         self._bg_wake = threading.Event()
         self._bg_stop = threading.Event()
