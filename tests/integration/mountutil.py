@@ -10,6 +10,23 @@ from prometheus_client.parser import text_string_to_metric_families
 from shadefs.testing.mounts import force_unmount, wait_for, wait_pid_gone  # noqa: F401  (tests import them from here)
 
 
+def class_tree(src, n: int, classes: int, lo: int, hi: int, seed: int) -> dict:
+    """``n`` files of random bytes (``lo``..``hi`` bytes, sizes drawn with ``seed``) under ``src``, in
+    ``classes`` class directories ``c0``, ``c1``, ... (file i in ``c{i % classes}/{i:04d}.bin``).
+    Returns ``{relative path: bytes}``."""
+    import random
+
+    rng = random.Random(seed)
+    spec = {}
+    for i in range(n):
+        rel = f"c{i % classes}/{i:04d}.bin"
+        (src / f"c{i % classes}").mkdir(parents=True, exist_ok=True)
+        data = os.urandom(rng.randint(lo, hi))
+        (src / rel).write_bytes(data)
+        spec[rel] = data
+    return spec
+
+
 def read(path) -> bytes:
     """Read a whole file with raw ``os.read`` (no ``isatty`` round trip)."""
     fd = os.open(path, os.O_RDONLY)

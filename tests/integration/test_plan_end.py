@@ -2,7 +2,6 @@
 sampler's close() -- or a clean interpreter exit -- drops the plan at once and counts its prefetched but
 unopened bytes as wasted; a crashed job's plan stays until the daemon's expiry."""
 import os
-import random
 import subprocess
 import sys
 import textwrap
@@ -16,21 +15,13 @@ from shadefs.control.client import ControlClient, find_endpoint  # noqa: E402
 from shadefs.hooks import PlanSampler, ShadeSampler  # noqa: E402
 from shadefs.testing.datasets import FileDataset as Files  # noqa: E402
 
-from mountutil import metrics_port, scrape, wait_for  # noqa: E402
+from mountutil import class_tree, metrics_port, scrape, wait_for  # noqa: E402
 
 
 @pytest.fixture
 def tree(tmp_path):
-    rng = random.Random(11)
     src = tmp_path / "src"
-    sizes = {}
-    for i in range(60):
-        rel = f"c{i % 3}/{i:04d}.bin"
-        (src / f"c{i % 3}").mkdir(parents=True, exist_ok=True)
-        data = os.urandom(rng.randint(700, 2500))
-        (src / rel).write_bytes(data)
-        sizes[rel] = len(data)
-    return src, sizes
+    return src, {rel: len(data) for rel, data in class_tree(src, 60, 3, 700, 2500, seed=11).items()}
 
 
 def prefetch(m):

@@ -1,7 +1,6 @@
 """Clairvoyant caching on a real mount: PlanSampler announces, the daemon follows, prefetches, evicts
 by Belady; bad plan messages are rejected and counted while the daemon keeps serving."""
 import os
-import random
 
 import numpy as np
 import pytest
@@ -16,21 +15,13 @@ from shadefs.control.client import ControlClient, ControlError, find_endpoint  #
 from shadefs.hooks import PlanSampler  # noqa: E402
 from shadefs.testing.datasets import FileDataset as Files  # noqa: E402
 
-from mountutil import read, wait_for  # noqa: E402
+from mountutil import class_tree, read, wait_for  # noqa: E402
 
 
 @pytest.fixture
 def tree(tmp_path):
-    rng = random.Random(5)
     src = tmp_path / "src"
-    spec = {}
-    for i in range(120):
-        rel = f"c{i % 4}/{i:04d}.bin"
-        (src / f"c{i % 4}").mkdir(parents=True, exist_ok=True)
-        data = os.urandom(rng.randint(500, 3000))
-        (src / rel).write_bytes(data)
-        spec[rel] = data
-    return src, spec
+    return src, class_tree(src, 120, 4, 500, 3000, seed=5)
 
 
 def invariant(s):
