@@ -14,6 +14,8 @@ import pytest
 
 from conftest import SHADEFS, is_mounted
 
+from shadefs.testing.mounts import wait_for
+
 
 
 
@@ -189,6 +191,20 @@ def test_umount_force_of_a_healthy_mount_is_a_normal_unmount(small_tree, mount, 
     assert "final stats" in m.log()  # it exited through its unmount path, not killed
 
 
+def children_of(pid: int) -> list:
+    """Pids whose parent is ``pid`` (from /proc)."""
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        out.append(int(d))
+            except (OSError, ValueError, IndexError):
+                pass
+    return out
+
+
 def test_ctrl_c_while_mount_waits_stops_the_daemon(small_tree, tmp_path, mount):
     src, _ = small_tree
     inner = mount(src, name="inner")
@@ -197,9 +213,15 @@ def test_ctrl_c_while_mount_waits_stops_the_daemon(small_tree, tmp_path, mount):
     mp = tmp_path / "outer"
     mp.mkdir()
     try:
+        # Ctrl-C as from a terminal: SIGINT at its default in the CLI even when this suite was started
+        # with it ignored (a job started with & by a non-interactive shell; Python then keeps it ignored)
         p = subprocess.Popen(SHADEFS + ["mount", inner.path, str(mp), "--log-file", str(tmp_path / "o.log")],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        time.sleep(2.0)
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        # the CLI forked its daemon (a child of p): from then on it waits on the daemon's pipe (a sleep
+        # alone could signal a CLI still importing on a loaded machine)
+        wait_for(lambda: children_of(p.pid), timeout=60, what="the CLI forked its daemon")
+        time.sleep(1.0)          # the daemon is into its scan of the stopped mount
         assert p.poll() is None  # still waiting for the daemon
         p.send_signal(signal.SIGINT)
         out, err = p.communicate(timeout=30)
