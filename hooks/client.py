@@ -15,12 +15,12 @@ import logging
 import os
 import sys
 import warnings
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
 __all__ = ["Client", "DatasetPaths", "EndpointNotFound", "XATTR_ENDPOINT", "find_mount_root", "warn_user",
-           "no_daemon_reason", "socket_missing"]
+           "discover", "no_daemon_reason", "socket_missing"]
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +88,25 @@ def socket_missing(endpoint: str) -> Optional[str]:
         if not os.path.exists(path):
             return f"its control socket {path} does not exist (no daemon listens there)"
     return None
+
+
+def discover(root) -> "Tuple[Optional[Client], str, str]":
+    """The :class:`Client` of the daemon serving ``root`` (a path inside a mount), or why there is none.
+
+    Returns:
+        ``(client, "", "")``, or ``(None, where, why)``: ``where`` names what was asked ("for '/path'" or
+        "at ipc://..."), ``why`` says in plain words why no daemon can answer (:func:`no_daemon_reason`,
+        :func:`socket_missing`). Never raises.
+    """
+    try:
+        client = Client(root)
+    except Exception as exc:  # EndpointNotFound, ImportError, a bad endpoint
+        return None, f"for {root!r}", no_daemon_reason(exc)
+    why = socket_missing(client.endpoint)
+    if why is not None:
+        client.close()
+        return None, f"at {client.endpoint}", why
+    return client, "", ""
 
 
 def _control_module():

@@ -32,7 +32,7 @@ import numpy as np
 import torch.utils.data
 
 from . import distributed as _dist
-from .client import Client, DatasetPaths, dataset_root, no_daemon_reason, socket_missing, warn_user
+from .client import Client, DatasetPaths, dataset_root, discover, warn_user
 
 __all__ = ["PlanSampler", "PlanAnnouncer"]
 
@@ -148,15 +148,9 @@ class PlanAnnouncer:
         if self._client is None and not self._discovered:
             self._discovered = True
             root = dataset_root(self.dataset, self._cwd)
-            try:
-                client = Client(root)
-            except Exception as exc:  # EndpointNotFound, ImportError, a bad endpoint
-                self._no_daemon(f"for {root!r}", no_daemon_reason(exc))
-                return None
-            why = socket_missing(client.endpoint)
-            if why is not None:
-                client.close()
-                self._no_daemon(f"at {client.endpoint}", why)
+            client, where, why = discover(root)
+            if client is None:
+                self._no_daemon(where, why)
                 return None
             self._client = client
         if self._client is None or self._client.mount_root is None:

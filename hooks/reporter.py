@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Optional, Set, Union
 import numpy as np
 
 from . import distributed as _dist
-from .client import Client, DatasetPaths, dataset_root, find_mount_root, no_daemon_reason, socket_missing, warn_user
+from .client import Client, DatasetPaths, dataset_root, discover, find_mount_root, warn_user
 
 if TYPE_CHECKING:  # pragma: no cover
     from .sampler import ShadeSampler
@@ -90,16 +90,9 @@ class ScoreReporter:
         self.sent = 0  # minibatches queued to the daemon by this rank (global ones included)
 
     def _discover(self) -> Optional[Client]:
-        try:
-            client = Client(dataset_root(self.dataset))
-        except Exception as exc:
-            log.info("shadefs: no daemon for the reporter: %s", no_daemon_reason(exc))
-            return None
-        why = socket_missing(client.endpoint)
-        if why is not None:
-            log.info("shadefs: no daemon for the reporter at %s: %s", client.endpoint, why)
-            client.close()
-            return None
+        client, where, why = discover(dataset_root(self.dataset))
+        if client is None:
+            log.info("shadefs: no daemon for the reporter %s: %s", where, why)
         return client
 
     # ---------------------------------------------------------------------------------- report

@@ -25,7 +25,7 @@ import numpy as np
 import torch.utils.data
 
 from . import distributed as _dist
-from .client import Client, DatasetPaths, dataset_root, no_daemon_reason, socket_missing, warn_user
+from .client import Client, DatasetPaths, dataset_root, discover, warn_user
 
 __all__ = ["ShadeSampler", "EpochPlan", "rank_transform", "pads_sort", "race_draw", "keyed_shuffle"]
 
@@ -363,16 +363,9 @@ class ShadeSampler(torch.utils.data.Sampler):
         if client is False:
             return
         if client is None:
-            root = dataset_root(self.dataset)
-            try:
-                client = Client(root)
-            except Exception as exc:  # EndpointNotFound, ImportError, a bad endpoint
-                self._no_daemon(f"for {root!r}", no_daemon_reason(exc))
-                return
-            why = socket_missing(client.endpoint)
-            if why is not None:
-                client.close()
-                self._no_daemon(f"at {client.endpoint}", why)
+            client, where, why = discover(dataset_root(self.dataset))
+            if client is None:
+                self._no_daemon(where, why)
                 return
         self.client = client
         root = getattr(client, "mount_root", None)

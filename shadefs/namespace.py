@@ -28,6 +28,7 @@ import os
 import posixpath
 import stat as stat_mod
 import struct
+import threading
 import time
 from bisect import bisect_left
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
@@ -37,6 +38,7 @@ from xxhash import xxh3_64, xxh3_64_intdigest, xxh3_128_hexdigest
 
 from .backends.base import BackendError, DirChunk, Entry, ScanReport, chunks_from_entries
 from .fsutil import removing_on_error
+from .procutil import can_fork, die_with, libc
 
 __all__ = ["Namespace", "normalize", "SNAPSHOT_FILE"]
 
@@ -78,16 +80,6 @@ def _encode(name: str) -> Optional[bytes]:
         return None
 
 
-def _libc():
-    import ctypes
-    import ctypes.util
-
-    try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-    except OSError:
-        return None
-
-
 def _one_heap() -> None:
     """Let every thread allocate from one glibc heap (M_ARENA_MAX = 1) before the scan's threads start
     (a network listing's 16 threads would otherwise each get an arena). No-op outside glibc.
@@ -100,9 +92,9 @@ def _one_heap() -> None:
     an in-process scan (docs/performance.md, "Namespace"). Hence the daemon's isolated scan
     (:meth:`Namespace.scan` ``isolate``).
     """
-    libc = _libc()
-    if libc is not None and hasattr(libc, "mallopt"):
-        libc.mallopt(-8, 1)  # M_ARENA_MAX
+    lib = libc()
+    if lib is not None and hasattr(lib, "mallopt"):
+        lib.mallopt(-8, 1)  # M_ARENA_MAX
 
 
 def _trim_heap() -> None:
@@ -110,34 +102,9 @@ def _trim_heap() -> None:
     import gc
 
     gc.collect()
-    libc = _libc()
-    if libc is not None and hasattr(libc, "malloc_trim"):
-        libc.malloc_trim(0)
-
-
-def _can_fork() -> bool:
-    """May this process fork a scan child? Linux (memfd), and no thread but this one (a fork copies
-    only the calling thread: a lock another thread holds would stay locked in the child)."""
-    import threading
-
-    return hasattr(os, "fork") and hasattr(os, "memfd_create") and threading.active_count() == 1
-
-
-def _threads() -> int:
-    import threading
-
-    return threading.active_count()
-
-
-def _die_with(parent: int) -> None:
-    """In a forked child: be killed when ``parent`` exits (``PR_SET_PDEATHSIG``), or exit now if it has."""
-    import signal
-
-    libc = _libc()
-    if libc is not None and hasattr(libc, "prctl"):
-        libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
-    if os.getppid() != parent:
-        os._exit(1)
+    lib = libc()
+    if lib is not None and hasattr(lib, "malloc_trim"):
+        lib.malloc_trim(0)
 
 
 def _unique(a: np.ndarray, few: int = 8) -> Tuple[np.ndarray, np.ndarray]:
@@ -219,9 +186,9 @@ class Namespace:
             BackendError: the root cannot be listed, or listing failed (or the scan process died).
         """
         if isolate and getattr(backend, "scan_in_child", False):
-            if _can_fork():
+            if can_fork():
                 return cls._scan_in_child(backend, follow_symlinks, snapshot_key or {})
-            log.info("scanning in this process (%d threads running: a fork is not safe)", _threads())
+            log.info("scanning in this process (%d threads running: a fork is not safe)", threading.active_count())
         ns = cls._scan_here(backend, follow_symlinks)
         _trim_heap()
         return ns
@@ -266,7 +233,7 @@ class Namespace:
             code = 1
             try:
                 os.close(r)
-                _die_with(parent)
+                die_with(parent)
                 try:
                     ns = cls._scan_here(backend, follow_symlinks)   # its heap is dropped at exit: no trim
                     with open(fd, "wb", closefd=False) as f:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import operator
 import os
+import signal
 import stat as stat_mod
 import struct
 import time
@@ -19,6 +20,7 @@ from typing import Any, Dict, FrozenSet, Iterator, List, Optional, Tuple
 import numpy as np
 from xxhash import xxh3_64_intdigest as _xxh3
 
+from ..procutil import can_fork, die_with
 from .base import Backend, BackendError, DirChunk, Entry, ScanReport
 
 __all__ = ["PosixBackend"]
@@ -152,7 +154,7 @@ class PosixBackend(Backend):
         root_task = (self.root, "", frozenset([(root_st.st_dev, root_st.st_ino)]), root_st)
         if workers == 1:
             stack = [root_task]
-            fork = _can_fork()
+            fork = can_fork()
             after = self.scan_after_s if self.scan_after_s is not None else \
                 SCAN_FORK_AFTER_S if fork else SCAN_PROCESSES_AFTER_S
             deadline = time.monotonic() + after
@@ -228,14 +230,12 @@ class PosixBackend(Backend):
     def _scan_in_forks(self, stack: List["Task"], real_root: str, follow: bool, check: "_ReadCheck",
                        report: ScanReport) -> Iterator[DirChunk]:
         """List the subtrees of ``stack`` in this process and ``scan_processes - 1`` forked helpers (only
-        where :func:`_can_fork`: no other thread), each subtree whole in one process. Work is claimed,
+        where :func:`~shadefs.procutil.can_fork`: no other thread), each subtree whole in one process. Work is claimed,
         not dealt: the subtrees' indices wait in a pipe, and each process reads the next one (4 bytes: one
         read of a pipe is atomic) when it is done with the last, so a process the machine's other load
         slows down lists fewer. A helper's chunks come back pickled through its own pipe. The same rules
         as in process (:func:`_scan_dir`). Raises BackendError if a helper fails."""
         import pickle
-
-        from ..namespace import _die_with
 
         tasks = stack[::-1]   # the order the 1-thread loop would have taken them in
         k = min(self.scan_processes, len(tasks))
@@ -260,7 +260,7 @@ class PosixBackend(Backend):
                         os.close(r)
                         for _, hr in helpers:
                             os.close(hr)
-                        _die_with(parent)
+                        die_with(parent)
                         out: List[DirChunk] = []
                         rep = ScanReport()
                         for u in _claims(qr):
@@ -303,7 +303,7 @@ class PosixBackend(Backend):
             os.close(qr)
             for pid, r in helpers:
                 try:
-                    os.kill(pid, 9)
+                    os.kill(pid, signal.SIGKILL)
                     os.waitpid(pid, 0)
                 except (ProcessLookupError, ChildProcessError):
                     pass
@@ -390,12 +390,6 @@ class PosixBackend(Backend):
 
 
 _MAX_UNITS = 16384
-
-
-def _can_fork() -> bool:
-    from ..namespace import _can_fork as can
-
-    return can()
 
 
 def _claims(fd: int) -> Iterator[int]:

@@ -301,9 +301,10 @@ class KernelFrontend:
         self._open_nowait = nowait if nowait is not None else (lambda fid: open_handle_nowait(cache, fid))
         # a cache with tickets: a miss's lookup on the reader is not repeated on the worker (open_ticket)
         self._open_ticket = getattr(cache, "open_ticket", None)
-        # a cache that counts an NVMe hit on a kept passthrough backing id without opening the entry (asked
-        # only under --verify-entries first-hit: every-open reads the entry at every hit)
-        self._open_kept = getattr(cache, "open_kept", None) if hasattr(cache, "verify_entries") else None
+        # a cache that counts an NVMe hit on a kept passthrough backing id without opening the entry: set at
+        # INIT when passthrough is on and the cache verifies entries at their first hit only (every-open reads
+        # the entry at every hit)
+        self._open_kept = None
         self.check_replies = os.environ.get(CHECK_REPLIES_ENV, "") not in ("", "0")
         self.ram_memfd = os.environ.get(RAM_MEMFD_ENV, "") not in ("", "0")
         self.fd: Optional[int] = None
@@ -442,6 +443,8 @@ class KernelFrontend:
         if self.passthrough:
             self.passthrough_reason = "on (NVMe hits are read by the kernel from the entry file)"
             self.modes = _Modes(fd, self.ram_memfd)
+            if getattr(self.cache, "verify_entries", None) == "first-hit":
+                self._open_kept = getattr(self.cache, "open_kept", None)
             hooks = getattr(self.cache, "entry_unlinked", None)
             if hooks is not None:  # an evicted entry must not stay pinned outside --disk-cache-size
                 hooks.append(self.modes.forget)
@@ -682,10 +685,9 @@ class KernelFrontend:
             return
         try:
             h = None
-            modes = self.modes
-            if modes is not None and self._open_kept is not None and self.cache.verify_entries == "first-hit":
+            if self._open_kept is not None:
                 # an NVMe hit of a file whose backing id we hold: counted without opening its entry
-                gen = modes.gen_of(node)
+                gen = self.modes.gen_of(node)
                 if gen is not None:
                     h = self._open_kept(node, gen)
                     if h is not None:

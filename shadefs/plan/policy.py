@@ -105,7 +105,9 @@ class PlanPolicy(Policy):
         self.inner.on_remove(fid)
 
     def defer(self, wake=None) -> bool:
-        return self.inner.defer(wake)
+        deferred = self.inner.defer(wake)
+        self.on_hit = self.inner.on_hit  # type: ignore[method-assign]  # the inner policy may rebind it (shade)
+        return deferred
 
     def apply_pending(self, limit: int = 256) -> bool:
         return self.inner.apply_pending(limit)

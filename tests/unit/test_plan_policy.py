@@ -248,3 +248,21 @@ def test_one_plan_victim_choice_is_logarithmic_not_a_sort():
             assert -3 <= len(pol._heaps[0]) - before <= hits + 2
         hits = 0
     assert admitted > 500 and pol.rebuilds == 1
+
+
+@pytest.mark.parametrize("inner", ["shade", "lru", "static"])
+def test_a_hit_reaches_the_inner_policy_in_its_current_mode(inner):
+    """PlanPolicy hands ``on_hit`` straight to its inner policy (no frame of its own), also after
+    ``defer()``: shade then only queues the hit, as the daemon's background thread expects."""
+    _, _, idx = tier(8, 100, inner)
+    pol = idx.policy
+    for f in (1, 2, 3):
+        pol.on_insert(f, 10)
+    deferred = pol.defer(lambda: None)
+    assert deferred is (inner == "shade")
+    pol.on_hit(1)
+    if inner == "shade":
+        assert pol.inner.pending() == 1 and pol.inner.ranking() == [1, 2, 3]  # queued, not applied
+        assert pol.apply_pending(64) is False and pol.inner.ranking() == [2, 3, 1]
+    elif inner == "lru":
+        assert list(pol.inner._order) == [2, 3, 1]                             # applied at once

@@ -1,0 +1,34 @@
+"""Process helpers for the scan's forked children (:mod:`shadefs.namespace`, the posix listing)."""
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import threading
+
+
+@functools.lru_cache(maxsize=1)
+def libc():
+    """glibc through ctypes (one handle per process), or None where it cannot be loaded."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return None
+
+
+def can_fork() -> bool:
+    """May this process fork a worker child? Linux (memfd), and no thread but this one (a fork copies
+    only the calling thread: a lock another thread holds would stay locked in the child)."""
+    return hasattr(os, "fork") and hasattr(os, "memfd_create") and threading.active_count() == 1
+
+
+def die_with(parent: int) -> None:
+    """In a forked child: be killed when ``parent`` exits (``PR_SET_PDEATHSIG``), or exit now if it has."""
+    lib = libc()
+    if lib is not None and hasattr(lib, "prctl"):
+        lib.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:
+        os._exit(1)
