@@ -109,10 +109,10 @@ def _backend_options(pairs: List[str]) -> tuple:
 
 def _shared_tier_config(args) -> dict:
     """The --shared-tier* flags (issue 13), validated; {} without --shared-tier."""
-    shared_flags = ("shared_tier_size", "shared_tier_password_file")
+    shared_flags = ("shared_tier_size", "shared_tier_password_file", "shared_tier_secret")
     if not args.shared_tier:
-        for name in shared_flags:
-            if getattr(args, name, None) is not None:
+        for name in shared_flags + ("shared_tier_insecure",):
+            if getattr(args, name, None) not in (None, False):
                 raise UserError(f"--{name.replace('_', '-')} needs --shared-tier URL")
         return {}
     try:
@@ -137,6 +137,7 @@ def _shared_tier_config(args) -> dict:
         raise UserError(f"--shared-tier-heartbeat {args.shared_tier_heartbeat:g}: seconds in [0.05, 600]")
     if not 1 <= args.shared_tier_partitions <= 16384:
         raise UserError(f"--shared-tier-partitions {args.shared_tier_partitions}: 1..16384")
+    secret = _shared_tier_secret(args)
     pw = None
     if args.shared_tier_password_file:
         pw = os.path.abspath(args.shared_tier_password_file)
@@ -146,9 +147,29 @@ def _shared_tier_config(args) -> dict:
         except OSError as e:
             raise UserError(f"--shared-tier-password-file {pw!r}: {e.strerror}") from None
     return dict(shared_tier=tuple(urls), shared_tier_size=size, shared_tier_password_file=pw,
+                shared_tier_secret_file=secret, shared_tier_insecure=secret is None,
                 shared_tier_timeout_s=float(args.shared_tier_timeout), shared_max_file=max_file.nbytes,
                 shared_tier_heartbeat_s=float(args.shared_tier_heartbeat),
                 shared_tier_partitions=int(args.shared_tier_partitions))
+
+
+def _shared_tier_secret(args) -> Optional[str]:
+    """The absolute path of a valid --shared-tier-secret, or None with --shared-tier-insecure."""
+    from .cache.shared import SharedTierConfigError, read_secret
+
+    if args.shared_tier_secret and args.shared_tier_insecure:
+        raise UserError("--shared-tier-secret and --shared-tier-insecure: give one of them")
+    if args.shared_tier_insecure:
+        return None
+    if not args.shared_tier_secret:
+        raise UserError("--shared-tier needs --shared-tier-secret FILE (the group's secret, mode 0600, the same on "
+                        "every member) or --shared-tier-insecure (anyone who can write to Redis can forge values)")
+    path = os.path.abspath(args.shared_tier_secret)
+    try:
+        read_secret(path)
+    except SharedTierConfigError as e:
+        raise UserError(str(e)) from None
+    return path
 
 
 def build_config(args) -> MountConfig:
@@ -800,6 +821,12 @@ def make_parser() -> argparse.ArgumentParser:
                    help="this mount's contribution to the group's shared budget (units or %% of the source)")
     m.add_argument("--shared-tier-password-file", metavar="FILE",
                    help="read the Redis password from FILE (instead of the URL)")
+    m.add_argument("--shared-tier-secret", metavar="FILE",
+                   help="the group's secret (at least 16 bytes, mode 0600, the same on every member): "
+                   "authenticates every shared-tier value (required with --shared-tier)")
+    m.add_argument("--shared-tier-insecure", action="store_true",
+                   help="run the shared tier without a secret: anyone who can write to the Redis can make "
+                   "members serve bytes of their choosing")
     m.add_argument("--shared-tier-timeout", type=float, default=0.05, metavar="SECONDS",
                    help="deadline of one shared-tier call (default 0.05; +10 ms per MiB of value)")
     m.add_argument("--shared-max-file", default="16MiB", metavar="SIZE",

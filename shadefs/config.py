@@ -130,6 +130,8 @@ class MountConfig:
     shared_tier: Optional[tuple] = dataclasses.field(default=None, repr=False)  # Redis URLs: may hold a password
     shared_tier_size: Size = Size(nbytes=0)   # this mount's contribution to the group's budget
     shared_tier_password_file: Optional[str] = None
+    shared_tier_secret_file: Optional[str] = None   # the group secret that authenticates values
+    shared_tier_insecure: bool = False              # no secret: values unauthenticated
     shared_tier_timeout_s: float = 0.05
     shared_max_file: int = 16 * 2**20
     shared_tier_heartbeat_s: float = 2.0

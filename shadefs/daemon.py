@@ -144,8 +144,9 @@ class Daemon:
         cfg = self.cfg
         if not cfg.shared_tier:
             return None
-        from .cache.shared import SharedTier
+        from .cache.shared import SharedTier, read_secret
 
+        secret = read_secret(cfg.shared_tier_secret_file) if cfg.shared_tier_secret_file else None
         password = None
         if cfg.shared_tier_password_file:
             with open(cfg.shared_tier_password_file) as f:
@@ -153,7 +154,7 @@ class Daemon:
         return SharedTier(list(cfg.shared_tier), cfg.source, cfg.shared_tier_size.resolve(ns.total_bytes),
                           policy=cfg.policy, timeout_s=cfg.shared_tier_timeout_s, max_file=cfg.shared_max_file,
                           partitions=cfg.shared_tier_partitions, password=password,
-                          heartbeat_s=cfg.shared_tier_heartbeat_s)
+                          heartbeat_s=cfg.shared_tier_heartbeat_s, secret=secret)
 
     def _namespace(self) -> Namespace:
         """The namespace: the snapshot beside the disk tier when it is still valid (same source and

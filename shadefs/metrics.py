@@ -55,6 +55,7 @@ CHECKPOINTS = "shadefs_importance_checkpoints_total"
 SHARED_ERRORS = "shadefs_shared_errors_total"
 SHARED_SKIPPED = "shadefs_shared_skipped_total"
 SHARED_CORRUPT = "shadefs_shared_corrupt_total"
+SHARED_AUTH_FAILED = "shadefs_shared_auth_failed_total"
 SHARED_OFFERS = "shadefs_shared_offers_total"     # {result="admitted"|"resident"|"refused"|"dropped"|"failed"}
 SHARED_GROUP_USED = "shadefs_shared_group_used_bytes"
 SHARED_GROUP_CAPACITY = "shadefs_shared_group_capacity_bytes"
@@ -80,7 +81,7 @@ NAMES = (INFO, UPTIME, OPENS, HITS, MISSES, OPEN_BYTES, HIT_BYTES, BACKEND_BYTES
          BACKEND_READ_SECONDS, EVICTIONS, PROMOTIONS, DEMOTIONS, TIER_USED, TIER_CAPACITY, TIER_FILES,
          CORRUPT, DISK_WRITE_ERRORS, DISK_WRITES_REFUSED, DISK_RELOAD_ENTRIES, DISK_RELOAD_SECONDS,
          SCORE_MESSAGES, SCORE_REJECTED, CHECKPOINTS, SHARED_ERRORS, SHARED_SKIPPED, SHARED_CORRUPT,
-         SHARED_OFFERS, SHARED_GROUP_USED, SHARED_GROUP_CAPACITY, SHARED_GROUP_FILES, SHARED_MEMBERS,
+         SHARED_AUTH_FAILED, SHARED_OFFERS, SHARED_GROUP_USED, SHARED_GROUP_CAPACITY, SHARED_GROUP_FILES, SHARED_MEMBERS,
          NAMESPACE_FILES, NAMESPACE_DIRS, NAMESPACE_SKIPPED, NAMESPACE_SCAN_SECONDS,
          PREFETCH_OPENS, PREFETCH_LATE_SECONDS, PREFETCH_FETCHED_BYTES, PREFETCH_SHARED_BYTES, PREFETCH_WASTED_BYTES,
          PREFETCH_ERRORS,
@@ -232,6 +233,8 @@ def _shared_metrics(sc: dict, st: dict):
                               "failures.", value=sc["skipped"])
     yield CounterMetricFamily(SHARED_CORRUPT, "Shared-tier values that failed verification (deleted).",
                               value=sc["corrupt"])
+    yield CounterMetricFamily(SHARED_AUTH_FAILED, "Shared-tier values that failed authentication with the "
+                              "group's secret (deleted; the source was read).", value=sc["auth_failed"])
     offers = CounterMetricFamily(SHARED_OFFERS, "Files this member offered to the group, by result.",
                                  labels=["result"])
     for result, n in sorted(sc["offers"].items()):

@@ -427,8 +427,9 @@ class TieredCache:
         return Handle(self, fid, size, "miss")
 
     def shared_key(self, fid: int) -> str:
-        """The group-wide key of file ``fid`` (path, size and mtime: a changed file never matches)."""
-        return self.shared.key(self.ns.path(fid), int(self.ns.size(fid)), self._mtime_ns(fid))
+        """The group-wide key of file ``fid`` (path, size, mtime and ETag: a changed file never matches)."""
+        return self.shared.key(self.ns.path(fid), int(self.ns.size(fid)), self._mtime_ns(fid),
+                               int(self.ns.etags[fid]))
 
     def open_nowait(self, fid: int, ticket: bool = False):
         """Like :meth:`open` when the open is served without waiting on the backend or on an in-flight

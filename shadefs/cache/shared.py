@@ -8,12 +8,13 @@ USENIX FAST '23, section 4: the importance-ranked cache lives in Redis Cluster a
 with the byte budget and the atomicity SHADE's reference code lacks.
 
 Layout in Redis (``NS`` = namespace key, ``P`` = partition 0..K-1, ``H`` = 128-bit hash of the file's
-relative path, size and mtime, so a changed source file never matches an old value)::
+relative path and version: size, mtime in ns and the ETag where the backend lists one, so a changed source
+file never matches an old value)::
 
     shadefs:{NS:pP}:z        sorted set  H -> rank score (importance for shade; admission time for lru/fifo)
     shadefs:{NS:pP}:s        hash        H -> file bytes
     shadefs:{NS:pP}:m        hash        cap, gen, used, files, evictions   (the partition's budget)
-    shadefs:{NS:pP}:v:H      string      b"SHD1" + xxh3_64(data) (8 bytes, big-endian) + data
+    shadefs:{NS:pP}:v:H      string      b"SHD2" + tag (32 bytes) + data
     shadefs:{NS:g}:members   sorted set  member id -> expiry (server time, ms)
     shadefs:{NS:g}:sizes     hash        member id -> contributed bytes
     shadefs:{NS:g}:meta      hash        gen (bumped on every join, leave, expiry, resize)
@@ -28,15 +29,24 @@ caps to every partition (a script that ignores a stale ``gen`` and evicts the le
 Every call runs on a worker thread and is waited for at most the deadline (``timeout_s``, default 50 ms,
 plus 10 ms per MiB of value): a down, slow or full node costs a hit, never an error or a wrong byte.
 Failures are counted (``errors``); after repeated failures a partition, or the whole tier, is skipped for
-a back-off period (1 s, doubling to 30 s) and then retried. Values are verified (length and xxh3_64)
-before they are served; a bad one is deleted and counted (``corrupt``).
+a back-off period (1 s, doubling to 30 s) and then retried.
+
+Values are authenticated before they are served: the tag is HMAC-SHA256, keyed with the group's secret
+(``--shared-tier-secret``), over the format tag, the group, the key, the file's path and version, and the
+data. Whoever can write to Redis but does not hold the secret cannot make a member serve bytes the source
+does not hold: a value that fails (another format, another length, another tag) is deleted, counted
+(``auth_failed``), logged once per key, and the open reads the backend. Without a secret
+(``--shared-tier-insecure``) the tag is the same HMAC under an empty key: a checksum against accidents
+only, whose failures count as ``corrupt``.
 
 Thread-safe. ``redis`` (redis-py >= 5) is imported only when a shared tier is configured.
 """
 from __future__ import annotations
 
+import collections
 import concurrent.futures as cf
 import hashlib
+import hmac
 import logging
 import os
 import queue
@@ -51,14 +61,19 @@ import xxhash
 
 from ..logutil import RateLimitedLog
 
-__all__ = ["SharedTier", "SharedTierConfigError", "parse_urls", "redact_url", "namespace_key",
-           "HEADER", "DEFAULT_PARTITIONS", "MODES"]
+__all__ = ["SharedTier", "SharedTierConfigError", "SharedKey", "parse_urls", "redact_url", "namespace_key",
+           "read_secret", "value_tag", "HEADER", "MAGIC", "DEFAULT_PARTITIONS", "MODES", "MIN_SECRET"]
 
 log = logging.getLogger("shadefs.shared")
 
 DEFAULT_PARTITIONS = 64
-MAGIC = b"SHD1"
-HEADER = len(MAGIC) + 8   # bytes in front of every value
+MAGIC = b"SHD2"           # the value format: values of another format are never served
+TAG = 32                  # HMAC-SHA256
+HEADER = len(MAGIC) + TAG  # bytes in front of every value
+MIN_SECRET = 16           # bytes of group secret at least
+LOGGED_KEYS = 4096        # keys whose failed authentication was logged (each once), most recent kept
+AUTH_LOG_BURST = 10       # failed authentications logged per AUTH_LOG_WINDOW_S at most (a flood is summed up)
+AUTH_LOG_WINDOW_S = 10.0
 PER_MIB_S = 0.010         # the deadline grows by 10 ms per MiB of value (a 16 MiB value: 210 ms)
 # policy name -> admission mode of the partition script
 MODES = {"shade": "imp", "static": "static", "lru": "lru", "fifo": "fifo"}
@@ -66,6 +81,58 @@ MODES = {"shade": "imp", "static": "static", "lru": "lru", "fifo": "fifo"}
 
 class SharedTierConfigError(ValueError):
     """A ``--shared-tier`` setting is invalid (one line for the user)."""
+
+
+class SharedKey(str):
+    """A group-wide key: the hex name of one version of a file (a ``str``, what Redis stores it under),
+    carrying ``ident``, the bytes of its path and version that the value's tag covers."""
+
+    __slots__ = ("ident",)
+
+    def __new__(cls, hexkey: str, ident: bytes):
+        self = super().__new__(cls, hexkey)
+        self.ident = ident
+        return self
+
+
+def read_secret(path: str) -> bytes:
+    """The group secret in ``path`` (its bytes, surrounding whitespace stripped).
+
+    Raises:
+        SharedTierConfigError: unreadable, not a regular file, readable or writable by group or others
+            (the secret would not be one), or shorter than :data:`MIN_SECRET` bytes.
+    """
+    import stat
+
+    name = f"--shared-tier-secret {path!r}"
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOCTTY)
+    except OSError as e:
+        raise SharedTierConfigError(f"{name}: {e.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise SharedTierConfigError(f"{name}: not a regular file")
+        if st.st_mode & 0o066:
+            raise SharedTierConfigError(f"{name}: mode {stat.S_IMODE(st.st_mode):04o} lets group or others read "
+                                        f"or write the secret; chmod 600 it")
+        with os.fdopen(os.dup(fd), "rb") as f:
+            secret = f.read(1 << 16).strip()
+    finally:
+        os.close(fd)
+    if len(secret) < MIN_SECRET:
+        raise SharedTierConfigError(f"{name}: {len(secret)} bytes; give at least {MIN_SECRET} "
+                                    f"(head -c 32 /dev/urandom | base64 > FILE)")
+    return secret
+
+
+def value_tag(secret: bytes, ns: str, key: str, ident: bytes, data) -> bytes:
+    """The 32-byte tag of a value: HMAC-SHA256 under ``secret`` over the format tag, the group ``ns``,
+    the ``key``, the file's ``ident`` (path and version) and ``data`` (bytes-like; not copied)."""
+    h = hmac.new(secret, MAGIC + b"\0" + ns.encode() + b"\0" + key.encode() + b"\0"
+                 + struct.pack(">I", len(ident)) + ident, hashlib.sha256)
+    h.update(data)
+    return h.digest()
 
 
 def namespace_key(source_url: str) -> str:
@@ -290,6 +357,9 @@ class SharedTier:
         max_file: files above this many bytes bypass the tier.
         partitions: K, the number of hash-tagged partitions (every member of a group must agree).
         password: overrides a password in the URLs (``--shared-tier-password-file``).
+        secret: the group's secret (:func:`read_secret`), which authenticates every value; None runs the
+            tier without authentication (``--shared-tier-insecure``: anyone who can write to Redis can
+            make members serve bytes of their choosing).
         heartbeat_s: membership heartbeat period (seconds); a member is dropped ``3 x heartbeat_s`` after
             its last heartbeat.
         member_id: this member's name in the group (default ``host:pid:random``).
@@ -303,7 +373,7 @@ class SharedTier:
                  timeout_s: float = 0.05, max_file: int = 16 * 2**20, partitions: int = DEFAULT_PARTITIONS,
                  password: Optional[str] = None, heartbeat_s: float = 2.0, member_id: Optional[str] = None,
                  workers: int = 8, fail_threshold: int = 3, backoff_s: float = 1.0, backoff_max_s: float = 30.0,
-                 offer_queue: int = 64):
+                 offer_queue: int = 64, secret: Optional[bytes] = None):
         self.urls = list(urls) if not isinstance(urls, str) else parse_urls(urls)
         if not self.urls:
             raise SharedTierConfigError("--shared-tier: no URL")
@@ -313,6 +383,9 @@ class SharedTier:
             raise SharedTierConfigError(f"--shared-tier-timeout {timeout_s}: seconds in (0, 60]")
         if not 1 <= partitions <= 16384:
             raise SharedTierConfigError(f"shared tier partitions {partitions}: 1..16384")
+        if secret is not None and len(secret) < MIN_SECRET:
+            raise SharedTierConfigError(f"shared tier secret: {len(secret)} bytes; at least {MIN_SECRET}")
+        self.secret = secret
         self.ns = namespace_key(source_url)
         self.size_bytes = int(size_bytes)
         self.policy = policy
@@ -335,6 +408,8 @@ class SharedTier:
         self._stop = threading.Event()
         self._threads: List[threading.Thread] = []
         self._err_log = RateLimitedLog(log, 10.0)
+        self._auth_logged: "collections.OrderedDict[str, None]" = collections.OrderedDict()
+        self._auth_window = [-float("inf"), 0, 0]  # window start (monotonic s), logged in it, suppressed
         self.client = None
         self.cluster = False
         self._connect_lock = threading.Lock()
@@ -345,7 +420,8 @@ class SharedTier:
         # counters (under self._lock)
         self.errors = 0          # calls that failed or ran past their deadline
         self.skipped = 0         # calls not made because the tier (or the partition) was backing off
-        self.corrupt = 0         # values that failed verification (deleted)
+        self.corrupt = 0         # values that failed verification without a secret (deleted)
+        self.auth_failed = 0     # values that failed authentication with the group's secret (deleted)
         self.gets = 0
         self.get_hits = 0
         self.offers = {"admitted": 0, "resident": 0, "refused": 0, "dropped": 0, "failed": 0}
@@ -355,9 +431,11 @@ class SharedTier:
 
     # -- keys ------------------------------------------------------------------------------------------------
     @staticmethod
-    def key(relpath: str, size: int, mtime_ns: int = 0) -> str:
-        """The group-wide name of one version of a file: 128-bit xxh3 of (path, size, mtime), hex."""
-        return xxhash.xxh3_128_hexdigest(f"{relpath}\0{int(size)}\0{int(mtime_ns)}".encode("utf-8", "surrogateescape"))
+    def key(relpath: str, size: int, mtime_ns: int = 0, etag: int = 0) -> SharedKey:
+        """The group-wide name of one version of a file: 128-bit xxh3 (hex) of its path and version (size
+        in bytes, mtime in ns, and ``etag``, the backend's 64-bit ETag hash, 0 where it lists none)."""
+        ident = f"{relpath}\0{int(size)}\0{int(mtime_ns)}\0{int(etag):016x}".encode("utf-8", "surrogateescape")
+        return SharedKey(xxhash.xxh3_128_hexdigest(b"v2\0" + ident), ident)
 
     def partition(self, key: str) -> int:
         return int(key[:8], 16) % self.K
@@ -405,9 +483,11 @@ class SharedTier:
             else:
                 client = redis.Redis.from_url(url, **kw)
                 self.cluster = False
-            log.info("shared tier: %s (%s), group %s, member %s, %s contributed, %d partitions",
+            log.info("shared tier: %s (%s), group %s, member %s, %s contributed, %d partitions, %s",
                      self.redacted, "Redis Cluster" if self.cluster else "one Redis server", self.ns,
-                     self.member_id, self.size_bytes, self.K)
+                     self.member_id, self.size_bytes, self.K,
+                     "values authenticated with the group secret" if self.secret is not None
+                     else "values NOT authenticated (--shared-tier-insecure)")
             return client
         raise ConnectionError(f"no Redis reachable at {self.redacted}: {last}")
 
@@ -529,15 +609,45 @@ class SharedTier:
             out[i:i + len(part)] = [isinstance(r, float) for r in res]
         return out
 
+    def _tag(self, key: str, data) -> bytes:
+        return value_tag(self.secret or b"", self.ns, key, getattr(key, "ident", key.encode()), data)
+
     def _verify(self, key: str, raw: bytes, size: int) -> Optional[bytes]:
-        ok = (len(raw) == HEADER + size and raw[:4] == MAGIC
-              and struct.unpack(">Q", raw[4:HEADER])[0] == xxhash.xxh3_64_intdigest(memoryview(raw)[HEADER:]))
+        """The data of ``raw`` when it is a value of this format, length and tag; else None, after the
+        value is counted, logged (once per key, rate-limited) and deleted. Never serves a failed value."""
+        ok = (len(raw) == HEADER + size and raw[:len(MAGIC)] == MAGIC
+              and hmac.compare_digest(raw[len(MAGIC):HEADER], self._tag(key, memoryview(raw)[HEADER:])))
         if ok:
             return raw[HEADER:]
-        with self._lock:
-            self.corrupt += 1
-        self._err_log(logging.WARNING, "shared tier: dropping a corrupt value (%d bytes, expected %d + %d)",
-                      len(raw), HEADER, size)
+        if self.secret is None:
+            with self._lock:
+                self.corrupt += 1
+            self._err_log(logging.WARNING, "shared tier: dropping a corrupt value (%d bytes, expected %d + %d)",
+                          len(raw), HEADER, size)
+        else:
+            now = time.monotonic()
+            suppressed = 0
+            with self._lock:
+                self.auth_failed += 1
+                w = self._auth_window
+                first = key not in self._auth_logged
+                if first:
+                    self._auth_logged[key] = None
+                    if len(self._auth_logged) > LOGGED_KEYS:
+                        self._auth_logged.popitem(last=False)
+                    if now - w[0] >= AUTH_LOG_WINDOW_S:
+                        suppressed, w[:] = w[2], [now, 0, 0]
+                    if w[1] < AUTH_LOG_BURST:
+                        w[1] += 1
+                    else:
+                        w[2] += 1
+                        first = False
+            if first:
+                log.warning("shared tier: a value failed authentication (key %s, %d bytes, format %r): not written "
+                            "with this group's secret; deleted, reading the source%s", key, len(raw),
+                            bytes(raw[:len(MAGIC)]),
+                            f" ({suppressed} more keys failed in the last {AUTH_LOG_WINDOW_S:g} s, not logged)"
+                            if suppressed else "")
         self.evict(key)
         return None
 
@@ -556,7 +666,7 @@ class SharedTier:
             return "refused"
         p = self.partition(key)
         z, s, m = self._pkeys(p)
-        payload = MAGIC + struct.pack(">Q", xxhash.xxh3_64_intdigest(data)) + bytes(data)
+        payload = MAGIC + self._tag(key, data) + bytes(data)
         args = (key, repr(float(score)), size, payload, self.mode, self._tags[p] + "v:")
         res = self._run(lambda c: self._script(c, ADMIT, (z, s, m, self._tags[p] + "v:" + key), args), p,
                         self._deadline(size) + self.timeout_s)
@@ -795,5 +905,6 @@ class SharedTier:
     def counters(self) -> dict:
         with self._lock:
             return {"errors": self.errors, "skipped": self.skipped, "corrupt": self.corrupt,
+                    "auth_failed": self.auth_failed,
                     "gets": self.gets, "get_hits": self.get_hits, "offers": dict(self.offers),
                     "cap_evictions": self.cap_evictions}

@@ -39,3 +39,21 @@ def redis_cluster_replica(tmp_path):
     c = RedisCluster(tmp_path, masters=3, replicas=1)
     yield c
     c.stop()
+
+
+def secret_file(directory, name: str = "group.secret", secret: bytes = b"0123456789abcdef" * 2) -> str:
+    """A group secret for ``--shared-tier-secret``: ``secret`` in ``directory/name``, mode 0600."""
+    import os
+
+    path = os.path.join(str(directory), name)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(secret + b"\n")
+    os.chmod(path, 0o600)
+    return path
+
+
+@pytest.fixture
+def shared_secret(tmp_path):
+    """``("--shared-tier-secret", FILE)``: the flags that give a mount the test group's secret."""
+    return ("--shared-tier-secret", secret_file(tmp_path))

@@ -2,10 +2,12 @@
 processes (standalone and a 3-master cluster)."""
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from mountutil import metrics_port, read, scrape, wait_for
-from redisutil import require_redis, redis_cluster, redis_server  # noqa: F401  (fixtures)
+from redisutil import require_redis, redis_cluster, redis_server, shared_secret  # noqa: F401  (fixtures)
 require_redis()
 from shadefs.cache.shared import SharedTier, parse_urls  # noqa: E402
 
@@ -23,11 +25,11 @@ def read_all(m, spec) -> None:
         assert read(f"{m.path}/{rel}") == data, rel
 
 
-def test_what_node_a_read_is_a_shared_hit_on_node_b(small_tree, mount, redis_server):
+def test_what_node_a_read_is_a_shared_hit_on_node_b(small_tree, mount, redis_server, shared_secret):
     src, spec = small_tree
-    a = mount(src, "--shared-tier", redis_server.url, "--shared-tier-size", "100KB", *FAST, name="a")
+    a = mount(src, "--shared-tier", redis_server.url, "--shared-tier-size", "100KB", *FAST, *shared_secret, name="a")
     b = mount(src, "--shared-tier", redis_server.url, "--shared-tier-size", "100KB", "--metrics-port", "0",
-              *FAST, name="b")
+              *FAST, *shared_secret, name="b")
     read_all(a, spec)
     total = sum(map(len, spec.values()))
     # A's offers go to Redis off the request path: wait until the group holds all ten
@@ -57,11 +59,11 @@ def test_what_node_a_read_is_a_shared_hit_on_node_b(small_tree, mount, redis_ser
     assert "redis://127.0.0.1" in b.log() and "shared tier" in b.log()
 
 
-def test_shared_hit_is_promoted_by_node_policy(small_tree, mount, redis_server):
+def test_shared_hit_is_promoted_by_node_policy(small_tree, mount, redis_server, shared_secret):
     src, spec = small_tree
-    a = mount(src, "--shared-tier", redis_server.url, "--shared-tier-size", "100KB", *FAST, name="a")
+    a = mount(src, "--shared-tier", redis_server.url, "--shared-tier-size", "100KB", *FAST, *shared_secret, name="a")
     b = mount(src, "--ram-cache", "100KB", "--shared-tier", redis_server.url, "--shared-tier-size", "100KB",
-              *FAST, name="b")
+              *FAST, *shared_secret, name="b")
     read_all(a, spec)
     wait_for(lambda: a.stats()["tiers"]["shared"]["files"] == 10, timeout=10)
     read_all(b, spec)
@@ -71,13 +73,13 @@ def test_shared_hit_is_promoted_by_node_policy(small_tree, mount, redis_server):
     invariant(sb)
 
 
-def test_dead_redis_costs_hits_never_an_error(small_tree, mount, redis_server):
+def test_dead_redis_costs_hits_never_an_error(small_tree, mount, redis_server, shared_secret):
     src, spec = small_tree
-    a = mount(src, "--shared-tier", redis_server.url, "--shared-tier-size", "1MB", *FAST, name="a")
+    a = mount(src, "--shared-tier", redis_server.url, "--shared-tier-size", "1MB", *FAST, *shared_secret, name="a")
     read_all(a, spec)
     wait_for(lambda: a.stats()["tiers"]["shared"]["files"] == 10, timeout=10)
     redis_server.kill()
-    b = mount(src, "--shared-tier", redis_server.url, "--shared-tier-size", "1MB", *FAST, name="b")
+    b = mount(src, "--shared-tier", redis_server.url, "--shared-tier-size", "1MB", *FAST, *shared_secret, name="b")
     read_all(b, spec)  # Redis is gone: every file from the backend, exact
     read_all(a, spec)
     sb, sa = b.stats(), a.stats()
@@ -89,9 +91,9 @@ def test_dead_redis_costs_hits_never_an_error(small_tree, mount, redis_server):
     assert "not reachable yet" in b.log()
 
 
-def test_member_leaving_shrinks_the_group_budget(small_tree, mount, redis_cluster):
+def test_member_leaving_shrinks_the_group_budget(small_tree, mount, redis_cluster, shared_secret):
     src, spec = small_tree
-    args = ("--shared-tier", redis_cluster.urls, "--shared-tier-size", "30000", *FAST)
+    args = ("--shared-tier", redis_cluster.urls, "--shared-tier-size", "30000", *FAST, *shared_secret)
     a = mount(src, *args, name="a")
     b = mount(src, *args, name="b")
     read_all(a, spec)
@@ -118,7 +120,7 @@ def test_member_leaving_shrinks_the_group_budget(small_tree, mount, redis_cluste
         probe.close(leave=False)
 
 
-def test_password_is_used_and_never_logged(small_tree, mount, tmp_path):
+def test_password_is_used_and_never_logged(small_tree, mount, tmp_path, shared_secret):
     from redisutil import RedisServer, require_redis
 
     require_redis()
@@ -127,11 +129,11 @@ def test_password_is_used_and_never_logged(small_tree, mount, tmp_path):
     try:
         src, spec = small_tree
         url = f"redis://default:{secret}@127.0.0.1:{server.port}"
-        a = mount(src, "--shared-tier", url, "--shared-tier-size", "1MB", *FAST, name="a")
+        a = mount(src, "--shared-tier", url, "--shared-tier-size", "1MB", *FAST, *shared_secret, name="a")
         pw = tmp_path / "pw"
         pw.write_text(secret + "\n")
         b = mount(src, "--shared-tier", server.url, "--shared-tier-password-file", pw, "--shared-tier-size", "1MB",
-                  *FAST, name="b")
+                  *FAST, *shared_secret, name="b")
         read_all(a, spec)
         wait_for(lambda: a.stats()["tiers"]["shared"]["files"] == 10, timeout=10)
         read_all(b, spec)
@@ -149,22 +151,37 @@ def test_bad_shared_tier_flags_are_one_line_errors(small_tree, tmp_path, cli):
     src, _ = small_tree
     mp = tmp_path / "mp"
     mp.mkdir()
-    for args, msg in ((["--shared-tier", "http://h:1"], "redis:// or rediss://"),
+    from redisutil import secret_file
+
+    sec = ("--shared-tier-secret", secret_file(tmp_path))
+    loose = secret_file(tmp_path, "loose.secret")
+    os.chmod(loose, 0o640)
+    short = secret_file(tmp_path, "short.secret", b"too short")
+    for args, msg in ((["--shared-tier", "http://h:1", *sec], "redis:// or rediss://"),
                       (["--shared-tier-size", "1GiB"], "--shared-tier-size needs --shared-tier"),
-                      (["--shared-tier", "redis://h:1", "--shared-tier-timeout", "0"], "--shared-tier-timeout"),
-                      (["--shared-tier", "redis://h:1", "--shared-tier-size", "lots"], "--shared-tier-size"),
-                      (["--shared-tier", "redis://h:1", "--shared-tier-password-file", tmp_path / "nope"],
-                       "--shared-tier-password-file")):
+                      (["--shared-tier", "redis://h:1", "--shared-tier-timeout", "0", *sec], "--shared-tier-timeout"),
+                      (["--shared-tier", "redis://h:1", "--shared-tier-size", "lots", *sec], "--shared-tier-size"),
+                      (["--shared-tier", "redis://h:1", "--shared-tier-password-file", tmp_path / "nope", *sec],
+                       "--shared-tier-password-file"),
+                      # values are authenticated with a group secret, or the user says they are not
+                      (["--shared-tier", "redis://h:1"], "--shared-tier needs --shared-tier-secret FILE"),
+                      (["--shared-tier", "redis://h:1", "--shared-tier-secret", loose], "mode 0640"),
+                      (["--shared-tier", "redis://h:1", "--shared-tier-secret", short], "at least 16"),
+                      (["--shared-tier", "redis://h:1", "--shared-tier-secret", tmp_path / "nope"],
+                       "--shared-tier-secret"),
+                      (["--shared-tier", "redis://h:1", *sec, "--shared-tier-insecure"], "give one of them"),
+                      (["--shared-tier-secret", loose], "--shared-tier-secret needs --shared-tier"),
+                      (["--shared-tier-insecure"], "--shared-tier-insecure needs --shared-tier")):
         r = cli("mount", src, mp, *args, check=False)
         assert r.returncode == 2 and msg in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
-def test_a_hung_redis_never_holds_an_open_past_the_deadline(small_tree, mount, redis_server):
+def test_a_hung_redis_never_holds_an_open_past_the_deadline(small_tree, mount, redis_server, shared_secret):
     import time
 
     src, spec = small_tree
     args = ("--shared-tier", redis_server.url, "--shared-tier-size", "1MB", "--shared-tier-heartbeat", "0.1",
-            "--shared-tier-partitions", "4", "--shared-tier-timeout", "0.05")
+            "--shared-tier-partitions", "4", "--shared-tier-timeout", "0.05", *shared_secret)
     a = mount(src, *args, name="a")
     read_all(a, spec)
     wait_for(lambda: a.stats()["tiers"]["shared"]["files"] == 10, timeout=10)
@@ -187,13 +204,13 @@ def test_a_hung_redis_never_holds_an_open_past_the_deadline(small_tree, mount, r
         redis_server.resume()
 
 
-def test_the_prefetcher_reads_what_the_group_holds_from_the_group(small_tree, mount, redis_server):
+def test_the_prefetcher_reads_what_the_group_holds_from_the_group(small_tree, mount, redis_server, shared_secret):
     """Node B announces a plan (the control protocol's register + plan, what PlanSampler sends): its
     prefetcher reads A's files from the shared tier, not the backend."""
     from shadefs.control.client import ControlClient, find_endpoint
 
     src, spec = small_tree
-    args = ("--shared-tier", redis_server.url, "--shared-tier-size", "1MB", *FAST)
+    args = ("--shared-tier", redis_server.url, "--shared-tier-size", "1MB", *FAST, *shared_secret)
     a = mount(src, *args, name="a")
     read_all(a, spec)
     wait_for(lambda: a.stats()["tiers"]["shared"]["files"] == 10, timeout=10)
@@ -216,3 +233,49 @@ def test_the_prefetcher_reads_what_the_group_holds_from_the_group(small_tree, mo
         + s["misses"] == 10
     assert p["ready"] + p["late"] >= 1
     assert s["backend_bytes"] == 0  # every byte from the group: prefetched from it, or a shared hit
+
+
+def test_a_value_forged_in_redis_is_never_served(small_tree, mount, redis_server, shared_secret):
+    """A plain Redis client, with write access but not the group's secret, stores values under the keys the
+    mount computes from public facts (path, size, mtime): in the old format with a valid checksum, in the
+    current format with a made-up tag. The mount serves the source's bytes, counts each value, deletes it,
+    logs each key once, and the group then holds authentic values that a second member serves."""
+    import redis
+
+    from shadefs.cache import shared as shared_mod
+
+    src, spec = small_tree
+    evil = {rel: b"E" * len(data) for rel, data in spec.items()}
+    probe = SharedTier(parse_urls(redis_server.url), str(src), 0, partitions=4)  # never started: key names
+    r = redis.Redis.from_url(redis_server.url)
+    old, made_up = sorted(spec)[:2]
+    for rel in (old, made_up):
+        st = os.stat(src / rel)
+        k = probe.key(rel, st.st_size, round(st.st_mtime * 1e9))
+        vk = probe._tags[probe.partition(k)] + "v:" + k
+        if rel == old:  # the old format: b"SHD1" + xxh3_64 (big-endian) + data
+            import struct
+
+            import xxhash
+
+            value = b"SHD1" + struct.pack(">Q", xxhash.xxh3_64_intdigest(evil[rel])) + evil[rel]
+        else:
+            value = shared_mod.MAGIC + os.urandom(32) + evil[rel]
+        r.set(vk, value)
+    a = mount(src, "--shared-tier", redis_server.url, "--shared-tier-size", "1MB", "--metrics-port", "0",
+              "--no-kernel-cache", *FAST, *shared_secret, name="a")
+    read_all(a, spec)  # the source's bytes
+    sa = a.stats()
+    assert sa["hits"]["shared"] == 0 and sa["misses"] == 10
+    m = scrape(metrics_port(a))
+    assert m[("shadefs_shared_auth_failed_total", ())] == 2
+    assert m[("shadefs_shared_corrupt_total", ())] == 0
+    assert a.log().count("failed authentication") == 2
+    wait_for(lambda: a.stats()["tiers"]["shared"]["files"] == 10, timeout=10)  # replaced by authentic values
+    b = mount(src, "--shared-tier", redis_server.url, "--shared-tier-size", "1MB", *FAST, *shared_secret,
+              name="b")
+    read_all(b, spec)
+    sb = b.stats()
+    assert sb["hits"]["shared"] == 10 and sb["backend_bytes"] == 0
+    invariant(sa)
+    invariant(sb)

@@ -20,8 +20,12 @@ def blob(i: int, size: int) -> bytes:
     return (i.to_bytes(4, "little") * (size // 4 + 1))[:size]
 
 
+SECRET = b"group-secret-0123456789"
+
+
 def tier(urls, source="s3://bucket/ds", size=10_000, **kw):
     kw.setdefault("heartbeat_s", 0.2)
+    kw.setdefault("secret", SECRET)
     kw.setdefault("partitions", 4)
     kw.setdefault("timeout_s", 0.5)  # 2 shared cores: generous; the fault tests set their own
     t = SharedTier(parse_urls(urls), source, size, **kw)
@@ -62,7 +66,7 @@ def test_roundtrip_one_copy_and_exact_bytes(redis_server):
         assert b.get(k, 3000) == blob(1, 3000)          # what node A stored is a hit on node B
         assert b.offer(k, blob(1, 3000), 1.0) == "resident"  # stored once for the group
         assert b.get(k, 2999) is None                     # a size mismatch is never served
-        assert b.counters()["corrupt"] == 1
+        assert b.counters()["auth_failed"] == 1 and b.counters()["corrupt"] == 0
         assert a.get(k, 3000) is None                     # ... and the bad entry was dropped
         a.refresh()
         assert check_exact(a)["used"] == 0
@@ -73,24 +77,64 @@ def test_roundtrip_one_copy_and_exact_bytes(redis_server):
         b.close()
 
 
-def test_corrupt_value_is_dropped_not_served(redis_server):
+@pytest.mark.parametrize("secret", [SECRET, None], ids=["secret", "insecure"])
+def test_corrupt_value_is_dropped_not_served(redis_server, secret):
     import redis
 
-    t = tier(redis_server.url)
+    t = tier(redis_server.url, secret=secret)
     try:
         k = SharedTier.key("x", 1000)
         assert t.offer(k, blob(3, 1000)) == "admitted"
         r = redis.Redis.from_url(redis_server.url)
         vk = t._tags[t.partition(k)] + "v:" + k
         raw = bytearray(r.get(vk))
-        raw[HEADER + 10] ^= 0xFF  # one flipped byte: the checksum catches it
+        raw[HEADER + 10] ^= 0xFF  # one flipped byte: the tag catches it
         r.set(vk, bytes(raw))
         assert t.get(k, 1000) is None
-        assert t.counters()["corrupt"] == 1
+        # with a secret, a changed value is one that failed authentication; without, a corrupt one
+        assert t.counters()["auth_failed" if secret else "corrupt"] == 1
+        assert t.counters()["corrupt" if secret else "auth_failed"] == 0
         assert r.exists(vk) == 0
         check_exact(t)
     finally:
         t.close()
+
+
+def test_values_are_bound_to_secret_group_path_and_version(redis_server):
+    """A value is served only under the key, the path and version, and the group it was written for, and
+    only to members holding the secret it was written with: each mismatch fails authentication."""
+    import redis
+
+    r = redis.Redis.from_url(redis_server.url)
+    a = tier(redis_server.url, source="src-a", member_id="a")
+    other = tier(redis_server.url, source="src-a", member_id="o", secret=b"another-secret-0123456")
+    b = tier(redis_server.url, source="src-b", member_id="b")
+    try:
+        k1, k2 = SharedTier.key("f1", 1000, 5), SharedTier.key("f2", 1000, 5)
+        assert a.offer(k1, blob(1, 1000)) == "admitted" and a.offer(k2, blob(2, 1000)) == "admitted"
+        assert a.get(k1, 1000) == blob(1, 1000)
+        assert SharedTier.key("f1", 1000, 5, etag=7) != k1 != SharedTier.key("f1", 1000, 6)  # the version
+        vk = lambda t, k: t._tags[t.partition(k)] + "v:" + k  # noqa: E731
+        # a value copied under another key (another file, or another version of this one)
+        v1 = r.get(vk(a, k1))
+        k3 = SharedTier.key("f1", 1000, 6)
+        r.set(vk(a, k3), v1)
+        assert a.get(k3, 1000) is None and a.counters()["auth_failed"] == 1
+        # a value copied into another group (another source) with the same key
+        r.set(vk(b, k1), v1)
+        assert b.get(k1, 1000) is None and b.counters()["auth_failed"] == 1
+        # a member with another secret: fails, and deletes it (the group's next offer stores it again)
+        assert other.get(k2, 1000) is None and other.counters()["auth_failed"] == 1
+        assert r.exists(vk(a, k2)) == 0
+        assert a.get(k1, 1000) == blob(1, 1000) and a.counters()["auth_failed"] == 1
+    finally:
+        for t in (a, other, b):
+            t.close()
+
+
+def test_a_secret_shorter_than_16_bytes_is_refused():
+    with pytest.raises(SharedTierConfigError, match="at least 16"):
+        SharedTier(["redis://127.0.0.1:1"], "src", 0, secret=b"short")
 
 
 def test_static_refuses_when_full_shade_evicts_least_important(redis_server):
