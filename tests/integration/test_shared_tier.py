@@ -316,30 +316,67 @@ def test_cluster_failover_is_survived(redis_cluster_replica):
         t.close(leave=False)
 
 
-def test_the_documented_acl_user_is_enough(redis_cluster):
-    """docs/operations.md's ACL line, applied to every master: the tier works through it, errors 0."""
+def documented_acl_rule(group: str, password: str) -> list:
+    """docs/operations.md's ACL line for ``group``: the arguments of ``ACL SETUSER shadefs-GROUP``."""
     import re
 
     doc = open(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "operations.md")).read()
-    rule = re.search(r"^\s*user shadefs on (.+)$", doc, re.M).group(1).split()
-    rule = [">pw-123" if r.startswith(">") else r for r in rule]
-    for s in redis_cluster.masters:
-        s.cli("acl", "setuser", "shadefs", "on", *rule)
-    urls = ",".join(f"redis://shadefs:pw-123@127.0.0.1:{s.port}" for s in redis_cluster.masters)
-    a = tier(urls, member_id="a", policy="shade")
-    b = tier(urls, member_id="b", policy="lru")
+    rule = re.search(r"^\s*user shadefs-GROUP on (.+)$", doc, re.M).group(1).split()
+    return [">" + password if r.startswith(">") else r.replace("GROUP", group) for r in rule]
+
+
+def test_the_documented_acl_user_is_enough_and_confined_to_its_group(redis_cluster):
+    """docs/operations.md's per-group ACL user, applied to every master: a group's tier works through it
+    (errors 0), and the user of group A can neither read nor write group B's keys."""
+    import redis
+    from redis.cluster import RedisCluster
+
+    from shadefs.cache.shared import namespace_key
+
+    for source, pw in (("src-a", "pw-a"), ("src-b", "pw-b")):
+        rule = documented_acl_rule(namespace_key(source), pw)
+        for s in redis_cluster.masters:
+            s.cli("acl", "setuser", f"shadefs-{namespace_key(source)}", "on", *rule)
+
+    def urls(source, pw):
+        return ",".join(f"redis://shadefs-{namespace_key(source)}:{pw}@127.0.0.1:{s.port}"
+                        for s in redis_cluster.masters)
+
+    a = tier(urls("src-a", "pw-a"), source="src-a", member_id="a", policy="shade")
+    a2 = tier(urls("src-a", "pw-a"), source="src-a", member_id="a2", policy="lru")
+    b = tier(urls("src-b", "pw-b"), source="src-b", member_id="b")
+    a_on_b = tier(urls("src-a", "pw-a"), source="src-b", member_id="intruder", timeout_s=0.5)
     try:
-        assert a.cluster and a.heartbeat()
+        assert a.cluster and a.heartbeat() and b.heartbeat()
         k = SharedTier.key("x", 500)
-        assert a.offer(k, blob(1, 500), 2.0) == "admitted"
-        assert b.get(k, 500) == blob(1, 500)
-        assert b.get_many([k], [500]) == [blob(1, 500)] and b.contains_many([k]) == [True]
-        assert a.rescore([k], [3.0]) == 1 and a.evict(k)
+        assert a.offer(k, blob(1, 500), 2.0) == "admitted" and b.offer(k, blob(2, 500)) == "admitted"
+        assert a2.get(k, 500) == blob(1, 500) and b.get(k, 500) == blob(2, 500)
+        assert a2.get_many([k], [500]) == [blob(1, 500)] and a2.contains_many([k]) == [True]
+        assert a.rescore([k], [3.0]) == 1
         a.refresh()
-        assert a.counters()["errors"] == b.counters()["errors"] == 0
+        assert a.apply_caps(a.gen, a.group_capacity) >= 0
+        assert a.counters()["errors"] == a2.counters()["errors"] == b.counters()["errors"] == 0
+        # group A's user on group B's keys: every call refused (counted errors, never a value)
+        assert not a_on_b.heartbeat()
+        a_on_b.joined = True  # as if it had joined: the reads and writes themselves are refused
+        assert a_on_b.get(k, 500) is None and a_on_b.offer(k, blob(3, 500)) == "failed"
+        assert a_on_b.counters()["errors"] >= 3
+        c = RedisCluster(host="127.0.0.1", port=redis_cluster.masters[0].port,
+                         username=f"shadefs-{namespace_key('src-a')}", password="pw-a")
+        try:
+            vb = b._tags[b.partition(k)] + "v:" + k
+            for op in (lambda: c.get(vb), lambda: c.set(vb, b"x"), lambda: c.delete(vb)):
+                with pytest.raises(redis.exceptions.NoPermissionError):
+                    op()
+            va = a._tags[a.partition(k)] + "v:" + k
+            assert c.get(va) is not None  # its own group's keys: allowed
+        finally:
+            c.close()
+        assert b.get(k, 500) == blob(2, 500)
+        assert a.evict(k)
     finally:
-        a.close()
-        b.close()
+        for t in (a, a2, b, a_on_b):
+            t.close()
 
 
 def test_residency_is_pipelined_in_chunks(redis_cluster):
