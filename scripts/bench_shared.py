@@ -98,7 +98,7 @@ def run_config(a, files: List[str], sizes: Dict[str, int], endpoint: str, cluste
         args = ["--policy", "static", "--ram-cache", f"{a.ram}%", "--backend-opt", f"endpoint_url={endpoint}"]
         if shared_pct:
             args += ["--shared-tier", cluster.urls, "--shared-tier-size", str(total * shared_pct // 100 // nodes),
-                     "--shared-tier-heartbeat", "0.5", "--shared-tier-partitions", str(a.partitions)]
+                     "--shared-tier-heartbeat", "0.5", "--shared-tier-partitions", str(a.partitions), *a.auth]
         mnt = os.path.join(workdir, f"n{nodes}-s{shared_pct}-r{r}")
         mounts.append(Mount(f"s3://{BUCKET}/{PREFIX}", mnt, args, log_file=mnt + ".log", mount_timeout=300).start())
     try:
@@ -191,7 +191,7 @@ def per_hit_cost(a, files: List[str], endpoint: str, cluster: RedisCluster, work
         nv.umount()
     shutil.rmtree(disk, ignore_errors=True)
     sh_args = base + ["--shared-tier", cluster.urls, "--shared-tier-size", "100%", "--shared-tier-heartbeat", "0.5",
-                      "--shared-tier-partitions", str(a.partitions)]
+                      "--shared-tier-partitions", str(a.partitions), *a.auth]
     w = Mount(f"s3://{BUCKET}/{PREFIX}", os.path.join(workdir, "probe-w"), sh_args, mount_timeout=300).start()
     r = Mount(f"s3://{BUCKET}/{PREFIX}", os.path.join(workdir, "probe-r"), sh_args, mount_timeout=300).start()
     try:
@@ -235,7 +235,8 @@ proxy: {env['proxy']}), N mounts of that source on this machine ("nodes"), each 
 {env['threads']} reader threads per node, all nodes at once) for {env['epochs']} epochs; figures are the
 means of the epochs after the first. Shared tier: a 3-master Redis Cluster (redis-server
 {env['redis']}) on loopback, `--shared-tier-size` = (shared total) / N per member,
-`--shared-tier-partitions {env['partitions']}`. Machine: {env['machine']};
+`--shared-tier-partitions {env['partitions']}`, {'`--shared-tier-insecure`' if env.get('auth') == 'insecure'
+else 'values authenticated (`--shared-tier-secret`, HMAC-SHA256)'}. Machine: {env['machine']};
 {env['load']}. Command: `{env['command']}` ({env['date']}).
 
 {table}
@@ -308,6 +309,8 @@ def main(argv=None) -> int:
     p.add_argument("--partitions", type=int, default=16,
                    help="--shared-tier-partitions (a partition's budget should hold many files: at 2,000 "
                    "files of 16 kB, 20%% is 6.4 MB, 400 kB per partition at K=16)")
+    p.add_argument("--insecure", action="store_true",
+                   help="run the shared tier with --shared-tier-insecure (no group secret) instead of a secret")
     p.add_argument("--workdir")
     p.add_argument("--json")
     p.add_argument("--results", help="render the doc from a saved --json run instead of measuring")
@@ -337,6 +340,14 @@ def measure(a) -> Dict[str, Any]:
     os.environ.update(DUMMY_AWS_ENV)
     workdir = a.workdir or tempfile.mkdtemp(prefix="bench-shared-")
     files = make_files(a.files, a.mean_kb * 1000, a.seed)
+    if a.insecure:
+        a.auth = ["--shared-tier-insecure"]
+    else:  # the group's secret: random, mode 0600, the same file for every member
+        secret = os.path.join(workdir, "group.secret")
+        fd = os.open(secret, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(os.urandom(32).hex().encode())
+        a.auth = ["--shared-tier-secret", secret]
     sizes = {k: len(v) for k, v in files.items()}
     names = sorted(files)
     load0 = os.getloadavg()
@@ -357,7 +368,7 @@ def measure(a) -> Dict[str, Any]:
         load1 = os.getloadavg()
         env = {"files": a.files, "mib": sum(sizes.values()) / 2**20, "mean_kb": sum(sizes.values()) / a.files / 1e3,
                "proxy": proxy.settings, "ram": a.ram, "threads": a.threads, "epochs": a.epochs,
-               "redis": redis_v, "partitions": a.partitions, "probe_files": min(a.probe_files, a.files),
+               "redis": redis_v, "partitions": a.partitions, "auth": "insecure" if a.insecure else "secret", "probe_files": min(a.probe_files, a.files),
                "machine": f"{os.cpu_count()} cores, {platform.machine()}, Linux {platform.release()}",
                "load": f"load average {load0[0]:.1f} at the start, {load1[0]:.1f} at the end (shared with other "
                        f"engineers' work)",
