@@ -852,6 +852,9 @@ class SharedTier:
     def start(self) -> None:
         """Join the group (first heartbeat, bounded by a few deadlines) and start the heartbeat and offer
         threads. Redis being unreachable is logged, not raised: the tier joins when it comes back."""
+        if self.secret is None:
+            log.warning("shared tier without a group secret (--shared-tier-insecure): whoever can write to %s "
+                        "can make this mount serve bytes of their choosing", self.redacted)
         if not self.heartbeat():
             log.warning("shared tier %s not reachable yet; serving without it and retrying every %.1f s",
                         self.redacted, self.heartbeat_s)

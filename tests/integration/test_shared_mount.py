@@ -279,3 +279,17 @@ def test_a_value_forged_in_redis_is_never_served(small_tree, mount, redis_server
     assert sb["hits"]["shared"] == 10 and sb["backend_bytes"] == 0
     invariant(sa)
     invariant(sb)
+
+
+def test_insecure_shares_without_a_secret_and_says_so(small_tree, mount, redis_server):
+    src, spec = small_tree
+    args = ("--shared-tier", redis_server.url, "--shared-tier-size", "1MB", "--shared-tier-insecure", *FAST)
+    a = mount(src, *args, name="a")
+    read_all(a, spec)
+    wait_for(lambda: a.stats()["tiers"]["shared"]["files"] == 10, timeout=10)
+    b = mount(src, *args, name="b")
+    read_all(b, spec)
+    assert b.stats()["hits"]["shared"] == 10
+    for m in (a, b):
+        assert "without a group secret (--shared-tier-insecure)" in m.log()
+        assert "values NOT authenticated" in m.log()
