@@ -144,8 +144,11 @@ class Daemon:
         cfg = self.cfg
         if not cfg.shared_tier:
             return None
-        from .cache.shared import SharedTier, read_secret
+        from .cache.shared import SharedTier, SharedTierConfigError, read_secret
 
+        if not cfg.shared_tier_secret_file and not cfg.shared_tier_insecure:
+            raise SharedTierConfigError("a shared tier needs shared_tier_secret_file (the group's secret) or "
+                                        "shared_tier_insecure")
         secret = read_secret(cfg.shared_tier_secret_file) if cfg.shared_tier_secret_file else None
         password = None
         if cfg.shared_tier_password_file:
