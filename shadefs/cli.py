@@ -411,12 +411,11 @@ def preflight(cfg: MountConfig) -> None:
     if cfg.disk_cache_dir:
         _check_writable_dir(cfg.disk_cache_dir, "cache directory")
         _check_cache_dir_free(cfg)
-    if cfg.trace:
-        _check_writable_file(cfg.trace, "--trace")
-    if cfg.log_file:
-        _check_writable_file(cfg.log_file, "--log-file")
-        if os.path.islink(cfg.log_file):  # the log is opened O_NOFOLLOW (a planted link must not redirect it)
-            raise UserError(f"--log-file {cfg.log_file!r} is a symlink; give the file it names")
+    for path, option in ((cfg.trace, "--trace"), (cfg.log_file, "--log-file")):
+        if path:
+            _check_writable_file(path, option)
+            if os.path.islink(path):  # a link planted at the name must not redirect what a root daemon writes
+                raise UserError(f"{option} {path!r} is a symlink; give the file it names")
     check_fuse_device()
     if _fusermount() is None:
         raise UserError("fusermount is missing; install it with: apt-get install fuse3")

@@ -118,14 +118,15 @@ def test_the_default_log_directory_is_created_private(small_tree, tmp_path, cli,
         assert "final stats" in f.read()
 
 
-def test_a_log_file_that_is_a_symlink_is_refused(small_tree, tmp_path, cli, victim):
+@pytest.mark.parametrize("option", ["--log-file", "--trace"])
+def test_a_log_or_trace_file_that_is_a_symlink_is_refused(small_tree, tmp_path, cli, victim, option):
     src, _ = small_tree
     mp = tmp_path / "mp"
     mp.mkdir()
-    link = tmp_path / "daemon.log"
+    link = tmp_path / "daemon.out"
     link.symlink_to(victim)
-    r = _mount_or_cleanup(cli, src, mp, "--log-file", link)
-    assert one_line_error(r) == f"shadefs: error: --log-file '{link}' is a symlink; give the file it names\n"
+    r = _mount_or_cleanup(cli, src, mp, option, link)
+    assert one_line_error(r) == f"shadefs: error: {option} '{link}' is a symlink; give the file it names\n"
     assert victim.read_text() == "root's own\n" and not is_mounted(mp)
 
 
