@@ -146,17 +146,26 @@ def load_authorized_keys(path: str) -> set:
     """Read a file of CURVE client public keys: one Z85 key (40 characters, 32 bytes) a line; blank lines
     and lines starting with ``#`` are ignored. Returns the keys (a set of bytes, Z85), at least one.
 
+    The file must belong to this process's user or root and be writable by no one else: whoever can
+    write it can admit a key of their own.
+
     Raises:
-        ValueError: the file is unreadable, holds no key, or a line is not a Z85 public key (named by its
-            line number).
+        ValueError: the file is unreadable, writable by others, holds no key, or a line is not a Z85
+            public key (named by its line number).
     """
     from zmq.utils import z85
 
     try:
         with open(path, encoding="ascii", errors="replace") as f:
+            st = os.fstat(f.fileno())
             lines = f.read().splitlines()
     except OSError as e:
         raise ValueError(f"{path!r}: {e.strerror}") from None
+    if st.st_uid not in (os.geteuid(), 0) or st.st_mode & 0o022:
+        owner = "root" if os.geteuid() == 0 else f"uid {os.geteuid()} or root"
+        raise ValueError(f"{path!r} can be changed by others (owner uid {st.st_uid}, mode "
+                         f"{stat.S_IMODE(st.st_mode):o}): whoever writes it admits their keys; "
+                         f"chmod go-w it and keep it owned by {owner}")
     keys = set()
     for n, line in enumerate(lines, 1):
         key = line.strip()

@@ -103,11 +103,10 @@ def test_the_default_log_directory_is_created_private(small_tree, tmp_path, cli,
     src, _ = small_tree
     mp = tmp_path / "mp"
     mp.mkdir()
-    r = cli("mount", src, mp, env=dict(os.environ, TMPDIR=shared_tmp))
+    cli("mount", src, mp, env=dict(os.environ, TMPDIR=shared_tmp))
     try:
         d = os.path.join(shared_tmp, f"shadefs-{os.geteuid()}")
         log = os.path.join(d, _slug(mp))
-        assert f"log {log})" in r.stdout
         st = os.lstat(d)
         assert stat.S_ISDIR(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o700 and st.st_uid == os.geteuid()
         st = os.lstat(log)
@@ -132,7 +131,8 @@ def test_a_log_or_trace_file_that_is_a_symlink_is_refused(small_tree, tmp_path, 
 
 # -- nothing shadefs writes inside the source ----------------------------------------------------------
 @pytest.mark.parametrize("extra,message", [
-    (["--disk-cache", "{src}/.cache", "--disk-cache-size", "1MiB"], "the cache directory must not be inside the source"),
+    (["--disk-cache", "{src}/.cache", "--disk-cache-size", "1MiB"],
+     "the cache directory must not be inside the source"),
     (["--disk-cache", "{tmp}/link/.cache", "--disk-cache-size", "1MiB"],
      "the cache directory must not be inside the source"),  # through a symlink to the source
     (["--disk-cache", "{src}", "--disk-cache-size", "1MiB"], "the cache directory must not be inside the source"),

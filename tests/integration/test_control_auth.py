@@ -19,6 +19,32 @@ from shadefs import registry
 from shadefs.control.client import ControlClient, find_endpoint
 
 
+def stranger_gets_nothing(stranger) -> None:
+    """A client the mount does not admit: its scores are queued but never read, its requests time out."""
+    try:
+        assert stranger.send_scores(["dog/00.bin"], np.array([5.0], dtype=np.float32))  # queued, never read
+        with pytest.raises(TimeoutError):
+            stranger.stats()
+        with pytest.raises(TimeoutError):
+            stranger.warm(["cat/01.bin"], timeout_s=0.5)
+    finally:
+        stranger.close()
+    time.sleep(0.5)
+
+
+def scores_applied_once(client) -> None:
+    """An admitted client after :func:`stranger_gets_nothing`: nothing of the stranger's was counted or
+    warmed; its own scores message is."""
+    s = client.stats()
+    assert s["scores_received"] == 0 and sum(s["scores_rejected"].values()) == 0
+    assert client.resident(["cat/01.bin"]).tolist() == [False]  # the stranger's warm never ran
+    assert client.send_scores(["dog/00.bin"], np.array([5.0], dtype=np.float32))
+    deadline = time.monotonic() + 5
+    while client.stats()["scores_received"] < 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert client.stats()["scores_received"] == 1
+
+
 def test_tcp_control_refuses_clients_without_credentials(small_tree, mount, tmp_path, monkeypatch):
     monkeypatch.delenv("SHADEFS_CREDENTIALS", raising=False)
     src, _ = small_tree
@@ -31,25 +57,9 @@ def test_tcp_control_refuses_clients_without_credentials(small_tree, mount, tmp_
     assert stat.S_IMODE(os.stat(entry.path).st_mode) == 0o600
     assert stat.S_IMODE(os.stat(os.path.dirname(entry.path)).st_mode) == 0o700
 
-    stranger = ControlClient(endpoint, timeout_s=0.5, linger_s=0.5, credentials=False)
-    try:
-        assert stranger.send_scores(["dog/00.bin"], np.array([5.0], dtype=np.float32))  # queued, never read
-        with pytest.raises(TimeoutError):
-            stranger.stats()
-        with pytest.raises(TimeoutError):
-            stranger.warm(["cat/01.bin"], timeout_s=0.5)
-    finally:
-        stranger.close()
-    time.sleep(0.5)
+    stranger_gets_nothing(ControlClient(endpoint, timeout_s=0.5, linger_s=0.5, credentials=False))
     with ControlClient(endpoint, timeout_s=5) as owner:  # credentials from the registry
-        s = owner.stats()
-        assert s["scores_received"] == 0 and sum(s["scores_rejected"].values()) == 0
-        assert owner.resident(["cat/01.bin"]).tolist() == [False]  # the stranger's warm never ran
-        assert owner.send_scores(["dog/00.bin"], np.array([5.0], dtype=np.float32))
-        deadline = time.monotonic() + 5
-        while owner.stats()["scores_received"] < 1 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert owner.stats()["scores_received"] == 1
+        scores_applied_once(owner)
 
     # a copy of the credentials, named by $SHADEFS_CREDENTIALS, in another process (the CLI)
     creds = tmp_path / "creds.json"
@@ -106,28 +116,12 @@ def test_a_server_key_answers_only_the_authorized_keys(small_tree, mount, tmp_pa
     endpoint = find_endpoint(m.path)
     server_pub = curve_certs["server"][0]
     # a stranger who knows the server's public key, with a key pair of its own: no answer, scores not read
-    stranger = ControlClient(endpoint, timeout_s=0.5, linger_s=0.5, curve_server_key=server_pub,
-                             curve_client_key=curve_certs["stranger"][1])
-    try:
-        assert stranger.send_scores(["dog/00.bin"], np.array([5.0], dtype=np.float32))
-        with pytest.raises(TimeoutError):
-            stranger.stats()
-        with pytest.raises(TimeoutError):
-            stranger.warm(["cat/01.bin"], timeout_s=0.5)
-    finally:
-        stranger.close()
-    time.sleep(0.5)
+    stranger_gets_nothing(ControlClient(endpoint, timeout_s=0.5, linger_s=0.5, curve_server_key=server_pub,
+                                        curve_client_key=curve_certs["stranger"][1]))
     # the authorized key, given as key files, and as the hooks pass it (a credentials dict)
     with ControlClient(endpoint, timeout_s=5, curve_server_key=server_pub,
                        curve_client_key=curve_certs["authorized"][1]) as job:
-        s = job.stats()
-        assert s["scores_received"] == 0 and sum(s["scores_rejected"].values()) == 0
-        assert job.resident(["cat/01.bin"]).tolist() == [False]  # the stranger's warm never ran
-        assert job.send_scores(["dog/00.bin"], np.array([5.0], dtype=np.float32))
-        deadline = time.monotonic() + 5
-        while job.stats()["scores_received"] < 1 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert job.stats()["scores_received"] == 1
+        scores_applied_once(job)
     public, secret = zmq.auth.load_certificate(curve_certs["authorized"][1])
     creds = {"server_public": _public(server_pub), "client_public": public.decode(),
              "client_secret": secret.decode()}
@@ -157,7 +151,15 @@ def test_a_server_key_needs_authorized_keys(small_tree, tmp_path, cli, curve_cer
     empty = tmp_path / "empty_keys"
     empty.write_text("# nobody yet\n\n")
     r = cli(*base, "--control-authorized-keys", empty, check=False)
-    assert r.returncode == 2 and r.stderr == f"shadefs: error: --control-authorized-keys: '{empty}' holds no public key\n"
+    assert r.returncode == 2
+    assert r.stderr == f"shadefs: error: --control-authorized-keys: '{empty}' holds no public key\n"
+    shared = tmp_path / "shared_keys"
+    shared.write_text(f"{_public(curve_certs['authorized'][0])}\n")
+    os.chmod(shared, 0o666)  # anyone could add a key of their own
+    r = cli(*base, "--control-authorized-keys", shared, check=False)
+    assert r.returncode == 2 and r.stderr == (
+        f"shadefs: error: --control-authorized-keys: '{shared}' can be changed by others (owner uid 0, mode 666): "
+        "whoever writes it admits their keys; chmod go-w it and keep it owned by root\n")
     r = cli("mount", src, mp, "--control", "tcp://127.0.0.1:0", "--control-insecure", "--control-authorized-keys",
             bad, check=False)
     assert r.returncode == 2 and r.stderr == ("shadefs: error: --control-authorized-keys needs --curve-secret-key "
