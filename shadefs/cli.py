@@ -755,8 +755,8 @@ def cmd_umount(args) -> int:
         return 0
     if args.force:
         return _end_daemon(entry, mp, args.timeout, f"it {why} after the unmount")
-    print(f"shadefs: error: unmounted {mp}, but its daemon (pid {entry.pid}) {why}; it still holds the "
-          f"mountpoint and its cache directory: end it with: shadefs umount --force {mp}", file=sys.stderr)
+    print(f"shadefs: error: unmounted {mp}, but its daemon (pid {entry.pid}) {why}; a new mount there is "
+          f"refused until it exits: end it with: shadefs umount --force {mp}", file=sys.stderr)
     return 1
 
 

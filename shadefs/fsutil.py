@@ -95,7 +95,13 @@ def private_dir(path: str, what: str) -> str:
     """
     try:
         os.mkdir(path, 0o700)
-        os.chmod(path, 0o700)  # mkdir's mode is filtered by the umask
+        # mkdir's mode is filtered by the umask; fchmod on what we opened, never through a symlink
+        # swapped in meanwhile
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            os.fchmod(fd, 0o700)
+        finally:
+            os.close(fd)
     except FileExistsError:
         pass
     st = os.lstat(path)

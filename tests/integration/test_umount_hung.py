@@ -37,8 +37,8 @@ def test_umount_of_a_stopped_daemon_fails_and_force_ends_it(small_tree, tmp_path
     try:
         r = cli("umount", m.path, check=False, timeout=60)
         assert one_line_error(r, rc=1) == (
-            f"shadefs: error: unmounted {m.path}, but its daemon (pid {m.pid}) is stopped (SIGSTOP); it still "
-            f"holds the mountpoint and its cache directory: end it with: shadefs umount --force {m.path}\n")
+            f"shadefs: error: unmounted {m.path}, but its daemon (pid {m.pid}) is stopped (SIGSTOP); a new mount "
+            f"there is refused until it exits: end it with: shadefs umount --force {m.path}\n")
         assert not is_mounted(m.path) and pid_alive(m.pid)
         r = cli("mount", src, m.path, "--disk-cache", cache, "--disk-cache-size", "1MiB", check=False)
         assert one_line_error(r) == (
