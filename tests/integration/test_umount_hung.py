@@ -6,10 +6,13 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 
 import pytest
 
 from conftest import SHADEFS, is_mounted
+from shadefs import cli as shadefs_cli
+from shadefs import registry
 from shadefs.testing import mounts as _mounts
 from shadefs.testing.mounts import pid_alive, wait_pid_gone
 
@@ -71,6 +74,21 @@ def test_umount_force_of_a_stopped_mounted_daemon_sends_sigterm_first(small_tree
         assert "final stats" in m.log()  # not SIGKILLed: SIGTERM within the grace let it write its checkpoint
     finally:
         _cont(m.pid)
+
+
+def test_a_daemon_that_ignores_sigterm_is_killed_after_the_grace():
+    # what --force does to a daemon whose SIGTERM handling cannot finish: a real process ignoring SIGTERM
+    p = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                          "print('ready', flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline() == "ready\n"
+        entry = registry.Entry(mountpoint="/nowhere", pid=p.pid, start_time=registry.pid_start_time(p.pid),
+                               endpoint="ipc:///nowhere")
+        assert shadefs_cli._terminate(entry, grace_s=0.5)
+        assert p.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        p.kill()
+        p.wait()
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "inf"])
