@@ -172,6 +172,28 @@ def _shared_tier_secret(args) -> Optional[str]:
     return path
 
 
+def _authorized_keys_file(args) -> Optional[str]:
+    """``--control-authorized-keys``, checked (it is read again by the daemon at mount): the absolute path,
+    or None. A ``--curve-secret-key`` needs it: a server key without a client list would admit any key
+    pair (raises UserError)."""
+    path = args.control_authorized_keys
+    if path is None:
+        if args.curve_secret_key:
+            raise UserError("--curve-secret-key needs --control-authorized-keys FILE (the public keys of the "
+                            "clients to answer, one a line): without it any key pair would be admitted")
+        return None
+    if not args.curve_secret_key:
+        raise UserError("--control-authorized-keys needs --curve-secret-key FILE and a tcp:// --control")
+    from .control.server import load_authorized_keys
+
+    path = os.path.abspath(path)
+    try:
+        load_authorized_keys(path)
+    except ValueError as e:
+        raise UserError(f"--control-authorized-keys: {e}") from None
+    return path
+
+
 def build_config(args) -> MountConfig:
     """Validate the mount arguments into a :class:`MountConfig` (raises UserError)."""
     from .policies.base import PolicyError, get_policy
@@ -223,7 +245,7 @@ def build_config(args) -> MountConfig:
         source=source, mountpoint=os.path.abspath(args.mountpoint), policy=args.policy,
         disk_cache_dir=disk_dir, foreground=args.foreground, control=args.control,
         control_allow_remote=args.control_allow_remote, curve_server_secret=args.curve_secret_key,
-        control_insecure=args.control_insecure,
+        control_insecure=args.control_insecure, control_authorized_keys=_authorized_keys_file(args),
         metrics_port=args.metrics_port, metrics_addr=args.metrics_addr, trace=args.trace and os.path.abspath(args.trace),
         log_level=args.log_level.upper(), log_file=args.log_file and os.path.abspath(args.log_file),
         allow_other=args.allow_other, kernel_cache=not args.no_kernel_cache,
@@ -370,6 +392,31 @@ def _check_cache_dir_free(cfg: MountConfig) -> None:
                 time.sleep(0.05)
 
 
+def _source_dir(source: str) -> Optional[str]:
+    """The local directory of a path or ``file://`` source; None for an object store."""
+    if "://" not in source:
+        return source
+    return source[len("file://"):] if source.startswith("file://") else None
+
+
+def _check_outside_source(cfg: MountConfig) -> None:
+    """Refuse what shadefs writes, and the mountpoint, inside a local source (and the source inside the
+    cache directory): the scan at the next mount would serve the cache's own files (``index.bin``,
+    ``lock``, entries), the trace or the log as part of the dataset, and a mountpoint inside the source
+    shows the mount in its own source. Real paths are compared (raises UserError)."""
+    src = _source_dir(cfg.source)
+    if src is None:
+        return
+    if _inside(cfg.mountpoint, src):
+        raise UserError("the mountpoint must not be inside the source")
+    for path, what in ((cfg.disk_cache_dir, "the cache directory"), (cfg.trace, "the --trace file"),
+                       (cfg.log_file, "the --log-file")):
+        if path and _inside(path, src):
+            raise UserError(f"{what} must not be inside the source")
+    if cfg.disk_cache_dir and _inside(src, cfg.disk_cache_dir):
+        raise UserError("the source must not be inside the cache directory")
+
+
 def preflight(cfg: MountConfig) -> None:
     """Check everything a mount needs before forking (raises UserError).
 
@@ -381,13 +428,15 @@ def preflight(cfg: MountConfig) -> None:
                        (cfg.log_file, "the --log-file")):
         if path and _inside(path, mp):
             raise UserError(f"{what} must not be inside the mountpoint")
+    _check_outside_source(cfg)
     if cfg.disk_cache_dir:
         _check_writable_dir(cfg.disk_cache_dir, "cache directory")
         _check_cache_dir_free(cfg)
-    if cfg.trace:
-        _check_writable_file(cfg.trace, "--trace")
-    if cfg.log_file:
-        _check_writable_file(cfg.log_file, "--log-file")
+    for path, option in ((cfg.trace, "--trace"), (cfg.log_file, "--log-file")):
+        if path:
+            _check_writable_file(path, option)
+            if os.path.islink(path):  # a link planted at the name must not redirect what a root daemon writes
+                raise UserError(f"{option} {path!r} is a symlink; give the file it names")
     check_fuse_device()
     if _fusermount() is None:
         raise UserError("fusermount is missing; install it with: apt-get install fuse3")
@@ -416,14 +465,35 @@ def _registry():
 
 
 def _default_log_file(mountpoint: str) -> str:
-    d = os.path.join(tempfile.gettempdir(), f"shadefs-{os.getuid()}")
-    os.makedirs(d, mode=0o700, exist_ok=True)
+    """``$TMPDIR/shadefs-<euid>/<mountpoint with / as _>.log``. The directory is created 0700, or refused
+    (UserError) when another user could have planted it, or a symlink in it: a symlink or a directory
+    not ours, group/other bits, or a log file that is a symlink (a root daemon would append to whatever it
+    names)."""
+    from .fsutil import private_dir
+
+    try:
+        d = private_dir(os.path.join(tempfile.gettempdir(), f"shadefs-{os.geteuid()}"), "the log")
+    except OSError as e:
+        raise UserError(f"log directory: {e.strerror or e} (or pass --log-file FILE)") from None
     slug = mountpoint.strip("/").replace("/", "_") or "root"
-    return os.path.join(d, f"{slug}.log")
+    path = os.path.join(d, f"{slug}.log")
+    if os.path.islink(path):
+        raise UserError(f"log file {path!r} is a symlink; remove it (or pass --log-file FILE)")
+    return path
+
+
+class _LogFileHandler(logging.FileHandler):
+    """A FileHandler that never follows a symlink at the log's own name (``O_NOFOLLOW``: ELOOP instead)
+    and creates the file 0600 (the log names source paths)."""
+
+    def _open(self):
+        fd = os.open(self.baseFilename, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600)
+        return os.fdopen(fd, "a", encoding=self.encoding, errors=self.errors)
 
 
 def _setup_logging(level: str, log_file: Optional[str]) -> None:
-    handler = logging.FileHandler(log_file) if log_file else logging.StreamHandler(sys.stderr)
+    handler = _LogFileHandler(log_file) if log_file else logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
@@ -507,8 +577,25 @@ def _stop_daemon(pid: int, grace_s: float = 3.0) -> None:
 
 
 # -- commands -------------------------------------------------------------------------------------------
+def _hold_mountpoint(mountpoint: str):
+    """This user's lock on ``mountpoint`` (:func:`shadefs.registry.hold_mountpoint`), taken before the
+    mountpoint is checked and kept by the daemon for its life: of two mounts racing onto one directory,
+    the second is refused here. Returns the lock file (raises UserError)."""
+    reg = _registry()
+    try:
+        return reg.hold_mountpoint(mountpoint, wait_s=5.0, busy=lambda: is_mounted(mountpoint))
+    except reg.MountpointBusy as e:
+        if is_mounted(mountpoint):
+            raise UserError(f"mountpoint {mountpoint!r} is already mounted") from None
+        raise UserError(f"{e}: a shadefs mount there is starting, or its daemon has not exited "
+                        f"(if it hangs: shadefs umount --force {mountpoint})") from None
+    except OSError as e:
+        raise UserError(f"cannot lock the mountpoint: {e}") from None
+
+
 def cmd_mount(args) -> int:
     cfg = build_config(args)
+    mp_lock = _hold_mountpoint(cfg.mountpoint)  # held until the daemon exits (inherited by the fork)
     preflight(cfg)
     if cfg.foreground:
         _setup_logging(cfg.log_level, cfg.log_file)
@@ -520,6 +607,7 @@ def cmd_mount(args) -> int:
         code = 1
         try:
             os.close(r)
+            _registry().note_holder(mp_lock)
             os.setsid()
             _setup_logging(cfg.log_level, log_file)
             devnull = os.open(os.devnull, os.O_RDWR)
@@ -531,6 +619,7 @@ def cmd_mount(args) -> int:
         finally:
             os._exit(code)
     os.close(w)
+    mp_lock.close()  # the daemon holds it now
     try:
         with os.fdopen(r) as f:
             line = f.readline().strip()
@@ -570,17 +659,96 @@ def _wait_gone(pid: Optional[int], mountpoint: str, timeout_s: float = 10.0) -> 
         time.sleep(0.05)
 
 
+#: how long ``shadefs umount`` waits for the daemon to exit after its mount is gone (it writes its last
+#: checkpoint first); a daemon stopped (SIGSTOP) for STOPPED_S seconds is reported at once
+EXIT_WAIT_S = 30.0
+STOPPED_S = 1.0
+
+
+def _pid_state(pid: int) -> str:
+    """The state letter of ``/proc/PID/stat`` (R, S, D, T (stopped), t, Z (zombie)...); "" if gone."""
+    try:
+        with open(f"/proc/{int(pid)}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0].decode()
+    except (OSError, IndexError):
+        return ""
+
+
+def _daemon_runs(entry) -> bool:
+    """The registered daemon still runs: same pid and start time, not a zombie."""
+    return entry.alive() and _pid_state(entry.pid) not in ("", "Z")
+
+
+def _wait_exit(entry, timeout_s: float = EXIT_WAIT_S) -> Optional[str]:
+    """Wait for the registered daemon ``entry`` (None: unknown, nothing to wait for) to exit after its
+    unmount. Returns None once it has, else why not: ``"is stopped (SIGSTOP)"`` or ``"did not exit within
+    N s"``."""
+    if entry is None:
+        return None
+    deadline = time.monotonic() + timeout_s
+    stopped_since = None
+    while _daemon_runs(entry):
+        now = time.monotonic()
+        if _pid_state(entry.pid) in ("T", "t"):
+            stopped_since = stopped_since or now
+            if now - stopped_since >= STOPPED_S:
+                return "is stopped (SIGSTOP)"
+        else:
+            stopped_since = None
+        if now >= deadline:
+            return f"did not exit within {timeout_s:g} s"
+        time.sleep(0.05)
+    return None
+
+
+def _terminate(entry, grace_s: float) -> bool:
+    """End the registered daemon ``entry``: SIGTERM and SIGCONT (a stopped daemon then runs its handler:
+    it unmounts and writes its last checkpoint), SIGKILL after ``grace_s`` seconds, then up to 5 s for it
+    to go. Never signals a pid that is no longer the daemon's (gone, or reused). Returns whether it is gone."""
+    import signal
+
+    for sigs, wait_s in (((signal.SIGTERM, signal.SIGCONT), grace_s), ((signal.SIGKILL,), 5.0)):
+        if not _daemon_runs(entry):
+            return True
+        for sig in sigs:
+            try:
+                os.kill(entry.pid, sig)
+            except ProcessLookupError:
+                return True
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            if not _daemon_runs(entry):
+                return True
+            time.sleep(0.02)
+    return not _daemon_runs(entry)
+
+
+def _unmount_if_mounted(mountpoint: str) -> None:
+    """Lazily unmount ``mountpoint`` unless it is gone already (a daemon ending unmounts itself)."""
+    try:
+        if is_mounted(mountpoint):
+            _unmount(mountpoint, lazy=True)
+    except UserError:
+        if is_mounted(mountpoint):
+            raise
+
+
 def cmd_umount(args) -> int:
-    """Unmount a shadefs mount; refuse anything else. ``--force``: a daemon that does not answer its
-    control endpoint within ``--timeout`` is killed and its mount cleared."""
+    """Unmount a shadefs mount; refuse anything else. A daemon that does not exit after its unmount is an
+    error (exit 1). ``--force``: a daemon that does not answer its control endpoint within ``--timeout``,
+    or does not exit after the unmount, or still runs after its mount is gone, is ended (SIGTERM, SIGKILL
+    after ``--timeout`` seconds) and its mount cleared."""
     reg = _registry()
     mp = os.path.abspath(args.mountpoint)
     info = reg.mount_entry(mp)
     known = reg.lookup(mp, alive_only=False)
     entry = known if known is not None and known.alive() else None
     if info is None:
-        if entry is not None:  # the daemon runs but its mount is gone (unmounted by hand)
-            raise UserError(f"{mp!r} is not mounted (its daemon, pid {entry.pid}, still runs)")
+        if entry is not None:  # the daemon runs but its mount is gone (unmounted by hand, or it hung)
+            if not args.force:
+                raise UserError(f"{mp!r} is not mounted, but its daemon (pid {entry.pid}) still runs; end it "
+                                f"with: shadefs umount --force {mp}")
+            return _end_daemon(entry, mp, args.timeout, "its mount was already gone")
         raise UserError(f"{mp!r} is not mounted")
     if not reg.is_shadefs(info):
         raise UserError(f"{mp!r} is a {info.fstype} mount ({info.source}), not a shadefs mount; refusing to "
@@ -596,14 +764,30 @@ def cmd_umount(args) -> int:
         if entry is not None:
             print(f"shadefs: the daemon (pid {entry.pid}) did not answer within {args.timeout:g} s; "
                   "killing it", file=sys.stderr)
-            _kill_registered(entry)
-        _unmount(mp, lazy=True)
+            _terminate(entry, args.timeout)
+        _unmount_if_mounted(mp)
         _wait_gone(entry.pid if entry else None, mp)
         if entry is not None:
             _remove(entry.path)
         return 0
     _unmount(mp)
-    _wait_gone(entry.pid if entry else None, mp)
+    why = _wait_exit(entry)
+    if why is None:
+        return 0
+    if args.force:
+        return _end_daemon(entry, mp, args.timeout, f"it {why} after the unmount")
+    print(f"shadefs: error: unmounted {mp}, but its daemon (pid {entry.pid}) {why}; a new mount there is "
+          f"refused until it exits: end it with: shadefs umount --force {mp}", file=sys.stderr)
+    return 1
+
+
+def _end_daemon(entry, mp: str, grace_s: float, why: str) -> int:
+    """``umount --force`` of a daemon whose mount is gone: end it (:func:`_terminate`), drop its entry."""
+    print(f"shadefs: ending the daemon of {mp} (pid {entry.pid}): {why}", file=sys.stderr)
+    if not _terminate(entry, grace_s):
+        print(f"shadefs: error: the daemon (pid {entry.pid}) survived SIGKILL", file=sys.stderr)
+        return 1
+    _remove(entry.path)
     return 0
 
 
@@ -625,19 +809,6 @@ def _answers(entry, timeout_s: float) -> bool:
         return False
     finally:
         c.close()
-
-
-def _kill_registered(entry) -> None:
-    import signal
-
-    from .registry import pid_start_time
-
-    if pid_start_time(entry.pid) != entry.start_time:
-        return  # gone already, or the pid is someone else's now
-    try:
-        os.kill(entry.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 def _client(path: str, timeout_s: float = 5.0):
@@ -754,6 +925,17 @@ def _attach_negative_sizes(argv: List[str]) -> List[str]:
     return out
 
 
+def _positive_seconds(text: str) -> float:
+    """argparse type of a ``--timeout``: a finite number of seconds > 0 (0 or less would never wait)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text}: seconds must be a finite number > 0")
+    return value
+
+
 def _default_fuse_impl() -> str:
     from .fuse import DEFAULT_IMPL
 
@@ -786,6 +968,9 @@ def make_parser() -> argparse.ArgumentParser:
     m.add_argument("--control-allow-remote", action="store_true", help="allow a non-loopback TCP control address")
     m.add_argument("--curve-secret-key", metavar="FILE", help="ZeroMQ CURVE secret key file for a TCP endpoint "
                    "(default: a key pair generated at mount)")
+    m.add_argument("--control-authorized-keys", metavar="FILE",
+                   help="with --curve-secret-key: the CURVE public keys (Z85, one a line; # comments) of the "
+                   "clients this mount answers; required with --curve-secret-key")
     m.add_argument("--control-insecure", action="store_true",
                    help="serve a tcp:// control endpoint without CURVE: any local user could send scores and "
                    "warm requests (off by default)")
@@ -850,14 +1035,16 @@ def make_parser() -> argparse.ArgumentParser:
     u = sub.add_parser("umount", help="unmount MOUNTPOINT (the daemon exits); refuses non-shadefs mounts")
     u.add_argument("mountpoint", metavar="MOUNTPOINT")
     u.add_argument("--force", action="store_true",
-                   help="if the daemon does not answer within --timeout, kill it and clear the mount")
-    u.add_argument("--timeout", type=float, default=2.0, metavar="SECONDS",
-                   help="how long --force waits for the daemon to answer (default 2)")
+                   help="end a daemon that does not answer within --timeout, does not exit after the unmount, "
+                   "or still runs without its mount (SIGTERM, SIGKILL after --timeout), and clear the mount")
+    u.add_argument("--timeout", type=_positive_seconds, default=2.0, metavar="SECONDS",
+                   help="how long --force waits for the daemon to answer, and after SIGTERM before SIGKILL "
+                   "(default 2)")
     u.set_defaults(func=cmd_umount)
 
     s = sub.add_parser("stats", help="print the cache figures of a running mount")
     s.add_argument("mountpoint", metavar="MOUNTPOINT")
-    s.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS",
+    s.add_argument("--timeout", type=_positive_seconds, default=5.0, metavar="SECONDS",
                    help="how long to wait for the daemon's answer (default 5)")
     s.add_argument("--json", action="store_true", help="print the stats JSON (docs/metrics.md)")
     s.set_defaults(func=cmd_stats)

@@ -110,6 +110,7 @@ class MountConfig:
     control_allow_remote: bool = False
     curve_server_secret: Optional[str] = None  # path of a CURVE secret key file (TCP only)
     control_insecure: bool = False            # tcp:// without CURVE (any local user may send scores/warm)
+    control_authorized_keys: Optional[str] = None  # file of client public keys (Z85) a CURVE server key admits
     checkpoint_interval_s: float = 60.0       # importance + disk manifest checkpoints; 0 = at mount and unmount only
     metrics_port: Optional[int] = None
     metrics_addr: str = "127.0.0.1"

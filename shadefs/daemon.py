@@ -263,6 +263,7 @@ class Daemon:
         self.control = ControlServer(cfg.control, self, mountpoint=cfg.mountpoint,
                                      allow_remote=cfg.control_allow_remote,
                                      curve_secret_key_file=cfg.curve_server_secret,
+                                     curve_authorized_keys=cfg.control_authorized_keys,
                                      insecure=cfg.control_insecure)
         self.control.start()
         self.endpoint = self.control.endpoint

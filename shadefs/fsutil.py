@@ -1,13 +1,16 @@
 """Atomic file writes, shared by the disk tier, its checkpoints, the namespace snapshot and the simulator's
 scores file: a temporary file is written, then renamed over its final name; on any failure the temporary is
-unlinked (never left behind), and the final name keeps its old content."""
+unlinked (never left behind), and the final name keeps its old content. Also the one check of a private
+directory (:func:`private_dir`) under a shared temporary directory, where another user could have planted
+a symlink or a directory of their own."""
 from __future__ import annotations
 
 import itertools
 import os
+import stat
 from typing import Optional
 
-__all__ = ["atomic_write", "removing_on_error", "rename_into"]
+__all__ = ["atomic_write", "removing_on_error", "rename_into", "private_dir"]
 
 _seq = itertools.count()
 
@@ -77,3 +80,37 @@ def rename_into(tmp: str, path: str) -> None:
     except FileNotFoundError:
         os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o700, exist_ok=True)
         os.rename(tmp, path)
+
+
+def private_dir(path: str, what: str) -> str:
+    """Create ``path`` (mode 0700), or check that the existing one is a directory (not a symlink) owned by
+    this process's effective uid that group and others cannot reach; returns ``path``.
+
+    ``what`` names what goes there, for the messages (``"the control socket"``, ``"the log"``).
+
+    Raises:
+        PermissionError: ``path`` is a symlink or not a directory, belongs to another uid, or has group or
+            other permission bits; the message says which, and how to fix it.
+        OSError: it cannot be created (a missing parent, a read-only file system...).
+    """
+    try:
+        os.mkdir(path, 0o700)
+        # mkdir's mode is filtered by the umask; fchmod on what we opened, never through a symlink
+        # swapped in meanwhile
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            os.fchmod(fd, 0o700)
+        finally:
+            os.close(fd)
+    except FileExistsError:
+        pass
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        raise PermissionError(f"{path} is not a directory (a symlink?); refusing to put {what} there")
+    if st.st_uid != os.geteuid():
+        raise PermissionError(f"{path} belongs to uid {st.st_uid}, not to us ({os.geteuid()}); "
+                              f"refusing to put {what} there")
+    if st.st_mode & 0o077:
+        raise PermissionError(f"{path} has mode {stat.S_IMODE(st.st_mode):o}, which others can reach; "
+                              f"run 'chmod 700 {path}' or remove it")
+    return path

@@ -7,6 +7,11 @@ is a hash of the absolute mountpoint. It holds the mountpoint, the daemon's pid 
 and for a ``tcp://`` endpoint the CURVE credentials a client needs (the file is 0600). The daemon removes
 it at unmount; an entry whose pid is gone (or belongs to another process now) is stale and ignored.
 
+Each mountpoint also has a lock file there, ``<runtime>/mounts/<key>.lock`` (:func:`hold_mountpoint`,
+keyed by the mountpoint's parent's real path and its name): ``shadefs mount`` takes an ``flock`` on it
+before checking the mountpoint, and the daemon it forks keeps holding it until it exits, so two mounts
+onto one directory started at the same instant cannot both pass the checks.
+
 ``shadefs stats``, ``shadefs umount`` and ``find_endpoint`` read it first, so a hung mount (a stopped or
 wedged daemon) cannot hang them: nothing here stats, lists or reads an extended attribute of the mount.
 
@@ -22,7 +27,8 @@ import os
 from typing import Iterator, List, Optional
 
 __all__ = ["Entry", "MountInfo", "register", "unregister", "lookup", "lookup_path", "entries",
-           "mount_entry", "mount_entry_for", "is_shadefs", "pid_start_time", "registry_dir"]
+           "mount_entry", "mount_entry_for", "is_shadefs", "pid_start_time", "registry_dir",
+           "MountpointBusy", "hold_mountpoint", "note_holder"]
 
 FSTYPE = "fuse.shadefs"
 FSNAME_PREFIX = "shadefs:"
@@ -74,6 +80,66 @@ def pid_start_time(pid: int) -> Optional[int]:
         return int(data[data.rindex(b")") + 2:].split()[19])
     except (ValueError, IndexError):
         return None
+
+
+class MountpointBusy(Exception):
+    """Another process holds the lock of the mountpoint; ``holder`` is its pid as it wrote it (None if
+    unreadable)."""
+
+    def __init__(self, mountpoint: str, holder: Optional[int]):
+        super().__init__(f"mountpoint {mountpoint!r} is in use by pid {holder if holder else '?'}")
+        self.mountpoint, self.holder = mountpoint, holder
+
+
+def _lock_key(mountpoint: str) -> str:
+    # the parent's real path, not the mountpoint's: resolving a mounted (maybe hung) directory would
+    # wait on its daemon; two spellings of one directory still meet on one key
+    mp = os.path.abspath(mountpoint)
+    real = os.path.join(os.path.realpath(os.path.dirname(mp)), os.path.basename(mp))
+    return hashlib.sha256(real.encode("utf-8", "surrogateescape")).hexdigest()[:24]
+
+
+def hold_mountpoint(mountpoint: str, wait_s: float = 0.0, busy=None):
+    """Take this user's exclusive lock on ``mountpoint`` (an ``flock`` on ``<runtime>/mounts/<key>.lock``,
+    0600, opened without following symlinks) and write this pid into it.
+
+    Returns the open lock file: the lock lasts while some process holds a descriptor of it (a forked
+    daemon inherits it; call :func:`note_holder` there). Retries for up to ``wait_s`` seconds, every
+    50 ms, while the holder may be exiting; ``busy()``, if given, is called between retries and stops
+    them when it returns True.
+
+    Raises:
+        MountpointBusy: another process still holds it.
+        OSError, PermissionError: the runtime directory is unusable (see ``runtime_dir``).
+    """
+    import fcntl
+    import time
+
+    path = os.path.join(registry_dir(create=True), _lock_key(mountpoint) + ".lock")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    f = os.fdopen(fd, "r+")
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() >= deadline or (busy is not None and busy()):
+                f.seek(0)
+                text = f.read().strip()
+                f.close()
+                raise MountpointBusy(os.path.abspath(mountpoint), int(text) if text.isdigit() else None) from None
+            time.sleep(0.05)
+    note_holder(f)
+    return f
+
+
+def note_holder(lock_file) -> None:
+    """Write this process's pid into a lock file from :func:`hold_mountpoint` (after a fork, the child)."""
+    lock_file.seek(0)
+    lock_file.truncate()
+    lock_file.write(str(os.getpid()))
+    lock_file.flush()
 
 
 def register(mountpoint: str, endpoint: str, source: str = "", credentials: Optional[dict] = None) -> str:

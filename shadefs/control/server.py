@@ -29,7 +29,7 @@ import numpy as np
 from ..logutil import RateLimitedLog
 from . import protocol as P
 
-__all__ = ["ControlServer", "validate_endpoint", "runtime_dir", "load_curve_secret"]
+__all__ = ["ControlServer", "validate_endpoint", "runtime_dir", "load_curve_secret", "load_authorized_keys"]
 
 log = logging.getLogger("shadefs.control")
 
@@ -142,6 +142,48 @@ def load_curve_secret(path: str):
     return public, secret
 
 
+def load_authorized_keys(path: str) -> set:
+    """Read a file of CURVE client public keys: one Z85 key (40 characters, 32 bytes) a line; blank lines
+    and lines starting with ``#`` are ignored. Returns the keys (a set of bytes, Z85), at least one.
+
+    The file must belong to this process's user or root and be writable by no one else: whoever can
+    write it can admit a key of their own.
+
+    Raises:
+        ValueError: the file is unreadable, writable by others, holds no key, or a line is not a Z85
+            public key (named by its line number).
+    """
+    from zmq.utils import z85
+
+    try:
+        with open(path, encoding="ascii", errors="replace") as f:
+            st = os.fstat(f.fileno())
+            lines = f.read().splitlines()
+    except OSError as e:
+        raise ValueError(f"{path!r}: {e.strerror}") from None
+    if st.st_uid not in (os.geteuid(), 0) or st.st_mode & 0o022:
+        owner = "root" if os.geteuid() == 0 else f"uid {os.geteuid()} or root"
+        raise ValueError(f"{path!r} can be changed by others (owner uid {st.st_uid}, mode "
+                         f"{stat.S_IMODE(st.st_mode):o}): whoever writes it admits their keys; "
+                         f"chmod go-w it and keep it owned by {owner}")
+    keys = set()
+    for n, line in enumerate(lines, 1):
+        key = line.strip()
+        if not key or key.startswith("#"):
+            continue
+        try:
+            ok = len(key) == 40 and len(z85.decode(key.encode())) == 32
+        except (ValueError, KeyError, TypeError, UnicodeEncodeError):
+            ok = False
+        if not ok:
+            raise ValueError(f"{path!r} line {n}: not a CURVE public key (40 Z85 characters, as in the "
+                             "public-key line of a zmq.auth certificate)")
+        keys.add(key.encode())
+    if not keys:
+        raise ValueError(f"{path!r} holds no public key")
+    return keys
+
+
 def runtime_dir() -> str:
     """Create (0700) or check the private directory for default control sockets, and return it.
 
@@ -153,22 +195,9 @@ def runtime_dir() -> str:
             access it (a symlink or someone else's directory in /tmp could intercept our scores).
         OSError: it cannot be created.
     """
-    path = _runtime_dir_path()
-    try:
-        os.mkdir(path, 0o700)
-        os.chmod(path, 0o700)  # mkdir's mode is filtered by the umask
-    except FileExistsError:
-        pass
-    st = os.lstat(path)
-    if not stat.S_ISDIR(st.st_mode):
-        raise PermissionError(f"{path} is not a directory (a symlink?); refusing to put the control socket there")
-    if st.st_uid != os.geteuid():
-        raise PermissionError(f"{path} belongs to uid {st.st_uid}, not to us ({os.geteuid()}); "
-                              "refusing to put the control socket there")
-    if st.st_mode & 0o077:
-        raise PermissionError(f"{path} has mode {stat.S_IMODE(st.st_mode):o}, which others can reach; "
-                              f"run 'chmod 700 {path}' or remove it")
-    return path
+    from ..fsutil import private_dir
+
+    return private_dir(_runtime_dir_path(), "the control socket")
 
 
 def _runtime_dir_path() -> str:
@@ -236,8 +265,11 @@ class ControlServer:
         allow_remote: allow a non-loopback TCP endpoint.
         curve_secret_key_file: enable CURVE encryption (TCP) with this server secret key file.
         curve_authorized_clients: with CURVE, a directory of client public key files (``*.key``); only
-            those clients (and the generated one, see below) may connect. Without it and with
-            ``curve_secret_key_file``, any client knowing the server's public key may.
+            those clients (and the generated one, see below) may connect.
+        curve_authorized_keys: with CURVE, a file of client public keys (:func:`load_authorized_keys`,
+            ``--control-authorized-keys``); only those clients (and the generated one) may connect.
+            Without either, and with ``curve_secret_key_file``, any client knowing the server's public
+            key may (the CLI refuses that).
         insecure: serve a ``tcp://`` endpoint without CURVE (``--control-insecure``): any local user can
             then send scores and warm requests.
 
@@ -254,7 +286,7 @@ class ControlServer:
 
     def __init__(self, endpoint: Optional[str], handler, *, mountpoint: str, allow_remote: bool = False,
                  curve_secret_key_file: Optional[str] = None, curve_authorized_clients: Optional[str] = None,
-                 insecure: bool = False,
+                 curve_authorized_keys: Optional[str] = None, insecure: bool = False,
                  max_message_bytes: int = P.MAX_MESSAGE_BYTES, max_paths: int = P.MAX_PATHS):
         self._requested = validate_endpoint(endpoint, allow_remote, curve_secret_key_file=curve_secret_key_file)
         self._handler = handler
@@ -263,6 +295,9 @@ class ControlServer:
         self._curve_clients = curve_authorized_clients
         if curve_authorized_clients and not self._curve:
             raise ValueError("curve_authorized_clients needs curve_secret_key_file")
+        if curve_authorized_keys and not self._curve:
+            raise ValueError("curve_authorized_keys needs curve_secret_key_file")
+        self._curve_keys = load_authorized_keys(curve_authorized_keys) if curve_authorized_keys else set()
         self._insecure = bool(insecure)
         if self._insecure and self._curve:
             raise ValueError("--control-insecure and a CURVE key exclude each other")
@@ -325,7 +360,8 @@ class ControlServer:
                 from zmq.auth.thread import ThreadAuthenticator
 
                 client_public, client_secret = zmq.curve_keypair()
-                allowed = _AllowedKeys({client_public}, any_key=bool(self._curve and not self._curve_clients))
+                allowed = _AllowedKeys({client_public} | self._curve_keys,
+                                       any_key=bool(self._curve and not self._curve_clients and not self._curve_keys))
                 if self._curve_clients:
                     import zmq.auth
 

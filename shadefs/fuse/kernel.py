@@ -384,7 +384,9 @@ class KernelFrontend:
                     old[sig] = signal.signal(sig, on_signal)
             if self.daemon is not None:
                 self.daemon.on_mounted()
-            while not self._stop.wait(3600):
+            # a signal taken by another thread (SIGTERM sent while the daemon was stopped, then SIGCONT)
+            # only sets Python's flag: its handler runs on this thread when the wait returns
+            while not self._stop.wait(0.5):
                 pass
         finally:
             self._stop.set()
