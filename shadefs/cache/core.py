@@ -883,7 +883,7 @@ class TieredCache:
                                   e)
 
     def _mtime_ns(self, fid: int) -> int:
-        return round(float(self.ns.mtimes[fid]) * 1e9)
+        return int(self.ns.mtimes_ns[fid])
 
     def _miss_handle(self, fid: int, size: int, fl: _Flight) -> Handle:
         """A Handle for an open whose miss ``fl`` completed (outcome ``fl.source``)."""
