@@ -1282,7 +1282,7 @@ def build_report(args, info: dict, results: Dict[str, dict], slow: Optional[dict
           f"{args.verify + 2} files per mount are compared byte for byte with the source. `RAM hit`: "
           f"`--ram-cache 100%`; `NVMe hit`: `--ram-cache 0 --disk-cache DIR --disk-cache-size 100%` (the "
           f"entries sit in the page cache: the daemon's path, not the device, is measured); `miss`: "
-          f"`--ram-cache 0 --policy static` (source page cache warm); `kernel`: `--fuse-impl kernel` (the "
+          f"`--ram-cache 0 --policy static --no-kernel-cache` (source page cache warm; every open reads it through the daemon); `kernel`: `--fuse-impl kernel` (the "
           f"default front end; NVMe hits by passthrough unless `--no-passthrough`; `passthrough from a memfd`: "
           f"the experiment `SHADEFS_EXPERIMENT_RAM_MEMFD=1`); `libfuse multi`/`single`: `--fuse-impl libfuse "
           f"--fuse-loop multi|single`. Slow backend: every front end mounted over the same latency-injecting "
