@@ -101,7 +101,7 @@ def child(args) -> dict:
 
     n = args.files
     t0 = time.monotonic()
-    ns = Namespace(Entry(f"d{i // 1000:05d}/f{i:07d}.bin", FILE_SIZE, 1.7e9) for i in range(n))
+    ns = Namespace(Entry(f"d{i // 1000:05d}/f{i:07d}.bin", FILE_SIZE, 1_700_000_000 * 10**9) for i in range(n))
     build_s = time.monotonic() - t0
     rng = np.random.default_rng(0)
     scores = np.concatenate([rank_transform(rng.random(min(256, n - i))) for i in range(0, n, 256)])

@@ -11,7 +11,9 @@ reads a disjoint contiguous shard with ``os.open`` / ``os.read`` until EOF / ``o
 - ``NVMe hit``: ``--ram-cache 0 --disk-cache DIR --disk-cache-size 100%``; every open is a disk-tier hit
   (the cache directory sits on the work directory's disk; its entries are in the page cache, so this
   measures the daemon's path, not the device);
-- ``miss``: ``--ram-cache 0 --policy static``; every open reads the source (page cache warm);
+- ``miss``: ``--ram-cache 0 --policy static --no-kernel-cache``; every open reads the source (page cache
+  warm; without ``--no-kernel-cache`` a file no tier admits keeps its kernel pages between opens, and a
+  repeat pass would not reach the daemon);
 
 each with ``--fuse-loop multi`` (the default) and ``--fuse-loop single``; for RAM hits also with
 ``--no-kernel-cache`` and with ``--trace FILE``. All cases of one file size are mounted at once and
@@ -26,7 +28,8 @@ with the source (the run aborts on any difference).
 A last experiment shows head-of-line blocking: the source is served by a small latency-injecting FUSE
 passthrough (mfusepy, multithreaded, every READ sleeps ``--slow-ms``), shadefs is mounted on top with a
 RAM tier that holds exactly half of the files (warmed first), and readers read hits and misses
-interleaved. With ``--fuse-loop single`` a hit waits behind whichever miss the loop is serving.
+interleaved (the misses' kernel pages dropped before each round, ``POSIX_FADV_DONTNEED``, so every miss
+reaches the slow source). With ``--fuse-loop single`` a hit waits behind whichever miss the loop is serving.
 
     .venv/bin/python scripts/bench_read.py                 # full run (~5 min on 2 cores)
     .venv/bin/python scripts/bench_read.py --quick         # ~1 min smoke run
@@ -277,6 +280,19 @@ def shadefs_stats(mnt: str) -> dict:
     if r.returncode != 0:
         raise BenchError(f"shadefs stats {mnt} failed: {(r.stderr or r.stdout).strip()}")
     return json.loads(r.stdout)
+
+
+def drop_pages(mnt: str, files: Sequence[Tuple[str, int]]) -> int:
+    """Drop the kernel's pages of ``files`` under the mount ``mnt`` (``POSIX_FADV_DONTNEED``): a file no tier
+    admits keeps them between opens, so a pass meant to time misses drops them first. Returns the opens it
+    made (the daemon counts each as a miss; none reads the source)."""
+    for rel, _ in files:
+        fd = os.open(os.path.join(mnt, rel), os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+    return len(files)
 
 
 def verify_sample(mnt: str, src: str, files: Sequence[Tuple[str, int]], k: int, seed: int) -> int:
@@ -675,8 +691,9 @@ def mount_options(tier: str, loop: str, kernel_cache: bool, trace: Optional[str]
         opts += ["--ram-cache", "100%"]
     elif tier == "nvme":
         opts += ["--ram-cache", "0", "--disk-cache", cache_dir, "--disk-cache-size", "100%"]
-    else:
+    else:  # the daemon's miss path: a file no tier admits would be re-read from the kernel's pages
         opts += ["--ram-cache", "0"]
+        kernel_cache = False
     if not kernel_cache:
         opts.append("--no-kernel-cache")
     if trace:
@@ -876,9 +893,11 @@ def run_slow(args, pool: ReaderPool, mounts: Mounts, work: str, delay_ms: float)
         mix = {loop: [] for loop in loops}
         hit_lat = {loop: [] for loop in loops}
         miss_lat = {loop: [] for loop in loops}
+        dropped = {loop: 0 for loop in loops}
         for rnd in range(args.repeat):
             for loop in loops[rnd % len(loops):] + loops[:rnd % len(loops)]:
                 hit_only[loop].append(pool.run(mnts[loop], hits, args.slow_readers)["files_s"])
+                dropped[loop] += drop_pages(mnts[loop], misses)
                 r = pool.run(mnts[loop], mixed, args.slow_readers, latency=True)
                 mix[loop].append(r["files_s"])
                 # latencies come back shard by shard, i.e. in ``mixed`` order
@@ -887,7 +906,7 @@ def run_slow(args, pool: ReaderPool, mounts: Mounts, work: str, delay_ms: float)
         for loop in loops:
             s1 = shadefs_stats(mnts[loop])
             want_hits = args.repeat * 2 * len(hits)
-            want_misses = args.repeat * len(misses)
+            want_misses = args.repeat * len(misses) + dropped[loop]
             got_hits = s1["hits"]["ram"] - s0[loop]["hits"]["ram"]
             got_misses = s1["misses"] - s0[loop]["misses"]
             if got_hits != want_hits or got_misses != want_misses:
@@ -1263,7 +1282,7 @@ def build_report(args, info: dict, results: Dict[str, dict], slow: Optional[dict
           f"{args.verify + 2} files per mount are compared byte for byte with the source. `RAM hit`: "
           f"`--ram-cache 100%`; `NVMe hit`: `--ram-cache 0 --disk-cache DIR --disk-cache-size 100%` (the "
           f"entries sit in the page cache: the daemon's path, not the device, is measured); `miss`: "
-          f"`--ram-cache 0 --policy static` (source page cache warm); `kernel`: `--fuse-impl kernel` (the "
+          f"`--ram-cache 0 --policy static --no-kernel-cache` (source page cache warm; every open reads it through the daemon); `kernel`: `--fuse-impl kernel` (the "
           f"default front end; NVMe hits by passthrough unless `--no-passthrough`; `passthrough from a memfd`: "
           f"the experiment `SHADEFS_EXPERIMENT_RAM_MEMFD=1`); `libfuse multi`/`single`: `--fuse-impl libfuse "
           f"--fuse-loop multi|single`. Slow backend: every front end mounted over the same latency-injecting "

@@ -59,7 +59,8 @@ class ShadeOperations:
         cache: a :class:`~shadefs.cache.core.TieredCache` (``open(fid) -> Handle``).
         daemon: notified in :meth:`init` (starts threads after the mount) and :meth:`destroy`;
             ``daemon.endpoint`` is served as the ``user.shadefs.endpoint`` extended attribute.
-        kernel_cache: let the kernel keep a file's pages between opens when the open is a hit.
+        kernel_cache: let the kernel keep a file's pages between opens when the open is a hit or the file
+            is in no tier (``Handle.keep_pages``).
     """
 
     use_ns = True  # times are integer nanoseconds
@@ -133,9 +134,9 @@ class ShadeOperations:
         fh = next(self._next_fh)
         self._handles[fh] = h
         fi.fh = fh
-        # A hit serves the same bytes the kernel may still hold: let it keep them. A miss drops them,
-        # so the reads of a miss really reach us (and the backend) and the counters stay honest.
-        fi.keep_cache = 1 if (self.kernel_cache and h.outcome != "miss") else 0
+        # A hit, or a file no tier holds, serves the same bytes the kernel may still hold (the mount is a
+        # snapshot): let it keep them. A miss that fills a tier drops them (Handle.keep_pages).
+        fi.keep_cache = 1 if (self.kernel_cache and h.keep_pages) else 0
         return 0
 
     @errno_boundary

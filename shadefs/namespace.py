@@ -9,13 +9,13 @@ Layout (no Python object per file; about 60 bytes per file for ImageNet-like nam
 
 - every node's name (one path component, UTF-8 with ``surrogateescape``) in one byte blob, with an
   offset array (uint32, or int64 past 4 GiB of names) and a parent array (int32);
-- per file ``sizes`` (int64 bytes) and ``mtimes`` (float64 seconds); per node an index into a small
-  table of distinct (permission bits, uid, gid);
+- per file ``sizes`` (int64 bytes) and ``mtimes_ns`` (int64 nanoseconds, exactly the source's); per
+  node an index into a small table of distinct (permission bits, uid, gid);
 - children of each directory as one CSR array sorted by name (readdir);
 - a lookup table: ``xxh3_64(name)`` mixed with the parent's id, sorted, with the node id of each
   (``child()`` is one binary search plus one name comparison; no per-directory dict);
-- directory paths (one Python string per directory, not per file) and their mtime and ctime, which
-  validate a persisted snapshot (:meth:`Namespace.save` / :meth:`Namespace.load`).
+- directory paths (one Python string per directory, not per file), their size, and their mtime and
+  ctime, which validate a persisted snapshot (:meth:`Namespace.save` / :meth:`Namespace.load`).
 
 Must never: hold a Python object per file, or answer a query by touching the backend.
 """
@@ -51,7 +51,10 @@ _FILE_MODE = stat_mod.S_IFREG | 0o444
 _SERVED_BITS = 0o555      # read-only mount: no write bits, no setuid/setgid/sticky
 _K = 0x9E3779B97F4A7C15   # golden-ratio multiplier: mixes the parent id into a name hash
 _M64 = (1 << 64) - 1
-_MAGIC = b"SHADEFS-NAMESPACE-2\n"
+# the format's version: a snapshot of another version is rescanned, never read (3: integer-nanosecond
+# file mtimes ``mtimes_ns`` in place of float seconds, and directory sizes)
+_MAGIC_PREFIX = b"SHADEFS-NAMESPACE-"
+_MAGIC = _MAGIC_PREFIX + b"3\n"
 _ALIGN = 64
 
 
@@ -153,7 +156,7 @@ class Namespace:
     Attributes:
         num_files, num_dirs, num_nodes: counts; ``root`` is the root directory's id (``num_files``).
         sizes: ``np.ndarray[int64]`` of shape (num_files,), bytes.
-        mtimes: ``np.ndarray[float64]`` of shape (num_files,), seconds since the epoch.
+        mtimes_ns: ``np.ndarray[int64]`` of shape (num_files,), nanoseconds since the epoch.
         total_bytes: sum of ``sizes``.
         paths: a read-only sequence of file paths (built per access).
         dir_paths: directory paths by ``id - num_files`` (``""`` = the root).
@@ -333,7 +336,7 @@ class Namespace:
                 segments.append((base + name, ci, a, b))
         segments.sort(key=lambda s: s[0])
         # files, in id order
-        pieces_names, lens, sizes, mtimes, modes, uids, gids, hashes, parents, etags = ([] for _ in range(10))
+        pieces_names, lens, sizes, mtimes_ns, modes, uids, gids, hashes, parents, etags = ([] for _ in range(10))
         chunk_fids: List[List[np.ndarray]] = [[] for _ in chunk_list]
         next_id = 0
         for _, ci, a, b in segments:
@@ -341,7 +344,7 @@ class Namespace:
             pieces_names.append(c.names[int(o[a]):int(o[b])])
             lens.append(c.name_lens[a:b])
             sizes.append(c.sizes[a:b])
-            mtimes.append(c.mtimes[a:b])
+            mtimes_ns.append(c.mtimes_ns[a:b])
             etags.append(c.etags[a:b] if c.etags is not None else np.zeros(b - a, np.uint64))
             modes.append(c.modes[a:b])
             uids.append(c.uids[a:b])
@@ -372,9 +375,9 @@ class Namespace:
         parent = np.concatenate(parents)
         self._parent = parent.astype(id_dtype)
         self.sizes = np.concatenate(sizes) if nf else np.zeros(0, np.int64)
-        self.mtimes = np.concatenate(mtimes) if nf else np.zeros(0, np.float64)
+        self.mtimes_ns = np.concatenate(mtimes_ns).astype(np.int64) if nf else np.zeros(0, np.int64)
         self.etags = np.concatenate(etags).astype(np.uint64) if nf else np.zeros(0, np.uint64)
-        del sizes, mtimes, etags
+        del sizes, mtimes_ns, etags
         # distinct (permission bits, uid, gid)
         all_modes = (np.concatenate(modes).astype(np.uint32) & _SERVED_BITS)
         all_uids, all_gids = np.concatenate(uids), np.concatenate(gids)
@@ -419,6 +422,7 @@ class Namespace:
         self._dir_nlink = nlink.astype(np.uint32)
         self._dir_mtime_ns = np.array([c.mtime_ns for c in chunk_list], dtype=np.int64)
         self._dir_ctime_ns = np.array([c.ctime_ns for c in chunk_list], dtype=np.int64)
+        self._dir_size = np.array([c.size for c in chunk_list], dtype=np.int64)
         del chunk_list, chunk_fids, kids, offs
         self._finish(nf, dirs, report, time.monotonic() - t0, from_snapshot=False,
                      fingerprint=self._compute_fingerprint())
@@ -448,7 +452,7 @@ class Namespace:
         self._m_off = memoryview(self._off)
         self._m_perm = memoryview(self._perm)
         self._m_sizes = memoryview(self.sizes)
-        self._m_mtimes = memoryview(self.mtimes)
+        self._m_mtimes = memoryview(self.mtimes_ns)
         self._perms = [tuple(r) for r in self._perm_table.tolist()]
 
     def _compute_fingerprint(self) -> str:
@@ -579,14 +583,15 @@ class Namespace:
 
         Permission bits, uid and gid are the source's (write, setuid, setgid and sticky bits cleared:
         the mount is read-only); an object store's files are 0444 and directories 0555, owned by the
-        daemon's user. Directory mtimes are the source's (the mount time for object stores).
+        daemon's user. Sizes and mtimes are the source's, to the nanosecond (a directory's mtime is the
+        mount time for object stores, its size 0 where the source reports none).
         """
         bits, uid, gid = self._perms[self._m_perm[node]]
         if node >= self.num_files:
             d = node - self.num_files
             mt = int(self._dir_mtime_ns[d]) or self._mount_ns
-            return stat_mod.S_IFDIR | bits, 0, mt, uid, gid, int(self._dir_nlink[d])
-        return stat_mod.S_IFREG | bits, self._m_sizes[node], int(self._m_mtimes[node] * 1e9), uid, gid, 1
+            return stat_mod.S_IFDIR | bits, int(self._dir_size[d]), mt, uid, gid, int(self._dir_nlink[d])
+        return stat_mod.S_IFREG | bits, self._m_sizes[node], self._m_mtimes[node], uid, gid, 1
 
     def stat(self, node: int) -> dict:
         """A ``struct stat`` as the dict fusepy expects (times in integer nanoseconds, ``use_ns``)."""
@@ -603,8 +608,8 @@ class Namespace:
                 "from_snapshot": self.from_snapshot, "skipped": self.report.as_dict()}
 
     # -- snapshots ---------------------------------------------------------------------------------
-    _ARRAYS = ("_off", "_parent", "sizes", "mtimes", "etags", "_perm", "_perm_table", "_keys", "_key_ids", "_kids",
-               "_dir_start", "_dir_nlink", "_dir_mtime_ns", "_dir_ctime_ns")
+    _ARRAYS = ("_off", "_parent", "sizes", "mtimes_ns", "etags", "_perm", "_perm_table", "_keys", "_key_ids",
+               "_kids", "_dir_start", "_dir_nlink", "_dir_mtime_ns", "_dir_ctime_ns", "_dir_size")
 
     def save(self, path: str, key: Dict[str, Any]) -> int:
         """Persist this namespace to ``path`` atomically (temporary file + rename), tagged with ``key``
@@ -692,7 +697,11 @@ class Namespace:
         try:
             m = len(_MAGIC)
             if len(buf) < m + 16 or buf[:m].tobytes() != _MAGIC:
-                return None, "not a namespace snapshot (or an older format)"
+                head = buf[:m].tobytes()
+                if head.startswith(_MAGIC_PREFIX):
+                    version = head[len(_MAGIC_PREFIX):].split(b"\n", 1)[0].decode("ascii", "replace")
+                    return None, f"another format (version {version}; this daemon reads version 3)"
+                return None, "not a namespace snapshot"
             (hlen,) = struct.unpack("<Q", buf[m:m + 8].tobytes())
             if xxh3_64_intdigest(memoryview(buf)[:-8]) != struct.unpack("<Q", buf[-8:].tobytes())[0]:
                 return None, "checksum mismatch (a damaged snapshot)"
@@ -710,8 +719,6 @@ class Namespace:
                     ns._blob = memoryview(a)
                 else:
                     setattr(ns, name, a)
-            if not hasattr(ns, "etags"):  # a snapshot written before ETags were kept
-                ns.etags = np.zeros(int(header["num_files"]), np.uint64)
             rep = ScanReport(counts=dict(header["report"]["counts"]), examples=dict(header["report"]["examples"]))
             ns._finish(int(header["num_files"]), list(header["dirs"]), rep, time.monotonic() - t0,
                        from_snapshot=True, fingerprint=header["fingerprint"])

@@ -28,7 +28,8 @@ class Entry(NamedTuple):
     Attributes:
         path: relative to the source root, ``/``-separated, no leading slash.
         size: bytes.
-        mtime: seconds since the epoch (float).
+        mtime_ns: modification time, integer nanoseconds since the epoch (as exact as the source keeps
+            it: ``st_mtime_ns`` for a file system, the listing's timestamp for an object store).
         mode: the source's permission bits (``st_mode & 0o7777``), or None where the source has none
             (object stores: served as 0444).
         uid, gid: the source's owner and group, or None (served as the daemon's own).
@@ -38,7 +39,7 @@ class Entry(NamedTuple):
 
     path: str
     size: int
-    mtime: float
+    mtime_ns: int
     mode: Optional[int] = None
     uid: Optional[int] = None
     gid: Optional[int] = None
@@ -65,12 +66,13 @@ class DirChunk:
         names: the file names, UTF-8 (``surrogateescape``), sorted as Python strings, concatenated.
         name_lens: shape (k,) int64, bytes of each name in ``names``.
         name_hashes: shape (k,) uint64, ``xxh3_64`` of each encoded name.
-        sizes: shape (k,) int64 bytes. mtimes: shape (k,) float64 seconds.
+        sizes: shape (k,) int64 bytes. mtimes_ns: shape (k,) int64 nanoseconds since the epoch.
         modes: shape (k,) uint16 permission bits. uids, gids: shape (k,) uint32.
         subdirs: names of the subdirectories listed in this directory; each has its own chunk, and a
             name without one (a subdirectory that could not be listed) is left out of the tree.
         etags: shape (k,) uint64, :func:`etag_hash` of each file's ETag (0 = unknown), or None when
             the source gives none.
+        size: the directory's own ``st_size`` in bytes as the source reports it (0 where it has none).
     """
 
     path: str
@@ -83,12 +85,13 @@ class DirChunk:
     name_lens: np.ndarray
     name_hashes: np.ndarray
     sizes: np.ndarray
-    mtimes: np.ndarray
+    mtimes_ns: np.ndarray
     modes: np.ndarray
     uids: np.ndarray
     gids: np.ndarray
     subdirs: List[str]
     etags: Optional[np.ndarray] = None
+    size: int = 0
 
     @property
     def num_files(self) -> int:
@@ -100,8 +103,9 @@ def encode_name(name: str) -> bytes:
     return name.encode("utf-8", "surrogateescape")
 
 
-def make_chunk(path: str, names: List[str], sizes, mtimes, modes, uids, gids, subdirs: List[str],
-               mode: int, uid: int, gid: int, mtime_ns: int = 0, ctime_ns: int = 0, etags=None) -> DirChunk:
+def make_chunk(path: str, names: List[str], sizes, mtimes_ns, modes, uids, gids, subdirs: List[str],
+               mode: int, uid: int, gid: int, mtime_ns: int = 0, ctime_ns: int = 0, etags=None,
+               size: int = 0) -> DirChunk:
     """Build a :class:`DirChunk` from per-file sequences in any order (sorted here by name)."""
     n = len(names)
     order = sorted(range(n), key=names.__getitem__)
@@ -116,8 +120,8 @@ def make_chunk(path: str, names: List[str], sizes, mtimes, modes, uids, gids, su
         return a[idx] if n else a[:0]
 
     return DirChunk(path, mode, uid, gid, mtime_ns, ctime_ns, b"".join(encoded), lens, hashes,
-                    arr(sizes, np.int64), arr(mtimes, np.float64), arr(modes, np.uint16), arr(uids, np.uint32),
-                    arr(gids, np.uint32), sorted(subdirs), None if etags is None else arr(etags, np.uint64))
+                    arr(sizes, np.int64), arr(mtimes_ns, np.int64), arr(modes, np.uint16), arr(uids, np.uint32),
+                    arr(gids, np.uint32), sorted(subdirs), None if etags is None else arr(etags, np.uint64), size)
 
 
 @dataclasses.dataclass
@@ -228,8 +232,8 @@ class Backend(abc.ABC):
         """Return up to ``length`` bytes of ``path`` from ``offset`` (for files too big to cache)."""
         raise NotImplementedError
 
-    def stat(self, path: str) -> Tuple[int, float]:
-        """Return (size in bytes, mtime in seconds) of ``path`` now. Raises FileNotFoundError."""
+    def stat(self, path: str) -> Tuple[int, int]:
+        """Return (size in bytes, mtime in integer nanoseconds) of ``path`` now. Raises FileNotFoundError."""
         raise NotImplementedError
 
     def describe(self) -> str:
@@ -276,7 +280,7 @@ def chunks_from_entries(entries: Iterable[Entry], report: Optional[ScanReport] =
                 continue
             kept.append(e)
         yield make_chunk(d, [posixpath.basename(e.path) for e in kept], [e.size for e in kept],
-                         [e.mtime for e in kept], [0o444 if e.mode is None else e.mode for e in kept],
+                         [e.mtime_ns for e in kept], [0o444 if e.mode is None else e.mode for e in kept],
                          [uid if e.uid is None else e.uid for e in kept],
                          [gid if e.gid is None else e.gid for e in kept], subdirs[d], 0o555, uid, gid,
                          etags=[etag_hash(e.etag) for e in kept] if any(e.etag for e in kept) else None)

@@ -98,8 +98,16 @@ def _secret_values(options: Any, name: str = "") -> List[str]:
     return [options] if _is_secret(name) and isinstance(options, str) else []
 
 
-def _mtime(info: Dict[str, Any]) -> float:
-    """Seconds since the epoch from an fsspec info dict or an S3 listing entry; 0.0 if absent."""
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+_US = dt.timedelta(microseconds=1)
+
+
+def _mtime_ns(info: Dict[str, Any]) -> int:
+    """Integer nanoseconds since the epoch from an fsspec info dict or an S3 listing entry; 0 if absent.
+
+    A timestamp (``LastModified``, ISO strings) is converted exactly, in integers (a float of seconds
+    would round the sub-second part: ~240 ns steps at today's dates); a number is taken as seconds.
+    """
     for key in ("LastModified", "mtime", "last_modified", "updated", "modified", "created"):
         value = info.get(key)
         if isinstance(value, str):
@@ -110,10 +118,12 @@ def _mtime(info: Dict[str, Any]) -> float:
         if isinstance(value, dt.datetime):
             if value.tzinfo is None:
                 value = value.replace(tzinfo=dt.timezone.utc)
-            return value.timestamp()
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-    return 0.0
+            return ((value - _EPOCH) // _US) * 1000
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value * 1_000_000_000
+        if isinstance(value, float):
+            return round(value * 1e9)
+    return 0
 
 
 def _is_invalid_range(exc: BaseException) -> bool:
@@ -303,7 +313,7 @@ class FsspecBackend(Backend):
             log.warning("%s: skipped %d object(s) whose key is not a file path, e.g. %r",
                         self.describe(), len(skipped), skipped[0])
 
-    def _entry(self, rel: str, size: Any, mtime: float, skipped: List[str], dirs: List[str],
+    def _entry(self, rel: str, size: Any, mtime_ns: int, skipped: List[str], dirs: List[str],
                etag: Optional[str] = None) -> Optional[Entry]:
         if not rel:
             return None  # the root's own marker (a key equal to the prefix plus "/")
@@ -316,7 +326,7 @@ class FsspecBackend(Backend):
         if not self._valid(rel):
             skipped.append(rel)
             return None
-        return Entry(rel, int(size), mtime, etag=etag if isinstance(etag, str) else None)
+        return Entry(rel, int(size), mtime_ns, etag=etag if isinstance(etag, str) else None)
 
     @staticmethod
     def _valid(rel: str) -> bool:
@@ -334,7 +344,7 @@ class FsspecBackend(Backend):
                               f"list {self.describe()} (page {page_no})")
             for obj in page.get("Contents", ()):
                 keys += 1
-                entry = self._entry(obj["Key"][len(prefix):], obj["Size"], _mtime(obj), skipped, dirs,
+                entry = self._entry(obj["Key"][len(prefix):], obj["Size"], _mtime_ns(obj), skipped, dirs,
                                     obj.get("ETag"))
                 if entry is not None:
                     yield entry
@@ -354,7 +364,7 @@ class FsspecBackend(Backend):
             if not name.startswith(self._prefix):
                 continue  # the root itself (a file or the directory), or an http link to another site
             if kind == "directory":
-                self._entry(name[len(self._prefix):].rstrip("/") + "/", 0, 0.0, skipped, dirs)
+                self._entry(name[len(self._prefix):].rstrip("/") + "/", 0, 0, skipped, dirs)
                 continue
             if kind != "file":
                 continue
@@ -362,7 +372,7 @@ class FsspecBackend(Backend):
             size = info.get("size")
             if size is None:  # http servers may not say in a listing: one HEAD for this file
                 size = self._call(lambda: self.fs.info(name)["size"], f"stat {name!r}")
-            entry = self._entry(name[len(self._prefix):], size, _mtime(info), skipped, dirs,
+            entry = self._entry(name[len(self._prefix):], size, _mtime_ns(info), skipped, dirs,
                                 info.get("ETag") or info.get("etag"))
             if entry is not None:
                 yield entry
@@ -402,12 +412,12 @@ class FsspecBackend(Backend):
 
         return bytes(self._call(fetch, f"read {path!r} at {offset}"))
 
-    def stat(self, path: str) -> Tuple[int, float]:
-        """Return (size in bytes, mtime in seconds) of ``path`` now (one HEAD for S3)."""
+    def stat(self, path: str) -> Tuple[int, int]:
+        """Return (size in bytes, mtime in integer nanoseconds) of ``path`` now (one HEAD for S3)."""
         info = self._call(lambda: self.fs.info(self._full(path)), f"stat {path!r}")
         if info.get("type", "file") != "file":
             raise FileNotFoundError(path)
-        return int(info["size"]), _mtime(info)
+        return int(info["size"]), _mtime_ns(info)
 
     def close(self) -> None:
         """Close the implementation's HTTP session (s3fs, gcsfs, http); idempotent."""

@@ -197,7 +197,7 @@ class TimeoutBackend(Backend):
     def read_range(self, path: str, offset: int, length: int) -> bytes:
         return self._call(lambda: self.inner.read_range(path, offset, length), f"read {path!r} at {offset}", path)
 
-    def stat(self, path: str) -> Tuple[int, float]:
+    def stat(self, path: str) -> Tuple[int, int]:
         return self._call(lambda: self.inner.stat(path), f"stat {path!r}", path)
 
     def describe(self) -> str:

@@ -75,6 +75,11 @@ class Handle:
         outcome: ``"ram"``, ``"disk"`` or ``"miss"`` (what this open was counted as).
         gen: the generation of the disk entry the handle serves (or served: an entry-less disk hit of
             :meth:`TieredCache.open_kept`), else 0.
+        keep_pages: whether the kernel may keep the file's pages from earlier opens (FOPEN_KEEP_CACHE):
+            True for a hit, and for an open of a file no tier holds (the mount is a snapshot: its pages
+            are the bytes the backend would serve again); False for a miss that fills a tier (the
+            kernel drops its pages, so the open sees the bytes the tier now holds) and for the first
+            open after the file's disk entry was dropped as corrupt (pages read from it are dropped).
 
     The bytes come from exactly one source: the RAM tier's own ``bytes`` object (no copy; pinned, so
     that if the file is evicted while the handle is open its bytes are counted against
@@ -86,15 +91,17 @@ class Handle:
     critical section applies it, as it does for a handle dropped without release.
     """
 
-    __slots__ = ("fid", "size", "outcome", "_cache", "_data", "_fd", "_released", "_pin", "_loose", "gen")
+    __slots__ = ("fid", "size", "outcome", "_cache", "_data", "_fd", "_released", "_pin", "_loose", "gen",
+                 "keep_pages")
 
     def __init__(self, cache: "TieredCache", fid: int, size: int, outcome: Outcome,
                  data: Optional[bytes] = None, fd: Optional[int] = None, pin: Optional[list] = None,
-                 loose: int = 0, gen: int = 0):
+                 loose: int = 0, gen: int = 0, keep_pages: Optional[bool] = None):
         self.fid = fid
         self.gen = gen
         self.size = size
         self.outcome = outcome
+        self.keep_pages = outcome != "miss" if keep_pages is None else keep_pages
         self._cache = cache
         self._data = data
         self._fd = fd
@@ -287,6 +294,9 @@ class TieredCache:
         self.backend_bytes = 0
         self.backend_errors = 0
         self.corrupt_entries = 0
+        # files whose disk entry was dropped as corrupt since their last open: the kernel may hold pages
+        # read from it, so their next open of the untiered kind does not keep pages (Handle.keep_pages)
+        self._stale_pages: set = set()
         self.disk_write_errors = 0
         self.disk_writes_refused = 0   # refused by --disk-min-free (not an error)
         self.promotions = 0
@@ -420,11 +430,20 @@ class TieredCache:
         return self._miss_handle(fid, size, fl)
 
     def _stream_open(self, fid: int, size: int) -> Handle:
-        """An open of a file no tier admits: streamed from the backend by ranges."""
+        """An open of a file no tier admits: streamed from the backend by ranges; the kernel keeps its
+        pages between opens (``keep_pages``), so a re-read reaches neither the daemon nor the backend."""
         with self.lock:
             self._count(fid, size, "miss")
             self.streamed += 1
-        return Handle(self, fid, size, "miss")
+            keep = not self._stale_pages or self._pages_trusted(fid)
+        return Handle(self, fid, size, "miss", keep_pages=keep)
+
+    def _pages_trusted(self, fid: int) -> bool:
+        # under self.lock: False once after fid's disk entry was dropped as corrupt
+        if fid in self._stale_pages:
+            self._stale_pages.discard(fid)
+            return False
+        return True
 
     def shared_key(self, fid: int) -> str:
         """The group-wide key of file ``fid`` (path, size, mtime and ETag: a changed file never matches)."""
@@ -560,7 +579,8 @@ class TieredCache:
         rec[2] = PIN_LOOSE
         self.loose_bytes += size
 
-    def _loose_handle(self, fid: int, size: int, outcome: Outcome, data: Optional[bytes]) -> Handle:
+    def _loose_handle(self, fid: int, size: int, outcome: Outcome, data: Optional[bytes],
+                      keep_pages: Optional[bool] = None) -> Handle:
         """A handle on bytes no tier holds: kept while :data:`LOOSE_BUFFERS` allows, else dropped and
         served by ranges from the backend."""
         with self.lock:
@@ -569,9 +589,9 @@ class TieredCache:
             if data is not None:
                 if self.loose_bytes + size <= self.loose_budget:
                     self.loose_bytes += size
-                    return Handle(self, fid, size, outcome, data=data, loose=size)
+                    return Handle(self, fid, size, outcome, data=data, loose=size, keep_pages=keep_pages)
                 self.loose_refused += 1
-        return Handle(self, fid, size, outcome)
+        return Handle(self, fid, size, outcome, keep_pages=keep_pages)
 
     def _count(self, fid: int, size: int, outcome: Outcome) -> None:
         # called with self.lock held
@@ -681,6 +701,7 @@ class TieredCache:
                 return  # evicted meanwhile, not corrupt
             self.disk_index.remove(fid, dying=True)
             self.corrupt_entries += 1
+            self._stale_pages.add(fid)
         log.warning("dropping corrupt disk entry: %s", why)
         self._unlink(fid, gen, csum, size)
 
@@ -884,7 +905,7 @@ class TieredCache:
                                   e)
 
     def _mtime_ns(self, fid: int) -> int:
-        return round(float(self.ns.mtimes[fid]) * 1e9)
+        return int(self.ns.mtimes_ns[fid])
 
     def _miss_handle(self, fid: int, size: int, fl: _Flight) -> Handle:
         """A Handle for an open whose miss ``fl`` completed (outcome ``fl.source``)."""
@@ -899,6 +920,10 @@ class TieredCache:
                               fd=self.disk.open_entry(self.ns.path(fid), fl.gen, fl.csum), gen=fl.gen)
             except OSError:
                 pass  # evicted already: serve from the backend
+        if fl.tier is None:  # no tier took it (read whole for the shared tier): an untiered file
+            with self.lock:
+                keep = not self._stale_pages or self._pages_trusted(fid)
+            return self._loose_handle(fid, size, fl.source, fl.data, keep_pages=keep)
         return self._loose_handle(fid, size, fl.source, fl.data)
 
     def _read_range(self, fid: int, offset: int, length: int) -> bytes:

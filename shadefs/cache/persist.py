@@ -102,14 +102,6 @@ class ReloadReport:
                 f"{self.tmp_leftovers} unfinished writes")
 
 
-def mtimes_ns(mtimes_s: np.ndarray) -> np.ndarray:
-    """Snapshot mtimes (float seconds) as the integer nanoseconds entries are stamped with.
-
-    The same rounding as :meth:`TieredCache._write_disk` (``round(m * 1e9)``, half to even).
-    """
-    return np.round(np.asarray(mtimes_s, dtype=np.float64) * 1e9).astype(np.int64)
-
-
 # -- path digests -------------------------------------------------------------------------------------
 
 def _fingerprint(paths: Sequence[str]) -> bytes:
@@ -396,7 +388,7 @@ def reload_disk_tier(disk: DiskTier, index: TierIndex, ns: Namespace,
         sizes[found], mtimes[found], order[found] = msizes[row[found]], mmtimes[row[found]], row[found]
         etag_of[found] = metags[row[found]]
     known = (fids >= 0) & ~superseded
-    exp_mtime_all = mtimes_ns(ns.mtimes)
+    exp_mtime_all = ns.mtimes_ns
     rest = np.flatnonzero(known & (row < 0))  # only entries of snapshot files need a stat
     ctimes = np.zeros(len(rest), dtype=np.int64)
     gone = np.zeros(m, dtype=bool)
@@ -615,7 +607,7 @@ class Checkpointer:
                 if fids is not None:
                     etags = getattr(self.ns, "etags", None)
                     write_index(self.index_path, self.digests.rows(fids), sizes,
-                                mtimes_ns(self.ns.mtimes[fids]), gens, None if etags is None else etags[fids])
+                                self.ns.mtimes_ns[fids], gens, None if etags is None else etags[fids])
                     self._saved_index = changes
                     wrote = True
             except OSError as e:

@@ -204,8 +204,9 @@ class DiskTier:
     def mtime_tolerance_ns(self) -> int:
         """How far an entry's mtime may be from the one we set (the filesystem's timestamp granularity).
 
-        Probed with one temporary file: ext4/xfs/btrfs/tmpfs keep nanoseconds (tolerance 1 us, for float
-        rounding); a filesystem that keeps seconds gets 1 s.
+        Probed with one temporary file: ext4/xfs/btrfs/tmpfs keep nanoseconds (tolerance 1 us: entries
+        stamped from float seconds, as earlier versions did, are within it); a filesystem that keeps
+        seconds gets 1 s.
         """
         probe = os.path.join(self.tmp_dir, f"probe.{os.getpid()}")
         want = 1_600_000_000_123_456_789

@@ -3,7 +3,7 @@
 The core's API (docs/architecture.md, "The read path"): ``cache.open(fid) -> Handle`` (counts one outcome,
 may block on the backend) and ``cache.open_nowait(fid) -> Optional[Handle]`` (a hit served without
 waiting, else None and nothing counted). A Handle has ``outcome``, ``size``, ``read(offset, length)``,
-``backing_fd()`` and ``release()``. For a cache that still returns ``(data, outcome)`` from ``open``,
+``keep_pages``, ``backing_fd()`` and ``release()``. For a cache that still returns ``(data, outcome)`` from ``open``,
 :class:`BytesHandle` provides the same surface, so the front ends are written against one API.
 """
 from __future__ import annotations
@@ -18,11 +18,12 @@ class BytesHandle:
     """A Handle over the whole content (``bytes``), or over a streamed file (``data`` None: read by
     ranges from the backend through ``cache.read_range``)."""
 
-    __slots__ = ("cache", "fid", "data", "outcome", "size", "_fd")
+    __slots__ = ("cache", "fid", "data", "outcome", "size", "_fd", "keep_pages")
 
     def __init__(self, cache, fid: int, data, outcome: str):
         self.cache, self.fid, self.data, self.outcome = cache, fid, data, outcome
         self.size = len(data) if data is not None else cache.ns.size(fid)
+        self.keep_pages = outcome != "miss" or data is None  # a hit, or a streamed (untiered) file
         self._fd = None
 
     def read(self, offset: int, length: int):

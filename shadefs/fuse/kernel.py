@@ -278,7 +278,7 @@ class KernelFrontend:
         mountpoint: an existing empty directory.
         fsname: the mount's source in /proc/self/mounts.
         allow_other: let other users in (the kernel checks).
-        kernel_cache: answer hits with FOPEN_KEEP_CACHE.
+        kernel_cache: answer hits and opens of untiered files with FOPEN_KEEP_CACHE (``Handle.keep_pages``).
         passthrough: use FUSE passthrough for NVMe hits when the kernel allows it.
         readers: reader threads (each on its own clone of the /dev/fuse fd).
         max_workers: cap on the worker threads that serve misses (misses beyond it queue).
@@ -727,8 +727,9 @@ class KernelFrontend:
         if backing_id is not None:
             flags = P.FOPEN_PASSTHROUGH
             self.passthrough_opens += 1
-        elif self.kernel_cache and h.outcome != "miss":
-            # a hit serves the bytes the kernel may still hold; a miss drops them so its reads reach us
+        elif self.kernel_cache and h.keep_pages:
+            # a hit, or a file no tier holds, serves the bytes the kernel may still hold (the mount is a
+            # snapshot); a miss that fills a tier drops them (Handle.keep_pages)
             flags = P.FOPEN_KEEP_CACHE
         else:
             flags = 0

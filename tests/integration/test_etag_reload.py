@@ -71,7 +71,7 @@ def test_an_s3_overwrite_with_the_same_size_is_dropped_at_restart(moto_server, t
     s3.put_object(Bucket=BUCKET, Key="ds/c/x.bin", Body=v2)
     ns2 = Namespace.scan(backend)
     assert ns2.sizes[x] == ns1.sizes[x] and ns2.etags[x] != ns1.etags[x]
-    ns2.mtimes[x] = ns1.mtimes[x]  # the same LastModified second: size and mtime say "unchanged"
+    ns2.mtimes_ns[x] = ns1.mtimes_ns[x]  # the same LastModified second: size and mtime say "unchanged"
     rep, cache, disk = _restart(ns2, backend, cache_dir, url)
     assert (rep.loaded, rep.stale, rep.corrupt) == (1, 1, 0)  # keep.bin reloaded, x.bin dropped: the ETag
     assert rep.from_manifest == 2

@@ -213,3 +213,33 @@ def test_a_file_larger_than_every_tier_streams_byte_exactly(tmp_path, mount):
     assert h.hexdigest() == hashlib.sha256(blob).hexdigest()
     s = m.stats()
     assert s["opens"] == 1 and s["misses"] == 1 and s["tiers"]["ram"]["files"] == 0
+
+
+def test_an_untiered_file_is_read_again_from_the_kernels_pages(tmp_path, mount):
+    """A file no tier admits keeps its kernel pages between opens (the mount is a snapshot): its second
+    open is still counted (a miss), but none of its reads reach the daemon, so the backend serves its
+    bytes once. A file that fills a tier is read once too (then a RAM hit)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    big, small = os.urandom(3 << 20), os.urandom(5000)
+    (src / "big.bin").write_bytes(big)
+    (src / "small.bin").write_bytes(small)
+    m = mount(src, "--ram-cache", "64KiB")
+    path = os.path.join(m.path, "big.bin")
+    assert read(path) == big
+    s = m.stats()
+    assert (s["opens"], s["misses"], s["backend_bytes"]) == (1, 1, len(big))
+    for _ in range(2):
+        assert read(path) == big
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            assert os.pread(fd, 10_000, (2 << 20) + 123) == big[(2 << 20) + 123:(2 << 20) + 10_123]
+        finally:
+            os.close(fd)
+    s = m.stats()
+    assert (s["opens"], s["misses"], s["backend_bytes"]) == (5, 5, len(big))
+    assert s["tiers"]["ram"]["files"] == 0
+    for _ in range(3):
+        assert read(os.path.join(m.path, "small.bin")) == small
+    s = m.stats()
+    assert (s["opens"], s["hits"]["ram"], s["backend_bytes"]) == (8, 2, len(big) + len(small))

@@ -239,7 +239,7 @@ def test_walk_lists_exactly_the_files_below_the_prefix(backend, caplog):
     with caplog.at_level(logging.WARNING):
         entries = list(backend.walk())
     assert sorted((e.path, e.size) for e in entries) == sorted((k, len(v)) for k, v in FILES.items())
-    assert all(isinstance(e.mtime, float) and e.mtime > 1e9 for e in entries)
+    assert all(isinstance(e.mtime_ns, int) and e.mtime_ns > 1e18 for e in entries)
     warnings = [r.getMessage() for r in caplog.records]
     assert len(warnings) == 1 and "skipped 2 object(s)" in warnings[0]
 
@@ -265,8 +265,8 @@ def test_read_is_byte_exact_with_one_get_per_file(backend, proxy):
 
 def test_stat_and_read_range(backend):
     data = FILES["train/1/c.png"]
-    size, mtime = backend.stat("train/1/c.png")
-    assert size == len(data) and mtime > 1e9
+    size, mtime_ns = backend.stat("train/1/c.png")
+    assert size == len(data) and mtime_ns > 1e18
     assert backend.read_range("train/1/c.png", 100, 50) == data[100:150]
     assert backend.read_range("train/1/c.png", len(data) - 10, 50) == data[-10:]
     assert backend.read_range("train/1/c.png", len(data) + 5, 50) == b""

@@ -78,7 +78,7 @@ def test_registry_resolves_the_url(source):
 def test_walk_lists_exactly_the_files_with_sizes(source):
     entries = list(source.backend.walk())
     assert sorted((e.path, e.size) for e in entries) == sorted((p, len(d)) for p, d in FILES.items())
-    assert all(isinstance(e.mtime, float) and e.mtime > 0 for e in entries)
+    assert all(isinstance(e.mtime_ns, int) and e.mtime_ns > 0 for e in entries)
     assert all(not e.path.startswith("/") and "//" not in e.path for e in entries)
 
 
@@ -124,8 +124,8 @@ def test_changed_file_is_backend_error_not_short_data(source):
 
 def test_stat_and_read_range(source):
     data = FILES["a/b/c/3.bin"]
-    size, mtime = source.backend.stat("a/b/c/3.bin")
-    assert size == len(data) and mtime > 0
+    size, mtime_ns = source.backend.stat("a/b/c/3.bin")
+    assert size == len(data) and isinstance(mtime_ns, int) and mtime_ns > 0
     assert source.backend.read_range("a/b/c/3.bin", 10, 100) == data[10:110]
     assert source.backend.read_range("a/b/c/3.bin", len(data) - 5, 100) == data[-5:]
     assert source.backend.read_range("a/b/c/3.bin", len(data) + 5, 100) == b""

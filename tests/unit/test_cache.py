@@ -285,6 +285,34 @@ def test_every_open_verification_catches_a_flip_after_earlier_hits(small_tree, t
     assert open_read(cache, f) == (want, "disk")
 
 
+def test_kernel_pages_are_kept_for_hits_and_untiered_files(small_tree, tmp_path):
+    """``Handle.keep_pages`` (the front ends' FOPEN_KEEP_CACHE): the pages of a hit and of a file no tier
+    holds are kept between opens (the mount is a snapshot); a miss that fills a tier drops them (the open
+    sees the bytes the tier now holds), and so does the first open after the file's disk entry was dropped
+    as corrupt (pages read from that entry are not served again)."""
+    src, spec = small_tree
+    cache, ns, backend = build(src, tmp_path, "static", ram=0, disk=5000)
+    f, big = fid(ns, "dog/04.bin"), fid(ns, "dog/08.bin")  # 5000 bytes: fits the disk tier; 9000: no tier
+
+    def opened(x):
+        h = cache.open(x)
+        try:
+            assert h.read(0, 1 << 20) == spec[ns.path(x)]
+            return h.outcome, h.source, h.keep_pages
+        finally:
+            h.release()
+
+    assert opened(big) == ("miss", "backend", True)
+    assert opened(big) == ("miss", "backend", True)
+    assert opened(f) == ("miss", "entry", False)   # fills the disk tier
+    assert opened(f) == ("disk", "entry", True)
+    _flip(cache.disk_entry_path(f), 10)
+    cache.disk_index.capacity_bytes = 4000           # the tier will not take it again: untiered from now on
+    assert opened(f) == ("miss", "backend", False)  # its corrupt entry dropped: pages read from it dropped
+    assert opened(f) == ("miss", "backend", True)
+    assert cache.corrupt_entries == 1
+
+
 @pytest.mark.parametrize("size", [0, 1, 300, 1 << 20, (1 << 20) + 7])
 def test_entry_verify_exact_short_long(tmp_path, size):
     """DiskTier.verify: the exact bytes pass (one pread below 1 MiB), a byte short or long, or one

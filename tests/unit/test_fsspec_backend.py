@@ -328,3 +328,20 @@ def test_memory_scan_keeps_empty_directories_and_their_parents():
     finally:
         b.close()
         mem.rm("/scantest", recursive=True)
+
+
+def test_listing_timestamps_become_exact_integer_nanoseconds():
+    """A listing's timestamp is converted in integers (a float of seconds would round the microseconds
+    of a 2001 date to ~240 ns steps); a number is seconds; none is 0."""
+    import datetime as dt
+
+    from shadefs.backends.fsspec import _mtime_ns
+
+    t = dt.datetime(2001, 9, 9, 1, 46, 40, 123456, tzinfo=dt.timezone.utc)
+    assert _mtime_ns({"LastModified": t}) == 1_000_000_000_123_456_000
+    assert _mtime_ns({"LastModified": t.replace(tzinfo=None)}) == 1_000_000_000_123_456_000  # naive: UTC
+    assert _mtime_ns({"updated": "2001-09-09T01:46:40.123456Z"}) == 1_000_000_000_123_456_000
+    assert _mtime_ns({"LastModified": t.astimezone(dt.timezone(dt.timedelta(hours=2)))}) == 1_000_000_000_123_456_000
+    assert _mtime_ns({"mtime": 1_000_000_000}) == 1_000_000_000_000_000_000
+    assert _mtime_ns({"mtime": 1.5}) == 1_500_000_000
+    assert _mtime_ns({"size": 3}) == 0 and _mtime_ns({"mtime": True}) == 0

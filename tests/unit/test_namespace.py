@@ -7,7 +7,7 @@ import stat
 from shadefs.backends.base import Entry
 from shadefs.namespace import Namespace
 
-FILES = [Entry("b/x.bin", 3, 10.5), Entry("a.txt", 1, 1.0), Entry("b/c/y", 7, 2.0), Entry("b/c/z", 0, 3.0)]
+FILES = [Entry("b/x.bin", 3, 10_500_000_001), Entry("a.txt", 1, 1), Entry("b/c/y", 7, 2), Entry("b/c/z", 0, 3)]
 
 
 def make():
@@ -47,7 +47,7 @@ def test_attr():
     ns = make()
     mode, size, mtime_ns, uid, gid, nlink = ns.attr(3)
     assert stat.S_ISREG(mode) and mode & 0o222 == 0
-    assert (size, mtime_ns, nlink) == (3, 10_500_000_000, 1)
+    assert (size, mtime_ns, nlink) == (3, 10_500_000_001, 1)
     assert (uid, gid) == (os.getuid(), os.getgid())
     mode, size, _, _, _, nlink = ns.attr(ns.lookup("b"))
     assert stat.S_ISDIR(mode) and size == 0 and nlink == 3  # 2 + one subdirectory
@@ -74,6 +74,8 @@ def tricky(tmp_path):
             f.write(b"x" * i)
     os.makedirs(root / "empty" / "deeper")
     os.chmod(root / "top.bin", 0o640)
+    t = 1_000_000_000_123_456_789  # a float of seconds would read it as ...123456716
+    os.utime(root / "top.bin", ns=(t, t))
     return root
 
 
@@ -95,8 +97,9 @@ def check_tree(ns, root):
     mode, _, mtime_ns, uid, gid, _ = ns.attr(ns.lookup("top.bin"))
     st = os.stat(root / "top.bin")
     assert (mode, uid, gid) == (stat.S_IFREG | 0o440, st.st_uid, st.st_gid)
-    assert abs(mtime_ns - st.st_mtime_ns) < 1000
+    assert mtime_ns == st.st_mtime_ns  # to the nanosecond
     assert ns.attr(ns.lookup("a/b"))[2] == os.stat(root / "a" / "b").st_mtime_ns
+    assert ns.attr(a)[1] == os.stat(root / "a").st_size and ns.attr(ns.root)[1] == os.stat(root).st_size
     for bad in ("a/b/", "a//b", "a/./b", "nope/x", "a/b.txt/x"):
         assert ns.lookup(bad) is None
 
@@ -189,8 +192,8 @@ def test_posix_scan_in_helper_processes_equals_the_one_thread_scan(tricky, tmp_p
     many = scan(3, 0.0)
     assert many.num_files == one.num_files == len(TRICKY) + 12 * 2 + 1
     assert many.fingerprint == one.fingerprint and list(many.paths) == list(one.paths)
-    for name in ("sizes", "mtimes", "etags", "_off", "_parent", "_perm", "_keys", "_key_ids", "_kids",
-                 "_dir_start", "_dir_nlink", "_dir_mtime_ns", "_dir_ctime_ns"):
+    for name in ("sizes", "mtimes_ns", "etags", "_off", "_parent", "_perm", "_keys", "_key_ids", "_kids",
+                 "_dir_start", "_dir_nlink", "_dir_mtime_ns", "_dir_ctime_ns", "_dir_size"):
         assert getattr(many, name).tobytes() == getattr(one, name).tobytes(), name
     assert bytes(many._blob) == bytes(one._blob)
     assert many.report.counts == one.report.counts == {"symlinks_outside": 1, "symlinks_dangling": 1,
@@ -240,8 +243,9 @@ except OSError as e:
 else:
     one = Namespace.scan(posix.PosixBackend(root, scan_processes=1))
     out["from_snapshot"] = ns.from_snapshot
-    out["same"] = [n for n in ("sizes", "mtimes", "etags", "_off", "_parent", "_perm", "_perm_table", "_keys",
-                               "_key_ids", "_kids", "_dir_start", "_dir_nlink", "_dir_mtime_ns", "_dir_ctime_ns")
+    out["same"] = [n for n in ("sizes", "mtimes_ns", "etags", "_off", "_parent", "_perm", "_perm_table", "_keys",
+                               "_key_ids", "_kids", "_dir_start", "_dir_nlink", "_dir_mtime_ns", "_dir_ctime_ns",
+                               "_dir_size")
                    if getattr(ns, n).tobytes() == getattr(one, n).tobytes()]
     out["blob"] = bytes(ns._blob) == bytes(one._blob)
     out["dirs"] = ns.dir_paths == one.dir_paths and ns.fingerprint == one.fingerprint
@@ -282,7 +286,7 @@ def test_an_isolated_scan_runs_in_a_child_and_equals_the_in_process_scan(tricky,
     os.mkfifo(tricky / "e" / "fifo")
     out = _isolated(tricky, "ok")
     assert out["from_snapshot"] is False and out["blob"] and out["dirs"] and out["saved_same"]
-    assert len(out["same"]) == 14, out["same"]
+    assert len(out["same"]) == 15, out["same"]
     assert out["report"][0] == out["report"][1] == {"symlinks_dangling": 1, "loops": 1, "special": 1}
     assert out["report"][2] is True
     assert out["paths"] == sorted(TRICKY)
@@ -331,7 +335,7 @@ def test_posix_scan_in_forked_helpers_equals_the_one_thread_scan(tricky, tmp_pat
             if os.path.exists(tricky.parent / f):
                 os.unlink(tricky.parent / f)
         out = _isolated(tricky, case, processes=3)
-        assert out["blob"] and out["dirs"] and out["saved_same"] and len(out["same"]) == 14, out
+        assert out["blob"] and out["dirs"] and out["saved_same"] and len(out["same"]) == 15, out
         assert out["report"][0] == out["report"][1] == {"symlinks_outside": 1, "symlinks_dangling": 1,
                                                         "loops": 1, "special": 1}
         assert len(out["paths"]) == len(TRICKY) + 12 * 2 + 1
