@@ -32,8 +32,7 @@ Usage::
     train_fashion_mnist.py --data DIR [--epochs 2] [--batch-size 64]
         [--workers 4] [--lr 0.01] [--limit N] [--device auto|cpu|cuda]
         [--seed 0] [--hook] [--plan] [--progress] [--eval-last]
-        [--json OUT.json]
-        [--endpoint-url URL]
+        [--json OUT.json] [--endpoint-url URL]
 """
 from __future__ import annotations
 
