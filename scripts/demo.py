@@ -377,7 +377,7 @@ def run_modes(args) -> list:
                                  f"(scripts/make_fashion_mnist.py {args.data})")
             args.source = args.data
         else:
-            moto = MotoServer()
+            moto = MotoServer(own_group=True)  # Ctrl-C reaches the demo, which stops it after the mounts
             args.source = slow_storage(args, moto)
         runs = []
         for i, mode in enumerate(args.modes):
@@ -416,7 +416,7 @@ def slow_storage(args, moto) -> str:
     n = upload(moto.endpoint, BUCKET, PREFIX, args.data, splits=("train", "test"))
     print(f"{n:,} objects in s3://{BUCKET}/{PREFIX}/ on {moto.endpoint}", flush=True)
     phase(f"starting the latency proxy (shadefs/testing/latency_proxy.py), {args.delay_ms:g} ms each way")
-    args.proxy = LatencyProxyProcess(moto.port, args.delay_ms, "1gbit").start()
+    args.proxy = LatencyProxyProcess(moto.port, args.delay_ms, "1gbit", own_group=True).start()
     key = next(f"{BUCKET}/{PREFIX}/{os.path.relpath(os.path.join(d, f), args.data)}"
                for d, _, fs in sorted(os.walk(os.path.join(args.data, "train"))) for f in sorted(fs))
     args.probe = probe({"moto": moto.endpoint, "proxy": args.proxy.endpoint}, key, n=20, warmup=2)
