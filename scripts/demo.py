@@ -48,11 +48,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SHADEFS = [sys.executable, "-m", "shadefs"]
 
 
-def sh(cmd, **kw):
-    print("$ " + " ".join(map(str, cmd)).replace(sys.executable + " -m shadefs", "shadefs"), flush=True)
-    return subprocess.run([str(c) for c in cmd], check=True, **kw)
-
-
 class Stop(BaseException):
     """SIGINT/SIGTERM arrived: stop training, unmount, clean up (``code``: the exit status)."""
 
@@ -416,15 +411,15 @@ def slow_storage(args, moto) -> str:
     n = upload(moto.endpoint, BUCKET, PREFIX, args.data, splits=("train", "test"))
     print(f"{n:,} objects in s3://{BUCKET}/{PREFIX}/ on {moto.endpoint}", flush=True)
     phase(f"starting the latency proxy (shadefs/testing/latency_proxy.py), {args.delay_ms:g} ms each way")
-    args.proxy = LatencyProxyProcess(moto.port, args.delay_ms, "1gbit", own_group=True).start()
+    args.proxy = LatencyProxyProcess(moto.port, args.delay_ms, "1gbit", own_group=True)
+    args.proxy.start()  # set first: a Ctrl-C while it starts still finds it to stop
     key = next(f"{BUCKET}/{PREFIX}/{os.path.relpath(os.path.join(d, f), args.data)}"
                for d, _, fs in sorted(os.walk(os.path.join(args.data, "train"))) for f in sorted(fs))
-    args.probe = probe({"moto": moto.endpoint, "proxy": args.proxy.endpoint}, key, n=20, warmup=2)
-    args.slow = (f"slow storage: moto's S3 server behind a latency proxy at {args.proxy.endpoint}, "
-                 f"{args.delay_ms:g} ms each way: it stands in for a remote object store (S3 across a "
-                 f"network); a GET of one image takes {args.probe['proxy']['median_ms']:.0f} ms through it "
-                 f"(median of 20; {args.probe['moto']['median_ms']:.0f} ms straight to moto)")
-    print(args.slow, flush=True)
+    got = probe({"moto": moto.endpoint, "proxy": args.proxy.endpoint}, key, n=20, warmup=2)
+    print(f"slow storage: moto's S3 server behind a latency proxy at {args.proxy.endpoint}, "
+          f"{args.delay_ms:g} ms each way: it stands in for a remote object store (S3 across a network); a GET "
+          f"of one image takes {got['proxy']['median_ms']:.0f} ms through it (median of 20; "
+          f"{got['moto']['median_ms']:.0f} ms straight to moto)", flush=True)
     return f"s3://{BUCKET}/{PREFIX}"
 
 
