@@ -1,5 +1,7 @@
 # Two entry points on a fresh machine (see README.md):
-#   make demo   mount Fashion-MNIST through shadefs, train through it, print the cache figures
+#   make demo   a Fashion-MNIST subset in S3 behind a latency proxy: train through shadefs and directly,
+#               print the epoch times and cache figures side by side, write a PNG (a few minutes)
+#   make demo FULL=1   the run over all 60,000 local training images instead
 #   make test   run the test suite
 # Both install what is missing first: Debian packages (fuse3, libfuse2, dataset-fashion-mnist, attr,
 # redis-server and redis-tools for the shared tier's tests) and a virtual environment with this package,
@@ -9,6 +11,8 @@ PYTHON  ?= python3
 VENV    ?= .venv
 PY      := $(VENV)/bin/python
 DATA    ?= data/fmnist
+DEMO_DATA ?= data/fmnist-small
+FULL    ?=
 WORKDIR ?= /tmp/shadefs-demo
 DEMO_ARGS ?=
 APT_PKGS := fuse3 libfuse2 dataset-fashion-mnist attr redis-server redis-tools
@@ -37,8 +41,9 @@ $(DATA).complete: | deps venv
 
 dataset: $(DATA).complete
 
-demo: deps venv dataset
-	$(PY) scripts/demo.py --data $(DATA) --workdir $(WORKDIR) $(DEMO_ARGS)
+# the default demo builds its small subset itself; FULL=1 needs the whole tree
+demo: deps venv $(if $(FULL),dataset)
+	$(PY) scripts/demo.py $(if $(FULL),--full --data $(DATA),--data $(DEMO_DATA)) --workdir $(WORKDIR) $(DEMO_ARGS)
 
 test: deps venv
 	$(PY) -m pytest tests -q

@@ -44,7 +44,6 @@ from __future__ import annotations
 import argparse
 import concurrent.futures as cf
 import datetime as dt
-import io
 import json
 import os
 import platform
@@ -64,6 +63,7 @@ from shadefs.testing import Mount, docsection, proc_cpu_s, shadefs, unmount
 from shadefs.testing.docsection import markdown_table
 from shadefs.testing.latency_proxy import parse_rate
 from shadefs.testing.s3 import DUMMY_AWS_ENV, LatencyProxyProcess, MotoServer, free_port
+from shadefs.testing.s3data import S3ImageFolder, probe, upload
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -141,57 +141,6 @@ def children_cpu() -> float:
 
     r = resource.getrusage(resource.RUSAGE_CHILDREN)
     return r.ru_utime + r.ru_stime
-
-
-def upload(endpoint: str, prefix: str, root: str) -> int:
-    """PUT every file below ``root`` to ``s3://BUCKET/prefix/<relpath>`` (straight to moto)."""
-    import boto3
-
-    s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
-    try:
-        s3.create_bucket(Bucket=BUCKET)
-    except s3.exceptions.BucketAlreadyOwnedByYou:
-        pass
-    files = []
-    for d, _, names in os.walk(os.path.join(root, "train")):
-        files += [os.path.join(d, n) for n in names]
-
-    def put(path: str) -> None:
-        with open(path, "rb") as f:
-            s3.put_object(Bucket=BUCKET, Key=f"{prefix}/{os.path.relpath(path, root)}", Body=f.read())
-
-    with cf.ThreadPoolExecutor(8) as pool:
-        list(pool.map(put, files))
-    return len(files)
-
-
-def s3fs_client(endpoint: str):
-    """A fresh s3fs client configured like shadefs's fsspec backend (one GET per object)."""
-    import s3fs
-
-    return s3fs.S3FileSystem(skip_instance_cache=True, use_listings_cache=False, max_concurrency=1,
-                             client_kwargs={"endpoint_url": endpoint, "region_name": "us-east-1"})
-
-
-def probe(endpoints: Dict[str, str], key: str, n: int = 60) -> Dict[str, Dict[str, float]]:
-    """Latency of whole-object GETs of ``key`` (s3fs ``cat_file``) at each endpoint: ``n`` rounds,
-    one sequential GET per endpoint per round (interleaved, so load swings hit all alike), after 5
-    warm-ups. Returns ``{name: {"median_ms", "p90_ms"}}``."""
-    clients = {name: s3fs_client(url) for name, url in endpoints.items()}
-    times: Dict[str, List[float]] = {name: [] for name in clients}
-    for _ in range(5):
-        for fs in clients.values():
-            fs.cat_file(key)
-    for _ in range(n):
-        for name, fs in clients.items():
-            t0 = time.perf_counter()
-            fs.cat_file(key)
-            times[name].append(time.perf_counter() - t0)
-    out = {}
-    for name, ts in times.items():
-        ts.sort()
-        out[name] = {"median_ms": 1e3 * statistics.median(ts), "p90_ms": 1e3 * ts[int(0.9 * (n - 1))]}
-    return out
 
 
 def _limit_share(endpoint: str, keys: List[str], threads: int, start_at: float) -> tuple:
@@ -272,57 +221,6 @@ def build_model():
         nn.ReLU(),
         nn.Linear(96, 10),
     )
-
-
-class S3ImageFolder:
-    """The FUSE-less reader: ImageFolder semantics over ``s3://bucket/prefix`` with one GET per sample.
-
-    Classes are the sorted first-level "directories", samples sorted by key within a class, exactly
-    ImageFolder's order, so a seeded shuffle visits the same files in the same order as on a mount.
-    """
-
-    def __init__(self, endpoint: str, root: str, transform=None):
-        from torchvision.datasets.folder import IMG_EXTENSIONS
-
-        self.endpoint, self.root, self.transform = endpoint, root.rstrip("/"), transform
-        import gc
-
-        lister = s3fs_client(endpoint)
-        keys = sorted(k for k in lister.find(self.root) if k.lower().endswith(IMG_EXTENSIONS))
-        # Close the listing client here, before the DataLoader forks: else each worker inherits it
-        # and its finalizer fails there ("attached to a different loop") when the worker exits.
-        del lister
-        gc.collect()
-        rel = [k[len(self.root) + 1:] for k in keys]
-        self.classes = sorted({r.split("/", 1)[0] for r in rel if "/" in r})
-        self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
-        self.samples = sorted(((self.root + "/" + r, self.class_to_idx[r.split("/", 1)[0]])
-                               for r in rel if "/" in r), key=lambda s: (s[1], s[0]))
-        self._fs = None
-        self._pid = None
-        import multiprocessing
-
-        # GET count and seconds, shared with the forked workers
-        self.gets = multiprocessing.Value("d", 0.0)
-        self.get_s = multiprocessing.Value("d", 0.0)
-
-    def __len__(self) -> int:
-        return len(self.samples)
-
-    def __getitem__(self, index: int):
-        from PIL import Image
-
-        if self._pid != os.getpid():  # one client per DataLoader worker, made after the fork
-            self._fs, self._pid = s3fs_client(self.endpoint), os.getpid()
-        key, target = self.samples[index]
-        t0 = time.perf_counter()
-        data = self._fs.cat_file(key)
-        seconds = time.perf_counter() - t0
-        with self.gets.get_lock():
-            self.gets.value += 1
-            self.get_s.value += seconds
-        img = Image.open(io.BytesIO(data)).convert("RGB")
-        return (self.transform(img) if self.transform else img), target
 
 
 def stats_json(mnt: str) -> Dict[str, Any]:
@@ -616,7 +514,7 @@ def run_benchmark(a: argparse.Namespace) -> Dict[str, Any]:
     try:
         moto.start()
         t0 = time.monotonic()
-        n = upload(moto.endpoint, prefix, data_root)
+        n = upload(moto.endpoint, BUCKET, prefix, data_root)
         log(f"uploaded {n} objects to {source} in {time.monotonic() - t0:.0f} s")
         proxy = LatencyProxyProcess(moto.port, a.delay_ms, a.rate, a.proxy_mode).start()
         log(proxy.settings)

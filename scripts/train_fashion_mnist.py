@@ -12,6 +12,15 @@ accuracy; ``--json`` writes the same figures for other scripts to read::
     {"epochs": [{"epoch", "train_loss", "epoch_time_s", "test_acc", ...}],
      "final_test_acc": ...}
 
+``DIR`` may also be ``s3://bucket/prefix`` with ``--endpoint-url URL``: the
+direct reader, no shadefs (``shadefs.testing.s3data.S3ImageFolder``: one s3fs
+``cat_file`` GET per sample, one client per DataLoader worker).
+``--progress`` draws a tqdm bar per epoch (images/s; on a shadefs mount the
+epoch's live hit ratio and prefetched share from the daemon's stats, read at
+most twice a second; on S3 the GETs so far). On a shadefs mount every epoch's
+JSON record also has ``opens``, ``hits``, ``prefetched`` and ``hit_ratio``
+(that epoch's training reads); over S3, ``gets``.
+
 The pieces are small and importable (``build_model``, ``make_loaders``,
 ``train_one_epoch``, ``evaluate``, ``main``). The loss is computed per sample
 (``reduction="none"``) and handed to ``train_one_epoch``'s ``on_batch_loss``
@@ -22,7 +31,8 @@ Usage::
 
     train_fashion_mnist.py --data DIR [--epochs 2] [--batch-size 64]
         [--workers 4] [--lr 0.01] [--limit N] [--device auto|cpu|cuda]
-        [--seed 0] [--hook] [--json OUT.json]
+        [--seed 0] [--hook] [--plan] [--progress] [--eval-last]
+        [--json OUT.json] [--endpoint-url URL]
 """
 from __future__ import annotations
 
@@ -84,10 +94,16 @@ def make_loaders(args: argparse.Namespace) -> tuple:
     many samples, drawn with ``args.seed``.
     """
     transform = make_transform()
-    train_set = datasets.ImageFolder(os.path.join(args.data, "train"),
-                                     transform=transform)
-    test_set = datasets.ImageFolder(os.path.join(args.data, "test"),
-                                    transform=transform)
+    if is_s3(args.data):
+        from shadefs.testing.s3data import S3ImageFolder
+        root = args.data[len("s3://"):].rstrip("/")
+        train_set = S3ImageFolder(args.endpoint_url, root + "/train", transform)
+        test_set = S3ImageFolder(args.endpoint_url, root + "/test", transform)
+    else:
+        train_set = datasets.ImageFolder(os.path.join(args.data, "train"),
+                                         transform=transform)
+        test_set = datasets.ImageFolder(os.path.join(args.data, "test"),
+                                        transform=transform)
     if train_set.classes != test_set.classes:
         raise ValueError(f"{args.data}: train and test class folders differ")
     if args.limit is not None and args.limit < len(train_set):
@@ -125,13 +141,19 @@ def make_loaders(args: argparse.Namespace) -> tuple:
     return train_loader, test_loader
 
 
+def is_s3(data: str) -> bool:
+    return str(data).startswith("s3://")
+
+
 def train_one_epoch(model: nn.Module, loader: DataLoader,
                     opt: torch.optim.Optimizer, device: torch.device,
-                    on_batch_loss: Optional[Callable] = None) -> float:
+                    on_batch_loss: Optional[Callable] = None,
+                    on_batch_end: Optional[Callable] = None) -> float:
     """Train for one pass over ``loader``; return the mean per-sample loss.
 
     ``on_batch_loss(losses)``, if given, is called once per batch, in loader
     order, with the detached per-sample losses (a 1-D tensor on ``device``).
+    ``on_batch_end(n)``, if given, after each step with the batch's size.
     """
     model.train()
     total_loss = torch.zeros((), device=device, dtype=torch.float64)
@@ -147,7 +169,84 @@ def train_one_epoch(model: nn.Module, loader: DataLoader,
         opt.step()
         total_loss += losses.detach().sum()
         count += len(y)
+        if on_batch_end is not None:
+            on_batch_end(len(y))
     return total_loss.item() / max(count, 1)
+
+
+class CacheCounters:
+    """A shadefs mount's counters, read from its daemon over the control endpoint
+    (what ``shadefs stats --json`` prints), for per-epoch and live figures.
+
+    ``path``: any path inside the mount. :meth:`read` returns ``{"opens",
+    "hits", "prefetched"}`` (counts since the mount; hits = RAM + NVMe (+
+    shared) tier hits, prefetched = opens served from a prefetch, ready or
+    late), or None when ``path`` is not on a shadefs mount or the daemon did
+    not answer within ``timeout_s`` seconds.
+    """
+
+    def __init__(self, path: str, timeout_s: float = 2.0):
+        from shadefs.control.client import (ControlClient, EndpointNotFound,
+                                            find_endpoint)
+        try:
+            self.client = ControlClient(find_endpoint(path), timeout_s=timeout_s)
+        except EndpointNotFound:
+            self.client = None
+
+    def read(self) -> Optional[dict]:
+        if self.client is None:
+            return None
+        try:
+            s = self.client.stats()
+        except (TimeoutError, RuntimeError, ValueError):  # no answer, an error reply, a bad reply
+            return None
+        pf = s.get("prefetch", {})
+        return {"opens": s["opens"], "hits": sum(s["hits"].values()),
+                "prefetched": pf.get("ready", 0) + pf.get("late", 0)}
+
+    @staticmethod
+    def delta(now: Optional[dict], then: Optional[dict]) -> Optional[dict]:
+        """``now - then`` per counter, with ``hit_ratio`` (hits / opens, 0
+        without opens); None if either is None."""
+        if now is None or then is None:
+            return None
+        d = {k: now[k] - then[k] for k in ("opens", "hits", "prefetched")}
+        d["hit_ratio"] = d["hits"] / d["opens"] if d["opens"] else 0.0
+        return d
+
+
+class EpochBar:
+    """A tqdm bar over one epoch's samples (images/s), with a live postfix:
+    the epoch's hit ratio and prefetched share on a shadefs mount (``counters``
+    polled at most every ``interval_s`` seconds), or the GETs of an
+    ``S3ImageFolder`` (``dataset.gets``)."""
+
+    def __init__(self, desc: str, total: int, counters: Optional[CacheCounters],
+                 dataset=None, interval_s: float = 0.5):
+        from tqdm import tqdm
+        self.bar = tqdm(total=total, desc=desc, unit="img", mininterval=interval_s,
+                        dynamic_ncols=True, file=sys.stderr)
+        self.counters, self.interval_s = counters, interval_s
+        self.gets = getattr(dataset, "gets", None)
+        self.gets0 = self.gets.value if self.gets is not None else 0
+        self.start = counters.read() if counters is not None else None
+        self.polled = 0.0
+
+    def update(self, n: int) -> None:
+        self.bar.update(n)
+        now = time.monotonic()
+        if now - self.polled < self.interval_s:
+            return
+        self.polled = now
+        d = CacheCounters.delta(self.counters.read(), self.start) if self.counters is not None else None
+        if d is not None and d["opens"]:
+            self.bar.set_postfix_str(f"hit ratio {100 * d['hit_ratio']:.1f}%, prefetched "
+                                     f"{100 * d['prefetched'] / d['opens']:.1f}%", refresh=False)
+        elif self.gets is not None:
+            self.bar.set_postfix_str(f"GETs {self.gets.value - self.gets0:.0f}", refresh=False)
+
+    def close(self) -> None:
+        self.bar.close()
 
 
 @torch.no_grad()
@@ -221,6 +320,16 @@ def parse_args(argv=None) -> argparse.Namespace:
                              "provisional lookahead)")
     parser.add_argument("--json", metavar="OUT.json",
                         help="write per-epoch results as JSON")
+    parser.add_argument("--eval-last", action="store_true",
+                        help="test only after the last epoch (the other epochs' "
+                             "test_acc is null): over slow storage the test set's "
+                             "reads cost time too")
+    parser.add_argument("--progress", action="store_true",
+                        help="a progress bar per epoch (images/s; the live hit "
+                             "ratio on a shadefs mount, GETs over S3)")
+    parser.add_argument("--endpoint-url", metavar="URL",
+                        help="with --data s3://bucket/prefix: the S3 endpoint "
+                             "(read directly, no shadefs)")
     args = parser.parse_args(argv)
     if args.threads is None:
         args.threads = default_threads(args.workers)
@@ -231,6 +340,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error("--workers must be >= 0")
     if args.limit is not None and args.limit < 1:
         parser.error("--limit must be >= 1")
+    if is_s3(args.data) != bool(args.endpoint_url):
+        parser.error("--endpoint-url goes with --data s3://bucket/prefix "
+                     "(and only there)")
     return args
 
 
@@ -256,27 +368,46 @@ def main(argv=None) -> int:
         reporter = ScoreReporter(train_loader.dataset, sampler=train_loader.sampler)
         print("importance mode: ShadeSampler + ScoreReporter", flush=True)
 
+    counters = None if is_s3(args.data) else CacheCounters(args.data)
+    gets = getattr(train_loader.dataset, "gets", None)
     results = []
     t_start = time.perf_counter()
     for epoch in range(1, args.epochs + 1):
         if reporter is not None or args.plan:
             train_loader.sampler.set_epoch(epoch - 1)
+        before = counters.read() if counters is not None else None
+        gets0 = gets.value if gets is not None else 0
+        bar = None
+        if args.progress:
+            bar = EpochBar(f"epoch {epoch}/{args.epochs}", len(train_loader.sampler), counters,
+                           train_loader.dataset)
         t0 = time.perf_counter()
-        loss = train_one_epoch(model, train_loader, opt, args.device,
-                               on_batch_loss=reporter and reporter.report)
-        epoch_time = time.perf_counter() - t0
+        try:
+            loss = train_one_epoch(model, train_loader, opt, args.device,
+                                   on_batch_loss=reporter and reporter.report,
+                                   on_batch_end=bar and bar.update)
+            epoch_time = time.perf_counter() - t0
+        finally:
+            if bar is not None:
+                bar.close()
+        cache = CacheCounters.delta(counters.read() if counters is not None else None, before)
         t1 = time.perf_counter()
-        acc = evaluate(model, test_loader, args.device)
+        acc = None
+        if epoch == args.epochs or not args.eval_last:
+            acc = evaluate(model, test_loader, args.device)
+            if reporter is not None:
+                reporter.report_accuracy(acc)
         eval_time = time.perf_counter() - t1
-        if reporter is not None:
-            reporter.report_accuracy(acc)
         rate = n_train / epoch_time
         results.append({"epoch": epoch, "train_loss": loss,
                         "epoch_time_s": epoch_time, "images_per_s": rate,
-                        "eval_time_s": eval_time, "test_acc": acc})
+                        "eval_time_s": eval_time, "test_acc": acc,
+                        **(cache or {}),
+                        **({"gets": int(gets.value - gets0)} if gets is not None else {})})
         print(f"epoch {epoch}/{args.epochs}: train_loss {loss:.4f}  "
               f"time {epoch_time:.1f} s  {rate:.0f} img/s  "
-              f"test_acc {acc:.2f}% (eval {eval_time:.1f} s)", flush=True)
+              + (f"test_acc {acc:.2f}% (eval {eval_time:.1f} s)" if acc is not None else "(no eval)"),
+              flush=True)
     total = time.perf_counter() - t_start
     final_acc = results[-1]["test_acc"]
     print(f"done: {args.epochs} epochs in {total:.1f} s, final train_loss "

@@ -5,6 +5,7 @@
   :func:`tracebacks` (what the test fixture checks every daemon log for).
 - :mod:`shadefs.testing.s3`: :class:`MotoServer` (``python -m moto.server`` as a process) and
   :class:`LatencyProxyProcess` (:mod:`shadefs.testing.latency_proxy` in front of it), dummy AWS settings.
+- :mod:`shadefs.testing.s3data`: :func:`~shadefs.testing.s3data.upload` (a tree into a bucket), :class:`~shadefs.testing.s3data.S3ImageFolder` (the reader without shadefs: one GET per sample), :func:`~shadefs.testing.s3data.probe` (GET latency).
 - :mod:`shadefs.testing.docsection`: the tables and the generated sections of docs/performance.md.
 - :mod:`shadefs.testing.baseline`: :func:`~shadefs.testing.baseline.extract` (a git revision of the package beside the tree, for side-by-side benchmarks).
 - :mod:`shadefs.testing.handles`: :func:`~shadefs.testing.handles.open_read` (open, read whole, release, through a TieredCache), :func:`~shadefs.testing.handles.memory_handle` (a front end's Handle over bytes in memory).
@@ -12,7 +13,7 @@
 - :mod:`shadefs.testing.users`: :func:`~shadefs.testing.users.as_nobody` (run a function as uid/gid 65534 in a forked child; its errno back).
 - :mod:`shadefs.testing.datasets`: :class:`~shadefs.testing.datasets.FileDataset` (ImageFolder-like `samples`; an item reads its file whole), :func:`~shadefs.testing.datasets.random_tree` (the read benchmarks' tree of random files, reused when unchanged).
 
-Used by tests/conftest.py and scripts/bench_*.py; ships with the package (it needs the ``test``
+Used by tests/conftest.py, scripts/bench_*.py and scripts/demo.py; ships with the package (it needs the ``test``
 extra only for the S3 pieces).
 """
 from shadefs.testing.mounts import (

@@ -81,18 +81,22 @@ class MotoServer(_LoopbackServer):
 
     ``port`` 0 picks a free one. ``start(timeout_s)`` returns once ``/moto-api/`` answers, raising
     RuntimeError if the process exits or does not answer in time. ``stop()`` kills it (SIGKILL: an
-    outage, not a shutdown). ``log_file``: where its output goes (default: discarded)."""
+    outage, not a shutdown). ``log_file``: where its output goes (default: discarded). ``own_group``: start
+    it in a session (so a process group) of its own, so that a terminal's Ctrl-C reaches only its parent,
+    which stops it when it is done with it."""
 
-    def __init__(self, port: int = 0, log_file: Optional[str] = None):
+    def __init__(self, port: int = 0, log_file: Optional[str] = None, own_group: bool = False):
         self.port = port or free_port()
         self.log_file = log_file
+        self.own_group = own_group
         self.proc: Optional[subprocess.Popen] = None
 
     def start(self, timeout_s: float = 60.0) -> "MotoServer":
         out = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL
         try:
             self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1",
-                                          "-p", str(self.port)], stdout=out, stderr=subprocess.STDOUT)
+                                          "-p", str(self.port)], stdout=out, stderr=subprocess.STDOUT,
+                                         start_new_session=self.own_group)
         finally:
             if self.log_file:
                 out.close()
@@ -136,20 +140,23 @@ class LatencyProxyProcess(_LoopbackServer):
     """``python -m shadefs.testing.latency_proxy`` in front of ``127.0.0.1:upstream_port``.
 
     ``delay_ms``: one-way delay per direction (ms); ``rate``: per-direction rate ("1gbit"); ``mode``:
-    "http" (keep-alive to the client) or "tcp". After ``start()``: ``port``, ``endpoint``, ``settings``
-    (its one-line description). After ``stop()``: ``counters`` (its final JSON line: requests,
-    connections, lateness of its timers)."""
+    "http" (keep-alive to the client) or "tcp"; ``own_group``: as :class:`MotoServer`'s. After ``start()``:
+    ``port``, ``endpoint``, ``settings`` (its one-line description). After ``stop()``: ``counters`` (its
+    final JSON line: requests, connections, lateness of its timers)."""
 
-    def __init__(self, upstream_port: int, delay_ms: float, rate: str, mode: str = "http"):
+    def __init__(self, upstream_port: int, delay_ms: float, rate: str, mode: str = "http",
+                 own_group: bool = False):
         self.args = [sys.executable, "-m", "shadefs.testing.latency_proxy", "--upstream",
                      f"127.0.0.1:{upstream_port}", "--delay-ms", str(delay_ms), "--rate", rate, "--mode", mode]
         self.proc: Optional[subprocess.Popen] = None
+        self.own_group = own_group
         self.port = 0
         self.settings = ""
         self.counters: Dict[str, Any] = {}
 
     def start(self) -> "LatencyProxyProcess":
-        self.proc = subprocess.Popen(self.args, stdout=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(self.args, stdout=subprocess.PIPE, text=True,
+                                     start_new_session=self.own_group)
         first = self.proc.stdout.readline().split()
         if len(first) != 2 or first[0] != "PORT":
             stop_process(self.proc)
