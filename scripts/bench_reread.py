@@ -31,18 +31,16 @@ import argparse
 import os
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from typing import Callable, Dict, List
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+from shadefs.config import parse_size
+from shadefs.testing import Mount
 
-from shadefs.config import parse_size  # noqa: E402
-from shadefs.testing import Mount  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def make_source(src: str, size: int, record: int) -> None:
