@@ -24,7 +24,7 @@ class BackendError(OSError):
 
 
 #: errnos a failed open or read is answered with as they are (anything else but ENOENT is EIO):
-#: ESTALE, the source file is no longer the one the snapshot describes (swapped, replaced, rewritten);
+#: ESTALE, the source path now names another file than the snapshot's (replaced, a symlink swapped in);
 #: EMFILE / ENFILE, the daemon is out of file descriptors (nothing is wrong with the file or its entry)
 PASSED_ERRNOS = frozenset({errno.ESTALE, errno.EMFILE, errno.ENFILE})
 
@@ -40,8 +40,9 @@ def reply_errno(e: BaseException) -> int:
 
 
 class StaleSource(BackendError):
-    """The source file is not the one the snapshot describes (ESTALE): another inode (replaced, or a
-    symlink swapped in), another size or mtime, or a symlink the scan would not serve."""
+    """The source path now names another file than the snapshot's (ESTALE): another inode (replaced,
+    or a symlink swapped in), no regular file, or a symlink the scan would not serve. (The same file
+    with another size or mtime is a plain :class:`BackendError`: it changed under the mount, EIO.)"""
 
     def __init__(self, msg: str):
         super().__init__(errno.ESTALE, msg)

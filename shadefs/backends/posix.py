@@ -9,9 +9,11 @@ an error (EIO) that heals when the source comes back.
 Every open and stat of a file resolves its path beneath the root with no symlink followed
 (:mod:`~shadefs.backends.beneath`); a path through a symlink is opened only as the scan serves it (its
 real path, inside the tree, opened the same way; anywhere with ``--follow-symlinks``). The opened file
-must then still be the one the snapshot describes: the same inode (the listing's per-file tag,
-:func:`identity_tag`), size and mtime, checked with ``fstat`` on the opened descriptor; otherwise the
-open fails with ESTALE (:class:`~shadefs.backends.base.StaleSource`), logged, and nothing is served.
+must then still be the one the snapshot describes, checked with ``fstat`` on the opened descriptor: a
+regular file with the same inode number (the listing's per-file tag, :func:`identity_tag`, on filesystems
+whose inode numbers are stable: :data:`STABLE_INODE_FS`), else the open fails
+with ESTALE (:class:`~shadefs.backends.base.StaleSource`, logged as a refusal); the same size and mtime,
+else EIO (the file changed under the mount). Nothing of such a file is served.
 """
 from __future__ import annotations
 
@@ -38,21 +40,25 @@ __all__ = ["PosixBackend", "identity_tag"]
 
 log = logging.getLogger("shadefs.backends.posix")
 
-_K = 0x9E3779B97F4A7C15   # golden-ratio multiplier: mixes the inode into the device number
+_K = 0x9E3779B97F4A7C15   # golden-ratio multiplier (odd: distinct inodes get distinct tags)
 _M64 = (1 << 64) - 1
 _O_PATH = getattr(os, "O_PATH", 0)
 
 
-def identity_tag(dev: int, ino: int) -> int:
-    """The 64-bit tag the snapshot keeps of a file's (device, inode) in ``etags`` (never 0 = unknown):
-    another inode at the same path (a file replaced by rename, a symlink swapped in) has another tag."""
-    return ((ino * _K) ^ dev) & _M64 or 1
+def identity_tag(ino: int) -> int:
+    """The 64-bit tag the snapshot keeps of a file's inode number in ``etags`` (never 0 = unknown):
+    another inode at the same path (a file replaced by rename, a symlink swapped in) has another tag.
+
+    The device number is left out on purpose: a network or FUSE filesystem gets another one at each
+    mount (an NFS remount, a reboot), which would make every file of it look replaced; and only root can
+    put another filesystem at a path beneath the source root."""
+    return (ino * _K) & _M64 or 1
 
 
-def _identity_tags(devs: np.ndarray, inos: np.ndarray) -> np.ndarray:
-    """:func:`identity_tag` of arrays (uint64, same shape)."""
+def _identity_tags(inos: np.ndarray) -> np.ndarray:
+    """:func:`identity_tag` of an array of inode numbers (uint64)."""
     with np.errstate(over="ignore"):
-        tags = (inos.astype(np.uint64) * np.uint64(_K)) ^ devs.astype(np.uint64)
+        tags = inos.astype(np.uint64) * np.uint64(_K)
     tags[tags == 0] = 1
     return tags
 
@@ -60,6 +66,11 @@ def _identity_tags(devs: np.ndarray, inos: np.ndarray) -> np.ndarray:
 LOCAL_FS = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "tmpfs", "ramfs", "zfs", "f2fs", "overlay",
                       "jfs", "reiserfs", "bcachefs", "vfat", "exfat", "hfsplus", "apfs"})
 REMOTE_SCAN_WORKERS = 16
+#: filesystems whose inode numbers name a file for as long as it exists, across remounts (the server's
+#: file ids on NFS): the listing tags each file with its inode (:func:`identity_tag`). Elsewhere (FUSE
+#: sources such as sshfs or another shadefs number inodes per mount; SMB may) files carry no tag, and
+#: an opened file is checked by size and mtime only
+STABLE_INODE_FS = LOCAL_FS | frozenset({"nfs", "nfs4", "lustre", "gpfs", "ceph", "beegfs", "orangefs"})
 
 
 #: a 1-thread listing still running after this many seconds hands the subtrees left to helper processes
@@ -130,8 +141,10 @@ class PosixBackend(Backend):
         self._ns = None          # the served namespace (attach): each opened file is checked against it
         self._follow = False     # --follow-symlinks: a symlink may lead out of the tree
         self._refusals = RateLimitedLog(log, 10.0)
+        fs = _fs_type(self.root)
+        self.inode_tags = fs in STABLE_INODE_FS   # the listing tags each file with its inode number
         if scan_workers in (None, ""):
-            self.scan_workers = 1 if _fs_type(self.root) in LOCAL_FS else REMOTE_SCAN_WORKERS
+            self.scan_workers = 1 if fs in LOCAL_FS else REMOTE_SCAN_WORKERS
             return
         try:
             self.scan_workers = int(scan_workers)
@@ -180,7 +193,8 @@ class PosixBackend(Backend):
         if not stat_mod.S_ISDIR(st.st_mode):
             raise FileNotFoundError(f"source {self.root!r} is not a directory")
         report = ScanReport()
-        return self._scan(st, follow_symlinks, report), report
+        chunks = self._scan(st, follow_symlinks, report)
+        return (chunks if self.inode_tags else _untagged(chunks)), report
 
     def _scan(self, root_st, follow: bool, report: ScanReport) -> Iterator[DirChunk]:
         real_root = os.path.realpath(self.root)
@@ -349,7 +363,7 @@ class PosixBackend(Backend):
         """The root's real path, the symlink rule and who reads (uid, groups, capabilities)."""
         c = _ReadCheck()
         return {"backend": "posix", "root": os.path.realpath(self.root), "follow_symlinks": bool(follow_symlinks),
-                "euid": c.euid, "groups": sorted(c.groups), "override": c.override, "tags": "dev-ino"}
+                "euid": c.euid, "groups": sorted(c.groups), "override": c.override, "tags": "ino" if self.inode_tags else None}
 
     def snapshot_changed(self, dir_paths: List[str], mtimes_ns: np.ndarray, ctimes_ns: np.ndarray,
                          watched: List[Tuple[str, int, int]]) -> Optional[str]:
@@ -413,7 +427,12 @@ class PosixBackend(Backend):
 
     def _check(self, fd: int, path: str, size: Optional[int]) -> os.stat_result:
         """``fstat`` the opened ``fd`` of ``path``: a regular file, ``size`` bytes (when given) and, once a
-        namespace is attached, the inode, size and mtime its snapshot record says. Raises StaleSource."""
+        namespace is attached, the inode, size and mtime its snapshot record says.
+
+        Raises:
+            StaleSource: another file than the snapshot's (ESTALE): not a regular file, another inode.
+            BackendError: the same file with another size or mtime: it changed under the mount (EIO).
+        """
         st = os.fstat(fd)
         if not stat_mod.S_ISREG(st.st_mode):
             raise self._refuse(path, "no longer a regular file")
@@ -422,18 +441,19 @@ class PosixBackend(Backend):
         if fid is not None:
             size = int(ns.sizes[fid])
             tag = int(ns.etags[fid])
-            if tag and identity_tag(st.st_dev, st.st_ino) != tag:
+            if tag and identity_tag(st.st_ino) != tag:
                 raise self._refuse(path, "another file than the snapshot's (replaced, or a symlink swapped in)")
             if st.st_mtime != float(ns.mtimes[fid]):
-                raise self._refuse(path, f"mtime {st.st_mtime} changed since the snapshot ({float(ns.mtimes[fid])}): "
-                                         f"the file changed under the mount")
+                raise BackendError(f"read {path!r}: mtime {st.st_mtime}, the snapshot says {float(ns.mtimes[fid])} "
+                                   f"(the file changed under the mount)")
         if size is not None and st.st_size != size:
-            raise self._refuse(path, f"{st.st_size} bytes, the snapshot says {size} (the file changed under the mount)")
+            raise BackendError(f"read {path!r}: {st.st_size} bytes, the snapshot says {size} (the file changed "
+                               f"under the mount)")
         return st
 
     def _open_checked(self, path: str, size: Optional[int]) -> int:
         try:
-            fd = self._open(path, os.O_RDONLY | os.O_NONBLOCK)   # a fifo swapped in must not block the open
+            fd = self._open(path, os.O_RDONLY)
         except FileNotFoundError:
             if self._source_gone(self._full(path)):
                 raise BackendError(f"read {path!r}: the source {self.root!r} is unreachable (empty or "
@@ -514,10 +534,17 @@ class PosixBackend(Backend):
             raise
         except OSError as e:
             raise BackendError(e.errno, f"stat {path!r}: {e.strerror or e}") from e
-        return st.st_size, st.st_mtime, identity_tag(st.st_dev, st.st_ino)
+        return st.st_size, st.st_mtime, identity_tag(st.st_ino) if self.inode_tags else 0
 
 
 _MAX_UNITS = 16384
+
+
+def _untagged(chunks: Iterator[DirChunk]) -> Iterator[DirChunk]:
+    """The chunks without inode tags (a source whose inode numbers are not stable: STABLE_INODE_FS)."""
+    for c in chunks:
+        c.etags = None
+        yield c
 
 
 def _claims(fd: int) -> Iterator[int]:
@@ -531,7 +558,7 @@ def _claims(fd: int) -> Iterator[int]:
 
 _CAP_DAC_OVERRIDE, _CAP_DAC_READ_SEARCH = 1, 2
 # a stat_result's mode, uid, gid and size are tuple items (cheaper than attributes); the float mtime is not
-_MODE, _INO, _DEV, _UID, _GID, _SIZE = (operator.itemgetter(i) for i in (0, 1, 2, 4, 5, 6))
+_MODE, _INO, _UID, _GID, _SIZE = (operator.itemgetter(i) for i in (0, 1, 4, 5, 6))
 _MTIME = operator.attrgetter("st_mtime")
 
 
@@ -634,8 +661,7 @@ def _scan_dir(full: str, rel: str, ancestors: FrozenSet[Tuple[int, int]], dst: o
     gids = np.fromiter(map(_GID, sts), dtype=np.uint32, count=n)
     sizes = np.fromiter(map(_SIZE, sts), dtype=np.int64, count=n)
     mtimes = np.fromiter(map(_MTIME, sts), dtype=np.float64, count=n)
-    tags = _identity_tags(np.fromiter(map(_DEV, sts), dtype=np.uint64, count=n),
-                          np.fromiter(map(_INO, sts), dtype=np.uint64, count=n))
+    tags = _identity_tags(np.fromiter(map(_INO, sts), dtype=np.uint64, count=n))
     del sts
     if n:
         ok = check.readable(modes, uids, gids)

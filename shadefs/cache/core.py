@@ -609,6 +609,17 @@ class TieredCache:
         source yet (then :meth:`recheck` stats the source before anything of it is served)."""
         return self._unchecked is not None and bool(self._unchecked[fid])
 
+    def _checked(self, fid: int) -> bool:
+        """:meth:`recheck` ``fid`` if it is unchecked; False (logged) when the source cannot say."""
+        if self._unchecked is None or not self._unchecked[fid]:
+            return True
+        try:
+            self.recheck(fid)
+            return True
+        except OSError as e:
+            log.info("%r: not checked against the source (%s)", self.ns.path(fid), e)
+            return False
+
     def recheck(self, fid: int) -> bool:
         """Compare file ``fid``'s snapshot record with the source (one ``stat``: size, mtime and, where
         the backend has one, its version tag). A changed file gets the source's record (its new size and
@@ -1278,7 +1289,7 @@ class TieredCache:
             return 0
         with self.lock:
             todo = [int(f) for f in fids if self._absent(int(f))]
-        todo = [f for f in todo if int(self.ns.size(f)) <= self.shared.max_file]
+        todo = [f for f in todo if self._checked(f) and int(self.ns.size(f)) <= self.shared.max_file]
         n = 0
         for i in range(0, len(todo), 64):
             batch = todo[i:i + 64]
