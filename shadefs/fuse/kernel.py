@@ -498,7 +498,8 @@ class KernelFrontend:
                 self._fail(fd, unique, opcode, nodeid, e)
 
     def _fail(self, fd: int, unique: int, opcode: int, what, e: BaseException) -> None:
-        """Map an exception to an errno in one place: ENOENT for a missing file, EIO (logged) otherwise."""
+        """Map an exception to an errno in one place (:func:`~shadefs.backends.base.reply_errno`): ENOENT
+        for a missing file, ESTALE / EMFILE / ENFILE as they are (logged), EIO (logged) otherwise."""
         name = P.OPCODE_NAMES.get(opcode, str(opcode))
         err = reply_errno(e)   # ENOENT, ESTALE, EMFILE, ENFILE as they are; anything else EIO
         if isinstance(e, FileNotFoundError):
