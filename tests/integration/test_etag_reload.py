@@ -85,10 +85,9 @@ def test_an_s3_overwrite_with_the_same_size_is_dropped_at_restart(moto_server, t
     backend.close()
 
 
-def test_a_posix_change_with_the_same_size_and_mtime_is_not_detected(tmp_path):
-    """The documented limit: posix gives no content tag (its tag is the file's inode), so a same-size
-    rewrite in place that restores the mtime is served from the old entry after a restart (its checksum
-    is of the old bytes, which are intact)."""
+def _posix_filled(tmp_path):
+    """A posix source with one 2048-byte file, c/x.bin (v1), filled into a disk tier and checkpointed;
+    returns (source dir, file path, v1, v2: other bytes of the same size, backend, namespace)."""
     src = tmp_path / "src"
     (src / "c").mkdir(parents=True)
     p = src / "c" / "x.bin"
@@ -96,10 +95,17 @@ def test_a_posix_change_with_the_same_size_and_mtime_is_not_detected(tmp_path):
     p.write_bytes(v1)
     backend = PosixBackend(str(src))
     ns1 = Namespace.scan(backend)
+    _fill_and_checkpoint(ns1, backend, tmp_path / "cache", str(src))
+    return src, p, v1, v2, backend, ns1
+
+
+def test_a_posix_change_with_the_same_size_and_mtime_is_not_detected(tmp_path):
+    """The documented limit: posix gives no content tag (its tag is the file's inode), so a same-size
+    rewrite in place that restores the mtime is served from the old entry after a restart (its checksum
+    is of the old bytes, which are intact)."""
+    src, p, v1, v2, backend, ns1 = _posix_filled(tmp_path)
     st = os.stat(p)
     assert int(ns1.etags[0]) == identity_tag(st.st_ino)  # the inode, not the content
-    _fill_and_checkpoint(ns1, backend, tmp_path / "cache", str(src))
-    st = os.stat(p)
     p.write_bytes(v2)
     os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
     ns2 = Namespace.scan(backend)
@@ -114,14 +120,7 @@ def test_a_posix_change_with_the_same_size_and_mtime_is_not_detected(tmp_path):
 def test_a_posix_file_replaced_by_rename_with_the_same_size_and_mtime_is_dropped_at_restart(tmp_path):
     """A file replaced by another inode (written aside, renamed over it: how most tools update a file)
     differs in its identity tag even when size and mtime were kept: the old entry is stale."""
-    src = tmp_path / "src"
-    (src / "c").mkdir(parents=True)
-    p = src / "c" / "x.bin"
-    v1, v2 = os.urandom(2048), os.urandom(2048)
-    p.write_bytes(v1)
-    backend = PosixBackend(str(src))
-    ns1 = Namespace.scan(backend)
-    _fill_and_checkpoint(ns1, backend, tmp_path / "cache", str(src))
+    src, p, v1, v2, backend, ns1 = _posix_filled(tmp_path)
     st = os.stat(p)
     tmp = src / "c" / ".x.bin.new"
     tmp.write_bytes(v2)
