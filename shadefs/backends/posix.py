@@ -360,10 +360,12 @@ class PosixBackend(Backend):
 
     # -- snapshots -----------------------------------------------------------------------------------
     def snapshot_key(self, follow_symlinks: bool) -> Optional[Dict[str, Any]]:
-        """The root's real path, the symlink rule and who reads (uid, groups, capabilities)."""
+        """The root's real path, the symlink rule, who reads (uid, groups, capabilities) and whether files
+        carry inode tags (a snapshot listed without them is scanned again)."""
         c = _ReadCheck()
         return {"backend": "posix", "root": os.path.realpath(self.root), "follow_symlinks": bool(follow_symlinks),
-                "euid": c.euid, "groups": sorted(c.groups), "override": c.override, "tags": "ino" if self.inode_tags else None}
+                "euid": c.euid, "groups": sorted(c.groups), "override": c.override,
+                "tags": "ino" if self.inode_tags else None}
 
     def snapshot_changed(self, dir_paths: List[str], mtimes_ns: np.ndarray, ctimes_ns: np.ndarray,
                          watched: List[Tuple[str, int, int]]) -> Optional[str]:
