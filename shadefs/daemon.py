@@ -31,6 +31,7 @@ from .plan.policy import PlanPolicy
 from .plan.prefetch import Prefetcher
 from .policies.base import Importance, get_policy
 from .policies.shade import get_transform
+from .procutil import raise_nofile
 
 __all__ = ["Daemon"]
 
@@ -80,6 +81,8 @@ class Daemon:
         """
         cfg = self.cfg
         t0 = time.monotonic()
+        soft, hard = raise_nofile()   # each open handle of a disk entry holds a descriptor
+        log.info("file descriptors: soft limit %d (hard limit %d)", soft, hard)
         options = dict(cfg.backend_options)
         if "://" not in cfg.source:
             options.setdefault("scan_workers", cfg.scan_workers)
@@ -90,6 +93,7 @@ class Daemon:
             self.backend = TimeoutBackend(self.backend, cfg.backend_timeout_s)
         self.namespace = self._namespace()
         ns = self.namespace
+        self.backend.attach(ns, cfg.follow_symlinks)   # each opened file is checked against its record
         log.info("%s %s: %d files, %d directories, %s in %.2f s", "snapshot of" if ns.from_snapshot else "scanned",
                  self.backend.describe(), ns.num_files, ns.num_dirs, format_bytes(ns.total_bytes),
                  time.monotonic() - t0)
@@ -184,8 +188,8 @@ class Daemon:
     def _save_snapshot(self, path: str) -> None:
         ns = self.namespace
         key = self.backend.snapshot_key(self.cfg.follow_symlinks)
-        if key is None or ns.from_snapshot:
-            return
+        if key is None or (ns.from_snapshot and not ns.revised):
+            return  # a reused snapshot is on disk as it is (unless records of changed files were revised)
         t0 = time.monotonic()
         try:
             n = ns.save(path, key)
@@ -322,6 +326,8 @@ class Daemon:
         if getattr(self, "shared", None) is not None:
             self.shared.close(leave=True)  # the group's budget shrinks by ours now
         if self.cache.disk is not None:
+            if self.namespace.revised:  # the records of files found changed: the next mount reuses them
+                self._save_snapshot(os.path.join(self.cache.disk.dir, SNAPSHOT_FILE))
             self.cache.disk.close()
         if self.trace is not None:
             self.trace.close()

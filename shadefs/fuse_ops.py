@@ -19,7 +19,7 @@ import os
 
 from mfusepy import FuseOSError
 
-from .backends.base import BackendError
+from .backends.base import BackendError, reply_errno
 from .namespace import _DIR_MODE, Namespace
 
 __all__ = ["ShadeOperations", "ENDPOINT_XATTR"]
@@ -43,7 +43,7 @@ def errno_boundary(func):
             raise FuseOSError(errno.ENOENT)
         except (BackendError, OSError) as e:
             log.error("%s %s: backend error: %s", func.__name__, args[0] if args else "", e)
-            raise FuseOSError(errno.EIO)
+            raise FuseOSError(reply_errno(e))   # ESTALE, EMFILE, ENFILE as they are; else EIO
         except Exception:
             log.exception("%s %s: unexpected error", func.__name__, args[0] if args else "")
             raise FuseOSError(errno.EIO)
@@ -88,6 +88,12 @@ class ShadeOperations:
         node = self.ns.lookup(path)
         if node is None:
             raise FuseOSError(errno.ENOENT)
+        if node < self.ns.num_files and getattr(self.cache, "unchecked", None) is not None \
+                and self.cache.unchecked(node):
+            try:  # a reused snapshot's record: compared with the source before the kernel caches its size
+                self.cache.recheck(node)
+            except OSError as e:  # gone or unreachable: the open reports it
+                log.info("getattr %s: %s", path, e)
         return self.ns.stat(node)
 
     @errno_boundary

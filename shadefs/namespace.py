@@ -273,6 +273,7 @@ class Namespace:
                 raise BackendError(f"the scan process handed back an unreadable namespace ({why})")
             ns._image = (image, key)
             ns.from_snapshot = False
+            ns.unchecked = None
             ns.scan_seconds = time.monotonic() - t0
             log.info("namespace scanned and built in a child process (pid %d) in %.2f s, handed back as %s",
                      child, ns.scan_seconds, f"{size / 2**20:.1f} MiB")
@@ -440,6 +441,10 @@ class Namespace:
         self.scan_seconds = seconds
         self.from_snapshot = from_snapshot
         self.fingerprint = fingerprint
+        # files whose record came from a persisted snapshot and was not yet compared with the source
+        # (TieredCache.recheck, at each one's first open): shape (num_files,) bool, or None (a fresh scan)
+        self.unchecked: Optional[np.ndarray] = np.ones(nf, dtype=np.bool_) if from_snapshot else None
+        self.revised = 0   # records revise() changed since this namespace was built or loaded
         self.mount_time = time.time()
         self._mount_ns = int(self.mount_time * 1e9)
         self._uid, self._gid = os.getuid(), os.getgid()
@@ -577,6 +582,17 @@ class Namespace:
 
     def size(self, fid: int) -> int:
         return self._m_sizes[fid]
+
+    def revise(self, fid: int, size: int, mtime_ns: int, tag: int) -> None:
+        """Replace file ``fid``'s record (size in bytes, mtime in ns, version tag, 0 = none) with
+        what the source holds now: a file a reused snapshot described before it changed. The caller
+        serializes revisions of one file; :attr:`revised` counts them (the snapshot is then saved again)."""
+        self.total_bytes += int(size) - int(self.sizes[fid])
+        self.sizes[fid] = size
+        self.mtimes_ns[fid] = mtime_ns
+        self.etags[fid] = tag
+        self._image = None   # an isolated scan's buffer no longer matches the arrays
+        self.revised += 1
 
     def attr(self, node: int) -> Tuple[int, int, int, int, int, int]:
         """``(st_mode, size in bytes, mtime in ns, uid, gid, nlink)`` of ``node``.

@@ -1,4 +1,5 @@
-"""Process helpers for the scan's forked children (:mod:`shadefs.namespace`, the posix listing)."""
+"""Process helpers: the scan's forked children (:mod:`shadefs.namespace`, the posix listing), the daemon's
+descriptor limit."""
 from __future__ import annotations
 
 import functools
@@ -32,3 +33,24 @@ def die_with(parent: int) -> None:
         lib.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
     if os.getppid() != parent:
         os._exit(1)
+
+
+def raise_nofile() -> tuple:
+    """Raise this process's soft ``RLIMIT_NOFILE`` to its hard limit (at most ``/proc/sys/fs/nr_open``):
+    every open handle of a disk entry holds a descriptor. Returns (soft, hard) after; never raises."""
+    import resource
+
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        want = hard
+        if want == resource.RLIM_INFINITY:
+            try:
+                with open("/proc/sys/fs/nr_open") as f:
+                    want = int(f.read())
+            except (OSError, ValueError):
+                want = 1 << 20
+        if soft != resource.RLIM_INFINITY and soft < want:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+        return resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (OSError, ValueError):
+        return (-1, -1)

@@ -9,17 +9,43 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import errno
 from typing import Any, Dict, Iterable, Iterator, List, NamedTuple, Optional, Tuple, Type
 
 import numpy as np
 from xxhash import xxh3_64_intdigest as _xxh3
 
-__all__ = ["Backend", "BackendError", "Entry", "DirChunk", "ScanReport", "make_chunk", "encode_name",
+__all__ = ["Backend", "BackendError", "StaleSource", "PASSED_ERRNOS", "reply_errno", "Entry", "DirChunk", "ScanReport", "make_chunk", "encode_name",
            "etag_hash", "chunks_from_entries", "register", "open_backend", "backend_for"]
 
 
 class BackendError(OSError):
     """A backend read or listing failed for a reason other than a missing file (EIO)."""
+
+
+#: errnos a failed open or read is answered with as they are (anything else but ENOENT is EIO):
+#: ESTALE, the source path now names another file than the snapshot's (replaced, a symlink swapped in);
+#: EMFILE / ENFILE, the daemon is out of file descriptors (nothing is wrong with the file or its entry)
+PASSED_ERRNOS = frozenset({errno.ESTALE, errno.EMFILE, errno.ENFILE})
+
+
+def reply_errno(e: BaseException) -> int:
+    """The errno a FUSE front end answers a failed operation with: ENOENT for a missing file, an
+    errno of :data:`PASSED_ERRNOS` as it is, EIO for anything else."""
+    if isinstance(e, FileNotFoundError):
+        return errno.ENOENT
+    if isinstance(e, OSError) and e.errno in PASSED_ERRNOS:
+        return e.errno
+    return errno.EIO
+
+
+class StaleSource(BackendError):
+    """The source path now names another file than the snapshot's (ESTALE): another inode (replaced,
+    or a symlink swapped in), no regular file, or a symlink the scan would not serve. (The same file
+    with another size or mtime is a plain :class:`BackendError`: it changed under the mount, EIO.)"""
+
+    def __init__(self, msg: str):
+        super().__init__(errno.ESTALE, msg)
 
 
 class Entry(NamedTuple):
@@ -235,6 +261,17 @@ class Backend(abc.ABC):
     def stat(self, path: str) -> Tuple[int, int]:
         """Return (size in bytes, mtime in integer nanoseconds) of ``path`` now. Raises FileNotFoundError."""
         raise NotImplementedError
+
+    def identify(self, path: str) -> Tuple[int, int, int]:
+        """Return (size in bytes, mtime in ns, version tag) of ``path`` now, the tag as the listing
+        puts it in :attr:`DirChunk.etags` (0 = none). One metadata request; the default is :meth:`stat`
+        with no tag. Raises FileNotFoundError, BackendError."""
+        size, mtime = self.stat(path)
+        return size, mtime, 0
+
+    def attach(self, namespace, follow_symlinks: bool = False) -> None:
+        """Serve ``namespace``'s files: a backend that can check each opened file against its record
+        (posix: inode, size, mtime) does so from now on. ``follow_symlinks``: the scan's setting."""
 
     def describe(self) -> str:
         """A one-line description for logs (never includes secrets)."""

@@ -5,10 +5,21 @@ several in flight at once); a large local tree is listed by several processes (C
 file whose length changed since the scan is an error, never a short file. A missing file is ENOENT,
 unless the whole source is gone (an empty or missing root: an NFS or bind mount went away), which is
 an error (EIO) that heals when the source comes back.
+
+Every open and stat of a file resolves its path beneath the root with no symlink followed
+(:mod:`~shadefs.backends.beneath`); a path through a symlink is opened only as the scan serves it (its
+real path, inside the tree, opened the same way; anywhere with ``--follow-symlinks``). The opened file
+must then still be the one the snapshot describes, checked with ``fstat`` on the opened descriptor: a
+regular file with the same inode number (the listing's per-file tag, :func:`identity_tag`, on filesystems
+whose inode numbers are stable: :data:`STABLE_INODE_FS`), else the open fails
+with ESTALE (:class:`~shadefs.backends.base.StaleSource`, logged as a refusal); the same size and mtime,
+else EIO (the file changed under the mount). Nothing of such a file is served.
 """
 from __future__ import annotations
 
 import concurrent.futures as cf
+import errno
+import logging
 import operator
 import os
 import signal
@@ -20,15 +31,46 @@ from typing import Any, Dict, FrozenSet, Iterator, List, Optional, Tuple
 import numpy as np
 from xxhash import xxh3_64_intdigest as _xxh3
 
+from ..logutil import RateLimitedLog
 from ..procutil import can_fork, die_with
-from .base import Backend, BackendError, DirChunk, Entry, ScanReport
+from .base import Backend, BackendError, DirChunk, Entry, ScanReport, StaleSource
+from .beneath import open_beneath
 
-__all__ = ["PosixBackend"]
+__all__ = ["PosixBackend", "identity_tag"]
+
+log = logging.getLogger("shadefs.backends.posix")
+
+_K = 0x9E3779B97F4A7C15   # golden-ratio multiplier (odd: distinct inodes get distinct tags)
+_M64 = (1 << 64) - 1
+_O_PATH = getattr(os, "O_PATH", 0)
+
+
+def identity_tag(ino: int) -> int:
+    """The 64-bit tag the snapshot keeps of a file's inode number in ``etags`` (never 0 = unknown):
+    another inode at the same path (a file replaced by rename, a symlink swapped in) has another tag.
+
+    The device number is left out on purpose: a network or FUSE filesystem gets another one at each
+    mount (an NFS remount, a reboot), which would make every file of it look replaced; and only root can
+    put another filesystem at a path beneath the source root."""
+    return (ino * _K) & _M64 or 1
+
+
+def _identity_tags(inos: np.ndarray) -> np.ndarray:
+    """:func:`identity_tag` of an array of inode numbers (uint64)."""
+    with np.errstate(over="ignore"):
+        tags = inos.astype(np.uint64) * np.uint64(_K)
+    tags[tags == 0] = 1
+    return tags
 
 #: filesystems whose ``stat`` never waits on a network: listed by one thread
 LOCAL_FS = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "tmpfs", "ramfs", "zfs", "f2fs", "overlay",
                       "jfs", "reiserfs", "bcachefs", "vfat", "exfat", "hfsplus", "apfs"})
 REMOTE_SCAN_WORKERS = 16
+#: filesystems whose inode numbers name a file for as long as it exists, across remounts (the server's
+#: file ids on NFS): the listing tags each file with its inode (:func:`identity_tag`). Elsewhere (FUSE
+#: sources such as sshfs or another shadefs number inodes per mount; SMB may) files carry no tag, and
+#: an opened file is checked by size and mtime only
+STABLE_INODE_FS = LOCAL_FS | frozenset({"nfs", "nfs4", "lustre", "gpfs", "ceph", "beegfs", "orangefs"})
 
 
 #: a 1-thread listing still running after this many seconds hands the subtrees left to helper processes
@@ -95,8 +137,14 @@ class PosixBackend(Backend):
         self.root = os.path.abspath(root)
         self.scan_processes = _whole(scan_processes, "scan_processes", min(SCAN_PROCESSES, os.cpu_count() or 1))
         self.scan_after_s: Optional[float] = None   # None: SCAN_FORK_AFTER_S or SCAN_PROCESSES_AFTER_S
+        self._real_root = os.path.realpath(self.root)
+        self._ns = None          # the served namespace (attach): each opened file is checked against it
+        self._follow = False     # --follow-symlinks: a symlink may lead out of the tree
+        self._refusals = RateLimitedLog(log, 10.0)
+        fs = _fs_type(self.root)
+        self.inode_tags = fs in STABLE_INODE_FS   # the listing tags each file with its inode number
         if scan_workers in (None, ""):
-            self.scan_workers = 1 if _fs_type(self.root) in LOCAL_FS else REMOTE_SCAN_WORKERS
+            self.scan_workers = 1 if fs in LOCAL_FS else REMOTE_SCAN_WORKERS
             return
         try:
             self.scan_workers = int(scan_workers)
@@ -145,7 +193,8 @@ class PosixBackend(Backend):
         if not stat_mod.S_ISDIR(st.st_mode):
             raise FileNotFoundError(f"source {self.root!r} is not a directory")
         report = ScanReport()
-        return self._scan(st, follow_symlinks, report), report
+        chunks = self._scan(st, follow_symlinks, report)
+        return (chunks if self.inode_tags else _untagged(chunks)), report
 
     def _scan(self, root_st, follow: bool, report: ScanReport) -> Iterator[DirChunk]:
         real_root = os.path.realpath(self.root)
@@ -311,10 +360,12 @@ class PosixBackend(Backend):
 
     # -- snapshots -----------------------------------------------------------------------------------
     def snapshot_key(self, follow_symlinks: bool) -> Optional[Dict[str, Any]]:
-        """The root's real path, the symlink rule and who reads (uid, groups, capabilities)."""
+        """The root's real path, the symlink rule, who reads (uid, groups, capabilities) and whether files
+        carry inode tags (a snapshot listed without them is scanned again)."""
         c = _ReadCheck()
         return {"backend": "posix", "root": os.path.realpath(self.root), "follow_symlinks": bool(follow_symlinks),
-                "euid": c.euid, "groups": sorted(c.groups), "override": c.override}
+                "euid": c.euid, "groups": sorted(c.groups), "override": c.override,
+                "tags": "ino" if self.inode_tags else None}
 
     def snapshot_changed(self, dir_paths: List[str], mtimes_ns: np.ndarray, ctimes_ns: np.ndarray,
                          watched: List[Tuple[str, int, int]]) -> Optional[str]:
@@ -332,10 +383,99 @@ class PosixBackend(Backend):
                 return f"directory {rel or '.'!r} changed"
         return None
 
-    def read(self, path: str, size: int) -> bytes:
-        full = self._full(path)
+    # -- reads: beneath the root, and only the file the snapshot describes ------------------------------
+    def attach(self, namespace, follow_symlinks: bool = False) -> None:
+        """Check every opened file against ``namespace``'s record of it (tag, size, mtime); with
+        ``follow_symlinks`` a symlink may lead out of the tree, as the scan allowed."""
+        self._ns = namespace
+        self._follow = bool(follow_symlinks)
+
+    def _refuse(self, path: str, why: str) -> StaleSource:
+        self._refusals(logging.WARNING, "refused to serve %r: %s", path, why)
+        return StaleSource(f"{path!r}: {why}")
+
+    def _open(self, path: str, flags: int) -> int:
+        """A descriptor of ``path`` opened with ``flags``, resolved beneath the root with no symlink
+        followed; a path through a symlink is opened as the scan serves it (its real path inside the
+        tree, again with no symlink followed; anywhere with ``--follow-symlinks``).
+
+        Raises:
+            FileNotFoundError: no such file.
+            StaleSource: a symlink the scan would not serve (outside the tree), or swapped meanwhile.
+            OSError: the open failed otherwise.
+        """
+        root = os.open(self.root, _O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
-            with open(full, "rb", buffering=0) as f:
+            try:
+                return open_beneath(root, path, flags)
+            except OSError as e:
+                if e.errno != errno.ELOOP:
+                    raise
+            # a symlink on the path: resolved as the scan resolved it
+            real = os.path.realpath(os.path.join(self.root, path))
+            inside = real.startswith(self._real_root.rstrip("/") + "/")
+            if not inside:
+                if not self._follow:
+                    raise self._refuse(path, f"a symlink to {real!r}, outside the source tree")
+                return os.open(real, flags | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                return open_beneath(root, real[len(self._real_root.rstrip("/")) + 1:], flags)
+            except OSError as e:
+                if e.errno != errno.ELOOP:
+                    raise
+                raise self._refuse(path, "a symlink on its path changed while it was opened") from None
+        finally:
+            os.close(root)
+
+    def _check(self, fd: int, path: str, size: Optional[int]) -> os.stat_result:
+        """``fstat`` the opened ``fd`` of ``path``: a regular file, ``size`` bytes (when given) and, once a
+        namespace is attached, the inode, size and mtime its snapshot record says.
+
+        Raises:
+            StaleSource: another file than the snapshot's (ESTALE): not a regular file, another inode.
+            BackendError: the same file with another size or mtime: it changed under the mount (EIO).
+        """
+        st = os.fstat(fd)
+        if not stat_mod.S_ISREG(st.st_mode):
+            raise self._refuse(path, "no longer a regular file")
+        ns = self._ns
+        fid = ns.file_id(path) if ns is not None else None
+        if fid is not None:
+            size = int(ns.sizes[fid])
+            tag = int(ns.etags[fid])
+            if tag and identity_tag(st.st_ino) != tag:
+                raise self._refuse(path, "another file than the snapshot's (replaced, or a symlink swapped in)")
+            if st.st_mtime_ns != int(ns.mtimes_ns[fid]):
+                raise BackendError(f"read {path!r}: mtime {st.st_mtime_ns} ns, the snapshot says {int(ns.mtimes_ns[fid])} "
+                                   f"(the file changed under the mount)")
+        if size is not None and st.st_size != size:
+            raise BackendError(f"read {path!r}: {st.st_size} bytes, the snapshot says {size} (the file changed "
+                               f"under the mount)")
+        return st
+
+    def _open_checked(self, path: str, size: Optional[int]) -> int:
+        try:
+            fd = self._open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            if self._source_gone(self._full(path)):
+                raise BackendError(f"read {path!r}: the source {self.root!r} is unreachable (empty or "
+                                   f"missing: an unmounted NFS or bind mount?)") from None
+            raise
+        except BackendError:
+            raise
+        except OSError as e:
+            raise BackendError(e.errno, f"read {path!r}: {e.strerror or e}") from e
+        try:
+            self._check(fd, path, size)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def read(self, path: str, size: int) -> bytes:
+        fd = self._open_checked(path, size)
+        try:
+            with open(fd, "rb", buffering=0) as f:
                 buf = bytearray(size + 1)
                 view = memoryview(buf)
                 got = 0
@@ -344,11 +484,6 @@ class PosixBackend(Backend):
                     if not n:
                         break
                     got += n
-        except FileNotFoundError:
-            if self._source_gone(full):
-                raise BackendError(f"read {path!r}: the source {self.root!r} is unreachable (empty or "
-                                   f"missing: an unmounted NFS or bind mount?)") from None
-            raise
         except OSError as e:
             raise BackendError(f"read {path!r}: {e.strerror or e}") from e
         if got != size:
@@ -371,25 +506,47 @@ class PosixBackend(Backend):
             return True
 
     def read_range(self, path: str, offset: int, length: int) -> bytes:
+        fd = self._open_checked(path, None)
         try:
-            fd = os.open(self._full(path), os.O_RDONLY)
-            try:
-                return os.pread(fd, length, offset)
-            finally:
-                os.close(fd)
-        except FileNotFoundError:
-            raise
+            return os.pread(fd, length, offset)
         except OSError as e:
             raise BackendError(f"read {path!r} at {offset}: {e.strerror or e}") from e
+        finally:
+            os.close(fd)
+
+    def _stat(self, path: str) -> os.stat_result:
+        fd = self._open(path, _O_PATH)
+        try:
+            st = os.fstat(fd)
+        finally:
+            os.close(fd)
+        if not stat_mod.S_ISREG(st.st_mode):
+            raise FileNotFoundError(errno.ENOENT, "not a regular file", path)
+        return st
 
     def stat(self, path: str) -> Tuple[int, int]:
-        st = os.stat(self._full(path))
-        if not stat_mod.S_ISREG(st.st_mode):
-            raise FileNotFoundError(path)
+        st = self._stat(path)
         return st.st_size, st.st_mtime_ns
+
+    def identify(self, path: str) -> Tuple[int, int, int]:
+        """(size in bytes, mtime in ns, :func:`identity_tag`) of ``path`` now, resolved as a read resolves it."""
+        try:
+            st = self._stat(path)
+        except (FileNotFoundError, BackendError):
+            raise
+        except OSError as e:
+            raise BackendError(e.errno, f"stat {path!r}: {e.strerror or e}") from e
+        return st.st_size, st.st_mtime_ns, identity_tag(st.st_ino) if self.inode_tags else 0
 
 
 _MAX_UNITS = 16384
+
+
+def _untagged(chunks: Iterator[DirChunk]) -> Iterator[DirChunk]:
+    """The chunks without inode tags (a source whose inode numbers are not stable: STABLE_INODE_FS)."""
+    for c in chunks:
+        c.etags = None
+        yield c
 
 
 def _claims(fd: int) -> Iterator[int]:
@@ -402,9 +559,9 @@ def _claims(fd: int) -> Iterator[int]:
 
 
 _CAP_DAC_OVERRIDE, _CAP_DAC_READ_SEARCH = 1, 2
-# a stat_result's mode, uid, gid and size are tuple items (cheaper than attributes); the integer
+# a stat_result's mode, inode, uid, gid and size are tuple items (cheaper than attributes); the integer
 # nanosecond mtime is not (the float st_mtime would lose the nanoseconds: ~240 ns steps at today's dates)
-_MODE, _UID, _GID, _SIZE = (operator.itemgetter(i) for i in (0, 4, 5, 6))
+_MODE, _INO, _UID, _GID, _SIZE = (operator.itemgetter(i) for i in (0, 1, 4, 5, 6))
 _MTIME_NS = operator.attrgetter("st_mtime_ns")
 
 
@@ -507,6 +664,7 @@ def _scan_dir(full: str, rel: str, ancestors: FrozenSet[Tuple[int, int]], dst: o
     gids = np.fromiter(map(_GID, sts), dtype=np.uint32, count=n)
     sizes = np.fromiter(map(_SIZE, sts), dtype=np.int64, count=n)
     mtimes = np.fromiter(map(_MTIME_NS, sts), dtype=np.int64, count=n)
+    tags = _identity_tags(np.fromiter(map(_INO, sts), dtype=np.uint64, count=n))
     del sts
     if n:
         ok = check.readable(modes, uids, gids)
@@ -518,6 +676,7 @@ def _scan_dir(full: str, rel: str, ancestors: FrozenSet[Tuple[int, int]], dst: o
             keep = np.flatnonzero(ok)
             names = [names[i] for i in keep.tolist()]
             modes, uids, gids, sizes, mtimes = modes[keep], uids[keep], gids[keep], sizes[keep], mtimes[keep]
+            tags = tags[keep]
             n = len(names)
     joined = "".join(names)
     try:
@@ -533,7 +692,8 @@ def _scan_dir(full: str, rel: str, ancestors: FrozenSet[Tuple[int, int]], dst: o
         lens = np.fromiter(map(len, encoded), dtype=np.int64, count=n)
         hashes = np.fromiter(map(_xxh3, encoded), dtype=np.uint64, count=n)
     chunk = DirChunk(rel, dst.st_mode & 0o7777, dst.st_uid, dst.st_gid, dst.st_mtime_ns, dst.st_ctime_ns,
-                     blob, lens, hashes, sizes, mtimes, modes, uids, gids, sorted(subdirs), size=dst.st_size)
+                     blob, lens, hashes, sizes, mtimes, modes, uids, gids, sorted(subdirs), size=dst.st_size,
+                     etags=tags)
     return chunk, tasks, rep
 
 

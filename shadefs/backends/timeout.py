@@ -200,6 +200,12 @@ class TimeoutBackend(Backend):
     def stat(self, path: str) -> Tuple[int, int]:
         return self._call(lambda: self.inner.stat(path), f"stat {path!r}", path)
 
+    def identify(self, path: str) -> Tuple[int, int, int]:
+        return self._call(lambda: self.inner.identify(path), f"stat {path!r}", path)
+
+    def attach(self, namespace, follow_symlinks: bool = False) -> None:
+        self.inner.attach(namespace, follow_symlinks)
+
     def describe(self) -> str:
         return self.inner.describe()
 

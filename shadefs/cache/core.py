@@ -62,6 +62,9 @@ FILL_CHUNK = 8 << 20
 # failed, a RAM victim evicted while held open) and RAM victims on their way to the disk tier. An open
 # beyond it is served by ranges from the backend; a demotion beyond it is skipped (the victim is dropped)
 LOOSE_BUFFERS = 64 << 20
+# the errnos of opening a disk entry that mean the entry itself is gone or damaged (dropped as corrupt);
+# any other (EMFILE, ENFILE: the daemon is out of descriptors) fails that open and keeps the entry
+ENTRY_GONE_ERRNOS = frozenset({errno.ENOENT, errno.EIO})
 # where the bytes of a RAM buffer record ([refs, bytes, where, fid]) are counted
 PIN_TIER, PIN_DYING, PIN_LOOSE = 0, 1, 2  # resident (the tier's own), the RAM index's dying bytes, loose
 
@@ -301,6 +304,9 @@ class TieredCache:
         self.disk_writes_refused = 0   # refused by --disk-min-free (not an error)
         self.promotions = 0
         self.demotions = 0
+        self.source_changes = 0        # files a reused snapshot described before they changed (recheck)
+        # the namespace's not-yet-compared records (a reused snapshot), or None: see recheck()
+        self._unchecked = getattr(namespace, "unchecked", None)
         self._write_error_log = RateLimitedLog(log, 10.0)
         # residency of every file id, one bit per tier, maintained by the tier indexes on commit/remove:
         # resident() and the checkpoint read it instead of walking the indexes under the lock
@@ -336,6 +342,8 @@ class TieredCache:
             FileNotFoundError: the backend says the file is gone (ENOENT).
             OSError: the backend failed (EIO), after the backend's own retries.
         """
+        if self._unchecked is not None and self._unchecked[fid]:
+            self.recheck(fid)
         # one lookup path: a hit is served by open_nowait, anything else by its ticket
         h = self.open_nowait(fid, ticket=True)
         return self.open_ticket(h) if type(h) is OpenTicket else h
@@ -466,6 +474,8 @@ class TieredCache:
             data = self._ram_data.get(fid)
             if data is not None:
                 return self._ram_hit(fid, data)
+        if self._unchecked is not None and self._unchecked[fid]:
+            return None  # its record must be compared with the source first (a stat: open() does it)
         size = int(self.ns.size(fid))
         while True:
             with self.lock:
@@ -614,6 +624,60 @@ class TieredCache:
         if self.trace is not None:
             self.trace.record(self.ns.path(fid), size, outcome)
 
+    # -- a reused snapshot: each record compared with the source at its file's first open -----------
+    def unchecked(self, fid: int) -> bool:
+        """Whether file ``fid``'s record came from a reused snapshot and was not compared with the
+        source yet (then :meth:`recheck` stats the source before anything of it is served)."""
+        return self._unchecked is not None and bool(self._unchecked[fid])
+
+    def _checked(self, fid: int) -> bool:
+        """:meth:`recheck` ``fid`` if it is unchecked; False (logged) when the source cannot say."""
+        if self._unchecked is None or not self._unchecked[fid]:
+            return True
+        try:
+            self.recheck(fid)
+            return True
+        except OSError as e:
+            log.info("%r: not checked against the source (%s)", self.ns.path(fid), e)
+            return False
+
+    def recheck(self, fid: int) -> bool:
+        """Compare file ``fid``'s snapshot record with the source (one ``stat``: size, mtime and, where
+        the backend has one, its version tag). A changed file gets the source's record (its new size and
+        mtime are served from now on) and its cached copies are dropped (a reused disk entry is deleted),
+        so it is read again. Done once per file after a snapshot is reused; returns True if it changed.
+
+        Raises:
+            FileNotFoundError: the file is gone from the source (ENOENT; checked again at the next open).
+            OSError: the stat failed (EIO; likewise).
+        """
+        ns = self.ns
+        path = ns.path(fid)
+        size, mtime, tag = self.backend.identify(path)
+        old_tag = int(ns.etags[fid])
+        changed = (size != int(ns.sizes[fid]) or mtime != int(ns.mtimes_ns[fid])
+                   or (tag != 0 and old_tag != 0 and tag != old_tag))
+        drop = None
+        with self.lock:
+            if not self._unchecked[fid]:
+                return False  # another open of it checked it meanwhile
+            if changed:
+                if self._orphans:
+                    self._settle()
+                old = int(ns.sizes[fid])
+                if self.disk_index is not None and fid in self.disk_index and fid not in self._flights:
+                    drop = (int(self.entries.gen[fid]), int(self.entries.csum[fid]), old)
+                    self.disk_index.remove(fid, dying=True)
+                ns.revise(fid, size, mtime, tag)
+                self.source_changes += 1
+            self._unchecked[fid] = False
+        if changed:
+            log.info("%r changed at the source since the snapshot (now %d bytes, mtime %d ns): its cached "
+                     "copies are dropped and it is read again", path, size, mtime)
+        if drop is not None:
+            self._unlink(fid, *drop)
+        return changed
+
     # -- disk hits and promotion -------------------------------------------------------------------
     def _current(self, fid: int, gen: int) -> bool:
         # under self.lock: is generation ``gen`` the resident disk entry of ``fid``?
@@ -654,6 +718,10 @@ class TieredCache:
         try:
             fd = self.disk.open_entry(path, gen, csum)
         except OSError as e:
+            if e.errno not in ENTRY_GONE_ERRNOS:
+                # out of descriptors (EMFILE, ENFILE) or another failure of this open, not of the entry:
+                # the open fails with that errno and the entry stays
+                raise
             with self.lock:
                 corrupt = self._current(fid, gen)  # else it was evicted or promoted meanwhile
             if corrupt:
@@ -1047,6 +1115,8 @@ class TieredCache:
                 None first, so a waiting open reads the file itself).
         """
         fid = int(fid)
+        if self._unchecked is not None and self._unchecked[fid]:
+            self.recheck(fid)
         size = int(self.ns.size(fid))
         if hold is not None:
             return self._read_ahead(fid, size, hold)
@@ -1163,7 +1233,8 @@ class TieredCache:
             counters = {k: getattr(self, k) for k in (
                 "opens", "hits_ram", "hits_disk", "hits_shared", "misses", "joined", "streamed",
                 "backend_reads", "range_reads", "backend_errors", "corrupt_entries", "disk_write_errors",
-                "disk_writes_refused", "promotions", "demotions", "demotions_skipped", "loose_refused")}
+                "disk_writes_refused", "promotions", "demotions", "demotions_skipped", "loose_refused",
+                "source_changes")}
         want = np.zeros(len(flags), dtype=np.uint8)
         want[np.asarray(ram, dtype=np.int64)] |= RAM_BIT
         want[np.asarray(disk, dtype=np.int64)] |= DISK_BIT
@@ -1244,7 +1315,7 @@ class TieredCache:
             return 0
         with self.lock:
             todo = [int(f) for f in fids if self._absent(int(f))]
-        todo = [f for f in todo if int(self.ns.size(f)) <= self.shared.max_file]
+        todo = [f for f in todo if self._checked(f) and int(self.ns.size(f)) <= self.shared.max_file]
         n = 0
         for i in range(0, len(todo), 64):
             batch = todo[i:i + 64]
@@ -1316,7 +1387,7 @@ class TieredCache:
                 "corrupt_entries": self.corrupt_entries, "disk_write_errors": self.disk_write_errors,
                 "disk_writes_refused": self.disk_writes_refused, "promotions": self.promotions,
                 "demotions": self.demotions, "demotions_skipped": self.demotions_skipped,
-                "loose_refused": self.loose_refused,
+                "loose_refused": self.loose_refused, "source_changes": self.source_changes,
                 "loose_bytes": self.loose_bytes, "tiers": tiers, "prefetch": self._prefetch_stats(),
             }
 

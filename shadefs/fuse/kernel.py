@@ -48,7 +48,7 @@ import threading
 from collections import OrderedDict
 from typing import Dict, List, Optional, Tuple
 
-from ..backends.base import BackendError
+from ..backends.base import BackendError, reply_errno
 from ..cache.core import OpenTicket
 from . import protocol as P
 from .handles import may_block, open_handle, open_handle_nowait
@@ -301,6 +301,9 @@ class KernelFrontend:
         self._open_nowait = nowait if nowait is not None else (lambda fid: open_handle_nowait(cache, fid))
         # a cache with tickets: a miss's lookup on the reader is not repeated on the worker (open_ticket)
         self._open_ticket = getattr(cache, "open_ticket", None)
+        # a reused snapshot: each file's record is compared with the source at its first LOOKUP
+        self._recheck = getattr(cache, "recheck", None) if getattr(cache, "_unchecked", None) is not None else None
+        self._recheck_needed = getattr(cache, "unchecked", None)
         # a cache that counts an NVMe hit on a kept passthrough backing id without opening the entry: set at
         # INIT when passthrough is on and the cache verifies entries at their first hit only (every-open reads
         # the entry at every hit)
@@ -497,13 +500,14 @@ class KernelFrontend:
                 self._fail(fd, unique, opcode, nodeid, e)
 
     def _fail(self, fd: int, unique: int, opcode: int, what, e: BaseException) -> None:
-        """Map an exception to an errno in one place: ENOENT for a missing file, EIO (logged) otherwise."""
+        """Map an exception to an errno in one place (:func:`~shadefs.backends.base.reply_errno`): ENOENT
+        for a missing file, ESTALE / EMFILE / ENFILE as they are (logged), EIO (logged) otherwise."""
         name = P.OPCODE_NAMES.get(opcode, str(opcode))
+        err = reply_errno(e)   # ENOENT, ESTALE, EMFILE, ENFILE as they are; anything else EIO
         if isinstance(e, FileNotFoundError):
-            err = errno.ENOENT
+            pass
         elif isinstance(e, (BackendError, OSError)):
             log.error("%s %s: backend error: %s", name.lower(), what, e)
-            err = errno.EIO
         else:
             log.error("%s %s: unexpected error", name.lower(), what, exc_info=e)
             err = errno.EIO
@@ -585,9 +589,24 @@ class KernelFrontend:
         child = self.ns.child(parent, name) if self.ns.is_dir(parent) else None
         if child is None:  # a negative entry, cached by the kernel for TIMEOUT_S (libfuse negative_timeout)
             body = P.encode_entry_out(0, bytes(P.ATTR.size), TIMEOUT_S, 0)
+        elif self._recheck is not None and child < self._num_files and self._recheck_needed(child):
+            # a reused snapshot's record: compared with the source (a stat) on a worker before the kernel
+            # caches its size
+            self._defer(fd, unique, self._lookup_checked, child)
+            return
         else:
             body = P.encode_entry_out(self.nodeid_of(child), self._attr(child), TIMEOUT_S, TIMEOUT_S)
         self._send(fd, unique, P.LOOKUP, 0, (body,))
+
+    def _lookup_checked(self, fd: int, unique: int, child: int) -> None:
+        """Worker: the LOOKUP of a file whose snapshot record was not compared with the source yet."""
+        try:
+            self._recheck(child)
+        except Exception as e:  # gone or unreachable: the open reports it; the entry is the snapshot's
+            log.info("lookup %s: %s", self.ns.path(child), e)
+        body = P.encode_entry_out(self.nodeid_of(child), self._attr(child), TIMEOUT_S, TIMEOUT_S)
+        if self._finish(unique):
+            self._send(fd, unique, P.LOOKUP, 0, (body,))
 
     def _getattr(self, fd, unique, nodeid, buf, n) -> None:
         node = self.node_of(nodeid)
@@ -659,7 +678,9 @@ class KernelFrontend:
                 break
             ino = self.nodeid_of(child)
             if plus:
-                if i < 2:  # "." and "..": no entry (the kernel does not link them)
+                if i < 2 or (self._recheck is not None and child < self._num_files and self._recheck_needed(child)):
+                    # "." and "..": no entry (the kernel does not link them); a file whose reused snapshot
+                    # record is not checked yet: none either, so that its first LOOKUP checks it
                     eo = P.encode_entry_out(0, bytes(P.ATTR.size), 0, 0)
                 else:
                     eo = P.encode_entry_out(ino, self._attr(child), TIMEOUT_S, TIMEOUT_S)

@@ -12,7 +12,7 @@ require("boto3")
 require("s3fs", "moto.server")
 
 from shadefs.backends.fsspec import FsspecBackend  # noqa: E402
-from shadefs.backends.posix import PosixBackend  # noqa: E402
+from shadefs.backends.posix import PosixBackend, identity_tag  # noqa: E402
 from shadefs.cache import persist  # noqa: E402
 from shadefs.cache.core import TieredCache  # noqa: E402
 from shadefs.cache.index import TierIndex  # noqa: E402
@@ -85,9 +85,9 @@ def test_an_s3_overwrite_with_the_same_size_is_dropped_at_restart(moto_server, t
     backend.close()
 
 
-def test_a_posix_change_with_the_same_size_and_mtime_is_not_detected(tmp_path):
-    """The documented limit: posix gives no content tag, so a same-size rewrite that restores the mtime
-    is served from the old entry after a restart (its checksum is of the old bytes, which are intact)."""
+def _posix_filled(tmp_path):
+    """A posix source with one 2048-byte file, c/x.bin (v1), filled into a disk tier and checkpointed;
+    returns (source dir, file path, v1, v2: other bytes of the same size, backend, namespace)."""
     src = tmp_path / "src"
     (src / "c").mkdir(parents=True)
     p = src / "c" / "x.bin"
@@ -95,9 +95,17 @@ def test_a_posix_change_with_the_same_size_and_mtime_is_not_detected(tmp_path):
     p.write_bytes(v1)
     backend = PosixBackend(str(src))
     ns1 = Namespace.scan(backend)
-    assert int(ns1.etags[0]) == 0  # no ETag from a posix listing
     _fill_and_checkpoint(ns1, backend, tmp_path / "cache", str(src))
+    return src, p, v1, v2, backend, ns1
+
+
+def test_a_posix_change_with_the_same_size_and_mtime_is_not_detected(tmp_path):
+    """The documented limit: posix gives no content tag (its tag is the file's inode), so a same-size
+    rewrite in place that restores the mtime is served from the old entry after a restart (its checksum
+    is of the old bytes, which are intact)."""
+    src, p, v1, v2, backend, ns1 = _posix_filled(tmp_path)
     st = os.stat(p)
+    assert int(ns1.etags[0]) == identity_tag(st.st_ino)  # the inode, not the content
     p.write_bytes(v2)
     os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
     ns2 = Namespace.scan(backend)
@@ -105,5 +113,24 @@ def test_a_posix_change_with_the_same_size_and_mtime_is_not_detected(tmp_path):
     assert (rep.loaded, rep.stale) == (1, 0)
     h = cache.open(0)
     assert (bytes(h.read(0, 2048)), h.outcome) == (v1, "disk")  # stale, as documented
+    h.release()
+    disk.close()
+
+
+def test_a_posix_file_replaced_by_rename_with_the_same_size_and_mtime_is_dropped_at_restart(tmp_path):
+    """A file replaced by another inode (written aside, renamed over it: how most tools update a file)
+    differs in its identity tag even when size and mtime were kept: the old entry is stale."""
+    src, p, v1, v2, backend, ns1 = _posix_filled(tmp_path)
+    st = os.stat(p)
+    tmp = src / "c" / ".x.bin.new"
+    tmp.write_bytes(v2)
+    os.utime(tmp, ns=(st.st_atime_ns, st.st_mtime_ns))
+    os.replace(tmp, p)
+    ns2 = Namespace.scan(backend)
+    assert (ns2.sizes[0], ns2.mtimes_ns[0]) == (ns1.sizes[0], ns1.mtimes_ns[0]) and ns2.etags[0] != ns1.etags[0]
+    rep, cache, disk = _restart(ns2, backend, tmp_path / "cache", str(src))
+    assert (rep.loaded, rep.stale) == (0, 1)
+    h = cache.open(0)
+    assert (bytes(h.read(0, 2048)), h.outcome) == (v2, "miss")  # never v1
     h.release()
     disk.close()
