@@ -388,6 +388,23 @@ def preflight(cfg: MountConfig) -> None:
             raise UserError(f"mountpoint {mp!r} is not empty")
 
 
+def check_machine(cfg: MountConfig) -> None:
+    """What the machine cannot give the mount, refused before the fork (raises UserError): a RAM tier
+    larger than the memory this process may use, a cache directory on a pseudo filesystem."""
+    from .sysinfo import memory_limit, pseudo_fs
+
+    if cfg.ram_cache.nbytes:
+        limit, what = memory_limit()
+        if limit and cfg.ram_cache.nbytes > limit:
+            raise UserError(f"--ram-cache {format_bytes(cfg.ram_cache.nbytes)} is more than {what} "
+                            f"({format_bytes(limit)})")
+    if cfg.disk_cache_dir:
+        kind = pseudo_fs(cfg.disk_cache_dir)
+        if kind:
+            raise UserError(f"cache directory {cfg.disk_cache_dir!r} is on {kind}, a pseudo filesystem that "
+                            "cannot hold a cache; choose a directory on a disk (NVMe) filesystem")
+
+
 def _registry():
     from . import registry
 
@@ -488,6 +505,7 @@ def _stop_daemon(pid: int, grace_s: float = 3.0) -> None:
 # -- commands -------------------------------------------------------------------------------------------
 def cmd_mount(args) -> int:
     cfg = build_config(args)
+    check_machine(cfg)
     preflight(cfg)
     if cfg.foreground:
         _setup_logging(cfg.log_level, cfg.log_file)
@@ -525,9 +543,8 @@ def cmd_mount(args) -> int:
         print(f"shadefs: interrupted; stopped the daemon (pid {pid}), nothing is mounted at {cfg.mountpoint}",
               file=sys.stderr)
         return 130
-    if line == "ok":
-        print(f"shadefs: mounted {cfg.source} at {cfg.mountpoint} (pid {pid}, policy {cfg.policy}, "
-              f"log {log_file})")
+    if line == "ok" or line.startswith("ok "):
+        _print_mounted(cfg, pid, log_file, line[3:])
         return 0
     os.waitpid(pid, 0)
     kind, sep, msg = line.partition(": ")
@@ -537,6 +554,26 @@ def cmd_mount(args) -> int:
         raise UserError(msg)
     print(f"shadefs: mount failed: {msg}", file=sys.stderr)
     return 1
+
+
+def _print_mounted(cfg: MountConfig, pid: int, log_file: str, summary_json: str) -> None:
+    """The "mounted" line (stdout): tiers, policy, log; the metrics URL; the daemon's warnings (stderr)."""
+    try:
+        info = json.loads(summary_json) if summary_json.strip() else {}
+    except ValueError:
+        info = {}
+    tiers = [f"RAM tier {format_bytes(info['ram_bytes']) if info.get('ram_bytes') else 'off'}"]
+    if "disk_bytes" in info:
+        tiers.append(f"disk tier {format_bytes(info['disk_bytes'])} in {info['disk_dir']}" if info["disk_bytes"]
+                     else "disk tier off")
+    if info.get("shared_bytes"):
+        tiers.append(f"shared tier {format_bytes(info['shared_bytes'])}")
+    print(f"shadefs: mounted {cfg.source} at {cfg.mountpoint} (pid {pid}, policy {cfg.policy}, "
+          f"{', '.join(tiers)}, log {log_file})")
+    if info.get("metrics_url"):
+        print(f"shadefs: Prometheus metrics on {info['metrics_url']}")
+    for w in info.get("warnings", ()):
+        print(f"shadefs: warning: {w}", file=sys.stderr)
 
 
 def _wait_gone(pid: Optional[int], mountpoint: str, timeout_s: float = 10.0) -> None:

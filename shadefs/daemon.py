@@ -8,6 +8,7 @@ pipe: one line, ``ok`` or ``error: ...``.
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -138,6 +139,42 @@ class Daemon:
                  else f"libfuse ({'multithreaded' if cfg.fuse_threads else 'single-threaded'} loop)")
         if disk is not None:
             self._restore(disk)
+        self.summary = self._summary(ram_bytes, disk, min_free)
+
+    def _summary(self, ram_bytes: int, disk, min_free: int) -> dict:
+        """What the CLI's "mounted" line shows: the tiers' sizes (bytes), the policy, and ``warnings`` (one
+        line each): no tier on, a disk tier larger than the room its filesystem has.
+
+        Raises:
+            ValueError: a RAM tier (given as a % of the source) larger than the memory we may use.
+        """
+        from .sysinfo import memory_limit
+
+        cfg = self.cfg
+        limit, what = memory_limit()
+        if cfg.ram_cache.fraction is not None and limit and ram_bytes > limit:
+            raise ValueError(f"--ram-cache {cfg.ram_cache} of the source's {format_bytes(self.namespace.total_bytes)} "
+                             f"is {format_bytes(ram_bytes)}, more than {what} ({format_bytes(limit)})")
+        out = {"policy": cfg.policy, "ram_bytes": ram_bytes, "disk_bytes": 0, "disk_dir": None,
+               "shared_bytes": 0, "warnings": []}
+        if disk is not None:
+            index, store = disk
+            out["disk_bytes"], out["disk_dir"] = index.capacity_bytes, store.dir
+            fs = os.statvfs(store.dir)
+            room = fs.f_bavail * fs.f_frsize + index.used_bytes - min_free  # its own entries count as room
+            if index.capacity_bytes > room:
+                out["warnings"].append(
+                    f"the disk tier ({format_bytes(index.capacity_bytes)}) is larger than the room on the "
+                    f"filesystem of {cfg.disk_cache_dir} ({format_bytes(max(0, room))}, keeping "
+                    f"{format_bytes(min_free)} free): it will hold at most that much")
+        if self.shared is not None:
+            out["shared_bytes"] = int(cfg.shared_tier_size.resolve(self.namespace.total_bytes))
+        if not ram_bytes and disk is None and self.shared is None:
+            out["warnings"].append("no cache tier is on (RAM tier 0, no disk tier): every open reads the "
+                                   "source; give --ram-cache SIZE and/or --disk-cache DIR --disk-cache-size SIZE")
+        for w in out["warnings"]:
+            log.warning("%s", w)
+        return out
 
     def _build_shared(self, ns):
         """The shared tier of ``--shared-tier`` (not connected yet: threads start after the mount), or None."""
@@ -234,7 +271,10 @@ class Daemon:
             self._detach()  # the mount exists already: never leave it behind without a daemon
             self._notify(f"error: {e}")
             os._exit(1)
-        self._notify("ok")
+        summary = dict(getattr(self, "summary", {}))
+        if self.metrics is not None:
+            summary["metrics_url"] = f"http://{self.cfg.metrics_addr}:{self.metrics.port}/metrics"
+        self._notify("ok " + json.dumps(summary))
 
     def _detach(self) -> None:
         """Lazily unmount our own mountpoint (from FUSE ``init``, which cannot wait for a normal unmount)."""
