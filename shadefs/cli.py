@@ -384,6 +384,7 @@ def preflight(cfg: MountConfig) -> None:
     else:
         _unmount(mp, lazy=True)
         print(f"shadefs: cleared a stale mount at {mp} (its daemon had died)", file=sys.stderr)
+        _forget_dead(mp)
         if os.path.isdir(mp) and os.listdir(mp):
             raise UserError(f"mountpoint {mp!r} is not empty")
 
@@ -403,6 +404,34 @@ def check_machine(cfg: MountConfig) -> None:
         if kind:
             raise UserError(f"cache directory {cfg.disk_cache_dir!r} is on {kind}, a pseudo filesystem that "
                             "cannot hold a cache; choose a directory on a disk (NVMe) filesystem")
+
+
+def _forget_dead(mountpoint: str) -> None:
+    """Remove the registry entry and control socket a dead daemon of ``mountpoint`` left."""
+    reg = _registry()
+    known = reg.lookup(mountpoint, alive_only=False)
+    if known is not None and not known.alive():
+        reg.remove(known)
+
+
+def _check_daemon_alive(path: str) -> None:
+    """Refuse to wait for the daemon of the mount holding ``path`` when it has died (raises UserError):
+    its registered pid is gone or a zombie, or, unregistered, its mount answers ENOTCONN."""
+    reg = _registry()
+    e = reg.lookup_path_any(path)
+    if e is not None and e.alive():
+        return  # never stat a mount whose daemon runs: a stopped one would hang us
+    info = reg.mount_entry_for(path)
+    if e is None and not reg.is_shadefs(info):
+        return  # not a shadefs mount (or found through $SHADEFS_ENDPOINT): the caller says so
+    if e is not None and (info is None or info.mountpoint != e.mountpoint):
+        return  # its mount is gone: the path is not inside a shadefs mount now
+    mp = (e or info).mountpoint
+    if e is None and not _is_stale(mp):
+        return
+    who = f" (pid {e.pid})" if e is not None else ""
+    raise UserError(f"the daemon of {mp}{who} has died; its mount is dead: run 'shadefs umount {mp}' to clear "
+                    "it, then mount again")
 
 
 def _registry():
@@ -606,7 +635,7 @@ def cmd_umount(args) -> int:
         _unmount(mp, lazy=True)
         print(f"shadefs: cleared a stale mount at {mp} (its daemon had died)", file=sys.stderr)
         if known is not None:
-            _remove(known.path)
+            reg.remove(known)  # its entry and its control socket
         return 0
     if args.force and (entry is None or not _answers(entry, args.timeout)):
         if entry is not None:
@@ -616,7 +645,7 @@ def cmd_umount(args) -> int:
         _unmount(mp, lazy=True)
         _wait_gone(entry.pid if entry else None, mp)
         if entry is not None:
-            _remove(entry.path)
+            reg.remove(entry)  # its entry and its control socket
         return 0
     _unmount(mp)
     _wait_gone(entry.pid if entry else None, mp)
@@ -661,6 +690,7 @@ def _client(path: str, timeout_s: float = 5.0):
     registered itself (:mod:`shadefs.registry`), else from ``$SHADEFS_ENDPOINT`` or the mount's xattr."""
     from .control.client import ENV_ENDPOINT, ControlClient, EndpointNotFound, find_endpoint
 
+    _check_daemon_alive(path)
     reg = _registry()
     entry = reg.lookup_path(path)
     if entry is not None:

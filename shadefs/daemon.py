@@ -268,6 +268,7 @@ class Daemon:
             self._start_services()
         except Exception as e:
             log.exception("control plane failed to start")
+            self._abandon_services()
             self._detach()  # the mount exists already: never leave it behind without a daemon
             self._notify(f"error: {e}")
             os._exit(1)
@@ -275,6 +276,19 @@ class Daemon:
         if self.metrics is not None:
             summary["metrics_url"] = f"http://{self.cfg.metrics_addr}:{self.metrics.port}/metrics"
         self._notify("ok " + json.dumps(summary))
+
+    def _abandon_services(self) -> None:
+        """A start that failed half-way: leave no registry entry or control socket behind (we exit next)."""
+        if getattr(self, "_registered", False):
+            from . import registry
+
+            registry.unregister(self.cfg.mountpoint)
+            self._registered = False
+        if self.control is not None:
+            try:
+                self.control.stop(timeout=1.0)
+            except Exception:
+                log.exception("stopping the control server")
 
     def _detach(self) -> None:
         """Lazily unmount our own mountpoint (from FUSE ``init``, which cannot wait for a normal unmount)."""
@@ -320,6 +334,10 @@ class Daemon:
         """Tell ``shadefs stats``/``umount`` and the hooks where we are, without them touching the mount."""
         from . import registry
 
+        try:
+            registry.clear_dead()  # what killed daemons left: their entries and control sockets
+        except OSError as e:
+            log.warning("could not clear dead entries from the runtime directory: %s", e)
         try:
             registry.register(self.cfg.mountpoint, self.endpoint, self.cfg.source,
                               credentials=getattr(self.control, "credentials", None))

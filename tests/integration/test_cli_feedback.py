@@ -4,6 +4,7 @@ dead daemon named as dead; no stale control sockets left behind; progress while 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import time
@@ -117,3 +118,152 @@ def test_a_cache_dir_on_a_pseudo_filesystem_is_refused_before_the_fork(small_tre
     assert one_line_error(r) == (f"shadefs: error: cache directory '{cache_dir}' is on {kind}, a pseudo filesystem "
                                  "that cannot hold a cache; choose a directory on a disk (NVMe) filesystem\n")
     assert not is_mounted(mp) and not os.path.exists(cache_dir) and not (tmp_path / "m.log").exists()
+
+
+# -- a dead daemon, stale control sockets ------------------------------------------------------------------
+DIED = re.compile(r"^shadefs: error: the daemon of (?P<mp>\S+)(?: \(pid (?P<pid>\d+)\))? has died; its mount is dead: "
+                  r"run 'shadefs umount (?P=mp)' to clear it, then mount again\n$")
+
+
+@pytest.fixture
+def runtime(tmp_path, monkeypatch):
+    """A private runtime directory (``$XDG_RUNTIME_DIR``) for this test's daemons, CLI runs and registry
+    reads: ``(dir of sockets, env for the CLI)``."""
+    xdg = tmp_path / "xdg"
+    xdg.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(xdg))
+    return xdg / "shadefs", dict(os.environ)
+
+
+def pid_gone(pid, timeout=10):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def ipc_path(entry) -> str:
+    assert entry.endpoint.startswith("ipc://"), entry.endpoint
+    return entry.endpoint[len("ipc://"):]
+
+
+def test_stats_of_a_killed_daemon_says_it_died_at_once(small_tree, mount, cli, runtime):
+    from shadefs import registry
+
+    _, env = runtime
+    src, _ = small_tree
+    m = mount(src, "--ram-cache", "1MiB", env=env)
+    sock = ipc_path(registry.lookup(m.path))
+    os.kill(m.pid, signal.SIGKILL)
+    assert pid_gone(m.pid)
+    t0 = time.monotonic()
+    r = cli("stats", m.path, check=False, env=env, timeout=30)
+    assert time.monotonic() - t0 < 4  # no wait for an answer that cannot come (5 s --timeout)
+    got = DIED.match(one_line_error(r))
+    assert got and got["mp"] == m.path and got["pid"] == str(m.pid), r.stderr
+    r = cli("umount", m.path, env=env)
+    assert r.stderr == f"shadefs: cleared a stale mount at {m.path} (its daemon had died)\n"
+    assert not os.path.exists(sock) and registry.lookup(m.path, alive_only=False) is None
+
+
+def test_stats_of_a_zombie_daemon_says_it_died(small_tree, tmp_path, cli, runtime):
+    from shadefs import registry
+
+    _, env = runtime
+    src, _ = small_tree
+    mp = tmp_path / "fg"
+    mp.mkdir()
+    # a foreground daemon, our child: killed and not reaped, it is a zombie with its pid and start time
+    p = subprocess.Popen(SHADEFS + ["mount", "-f", str(src), str(mp), "--ram-cache", "1MiB",
+                                    "--log-file", str(tmp_path / "fg.log")], env=env)
+    try:
+        wait_for(lambda: registry.lookup(str(mp)) is not None, timeout=60, what="the daemon registered")
+        os.kill(p.pid, signal.SIGKILL)
+        wait_for(lambda: open(f"/proc/{p.pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z", timeout=10,
+                 what="a zombie")
+        t0 = time.monotonic()
+        r = cli("stats", mp, check=False, env=env, timeout=30)
+        assert time.monotonic() - t0 < 4
+        got = DIED.match(one_line_error(r))
+        assert got and got["pid"] == str(p.pid), r.stderr
+    finally:
+        p.kill()
+        p.wait()
+        if is_mounted(mp):
+            cli("umount", mp, check=False, env=env)
+    assert not is_mounted(mp)
+
+
+def test_umount_force_leaves_no_control_socket(small_tree, mount, cli, runtime):
+    from shadefs import registry
+
+    _, env = runtime
+    src, _ = small_tree
+    m = mount(src, "--ram-cache", "1MiB", env=env)
+    sock = ipc_path(registry.lookup(m.path))
+    os.kill(m.pid, signal.SIGSTOP)
+    try:
+        cli("umount", "--force", "--timeout", "1", m.path, env=env, timeout=30)
+        assert pid_gone(m.pid) and not is_mounted(m.path)
+    finally:
+        try:
+            os.kill(m.pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+    assert not os.path.exists(sock) and registry.lookup(m.path, alive_only=False) is None
+
+
+def test_a_mount_failed_on_a_busy_metrics_port_leaves_no_control_socket(small_tree, tmp_path, cli, runtime):
+    import socket
+
+    from shadefs import registry
+
+    sockets, env = runtime
+    src, _ = small_tree
+    mp = tmp_path / "mp"
+    mp.mkdir()
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    try:
+        r = cli("mount", src, mp, "--ram-cache", "1MiB", "--metrics-port", busy.getsockname()[1],
+                "--log-file", tmp_path / "m.log", check=False, env=env)
+    finally:
+        busy.close()
+    assert r.returncode == 1 and "--metrics-port" in r.stderr, r.stderr
+    bound = re.search(r"control endpoint ipc://(\S+)", (tmp_path / "m.log").read_text())
+    assert bound, "the control server started before the metrics server failed"
+    assert not os.path.exists(bound[1])
+    assert registry.lookup(str(mp), alive_only=False) is None and not is_mounted(mp)
+
+
+def test_a_starting_daemon_clears_dead_entries_and_sockets(small_tree, mount, runtime):
+    import json
+    import socket
+
+    from shadefs import registry
+
+    sockets, env = runtime
+    src, _ = small_tree
+    sockets.mkdir(mode=0o700)
+    (sockets / "mounts").mkdir(mode=0o700)
+    dead = socket.socket(socket.AF_UNIX)
+    dead.bind(str(sockets / "0123456789abcdef.sock"))  # closed without unlinking: nobody listens
+    dead.close()
+    other = sockets / "not-ours.sock"  # not a default socket name: left alone
+    o = socket.socket(socket.AF_UNIX)
+    o.bind(str(other))
+    o.close()
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    entry = sockets / "mounts" / "deadbeefdeadbeefdeadbeef.json"
+    entry.write_text(json.dumps({"mountpoint": "/nowhere", "pid": gone.pid, "start_time": 1,
+                                 "endpoint": f"ipc://{sockets}/fedcba9876543210.sock"}))
+    m = mount(src, "--ram-cache", "1MiB", env=env)
+    assert not (sockets / "0123456789abcdef.sock").exists() and not entry.exists()
+    assert other.exists()
+    assert os.path.exists(ipc_path(registry.lookup(m.path)))  # its own, live
