@@ -41,6 +41,10 @@ log = logging.getLogger("shadefs.daemon")
 from .fuse.libfuse import select_libfuse  # noqa: E402,F401  (kept importable from here)
 
 
+#: Backend reads a warm request keeps in flight.
+WARM_READS = 4
+
+
 def default_prefetch_window() -> int:
     """min(256 MiB, 5 % of physical RAM), in bytes."""
     try:
@@ -406,30 +410,41 @@ class Daemon:
         self.cache.update_importance(fids, np.asarray(weights, dtype=np.float32))
 
     def warm(self, fids: np.ndarray) -> dict:
-        """Prefetch ``fids`` into the cache through the policies (4 backend reads in flight).
+        """Prefetch ``fids`` into the cache through the policies (:data:`WARM_READS` backend reads in
+        flight, at most twice that many files submitted at once, whatever the request's length).
 
-        Returns counts: ``resident`` (already cached), ``ram``, ``disk`` (admitted there), ``rejected``
-        (the policies refused), ``failed`` (backend error, logged), and ``bytes`` read from the backend.
+        A file no tier of this node admits is not read (the policies are asked first). Returns counts:
+        ``resident`` (already cached), ``ram``, ``disk`` (admitted there), ``rejected`` (the policies
+        refused), ``failed`` (backend error, logged), and ``bytes`` read from the backend for it.
         """
+        import collections
         import concurrent.futures as cf
 
         out = {"resident": 0, "ram": 0, "disk": 0, "rejected": 0, "failed": 0, "bytes": 0}
 
         def one(fid):
             try:
-                return self.cache.prefetch(int(fid)), int(self.namespace.size(int(fid)))
+                return self.cache.prefetch(int(fid), keep_only=True), int(self.namespace.size(int(fid)))
             except OSError as e:
                 log.warning("warm: %s: %s", self.namespace.path(int(fid)), e)
                 return "failed", 0
 
+        def count(outcome, size):
+            out[outcome] += 1
+            if outcome in ("ram", "disk"):
+                out["bytes"] += size
+
         # what the group holds comes in pipelined batches from the shared tier first
         if self.shared is not None:
             out["shared"] = self.cache.warm_shared(fids)
-        with cf.ThreadPoolExecutor(max_workers=4, thread_name_prefix="warm") as pool:
-            for outcome, size in pool.map(one, fids):
-                out[outcome] += 1
-                if outcome in ("ram", "disk", "rejected"):
-                    out["bytes"] += size
+        pending: "collections.deque[cf.Future]" = collections.deque()
+        with cf.ThreadPoolExecutor(max_workers=WARM_READS, thread_name_prefix="warm") as pool:
+            for fid in fids:
+                if len(pending) >= 2 * WARM_READS:
+                    count(*pending.popleft().result())
+                pending.append(pool.submit(one, fid))
+            while pending:
+                count(*pending.popleft().result())
         return out
 
     def resident(self, fids: np.ndarray) -> np.ndarray:

@@ -72,8 +72,13 @@ def main_warm(args) -> int:
             result = client.warm(chunk, timeout_s=600)
             for k in total:
                 total[k] += int(result.get(k, 0))
-            bar.update(sum(sizes[p] for p in chunk))
-            bar.set_postfix(files=f"{i + len(chunk)}/{len(paths)}", admitted=total["ram"] + total["disk"])
+            # one redraw per chunk, postfix and count together; the last is drawn once, by close()
+            bar.set_postfix(files=f"{i + len(chunk)}/{len(paths)}", admitted=total["ram"] + total["disk"],
+                            refresh=False)
+            if i + CHUNK < len(paths):
+                bar.update(sum(sizes[p] for p in chunk))
+            else:
+                bar.n += sum(sizes[p] for p in chunk)
     finally:
         bar.close()
         client.close()
