@@ -156,7 +156,7 @@ def run_mode(args, name, policy, hook, plan=False):
     try:
         _run_child(SHADEFS + ["mount", args.data, mnt, "--ram-cache", args.ram_cache, "--disk-cache", cache,
                               "--disk-cache-size", args.disk_cache_size, "--policy", policy, "--trace", trace,
-                              "--log-file", log], interruptible=False)
+                              "--trace-overwrite", "--log-file", log], interruptible=False)
         cmd = [sys.executable, os.path.join(HERE, "train_fashion_mnist.py"), "--data", mnt,
                "--epochs", args.epochs, "--workers", args.workers, "--json", out]
         if hook:

@@ -389,6 +389,19 @@ def preflight(cfg: MountConfig) -> None:
             raise UserError(f"mountpoint {mp!r} is not empty")
 
 
+def check_trace_overwrite(cfg: MountConfig, overwrite: bool) -> None:
+    """Refuse a ``--trace`` file that exists and holds something, unless ``overwrite`` (raises UserError):
+    the daemon truncates it, and a trace is the record of a past run."""
+    if cfg.trace and not overwrite:
+        try:
+            size = os.stat(cfg.trace).st_size
+        except OSError:
+            return  # absent (or not stat-able: the writability check names it)
+        if size:
+            raise UserError(f"--trace {cfg.trace!r} exists ({format_bytes(size)}); pass --trace-overwrite to "
+                            "replace it, or choose another file")
+
+
 def check_machine(cfg: MountConfig) -> None:
     """What the machine cannot give the mount, refused before the fork (raises UserError): a RAM tier
     larger than the memory this process may use, a cache directory on a pseudo filesystem."""
@@ -534,6 +547,7 @@ def _stop_daemon(pid: int, grace_s: float = 3.0) -> None:
 # -- commands -------------------------------------------------------------------------------------------
 def cmd_mount(args) -> int:
     cfg = build_config(args)
+    check_trace_overwrite(cfg, getattr(args, "trace_overwrite", False))
     check_machine(cfg)
     preflight(cfg)
     if cfg.foreground:
@@ -728,7 +742,8 @@ def format_stats(s: dict) -> str:
     if p:
         lines.append(f"prefetch        {p['ready']} ready, {p['late']} late ({p.get('late_wait_s', 0.0):.3f} s "
                      f"waited), {format_bytes(p['fetched_bytes'])} fetched, {format_bytes(p['wasted_bytes'])} wasted")
-        lines.append(f"plans           {p['plans_active']} active, {p['plans_retired']} retired")
+        lines.append(f"plans           {p['plans_active']} active, {p.get('plans_announced', 0)} announced, "
+                     f"{p.get('plans_withdrawn', 0)} withdrawn, {p['plans_retired']} retired")
     if "scores_received" in s:
         rejected = sum(s.get("scores_rejected", {}).values())
         lines.append(f"score messages  {s['scores_received']} received, {rejected} rejected")
@@ -785,6 +800,16 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+MOUNT_DESCRIPTION = """\
+Serve SOURCE read-only at MOUNTPOINT through a cache: a RAM tier (--ram-cache), an NVMe tier
+(--disk-cache DIR --disk-cache-size SIZE) and optionally a shared Redis tier (--shared-tier). Without
+size flags nothing is cached. The daemon forks, scans SOURCE once (progress on stderr after 2 s; Ctrl-C
+stops it), and the command returns once the mount serves, printing the tiers and the log file.
+
+example: shadefs mount /nfs/imagenet /mnt/imagenet --ram-cache 16GiB --disk-cache /nvme/shadefs \\
+             --disk-cache-size 80%
+"""
+
 SIZE_OPTIONS = ("--ram-cache", "--disk-cache-size", "--disk-min-free", "--shared-tier-size", "--shared-max-file")
 
 
@@ -813,9 +838,11 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"shadefs {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
-    m = sub.add_parser("mount", help="mount SOURCE (a directory or an fsspec URL) read-only at MOUNTPOINT")
-    m.add_argument("source", metavar="SOURCE")
-    m.add_argument("mountpoint", metavar="MOUNTPOINT")
+    m = sub.add_parser("mount", help="mount SOURCE (a directory or an fsspec URL) read-only at MOUNTPOINT",
+                       description=MOUNT_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    m.add_argument("source", metavar="SOURCE",
+                   help="the dataset: a directory (an NFS or local path) or an fsspec URL (s3://bucket/prefix)")
+    m.add_argument("mountpoint", metavar="MOUNTPOINT", help="an empty directory; the files appear there read-only")
     m.add_argument("--ram-cache", metavar="SIZE", default="0",
                    help="RAM tier size: bytes, 512KiB, 64MiB, 2GiB, or a %% of the source's bytes; 0 = off")
     m.add_argument("--disk-cache", metavar="DIR", help="NVMe tier directory")
@@ -837,7 +864,9 @@ def make_parser() -> argparse.ArgumentParser:
                    "warm requests (off by default)")
     m.add_argument("--metrics-port", type=int, metavar="PORT", help="serve Prometheus metrics on this port")
     m.add_argument("--metrics-addr", default="127.0.0.1", metavar="ADDR", help="metrics address (default loopback)")
-    m.add_argument("--trace", metavar="FILE", help="record every open as CSV (time_s,path,size_bytes,outcome)")
+    m.add_argument("--trace", metavar="FILE", help="record every open as CSV (time_s,path,size_bytes,outcome); "
+                   "an existing FILE is refused unless --trace-overwrite")
+    m.add_argument("--trace-overwrite", action="store_true", help="let --trace replace an existing FILE")
     m.add_argument("--log-level", default="info", help="debug, info, warning, error")
     m.add_argument("--log-file", metavar="FILE", help="log file (default: a file under the temp dir)")
     m.add_argument("--allow-other", action="store_true", help="let other users read the mount (off by default)")

@@ -267,3 +267,52 @@ def test_a_starting_daemon_clears_dead_entries_and_sockets(small_tree, mount, ru
     assert not (sockets / "0123456789abcdef.sock").exists() and not entry.exists()
     assert other.exists()
     assert os.path.exists(ipc_path(registry.lookup(m.path)))  # its own, live
+
+
+# -- help, the stats table, --trace ------------------------------------------------------------------------
+def test_mount_help_describes_the_command_and_its_arguments(cli):
+    r = cli("mount", "--help")
+    out = " ".join(r.stdout.split())
+    assert "Serve SOURCE read-only at MOUNTPOINT through a cache" in out
+    assert "Without size flags nothing is cached." in out
+    assert "SOURCE the dataset: a directory (an NFS or local path) or an fsspec URL (s3://bucket/prefix)" in out
+    assert "MOUNTPOINT an empty directory; the files appear there read-only" in out
+    assert "--trace-overwrite let --trace replace an existing FILE" in out
+
+
+def test_stats_table_shows_plans_announced_and_withdrawn(small_tree, mount, cli):
+    import numpy as np
+
+    from shadefs.control.client import ControlClient, find_endpoint
+
+    src, _ = small_tree
+    m = mount(src, "--ram-cache", "1MiB")
+    c = ControlClient(find_endpoint(m.path))
+    try:
+        handle, _ = c.register(["cat/01.bin", "dog/00.bin"])
+        c.send_plan(handle, 0, 0, [2], np.array([1, 0], dtype=np.uint32))
+        c.send_plan(handle, 1, 0, [2], np.array([0, 1], dtype=np.uint32))
+        c.withdraw_plan(handle, 1)
+        wait_for(lambda: c.stats()["prefetch"]["plans_withdrawn"] == 1, timeout=10, what="the withdrawal")
+    finally:
+        c.close()
+    r = cli("stats", m.path)
+    assert "plans           1 active, 2 announced, 1 withdrawn, 0 retired\n" in r.stdout
+
+
+def test_trace_refuses_to_overwrite_unless_told(small_tree, tmp_path, mount, cli):
+    src, _ = small_tree
+    trace = tmp_path / "t.csv"
+    trace.write_text("time_s,path,size_bytes,outcome\n0.1,cat/01.bin,2000,miss\n")
+    mp = tmp_path / "mp"
+    mp.mkdir()
+    r = refused_mount(cli, src, mp, "--trace", trace, "--log-file", tmp_path / "m.log")
+    assert one_line_error(r) == (f"shadefs: error: --trace '{trace}' exists (56 B); pass --trace-overwrite to "
+                                 "replace it, or choose another file\n")
+    assert trace.read_text().endswith("0.1,cat/01.bin,2000,miss\n")  # kept
+    m = mount(src, "--ram-cache", "1MiB", "--trace", trace, "--trace-overwrite")
+    m.stats()  # flushes the trace
+    assert trace.read_text() == "time_s,path,size_bytes,outcome\n"
+    empty = tmp_path / "empty.csv"
+    empty.write_text("")
+    mount(src, "--trace", empty)  # an empty file holds no record: no flag needed
