@@ -572,8 +572,7 @@ def cmd_mount(args) -> int:
             os._exit(code)
     os.close(w)
     try:
-        with os.fdopen(r) as f:
-            line = f.readline().strip()
+        line = _wait_ready(r, cfg.source)
     except KeyboardInterrupt:
         # Ctrl-C while waiting: the daemon (its own session, so it did not get the SIGINT) must not mount
         # later behind the user's back.
@@ -597,6 +596,57 @@ def cmd_mount(args) -> int:
         raise UserError(msg)
     print(f"shadefs: mount failed: {msg}", file=sys.stderr)
     return 1
+
+
+SCAN_QUIET_S = 2.0      # a scan done sooner says nothing
+SCAN_REPORT_EVERY_S = 5.0
+
+
+def _wait_ready(fd: int, source: str) -> str:
+    """Read the daemon's pipe (``fd``, closed here) until its last line (``ok ...``, ``error: ...``,
+    ``refused: ...``; "" if it exited without one), which is returned. Until the daemon says
+    ``scanned FILES DIRS``, its ``scan FILES DIRS`` lines say how far the scan is: after SCAN_QUIET_S, and
+    then every SCAN_REPORT_EVERY_S, one line on stderr (also while nothing comes: a source that hangs
+    shows 0 files)."""
+    import select
+
+    t0 = time.monotonic()
+    buf, files, dirs = b"", 0, 0
+    scanning, reported = True, None  # reported: when the last progress line was printed
+    try:
+        while True:
+            timeout = None
+            if scanning:
+                due = t0 + SCAN_QUIET_S if reported is None else reported + SCAN_REPORT_EVERY_S
+                timeout = due - time.monotonic()
+                if timeout <= 0:
+                    reported = time.monotonic()
+                    print(f"shadefs: scanning {source}: {files} files in {dirs} directories so far "
+                          f"({reported - t0:.0f} s; Ctrl-C stops the mount)", file=sys.stderr, flush=True)
+                    continue
+            if not select.select([fd], [], [], timeout)[0]:
+                continue
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                return buf.decode("utf-8", "replace").strip()
+            buf += chunk
+            while b"\n" in buf:
+                raw, buf = buf.split(b"\n", 1)
+                line = raw.decode("utf-8", "replace").strip()
+                kind, _, rest = line.partition(" ")
+                if kind not in ("scan", "scanned"):
+                    return line
+                try:
+                    files, dirs = (int(x) for x in rest.split())
+                except ValueError:
+                    continue
+                if kind == "scanned" and scanning:
+                    scanning = False
+                    if reported is not None:
+                        print(f"shadefs: scanned {source}: {files} files in {dirs} directories in "
+                              f"{time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
+    finally:
+        os.close(fd)
 
 
 def _print_mounted(cfg: MountConfig, pid: int, log_file: str, summary_json: str) -> None:

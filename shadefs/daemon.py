@@ -54,6 +54,36 @@ def default_prefetch_window() -> int:
     return int(min(256 * 2**20, 0.05 * ram))
 
 
+class ScanProgress:
+    """Tells the waiting ``shadefs mount`` how far the scan is: ``scan FILES DIRS`` lines on the ready pipe,
+    one per directory for the first ``first`` directories (so a scan that stalls early shows where), then
+    at most one per ``interval_s``. A line is shorter than PIPE_BUF: written whole, also from the scan's
+    forked child. A reader that has gone is ignored."""
+
+    def __init__(self, fd: int, interval_s: float = 0.5, first: int = 64):
+        self.fd = fd
+        self.interval_s = interval_s
+        self.first = first
+        self._last = time.monotonic()
+
+    def __call__(self, files: int, dirs: int) -> None:
+        now = time.monotonic()
+        if dirs > self.first and now - self._last < self.interval_s:
+            return
+        self._last = now
+        self._write(f"scan {files} {dirs}\n")
+
+    def done(self, files: int, dirs: int) -> None:
+        """The namespace is complete (scanned, or loaded from its snapshot)."""
+        self._write(f"scanned {files} {dirs}\n")
+
+    def _write(self, line: str) -> None:
+        try:
+            os.write(self.fd, line.encode())
+        except OSError:
+            pass
+
+
 class Daemon:
     """Everything one mount owns. Also the control-plane handler (``stats``, ``apply_scores``,
     ``resident``, ``namespace``) that :class:`shadefs.control.server.ControlServer` calls.
@@ -95,6 +125,8 @@ class Daemon:
             self.backend = TimeoutBackend(self.backend, cfg.backend_timeout_s)
         self.namespace = self._namespace()
         ns = self.namespace
+        if self.ready_fd is not None:
+            ScanProgress(self.ready_fd).done(ns.num_files, ns.num_dirs)
         log.info("%s %s: %d files, %d directories, %s in %.2f s", "snapshot of" if ns.from_snapshot else "scanned",
                  self.backend.describe(), ns.num_files, ns.num_dirs, format_bytes(ns.total_bytes),
                  time.monotonic() - t0)
@@ -216,7 +248,9 @@ class Daemon:
             if why != "no snapshot":
                 log.info("namespace snapshot %s not used (%s): scanning the source", path, why)
         # isolated: the listing's heap stays in a child process (docs/performance.md, "Namespace")
-        return Namespace.scan(self.backend, follow_symlinks=cfg.follow_symlinks, isolate=True, snapshot_key=key)
+        progress = ScanProgress(self.ready_fd) if self.ready_fd is not None else None
+        return Namespace.scan(self.backend, follow_symlinks=cfg.follow_symlinks, isolate=True, snapshot_key=key,
+                              progress=progress)
 
     def _save_snapshot(self, path: str) -> None:
         ns = self.namespace

@@ -316,3 +316,53 @@ def test_trace_refuses_to_overwrite_unless_told(small_tree, tmp_path, mount, cli
     empty = tmp_path / "empty.csv"
     empty.write_text("")
     mount(src, "--trace", empty)  # an empty file holds no record: no flag needed
+
+
+# -- a slow or hung source ---------------------------------------------------------------------------------
+def test_mount_of_a_hung_source_shows_scan_progress_and_ctrl_c_stops_it(small_tree, tmp_path, mount):
+    import threading
+
+    from conftest import make_tree
+
+    src, _ = small_tree
+    outer_src = make_tree(tmp_path / "outer-src", {f"a/{i:02d}.bin": b"x" * (i + 1) for i in range(50)})
+    hung = outer_src / "zz-hung"
+    inner = mount(src, "--ram-cache", "1MiB", name=str(hung.relative_to(tmp_path)))  # a mount inside the source
+    os.stat(inner.path)  # its root's attributes are cached: the outer scan stats it, then hangs listing it
+    os.kill(inner.pid, signal.SIGSTOP)
+    mp = tmp_path / "outer"
+    mp.mkdir()
+    lines = []
+    p = subprocess.Popen(SHADEFS + ["mount", str(outer_src), str(mp), "--log-file", str(tmp_path / "o.log")],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        reader = threading.Thread(target=lambda: lines.extend(p.stderr), daemon=True)
+        reader.start()
+        wait_for(lambda: any("scanning" in ln for ln in lines), timeout=60, what="a scan progress line")
+        assert p.poll() is None
+        p.send_signal(signal.SIGINT)
+        p.wait(timeout=30)
+        reader.join(10)
+        assert p.returncode == 130, lines
+    finally:
+        if p.poll() is None:
+            p.send_signal(signal.SIGINT)
+            p.wait(timeout=30)
+        os.kill(inner.pid, signal.SIGCONT)
+        if is_mounted(mp):
+            subprocess.run(SHADEFS + ["umount", str(mp)], timeout=60)
+    progress = re.fullmatch(rf"shadefs: scanning {outer_src}: (\d+) files in (\d+) directories so far "
+                            r"\((\d+) s; Ctrl-C stops the mount\)\n", lines[0])
+    assert progress, lines
+    assert int(progress[1]) == 50 and int(progress[3]) >= 2  # the listed part counted; not before 2 s
+    assert re.fullmatch(rf"shadefs: interrupted; stopped the daemon \(pid \d+\), nothing is mounted at {mp}\n",
+                        lines[-1]), lines
+    time.sleep(1.0)
+    assert not is_mounted(mp)
+
+
+def test_a_quick_scan_prints_no_progress(small_tree, mount):
+    src, _ = small_tree
+    m = mount(src, "--ram-cache", "1MiB")
+    assert m.result.stderr == ""
