@@ -217,6 +217,21 @@ def test_umount_force_leaves_no_control_socket(small_tree, mount, cli, runtime):
     assert not os.path.exists(sock) and registry.lookup(m.path, alive_only=False) is None
 
 
+def test_mounting_over_a_dead_mount_clears_its_control_socket(small_tree, mount, runtime):
+    from shadefs import registry
+
+    src, _ = small_tree
+    _, env = runtime
+    m = mount(src, "--ram-cache", "1MiB", env=env)
+    old_pid, sock = m.pid, ipc_path(registry.lookup(m.path))
+    os.kill(m.pid, signal.SIGKILL)
+    assert pid_gone(old_pid)
+    m.start()  # the same mountpoint: the CLI clears the dead mount first
+    assert m.result.stderr == f"shadefs: cleared a stale mount at {m.path} (its daemon had died)\n"
+    assert m.pid != old_pid and not os.path.exists(sock)
+    assert os.path.exists(ipc_path(registry.lookup(m.path)))
+
+
 def test_a_mount_failed_on_a_busy_metrics_port_leaves_no_control_socket(small_tree, tmp_path, cli, runtime):
     import socket
 
