@@ -135,22 +135,18 @@ def lookup(mountpoint: str, alive_only: bool = True) -> Optional[Entry]:
 def lookup_path(path: str) -> Optional[Entry]:
     """The live entry of the mount holding ``path``: the nearest lexical ancestor (``abspath``, no
     symlinks resolved, nothing on the mount touched) that is a registered mountpoint."""
-    p = os.path.abspath(os.fspath(path))
-    while True:
-        e = lookup(p)
-        if e is not None:
-            return e
-        parent = os.path.dirname(p)
-        if parent == p:
-            return None
-        p = parent
+    return _nearest(path, alive_only=True)
 
 
 def lookup_path_any(path: str) -> Optional[Entry]:
     """As :func:`lookup_path`, but the nearest registered entry whether its daemon lives or not."""
+    return _nearest(path, alive_only=False)
+
+
+def _nearest(path: str, alive_only: bool) -> Optional[Entry]:
     p = os.path.abspath(os.fspath(path))
     while True:
-        e = lookup(p, alive_only=False)
+        e = lookup(p, alive_only=alive_only)
         if e is not None:
             return e
         parent = os.path.dirname(p)

@@ -12,6 +12,7 @@ import time
 import pytest
 
 from conftest import SHADEFS, is_mounted
+from mountutil import pid_gone
 from shadefs.sysinfo import memory_limit
 from shadefs.testing.mounts import wait_for
 
@@ -133,17 +134,6 @@ def runtime(tmp_path, monkeypatch):
     xdg.mkdir(mode=0o700)
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(xdg))
     return xdg / "shadefs", dict(os.environ)
-
-
-def pid_gone(pid, timeout=10):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def ipc_path(entry) -> str:
