@@ -457,16 +457,25 @@ class Daemon:
         out = {"resident": 0, "ram": 0, "disk": 0, "rejected": 0, "failed": 0, "bytes": 0}
 
         def one(fid):
+            fid = int(fid)
             try:
-                return self.cache.prefetch(int(fid), keep_only=True), int(self.namespace.size(int(fid)))
+                return self.cache.prefetch(fid, keep_only=True), int(self.namespace.size(fid)), fid
             except OSError as e:
-                log.warning("warm: %s: %s", self.namespace.path(int(fid)), e)
-                return "failed", 0
+                log.warning("warm: %s: %s", self.namespace.path(fid), e)
+                return "failed", 0, fid
 
-        def count(outcome, size):
-            out[outcome] += 1
+        # a repeated id in flight with the first joins its read (read once, cached once): counted resident;
+        # results are counted in submission order, so the first is among the last 2 * WARM_READS admitted
+        recent: "collections.deque[int]" = collections.deque(maxlen=2 * WARM_READS)
+
+        def count(outcome, size, fid):
             if outcome in ("ram", "disk"):
-                out["bytes"] += size
+                if fid in recent:
+                    outcome = "resident"
+                else:
+                    recent.append(fid)
+                    out["bytes"] += size
+            out[outcome] += 1
 
         # what the group holds comes in pipelined batches from the shared tier first
         if self.shared is not None:
