@@ -915,7 +915,7 @@ def make_parser() -> argparse.ArgumentParser:
     m.add_argument("--metrics-port", type=int, metavar="PORT", help="serve Prometheus metrics on this port")
     m.add_argument("--metrics-addr", default="127.0.0.1", metavar="ADDR", help="metrics address (default loopback)")
     m.add_argument("--trace", metavar="FILE", help="record every open as CSV (time_s,path,size_bytes,outcome); "
-                   "an existing FILE is refused unless --trace-overwrite")
+                   "an existing non-empty FILE is refused unless --trace-overwrite")
     m.add_argument("--trace-overwrite", action="store_true", help="let --trace replace an existing FILE")
     m.add_argument("--log-level", default="info", help="debug, info, warning, error")
     m.add_argument("--log-file", metavar="FILE", help="log file (default: a file under the temp dir)")

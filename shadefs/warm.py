@@ -45,9 +45,10 @@ def _expand(mountpoint: str, items: List[str]) -> Iterator[str]:
 def main_warm(args) -> int:
     from tqdm import tqdm
 
-    from .cli import UserError, _client
+    from .cli import UserError, _check_daemon_alive, _client
 
     mp = os.path.abspath(args.mountpoint)
+    _check_daemon_alive(mp)  # before walking a dead mount (ENOTCONN everywhere)
     items = list(args.paths)
     if args.list:
         try:

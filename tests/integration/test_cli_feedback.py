@@ -155,6 +155,8 @@ def test_stats_of_a_killed_daemon_says_it_died_at_once(small_tree, mount, cli, r
     assert time.monotonic() - t0 < 4  # no wait for an answer that cannot come (5 s --timeout)
     got = DIED.match(one_line_error(r))
     assert got and got["mp"] == m.path and got["pid"] == str(m.pid), r.stderr
+    r = cli("warm", m.path, check=False, env=env, timeout=30)
+    assert DIED.match(one_line_error(r)), r.stderr
     r = cli("umount", m.path, env=env)
     assert r.stderr == f"shadefs: cleared a stale mount at {m.path} (its daemon had died)\n"
     assert not os.path.exists(sock) and registry.lookup(m.path, alive_only=False) is None
