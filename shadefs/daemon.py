@@ -4,7 +4,8 @@ and answers the control plane.
 Order matters (the project's design notes, "Conventions"; docs/architecture.md): the daemon process is forked first (by the CLI), then the source
 is scanned and the FUSE loop starts; threads and ZeroMQ contexts start only in FUSE ``init()``
 (:meth:`Daemon.on_mounted`), after the mount exists. The parent CLI process learns the outcome through a
-pipe: one line, ``ok`` or ``error: ...``.
+pipe: the scan's progress (``scan FILES DIRS``, then ``scanned FILES DIRS``), then one line, ``ok`` and
+the mount's summary as JSON (tiers, policy, warnings, metrics URL), ``refused: ...`` or ``error: ...``.
 """
 from __future__ import annotations
 
@@ -132,6 +133,7 @@ class Daemon:
                  time.monotonic() - t0)
         ns.report.log(log, self.backend.describe())
         ram_bytes = cfg.ram_cache.resolve(ns.total_bytes)
+        self._check_ram(ram_bytes)
         disk_bytes = cfg.disk_cache.resolve(ns.total_bytes) if cfg.disk_cache_dir else 0
         self.importance = Importance(ns.num_files)
         # Every tier runs Belady on the announced plans (issue 11), the mount's --policy without one.
@@ -177,20 +179,21 @@ class Daemon:
             self._restore(disk)
         self.summary = self._summary(ram_bytes, disk, min_free)
 
-    def _summary(self, ram_bytes: int, disk, min_free: int) -> dict:
-        """What the CLI's "mounted" line shows: the tiers' sizes (bytes), the policy, and ``warnings`` (one
-        line each): no tier on, a disk tier larger than the room its filesystem has.
-
-        Raises:
-            ValueError: a RAM tier (given as a % of the source) larger than the memory we may use.
-        """
+    def _check_ram(self, ram_bytes: int) -> None:
+        """Raise ValueError for a RAM tier (a % of the source: a size was checked before the fork) larger
+        than the memory this process may use; nothing is created yet."""
         from .sysinfo import memory_limit
 
-        cfg = self.cfg
         limit, what = memory_limit()
-        if cfg.ram_cache.fraction is not None and limit and ram_bytes > limit:
-            raise ValueError(f"--ram-cache {cfg.ram_cache} of the source's {format_bytes(self.namespace.total_bytes)} "
-                             f"is {format_bytes(ram_bytes)}, more than {what} ({format_bytes(limit)})")
+        if self.cfg.ram_cache.fraction is not None and limit and ram_bytes > limit:
+            raise ValueError(f"--ram-cache {self.cfg.ram_cache} of the source's "
+                             f"{format_bytes(self.namespace.total_bytes)} is {format_bytes(ram_bytes)}, more than "
+                             f"{what} ({format_bytes(limit)})")
+
+    def _summary(self, ram_bytes: int, disk, min_free: int) -> dict:
+        """What the CLI's "mounted" line shows: the tiers' sizes (bytes), the policy, and ``warnings`` (one
+        line each): no tier on, a disk tier larger than the room its filesystem has."""
+        cfg = self.cfg
         out = {"policy": cfg.policy, "ram_bytes": ram_bytes, "disk_bytes": 0, "disk_dir": None,
                "shared_bytes": 0, "warnings": []}
         if disk is not None:
