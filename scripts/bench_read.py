@@ -697,7 +697,7 @@ def mount_options(tier: str, loop: str, kernel_cache: bool, trace: Optional[str]
     if not kernel_cache:
         opts.append("--no-kernel-cache")
     if trace:
-        opts += ["--trace", trace]
+        opts += ["--trace", trace, "--trace-overwrite"]
     return opts
 
 

@@ -202,7 +202,7 @@ def mounted_run(args, name, policy, cmd) -> tuple:
     try:
         _run_child(SHADEFS + ["mount", args.source, mnt, "--ram-cache", args.ram_cache, "--disk-cache", cache,
                               "--disk-cache-size", args.disk_cache_size, "--policy", policy, "--trace", trace,
-                              "--log-file", log, *backend], interruptible=False)
+                              "--trace-overwrite", "--log-file", log, *backend], interruptible=False)
         _run_child(cmd + ["--data", mnt])
         _run_child(SHADEFS + ["stats", mnt])
         stats = json.loads(subprocess.run(SHADEFS + ["stats", mnt, "--json"], check=True, capture_output=True,

@@ -30,7 +30,7 @@ per-sample loss reporter can hook in without changing the loop.
 Usage::
 
     train_fashion_mnist.py --data DIR [--epochs 2] [--batch-size 64]
-        [--workers 4] [--lr 0.01] [--limit N] [--device auto|cpu|cuda]
+        [--workers min(4, cores)] [--lr 0.01] [--limit N] [--device auto|cpu|cuda]
         [--seed 0] [--hook] [--plan] [--progress] [--eval-last]
         [--json OUT.json] [--endpoint-url URL]
 """
@@ -274,6 +274,11 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def default_workers() -> int:
+    """DataLoader workers by default: min(4, cores); more than the cores only contend for them."""
+    return min(4, os.cpu_count() or 1)
+
+
 def default_threads(workers: int) -> int:
     """Return the intra-op thread count for the main process: 1 or 2.
 
@@ -292,9 +297,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="directory holding train/ and test/")
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--workers", type=int, default=4,
+    parser.add_argument("--workers", type=int, default=default_workers(),
                         help="DataLoader worker processes (default: "
-                             "%(default)s)")
+                             "min(4, cores) = %(default)s)")
     parser.add_argument("--lr", type=float, default=0.01)
     parser.add_argument("--limit", type=int, default=None, metavar="N",
                         help="train on a fixed random subset of N samples")

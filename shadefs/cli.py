@@ -454,8 +454,67 @@ def preflight(cfg: MountConfig) -> None:
     else:
         _unmount(mp, lazy=True)
         print(f"shadefs: cleared a stale mount at {mp} (its daemon had died)", file=sys.stderr)
+        _forget_dead(mp)
         if os.path.isdir(mp) and os.listdir(mp):
             raise UserError(f"mountpoint {mp!r} is not empty")
+
+
+def check_trace_overwrite(cfg: MountConfig, overwrite: bool) -> None:
+    """Refuse a ``--trace`` file that exists and holds something, unless ``overwrite`` (raises UserError):
+    the daemon truncates it, and a trace is the record of a past run."""
+    if cfg.trace and not overwrite:
+        try:
+            size = os.stat(cfg.trace).st_size
+        except OSError:
+            return  # absent (or not stat-able: the writability check names it)
+        if size:
+            raise UserError(f"--trace {cfg.trace!r} exists ({format_bytes(size)}); pass --trace-overwrite to "
+                            "replace it, or choose another file")
+
+
+def check_machine(cfg: MountConfig) -> None:
+    """What the machine cannot give the mount, refused before the fork (raises UserError): a RAM tier
+    larger than the memory this process may use, a cache directory on a pseudo filesystem."""
+    from .sysinfo import memory_limit, pseudo_fs
+
+    if cfg.ram_cache.nbytes:
+        limit, what = memory_limit()
+        if limit and cfg.ram_cache.nbytes > limit:
+            raise UserError(f"--ram-cache {format_bytes(cfg.ram_cache.nbytes)} is more than {what} "
+                            f"({format_bytes(limit)})")
+    if cfg.disk_cache_dir:
+        kind = pseudo_fs(cfg.disk_cache_dir)
+        if kind:
+            raise UserError(f"cache directory {cfg.disk_cache_dir!r} is on {kind}, a pseudo filesystem that "
+                            "cannot hold a cache; choose a directory on a disk (NVMe) filesystem")
+
+
+def _forget_dead(mountpoint: str) -> None:
+    """Remove the registry entry and control socket a dead daemon of ``mountpoint`` left."""
+    reg = _registry()
+    known = reg.lookup(mountpoint, alive_only=False)
+    if known is not None and not known.alive():
+        reg.remove(known)
+
+
+def _check_daemon_alive(path: str) -> None:
+    """Refuse to wait for the daemon of the mount holding ``path`` when it has died (raises UserError):
+    its registered pid is gone or a zombie, or, unregistered, its mount answers ENOTCONN."""
+    reg = _registry()
+    e = reg.lookup_path_any(path)
+    if e is not None and e.alive():
+        return  # never stat a mount whose daemon runs: a stopped one would hang us
+    info = reg.mount_entry_for(path)
+    if e is None and not reg.is_shadefs(info):
+        return  # not a shadefs mount (or found through $SHADEFS_ENDPOINT): the caller says so
+    if e is not None and (info is None or info.mountpoint != e.mountpoint):
+        return  # its mount is gone: the path is not inside a shadefs mount now
+    mp = (e or info).mountpoint
+    if e is None and not _is_stale(mp):
+        return
+    who = f" (pid {e.pid})" if e is not None else ""
+    raise UserError(f"the daemon of {mp}{who} has died; its mount is dead: run 'shadefs umount {mp}' to clear "
+                    "it, then mount again")
 
 
 def _registry():
@@ -595,8 +654,10 @@ def _hold_mountpoint(mountpoint: str):
 
 def cmd_mount(args) -> int:
     cfg = build_config(args)
+    check_machine(cfg)
     mp_lock = _hold_mountpoint(cfg.mountpoint)  # held until the daemon exits (inherited by the fork)
     preflight(cfg)
+    check_trace_overwrite(cfg, getattr(args, "trace_overwrite", False))
     if cfg.foreground:
         _setup_logging(cfg.log_level, cfg.log_file)
         return _run_daemon(cfg, None)
@@ -621,8 +682,7 @@ def cmd_mount(args) -> int:
     os.close(w)
     mp_lock.close()  # the daemon holds it now
     try:
-        with os.fdopen(r) as f:
-            line = f.readline().strip()
+        line = _wait_ready(r, cfg.source)
     except KeyboardInterrupt:
         # Ctrl-C while waiting: the daemon (its own session, so it did not get the SIGINT) must not mount
         # later behind the user's back.
@@ -635,9 +695,8 @@ def cmd_mount(args) -> int:
         print(f"shadefs: interrupted; stopped the daemon (pid {pid}), nothing is mounted at {cfg.mountpoint}",
               file=sys.stderr)
         return 130
-    if line == "ok":
-        print(f"shadefs: mounted {cfg.source} at {cfg.mountpoint} (pid {pid}, policy {cfg.policy}, "
-              f"log {log_file})")
+    if line == "ok" or line.startswith("ok "):
+        _print_mounted(cfg, pid, log_file, line[3:])
         return 0
     os.waitpid(pid, 0)
     kind, sep, msg = line.partition(": ")
@@ -647,6 +706,77 @@ def cmd_mount(args) -> int:
         raise UserError(msg)
     print(f"shadefs: mount failed: {msg}", file=sys.stderr)
     return 1
+
+
+SCAN_QUIET_S = 2.0      # a scan done sooner says nothing
+SCAN_REPORT_EVERY_S = 5.0
+
+
+def _wait_ready(fd: int, source: str) -> str:
+    """Read the daemon's pipe (``fd``, closed here) until its last line (``ok ...``, ``error: ...``,
+    ``refused: ...``; "" if it exited without one), which is returned. Until the daemon says
+    ``scanned FILES DIRS``, its ``scan FILES DIRS`` lines say how far the scan is: after SCAN_QUIET_S, and
+    then every SCAN_REPORT_EVERY_S, one line on stderr (also while nothing comes: a source that hangs
+    shows 0 files)."""
+    import select
+
+    t0 = time.monotonic()
+    buf, files, dirs = b"", 0, 0
+    scanning, reported = True, None  # reported: when the last progress line was printed
+    try:
+        while True:
+            timeout = None
+            if scanning:
+                due = t0 + SCAN_QUIET_S if reported is None else reported + SCAN_REPORT_EVERY_S
+                timeout = due - time.monotonic()
+                if timeout <= 0:
+                    reported = time.monotonic()
+                    print(f"shadefs: scanning {source}: {files} files in {dirs} directories so far "
+                          f"({reported - t0:.0f} s; Ctrl-C stops the mount)", file=sys.stderr, flush=True)
+                    continue
+            if not select.select([fd], [], [], timeout)[0]:
+                continue
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                return buf.decode("utf-8", "replace").strip()
+            buf += chunk
+            while b"\n" in buf:
+                raw, buf = buf.split(b"\n", 1)
+                line = raw.decode("utf-8", "replace").strip()
+                kind, _, rest = line.partition(" ")
+                if kind not in ("scan", "scanned"):
+                    return line
+                try:
+                    files, dirs = (int(x) for x in rest.split())
+                except ValueError:
+                    continue
+                if kind == "scanned" and scanning:
+                    scanning = False
+                    if reported is not None:
+                        print(f"shadefs: scanned {source}: {files} files in {dirs} directories in "
+                              f"{time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
+    finally:
+        os.close(fd)
+
+
+def _print_mounted(cfg: MountConfig, pid: int, log_file: str, summary_json: str) -> None:
+    """The "mounted" line (stdout): tiers, policy, log; the metrics URL; the daemon's warnings (stderr)."""
+    try:
+        info = json.loads(summary_json) if summary_json.strip() else {}
+    except ValueError:
+        info = {}
+    tiers = [f"RAM tier {format_bytes(info['ram_bytes']) if info.get('ram_bytes') else 'off'}"]
+    if "disk_bytes" in info:
+        tiers.append(f"disk tier {format_bytes(info['disk_bytes'])} in {info['disk_dir']}" if info["disk_bytes"]
+                     else "disk tier off")
+    if info.get("shared_bytes"):
+        tiers.append(f"shared tier {format_bytes(info['shared_bytes'])}")
+    print(f"shadefs: mounted {cfg.source} at {cfg.mountpoint} (pid {pid}, policy {cfg.policy}, "
+          f"{', '.join(tiers)}, log {log_file})")
+    if info.get("metrics_url"):
+        print(f"shadefs: Prometheus metrics on {info['metrics_url']}")
+    for w in info.get("warnings", ()):
+        print(f"shadefs: warning: {w}", file=sys.stderr)
 
 
 def _wait_gone(pid: Optional[int], mountpoint: str, timeout_s: float = 10.0) -> None:
@@ -758,7 +888,7 @@ def cmd_umount(args) -> int:
         _unmount(mp, lazy=True)
         print(f"shadefs: cleared a stale mount at {mp} (its daemon had died)", file=sys.stderr)
         if known is not None:
-            _remove(known.path)
+            reg.remove(known)  # its entry and its control socket
         return 0
     if args.force and (entry is None or not _answers(entry, args.timeout)):
         if entry is not None:
@@ -768,7 +898,7 @@ def cmd_umount(args) -> int:
         _unmount_if_mounted(mp)
         _wait_gone(entry.pid if entry else None, mp)
         if entry is not None:
-            _remove(entry.path)
+            reg.remove(entry)  # its entry and its control socket
         return 0
     _unmount(mp)
     why = _wait_exit(entry)
@@ -787,15 +917,8 @@ def _end_daemon(entry, mp: str, grace_s: float, why: str) -> int:
     if not _terminate(entry, grace_s):
         print(f"shadefs: error: the daemon (pid {entry.pid}) survived SIGKILL", file=sys.stderr)
         return 1
-    _remove(entry.path)
+    _registry().remove(entry)  # its entry and its control socket
     return 0
-
-
-def _remove(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
 
 
 def _answers(entry, timeout_s: float) -> bool:
@@ -816,6 +939,7 @@ def _client(path: str, timeout_s: float = 5.0):
     registered itself (:mod:`shadefs.registry`), else from ``$SHADEFS_ENDPOINT`` or the mount's xattr."""
     from .control.client import ENV_ENDPOINT, ControlClient, EndpointNotFound, find_endpoint
 
+    _check_daemon_alive(path)
     reg = _registry()
     entry = reg.lookup_path(path)
     if entry is not None:
@@ -853,7 +977,8 @@ def format_stats(s: dict) -> str:
     if p:
         lines.append(f"prefetch        {p['ready']} ready, {p['late']} late ({p.get('late_wait_s', 0.0):.3f} s "
                      f"waited), {format_bytes(p['fetched_bytes'])} fetched, {format_bytes(p['wasted_bytes'])} wasted")
-        lines.append(f"plans           {p['plans_active']} active, {p['plans_retired']} retired")
+        lines.append(f"plans           {p['plans_active']} active, {p.get('plans_announced', 0)} announced, "
+                     f"{p.get('plans_withdrawn', 0)} withdrawn, {p['plans_retired']} retired")
     if "scores_received" in s:
         rejected = sum(s.get("scores_rejected", {}).values())
         lines.append(f"score messages  {s['scores_received']} received, {rejected} rejected")
@@ -910,6 +1035,16 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+MOUNT_DESCRIPTION = """\
+Serve SOURCE read-only at MOUNTPOINT through a cache: a RAM tier (--ram-cache), an NVMe tier
+(--disk-cache DIR --disk-cache-size SIZE) and optionally a shared Redis tier (--shared-tier). Without
+size flags nothing is cached. The daemon forks, scans SOURCE once (progress on stderr after 2 s; Ctrl-C
+stops it), and the command returns once the mount serves, printing the tiers and the log file.
+
+example: shadefs mount /nfs/imagenet /mnt/imagenet --ram-cache 16GiB --disk-cache /nvme/shadefs \\
+             --disk-cache-size 80%
+"""
+
 SIZE_OPTIONS = ("--ram-cache", "--disk-cache-size", "--disk-min-free", "--shared-tier-size", "--shared-max-file")
 
 
@@ -949,9 +1084,11 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"shadefs {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
-    m = sub.add_parser("mount", help="mount SOURCE (a directory or an fsspec URL) read-only at MOUNTPOINT")
-    m.add_argument("source", metavar="SOURCE")
-    m.add_argument("mountpoint", metavar="MOUNTPOINT")
+    m = sub.add_parser("mount", help="mount SOURCE (a directory or an fsspec URL) read-only at MOUNTPOINT",
+                       description=MOUNT_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    m.add_argument("source", metavar="SOURCE",
+                   help="the dataset: a directory (an NFS or local path) or an fsspec URL (s3://bucket/prefix)")
+    m.add_argument("mountpoint", metavar="MOUNTPOINT", help="an empty directory; the files appear there read-only")
     m.add_argument("--ram-cache", metavar="SIZE", default="0",
                    help="RAM tier size: bytes, 512KiB, 64MiB, 2GiB, or a %% of the source's bytes; 0 = off")
     m.add_argument("--disk-cache", metavar="DIR", help="NVMe tier directory")
@@ -976,7 +1113,9 @@ def make_parser() -> argparse.ArgumentParser:
                    "warm requests (off by default)")
     m.add_argument("--metrics-port", type=int, metavar="PORT", help="serve Prometheus metrics on this port")
     m.add_argument("--metrics-addr", default="127.0.0.1", metavar="ADDR", help="metrics address (default loopback)")
-    m.add_argument("--trace", metavar="FILE", help="record every open as CSV (time_s,path,size_bytes,outcome)")
+    m.add_argument("--trace", metavar="FILE", help="record every open as CSV (time_s,path,size_bytes,outcome); "
+                   "an existing non-empty FILE is refused unless --trace-overwrite")
+    m.add_argument("--trace-overwrite", action="store_true", help="let --trace replace an existing FILE")
     m.add_argument("--log-level", default="info", help="debug, info, warning, error")
     m.add_argument("--log-file", metavar="FILE", help="log file (default: a file under the temp dir)")
     m.add_argument("--allow-other", action="store_true", help="let other users read the mount (off by default)")

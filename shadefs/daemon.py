@@ -4,10 +4,12 @@ and answers the control plane.
 Order matters (the project's design notes, "Conventions"; docs/architecture.md): the daemon process is forked first (by the CLI), then the source
 is scanned and the FUSE loop starts; threads and ZeroMQ contexts start only in FUSE ``init()``
 (:meth:`Daemon.on_mounted`), after the mount exists. The parent CLI process learns the outcome through a
-pipe: one line, ``ok`` or ``error: ...``.
+pipe: the scan's progress (``scan FILES DIRS``, then ``scanned FILES DIRS``), then one line, ``ok`` and
+the mount's summary as JSON (tiers, policy, warnings, metrics URL), ``refused: ...`` or ``error: ...``.
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -41,6 +43,10 @@ log = logging.getLogger("shadefs.daemon")
 from .fuse.libfuse import select_libfuse  # noqa: E402,F401  (kept importable from here)
 
 
+#: Backend reads a warm request keeps in flight.
+WARM_READS = 4
+
+
 def default_prefetch_window() -> int:
     """min(256 MiB, 5 % of physical RAM), in bytes."""
     try:
@@ -48,6 +54,36 @@ def default_prefetch_window() -> int:
     except (ValueError, OSError):
         ram = 8 * 2**30
     return int(min(256 * 2**20, 0.05 * ram))
+
+
+class ScanProgress:
+    """Tells the waiting ``shadefs mount`` how far the scan is: ``scan FILES DIRS`` lines on the ready pipe,
+    one per directory for the first ``first`` directories (so a scan that stalls early shows where), then
+    at most one per ``interval_s``. A line is shorter than PIPE_BUF: written whole, also from the scan's
+    forked child. A reader that has gone is ignored."""
+
+    def __init__(self, fd: int, interval_s: float = 0.5, first: int = 64):
+        self.fd = fd
+        self.interval_s = interval_s
+        self.first = first
+        self._last = time.monotonic()
+
+    def __call__(self, files: int, dirs: int) -> None:
+        now = time.monotonic()
+        if dirs > self.first and now - self._last < self.interval_s:
+            return
+        self._last = now
+        self._write(f"scan {files} {dirs}\n")
+
+    def done(self, files: int, dirs: int) -> None:
+        """The namespace is complete (scanned, or loaded from its snapshot)."""
+        self._write(f"scanned {files} {dirs}\n")
+
+    def _write(self, line: str) -> None:
+        try:
+            os.write(self.fd, line.encode())
+        except OSError:
+            pass
 
 
 class Daemon:
@@ -94,11 +130,14 @@ class Daemon:
         self.namespace = self._namespace()
         ns = self.namespace
         self.backend.attach(ns, cfg.follow_symlinks)   # each opened file is checked against its record
+        if self.ready_fd is not None:
+            ScanProgress(self.ready_fd).done(ns.num_files, ns.num_dirs)
         log.info("%s %s: %d files, %d directories, %s in %.2f s", "snapshot of" if ns.from_snapshot else "scanned",
                  self.backend.describe(), ns.num_files, ns.num_dirs, format_bytes(ns.total_bytes),
                  time.monotonic() - t0)
         ns.report.log(log, self.backend.describe())
         ram_bytes = cfg.ram_cache.resolve(ns.total_bytes)
+        self._check_ram(ram_bytes)
         disk_bytes = cfg.disk_cache.resolve(ns.total_bytes) if cfg.disk_cache_dir else 0
         self.importance = Importance(ns.num_files)
         # Every tier runs Belady on the announced plans (issue 11), the mount's --policy without one.
@@ -142,6 +181,43 @@ class Daemon:
                  else f"libfuse ({'multithreaded' if cfg.fuse_threads else 'single-threaded'} loop)")
         if disk is not None:
             self._restore(disk)
+        self.summary = self._summary(ram_bytes, disk, min_free)
+
+    def _check_ram(self, ram_bytes: int) -> None:
+        """Raise ValueError for a RAM tier (a % of the source: a size was checked before the fork) larger
+        than the memory this process may use; nothing is created yet."""
+        from .sysinfo import memory_limit
+
+        limit, what = memory_limit()
+        if self.cfg.ram_cache.fraction is not None and limit and ram_bytes > limit:
+            raise ValueError(f"--ram-cache {self.cfg.ram_cache} of the source's "
+                             f"{format_bytes(self.namespace.total_bytes)} is {format_bytes(ram_bytes)}, more than "
+                             f"{what} ({format_bytes(limit)})")
+
+    def _summary(self, ram_bytes: int, disk, min_free: int) -> dict:
+        """What the CLI's "mounted" line shows: the tiers' sizes (bytes), the policy, and ``warnings`` (one
+        line each): no tier on, a disk tier larger than the room its filesystem has."""
+        cfg = self.cfg
+        out = {"policy": cfg.policy, "ram_bytes": ram_bytes, "disk_bytes": 0, "disk_dir": None,
+               "shared_bytes": 0, "warnings": []}
+        if disk is not None:
+            index, store = disk
+            out["disk_bytes"], out["disk_dir"] = index.capacity_bytes, store.dir
+            fs = os.statvfs(store.dir)
+            room = fs.f_bavail * fs.f_frsize + index.used_bytes - min_free  # its own entries count as room
+            if index.capacity_bytes > room:
+                out["warnings"].append(
+                    f"the disk tier ({format_bytes(index.capacity_bytes)}) is larger than the room on the "
+                    f"filesystem of {cfg.disk_cache_dir} ({format_bytes(max(0, room))}, keeping "
+                    f"{format_bytes(min_free)} free): it will hold at most that much")
+        if self.shared is not None:
+            out["shared_bytes"] = int(cfg.shared_tier_size.resolve(self.namespace.total_bytes))
+        if not ram_bytes and disk is None and self.shared is None:
+            out["warnings"].append("no cache tier is on (RAM tier 0, no disk tier): every open reads the "
+                                   "source; give --ram-cache SIZE and/or --disk-cache DIR --disk-cache-size SIZE")
+        for w in out["warnings"]:
+            log.warning("%s", w)
+        return out
 
     def _build_shared(self, ns):
         """The shared tier of ``--shared-tier`` (not connected yet: threads start after the mount), or None."""
@@ -183,7 +259,9 @@ class Daemon:
             if why != "no snapshot":
                 log.info("namespace snapshot %s not used (%s): scanning the source", path, why)
         # isolated: the listing's heap stays in a child process (docs/performance.md, "Namespace")
-        return Namespace.scan(self.backend, follow_symlinks=cfg.follow_symlinks, isolate=True, snapshot_key=key)
+        progress = ScanProgress(self.ready_fd) if self.ready_fd is not None else None
+        return Namespace.scan(self.backend, follow_symlinks=cfg.follow_symlinks, isolate=True, snapshot_key=key,
+                              progress=progress)
 
     def _save_snapshot(self, path: str) -> None:
         ns = self.namespace
@@ -239,10 +317,27 @@ class Daemon:
             self._start_services()
         except Exception as e:
             log.exception("control plane failed to start")
+            self._abandon_services()
             self._detach()  # the mount exists already: never leave it behind without a daemon
             self._notify(f"error: {e}")
             os._exit(1)
-        self._notify("ok")
+        summary = dict(getattr(self, "summary", {}))
+        if self.metrics is not None:
+            summary["metrics_url"] = f"http://{self.cfg.metrics_addr}:{self.metrics.port}/metrics"
+        self._notify("ok " + json.dumps(summary))
+
+    def _abandon_services(self) -> None:
+        """A start that failed half-way: leave no registry entry or control socket behind (we exit next)."""
+        if getattr(self, "_registered", False):
+            from . import registry
+
+            registry.unregister(self.cfg.mountpoint)
+            self._registered = False
+        if self.control is not None:
+            try:
+                self.control.stop(timeout=1.0)
+            except Exception:
+                log.exception("stopping the control server")
 
     def _detach(self) -> None:
         """Lazily unmount our own mountpoint (from FUSE ``init``, which cannot wait for a normal unmount)."""
@@ -289,6 +384,10 @@ class Daemon:
         """Tell ``shadefs stats``/``umount`` and the hooks where we are, without them touching the mount."""
         from . import registry
 
+        try:
+            registry.clear_dead()  # what killed daemons left: their entries and control sockets
+        except OSError as e:
+            log.warning("could not clear dead entries from the runtime directory: %s", e)
         try:
             registry.register(self.cfg.mountpoint, self.endpoint, self.cfg.source,
                               credentials=getattr(self.control, "credentials", None))
@@ -359,30 +458,50 @@ class Daemon:
         self.cache.update_importance(fids, np.asarray(weights, dtype=np.float32))
 
     def warm(self, fids: np.ndarray) -> dict:
-        """Prefetch ``fids`` into the cache through the policies (4 backend reads in flight).
+        """Prefetch ``fids`` into the cache through the policies (:data:`WARM_READS` backend reads in
+        flight, at most twice that many files submitted at once, whatever the request's length).
 
-        Returns counts: ``resident`` (already cached), ``ram``, ``disk`` (admitted there), ``rejected``
-        (the policies refused), ``failed`` (backend error, logged), and ``bytes`` read from the backend.
+        A file no tier of this node admits is not read (the policies are asked first). Returns counts:
+        ``resident`` (already cached), ``ram``, ``disk`` (admitted there), ``rejected`` (the policies
+        refused), ``failed`` (backend error, logged), and ``bytes`` read from the backend for it.
         """
+        import collections
         import concurrent.futures as cf
 
         out = {"resident": 0, "ram": 0, "disk": 0, "rejected": 0, "failed": 0, "bytes": 0}
 
         def one(fid):
+            fid = int(fid)
             try:
-                return self.cache.prefetch(int(fid)), int(self.namespace.size(int(fid)))
+                return self.cache.prefetch(fid, keep_only=True), int(self.namespace.size(fid)), fid
             except OSError as e:
-                log.warning("warm: %s: %s", self.namespace.path(int(fid)), e)
-                return "failed", 0
+                log.warning("warm: %s: %s", self.namespace.path(fid), e)
+                return "failed", 0, fid
+
+        # a repeated id in flight with the first joins its read (read once, cached once): counted resident;
+        # results are counted in submission order, so the first is among the last 2 * WARM_READS admitted
+        recent: "collections.deque[int]" = collections.deque(maxlen=2 * WARM_READS)
+
+        def count(outcome, size, fid):
+            if outcome in ("ram", "disk"):
+                if fid in recent:
+                    outcome = "resident"
+                else:
+                    recent.append(fid)
+                    out["bytes"] += size
+            out[outcome] += 1
 
         # what the group holds comes in pipelined batches from the shared tier first
         if self.shared is not None:
             out["shared"] = self.cache.warm_shared(fids)
-        with cf.ThreadPoolExecutor(max_workers=4, thread_name_prefix="warm") as pool:
-            for outcome, size in pool.map(one, fids):
-                out[outcome] += 1
-                if outcome in ("ram", "disk", "rejected"):
-                    out["bytes"] += size
+        pending: "collections.deque[cf.Future]" = collections.deque()
+        with cf.ThreadPoolExecutor(max_workers=WARM_READS, thread_name_prefix="warm") as pool:
+            for fid in fids:
+                if len(pending) >= 2 * WARM_READS:
+                    count(*pending.popleft().result())
+                pending.append(pool.submit(one, fid))
+            while pending:
+                count(*pending.popleft().result())
         return out
 
     def resident(self, fids: np.ndarray) -> np.ndarray:

@@ -100,6 +100,16 @@ def _one_heap() -> None:
         lib.mallopt(-8, 1)  # M_ARENA_MAX
 
 
+def _counted(chunks: Iterable[DirChunk], progress) -> Iterator[DirChunk]:
+    """``chunks`` as they come, telling ``progress(files, dirs)`` the counts so far after each."""
+    files = dirs = 0
+    for c in chunks:
+        files += c.num_files
+        dirs += 1
+        progress(files, dirs)
+        yield c
+
+
 def _trim_heap() -> None:
     """Return the heap's free pages to the system after a build (glibc ``malloc_trim``; else no-op)."""
     import gc
@@ -172,7 +182,7 @@ class Namespace:
 
     @classmethod
     def scan(cls, backend, follow_symlinks: bool = False, isolate: bool = False,
-             snapshot_key: Optional[Dict[str, Any]] = None) -> "Namespace":
+             snapshot_key: Optional[Dict[str, Any]] = None, progress=None) -> "Namespace":
         """Scan ``backend`` (:meth:`~shadefs.backends.base.Backend.scan`) and build the namespace.
 
         With ``isolate`` (the daemon's choice), a backend whose listing may run in a forked process
@@ -183,6 +193,8 @@ class Namespace:
         "Namespace"). Only where it is safe to fork: Linux, and no other thread in this process;
         otherwise, and without ``isolate``, the scan runs in this process. ``snapshot_key``: the key
         the caller will :meth:`save` it with (an isolated scan's buffer is then written as it is).
+        ``progress(files, dirs)``: called as directories are listed (counts so far; in the scan's process,
+        so with ``isolate`` possibly a forked child: it must not rely on this process's threads).
 
         Raises:
             FileNotFoundError: the source root does not exist.
@@ -190,14 +202,14 @@ class Namespace:
         """
         if isolate and getattr(backend, "scan_in_child", False):
             if can_fork():
-                return cls._scan_in_child(backend, follow_symlinks, snapshot_key or {})
+                return cls._scan_in_child(backend, follow_symlinks, snapshot_key or {}, progress)
             log.info("scanning in this process (%d threads running: a fork is not safe)", threading.active_count())
-        ns = cls._scan_here(backend, follow_symlinks)
+        ns = cls._scan_here(backend, follow_symlinks, progress)
         _trim_heap()
         return ns
 
     @classmethod
-    def _scan_here(cls, backend, follow_symlinks: bool) -> "Namespace":
+    def _scan_here(cls, backend, follow_symlinks: bool, progress=None) -> "Namespace":
         import gc
 
         _one_heap()
@@ -208,6 +220,8 @@ class Namespace:
         gc.disable()
         try:
             chunks, report = backend.scan(follow_symlinks=follow_symlinks)
+            if progress is not None:
+                chunks = _counted(chunks, progress)
             ns = cls.__new__(cls)
             ns._build(chunks, report)
         finally:
@@ -216,7 +230,7 @@ class Namespace:
         return ns
 
     @classmethod
-    def _scan_in_child(cls, backend, follow_symlinks: bool, key: Dict[str, Any]) -> "Namespace":
+    def _scan_in_child(cls, backend, follow_symlinks: bool, key: Dict[str, Any], progress=None) -> "Namespace":
         """:meth:`scan` in a forked child; the namespace comes back through a memfd (:meth:`_write`
         format, tagged with ``key``: :meth:`save` with that key writes it as it is), an exception pickled
         through a pipe. The child dies with this process (PDEATHSIG)."""
@@ -238,7 +252,7 @@ class Namespace:
                 os.close(r)
                 die_with(parent)
                 try:
-                    ns = cls._scan_here(backend, follow_symlinks)   # its heap is dropped at exit: no trim
+                    ns = cls._scan_here(backend, follow_symlinks, progress)   # its heap dies with it: no trim
                     with open(fd, "wb", closefd=False) as f:
                         ns._write(f, key)
                     msg = b"ok"

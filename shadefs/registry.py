@@ -5,7 +5,8 @@ Every daemon, once mounted, writes one small JSON file into the private runtime 
 is a hash of the absolute mountpoint. It holds the mountpoint, the daemon's pid and its start time
 (``/proc/PID/stat`` field 22, so a reused pid is not mistaken for the daemon), the control endpoint,
 and for a ``tcp://`` endpoint the CURVE credentials a client needs (the file is 0600). The daemon removes
-it at unmount; an entry whose pid is gone (or belongs to another process now) is stale and ignored.
+it at unmount; an entry whose pid is gone (or belongs to another process now, or is a zombie) is stale
+and ignored, and removed with its control socket by the next daemon that starts (:func:`clear_dead`).
 
 Each mountpoint also has a lock file there, ``<runtime>/mounts/<key>.lock`` (:func:`hold_mountpoint`,
 keyed by the mountpoint's parent's real path and its name): ``shadefs mount`` takes an ``flock`` on it
@@ -24,9 +25,11 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 from typing import Iterator, List, Optional
 
-__all__ = ["Entry", "MountInfo", "register", "unregister", "lookup", "lookup_path", "entries",
+__all__ = ["Entry", "MountInfo", "register", "unregister", "lookup", "lookup_path", "lookup_path_any", "entries",
+           "remove", "remove_dead_socket", "clear_dead",
            "mount_entry", "mount_entry_for", "is_shadefs", "pid_start_time", "registry_dir",
            "MountpointBusy", "hold_mountpoint", "note_holder"]
 
@@ -70,14 +73,18 @@ def _key(mountpoint: str) -> str:
 
 
 def pid_start_time(pid: int) -> Optional[int]:
-    """Start time of ``pid`` in clock ticks since boot (``/proc/PID/stat`` field 22), None if no such pid."""
+    """Start time of ``pid`` in clock ticks since boot (``/proc/PID/stat`` field 22), None if no such pid
+    or if it has exited and waits to be reaped (a zombie, state ``Z``, or ``X``): it serves nothing."""
     try:
         with open(f"/proc/{int(pid)}/stat", "rb") as f:
             data = f.read()
     except OSError:
         return None
     try:
-        return int(data[data.rindex(b")") + 2:].split()[19])
+        fields = data[data.rindex(b")") + 2:].split()
+        if fields[0] in (b"Z", b"X"):
+            return None
+        return int(fields[19])
     except (ValueError, IndexError):
         return None
 
@@ -194,15 +201,89 @@ def lookup(mountpoint: str, alive_only: bool = True) -> Optional[Entry]:
 def lookup_path(path: str) -> Optional[Entry]:
     """The live entry of the mount holding ``path``: the nearest lexical ancestor (``abspath``, no
     symlinks resolved, nothing on the mount touched) that is a registered mountpoint."""
+    return _nearest(path, alive_only=True)
+
+
+def lookup_path_any(path: str) -> Optional[Entry]:
+    """As :func:`lookup_path`, but the nearest registered entry whether its daemon lives or not."""
+    return _nearest(path, alive_only=False)
+
+
+def _nearest(path: str, alive_only: bool) -> Optional[Entry]:
     p = os.path.abspath(os.fspath(path))
     while True:
-        e = lookup(p)
+        e = lookup(p, alive_only=alive_only)
         if e is not None:
             return e
         parent = os.path.dirname(p)
         if parent == p:
             return None
         p = parent
+
+
+def remove(e: Entry) -> None:
+    """Remove a dead daemon's entry and its control socket (an ``ipc://`` path no process listens on)."""
+    cur = _read(e.path) if e.path else None
+    if cur is not None and (cur.pid, cur.start_time) == (e.pid, e.start_time):  # not a newer daemon's now
+        try:
+            os.unlink(e.path)
+        except OSError:
+            pass
+    if e.endpoint.startswith("ipc://"):
+        remove_dead_socket(e.endpoint[len("ipc://"):])
+
+
+def remove_dead_socket(path: str) -> bool:
+    """Unlink the Unix socket file ``path`` if no process listens on it (connect refused); returns whether
+    it did. Anything else (not a socket, a listener, even a stopped one, whose backlog takes the connect)
+    is left alone."""
+    import socket
+    import stat
+
+    try:
+        if not stat.S_ISSOCK(os.lstat(path).st_mode):
+            return False
+    except OSError:
+        return False
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(0.5)
+    try:
+        s.connect(path)
+        return False
+    except ConnectionRefusedError:
+        pass
+    except OSError:
+        return False  # a timeout or a full backlog: someone listens
+    finally:
+        s.close()
+    try:
+        os.unlink(path)
+        return True
+    except OSError:
+        return False
+
+
+_SOCKET_NAME = re.compile(r"^[0-9a-f]{16}\.sock$")
+
+
+def clear_dead() -> int:
+    """Remove every entry whose daemon is gone, and every default control socket (``<16 hex>.sock`` in
+    the runtime directory) no process listens on: what daemons killed, or failed after binding, left.
+    Returns how many files were removed."""
+    n = 0
+    for e in list(entries(alive_only=False)):
+        if not e.alive():
+            remove(e)
+            n += 1
+    try:
+        d = os.path.dirname(registry_dir())
+        names = os.listdir(d)
+    except OSError:
+        return n
+    for name in names:
+        if _SOCKET_NAME.match(name) and remove_dead_socket(os.path.join(d, name)):
+            n += 1
+    return n
 
 
 def entries(alive_only: bool = True) -> Iterator[Entry]:

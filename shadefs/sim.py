@@ -701,25 +701,45 @@ def add_simulate_arguments(parser: argparse.ArgumentParser) -> argparse.Argument
     return parser
 
 
+def _in_words(what: str, path: str, e: BaseException) -> str:
+    """One line naming the input (``what``, the file ``path`` if it is one) and the problem in words: an
+    OSError's strerror, not ``[Errno 2] ...``; a message that names its file and line already is kept."""
+    if isinstance(e, OSError):
+        return f"cannot {'write' if what.startswith('--plot') else 'read'} {what}: {e.strerror or e}"
+    text = str(e)
+    if path and text.startswith(path):
+        return text  # "PATH:LINE: problem"
+    return f"{what}: {text.split(': ', 1)[-1] if text.startswith('invalid size') else text}"
+
+
 def main_simulate(args: argparse.Namespace) -> int:
     """Run ``shadefs simulate``: print the table (or JSON) and return 0; on bad input print one line
     to stderr and return 2."""
+    what, path = "--cache-size", ""
     try:
-        sizes = [parse_size(s) for s in args.cache_size]
+        sizes = []
+        for text in args.cache_size:
+            what = f"--cache-size {text!r}"
+            sizes.append(parse_size(text))
+        what = "--policy"
         policies = _policy_list(args.policy)
+        what, path = f"the trace {args.trace!r}", args.trace
         trace = read_trace(args.trace)
         scores = None
         if args.scores:
+            what, path = f"--scores {args.scores!r}", args.scores
             scored = read_scores(args.scores)
             if scored and not any(p in scored for p in trace.paths):
                 print(f"shadefs simulate: warning: no path in {args.scores} occurs in the trace; "
                       f"every file weighs 1.0", file=sys.stderr)
             scores = scores_to_importance(scored, trace)
+        what, path = "the replay", ""
         result = run(trace, sizes, policies, scores, plan=getattr(args, "plan", False))
         if args.plot:
+            what, path = f"--plot {args.plot!r}", args.plot
             plot(result, args.plot)
     except (ValueError, OSError, ImportError) as e:
-        print(f"shadefs simulate: error: {e}", file=sys.stderr)
+        print(f"shadefs simulate: error: {_in_words(what, path, e)}", file=sys.stderr)
         return 2
     print(json.dumps(result, indent=2) if args.json else format_table(result))
     return 0

@@ -45,9 +45,10 @@ def _expand(mountpoint: str, items: List[str]) -> Iterator[str]:
 def main_warm(args) -> int:
     from tqdm import tqdm
 
-    from .cli import UserError, _client
+    from .cli import UserError, _check_daemon_alive, _client
 
     mp = os.path.abspath(args.mountpoint)
+    _check_daemon_alive(mp)  # before walking a dead mount (ENOTCONN everywhere)
     items = list(args.paths)
     if args.list:
         try:
@@ -72,8 +73,13 @@ def main_warm(args) -> int:
             result = client.warm(chunk, timeout_s=600)
             for k in total:
                 total[k] += int(result.get(k, 0))
-            bar.update(sum(sizes[p] for p in chunk))
-            bar.set_postfix(files=f"{i + len(chunk)}/{len(paths)}", admitted=total["ram"] + total["disk"])
+            # one redraw per chunk, postfix and count together; the last is drawn once, by close()
+            bar.set_postfix(files=f"{i + len(chunk)}/{len(paths)}", admitted=total["ram"] + total["disk"],
+                            refresh=False)
+            if i + CHUNK < len(paths):
+                bar.update(sum(sizes[p] for p in chunk))
+            else:
+                bar.n += sum(sizes[p] for p in chunk)
     finally:
         bar.close()
         client.close()

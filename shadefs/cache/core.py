@@ -785,9 +785,10 @@ class TieredCache:
             hook(fid)
 
     # -- misses: one leader per file, admission decided before the read -----------------------------
-    def _start_fetch(self, fid: int, size: int):
+    def _start_fetch(self, fid: int, size: int, memory: bool = True):
         """Under self.lock, for an absent file: reserve it in RAM, else in the disk tier, and enter
-        ``fetching``. Returns (flight, RAM victims to demote) or (None, []) when no tier admits it."""
+        ``fetching``. Returns (flight, RAM victims to demote) or (None, []) when no tier admits it
+        (``memory``: a flight kept by no tier, to offer to the shared tier, counts as admitted)."""
         if self._orphans:
             self._settle()
         victims = self.ram_index.reserve(fid, size)
@@ -798,7 +799,7 @@ class TieredCache:
             return fl, self._evict_ram(victims)
         plan = self._reserve_disk(fid, size)
         if plan is None:
-            if self.shared is not None and size <= self.shared.max_file:
+            if memory and self.shared is not None and size <= self.shared.max_file:
                 # no node tier: read it whole (at most --shared-max-file) to serve and offer to the group
                 fl = _Flight("fetch")
                 fl.tier = "memory"
@@ -1091,7 +1092,7 @@ class TieredCache:
         (an open's or a prefetch's). Caller holds :attr:`lock`."""
         return self._absent(fid) and fid not in self._inflight
 
-    def prefetch(self, fid: int, hold=None) -> str:
+    def prefetch(self, fid: int, hold=None, keep_only: bool = False) -> str:
         """Read ``fid`` ahead of its open without counting an open, through the same single-flight as
         :meth:`open`: the one entry point for reading ahead (``warm``, the plan prefetcher).
 
@@ -1103,6 +1104,8 @@ class TieredCache:
                 bytes now but at the file's open, so they decide the same with and without prefetching.
                 While the read is in flight, an open of ``fid`` waits for it (counted ``late``) and never
                 starts another; the bytes ``hold`` keeps are taken by the open (``ready``).
+            keep_only: warm-up: a file no tier of this node admits is not read (without it, a mount with a
+                shared tier reads it to offer it to the group, as a miss does).
 
         Returns:
             ``"resident"`` (already cached or moving: nothing read); warm-up: ``"ram"`` / ``"disk"``
@@ -1128,7 +1131,7 @@ class TieredCache:
                 return "resident"
             leader = fl is None
             if leader:
-                fl, demote = self._start_fetch(fid, size)
+                fl, demote = self._start_fetch(fid, size, memory=not keep_only)
                 if fl is None:
                     return "rejected"
         if leader:

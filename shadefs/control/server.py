@@ -237,6 +237,9 @@ def _check_ipc_path_free(path: str) -> None:
 
 
 # -- the server ---------------------------------------------------------------------------------
+#: Warm requests queued or running at once (one runs at a time); one more is refused (``flood``).
+MAX_WARM_QUEUED = 4
+
 
 class _AllowedKeys:
     """ZAP CURVE credentials provider: a client may connect if its public key (Z85) is in ``keys``
@@ -545,6 +548,9 @@ class ControlServer:
                 frames = P.encode_error_reply(request_id, f"internal error: {type(e).__name__}: {e}"[:500])
             self._warm_done.put((ident, frames))
 
+        if self._warm_pending >= MAX_WARM_QUEUED:  # each holds its ids until it runs: bound them
+            raise P.ProtocolError("flood", f"{self._warm_pending} warm requests are queued already (at most "
+                                  f"{MAX_WARM_QUEUED}); send the next one when one is answered")
         self._warm_pending += 1
         try:
             self._warm_pool.submit(job)

@@ -534,18 +534,37 @@ def test_main_simulate_scores(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["--cache-size", "ten"], "invalid size 'ten'"),
-    (["--cache-size", "10%", "--policy", "bogus"], "unknown policy 'bogus'"),
-    (["--cache-size", "10%", "--scores", "/nonexistent/s.csv"], "No such file"),
-    (["--cache-size", "10%", "--plot", "/nonexistent/dir/p.png"], "No such file"),
+    (["--cache-size", "ten"], "--cache-size 'ten': "),
+    (["--cache-size", "10%", "--policy", "bogus"],
+     "--policy: unknown policy 'bogus'; choose one of: fifo, lru, shade, static"),
+    (["--cache-size", "10%", "--scores", "/nonexistent/s.csv"],
+     "cannot read --scores '/nonexistent/s.csv': No such file or directory"),
+    (["--cache-size", "10%", "--plot", "/nonexistent/dir/p.png"],
+     "cannot write --plot '/nonexistent/dir/p.png': No such file or directory"),
 ])
 def test_main_simulate_errors(tmp_path, capsys, argv, message):
     trace = write(tmp_path, "a\nb\n")
     assert sim.main_simulate(parse([trace] + argv)) == 2
     captured = capsys.readouterr()
     assert captured.out == ""
-    assert captured.err.startswith("shadefs simulate: error: ") and message in captured.err
+    assert captured.err.startswith("shadefs simulate: error: " + message), captured.err
     assert captured.err.count("\n") == 1
+
+
+@pytest.mark.parametrize("name,make,message", [
+    ("absent.csv", None, "cannot read the trace '{path}': No such file or directory"),
+    ("adir", "dir", "cannot read the trace '{path}': Is a directory"),
+    ("nul.csv", b"path\na\x00b\n", "{path}:2: invalid path 'a\\x00b' (want a file path relative to the mount "
+                                   "root, without '.', '..' or empty components)"),
+])
+def test_main_simulate_names_the_trace_and_the_problem(tmp_path, capsys, name, make, message):
+    path = tmp_path / name
+    if make == "dir":
+        path.mkdir()
+    elif make is not None:
+        path.write_bytes(make)
+    assert sim.main_simulate(parse([str(path), "--cache-size", "1"])) == 2
+    assert capsys.readouterr().err == f"shadefs simulate: error: {message.format(path=path)}\n"
 
 
 def test_main_simulate_bad_trace(tmp_path, capsys):
