@@ -159,6 +159,9 @@ class FsspecBackend(Backend):
         endpoint_url (str, s3): an S3-compatible endpoint (MinIO, Ceph, moto); goes into
             ``client_kwargs``. ``region`` likewise; ``connect_timeout``, ``read_timeout`` (seconds)
             and ``max_pool_connections`` go into botocore's ``config_kwargs``.
+        pool_connections (int, s3): ``max_pool_connections`` unless that is given (the daemon passes the
+            prefetch concurrency plus its read concurrency, so a stalled GET never holds the last
+            connection another file's GET needs); ignored by other protocols.
         anything else: passed to the fsspec implementation (s3fs: ``anon``, ``key``, ``secret``,
             ``token``, ``requester_pays``, ``client_kwargs.*``, ``config_kwargs.*``, ...).
 
@@ -173,7 +176,7 @@ class FsspecBackend(Backend):
     scheme = "fsspec"
 
     def __init__(self, url: str, retries: Any = 5, retry_base_s: Any = 0.1, retry_max_s: Any = 5.0,
-                 retry_seed: Any = None, timeout_s: Any = None, **options: Any):
+                 retry_seed: Any = None, timeout_s: Any = None, pool_connections: Any = None, **options: Any):
         storage_options = parse_options(options)
         self._secrets = _secret_values(storage_options)
         super().__init__(url, **_mask(storage_options))
@@ -198,6 +201,8 @@ class FsspecBackend(Backend):
             raise BackendError(f"bad timeout_s option: {e}") from e
         if self._is_s3:
             self._s3_defaults(storage_options, self.timeout_s)
+            if pool_connections not in (None, ""):  # botocore's pool (default 10): a stalled GET holds one
+                storage_options["config_kwargs"].setdefault("max_pool_connections", int(pool_connections))
         if self.protocol in _NO_LISTINGS_CACHE:
             storage_options.setdefault("use_listings_cache", False)
         kwargs = dict(cls._get_kwargs_from_urls(url))
