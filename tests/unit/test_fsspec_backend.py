@@ -209,7 +209,7 @@ def s3_options():
 
 
 def test_s3_options_land_where_s3fs_wants_them(s3_options):
-    b = open_backend("s3://bucket/some/prefix/", **s3_options)
+    b = open_backend("s3://bucket/some/prefix/", "fsspec", **s3_options)
     fs = b.fs
     assert fs.client_kwargs == {"endpoint_url": "http://127.0.0.1:9", "region_name": "eu-west-1"}
     assert fs.config_kwargs["retries"] == {"total_max_attempts": 1}  # ours is the only retry layer
@@ -222,7 +222,7 @@ def test_s3_options_land_where_s3fs_wants_them(s3_options):
 
 
 def test_s3_user_settings_win_over_defaults(s3_options):
-    b = open_backend("s3://bucket/p", **s3_options, **{"config_kwargs.retries.max_attempts": "3",
+    b = open_backend("s3://bucket/p", "fsspec", **s3_options, **{"config_kwargs.retries.max_attempts": "3",
                                                        "max_concurrency": "8"})
     assert b.fs.config_kwargs["retries"] == {"max_attempts": 3} and b.fs.max_concurrency == 8
     b.close()
@@ -230,19 +230,19 @@ def test_s3_user_settings_win_over_defaults(s3_options):
 
 def test_bad_options_are_backend_errors(s3_options):
     with pytest.raises(BackendError, match="retry"):
-        open_backend("s3://bucket/p", retries="-1")
+        open_backend("s3://bucket/p", "fsspec", retries="-1")
     with pytest.raises(BackendError, match="retry"):
-        open_backend("s3://bucket/p", retry_base_s="soon")
+        open_backend("s3://bucket/p", "fsspec", retry_base_s="soon")
     with pytest.raises(BackendError, match="no backend for nosuchproto://"):
         open_backend("nosuchproto://x")
-    typo = open_backend("s3://bucket/p", endpoin_url="http://127.0.0.1:9", retries="3")
+    typo = open_backend("s3://bucket/p", "fsspec", endpoin_url="http://127.0.0.1:9", retries="3")
     with pytest.raises(BackendError, match="endpoin_url"):  # s3fs rejects it on first use, not retried
         list(typo.walk())
     typo.close()
 
 
 def test_any_fsspec_protocol_resolves_to_fsspec_backend():
-    assert backend_for("s3://b/p") is FsspecBackend
+    assert backend_for("s3://b/p", "fsspec") is FsspecBackend  # --backend fsspec
     assert backend_for("memory://x") is FsspecBackend
     assert backend_for("abfs://container/p") is FsspecBackend  # the "*" registration
 
@@ -273,7 +273,7 @@ def test_missing_gcsfs_hint():
         pass
     with pytest.raises(BackendError, match=r"gs:// needs an optional dependency \(gcsfs\); "
                                            r"install it with: pip install gcsfs"):
-        open_backend("gs://bucket/prefix")
+        open_backend("gs://bucket/prefix", "fsspec")
 
 
 def test_memory_walk_skips_markers_and_unrepresentable_keys(caplog):
