@@ -173,6 +173,9 @@ def build_config(args) -> MountConfig:
         except BackendError as e:
             raise UserError(str(e)) from None
     options = _backend_options(args.backend_opt)
+    if args.backend != "auto" and ("://" not in source or source.startswith("file://")):
+        raise UserError(f"--backend {args.backend}: chooses the client of an object-store URL (s3://, gs://, "
+                        "az://), not of a local path")
     if "://" not in source or source.startswith("file://"):
         from .backends.base import BackendError
         from .backends.posix import PosixBackend

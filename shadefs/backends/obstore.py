@@ -129,6 +129,8 @@ class ObstoreBackend(Backend):
             of one attempt (the daemon passes ``--backend-timeout``); the whole read, retries included,
             is bounded by the daemon's per-read deadline.
         connect_timeout, read_timeout (float seconds): set those per-attempt timeouts explicitly.
+        listing (str): ``auto`` (through the fsspec implementation when installed, else obstore),
+            ``fsspec`` or ``obstore``.
         pool_connections (int): idle connections kept per host (the daemon passes the prefetch
             concurrency plus its read concurrency); connections in flight are never capped, so a
             stalled request never makes another wait. ``max_pool_connections`` is read as the same.
@@ -150,7 +152,10 @@ class ObstoreBackend(Backend):
     scheme = "obstore"
 
     def __init__(self, url: str, retries: Any = 5, retry_base_s: Any = 0.1, retry_max_s: Any = 5.0,
-                 retry_seed: Any = None, timeout_s: Any = None, **options: Any):
+                 retry_seed: Any = None, timeout_s: Any = None, listing: Any = "auto", **options: Any):
+        if listing not in ("auto", "fsspec", "obstore"):
+            raise BackendError(f"backend option listing={listing!r}: choose auto, fsspec or obstore")
+        self.listing = listing
         self._fsspec_options = dict(options)
         self._fsspec_retry = dict(retries=retries, retry_base_s=retry_base_s, retry_max_s=retry_max_s,
                                   retry_seed=retry_seed, timeout_s=timeout_s)
@@ -275,6 +280,8 @@ class ObstoreBackend(Backend):
     def _fsspec_lister(self):
         """The fsspec backend over the same URL and options, for listings; None when its
         implementation (s3fs, gcsfs, adlfs) is not installed."""
+        if self._lister is None and self.listing == "obstore":
+            self._lister = False
         if self._lister is None:
             url = self.url if self.kind != "azure" else "abfs://" + self.url.split("://", 1)[1]
             try:
@@ -282,6 +289,8 @@ class ObstoreBackend(Backend):
 
                 self._lister = FsspecBackend(url, **self._fsspec_retry, **self._fsspec_options)
             except (ImportError, BackendError) as e:
+                if self.listing == "fsspec":
+                    raise BackendError(f"listing={self.listing}: {e}") from e
                 log.debug("%s: listing through obstore (%s)", self.describe(), e)
                 self._lister = False
         return self._lister or None
@@ -320,9 +329,7 @@ class ObstoreBackend(Backend):
         n = 0
         while True:
             try:
-                page = self._call(lambda: next(stream), f"list {self.describe()} (page)")
-            except StopIteration:
-                break
+                page = self._call(lambda: next(stream, None), f"list {self.describe()} (page)")
             except BackendError as e:
                 cause = e.__cause__.__cause__ if isinstance(e.__cause__, ObjectStoreError) else e.__cause__
                 if isinstance(cause, _obx.InvalidPathError):
@@ -331,6 +338,8 @@ class ObstoreBackend(Backend):
                 if "status code: 404" in str(cause or ""):
                     raise FileNotFoundError(f"no bucket {self.bucket!r} ({self.describe()})") from None
                 raise
+            if page is None:
+                break
             for meta in page:
                 rel = meta["path"][len(prefix):] if meta["path"].startswith(prefix) else None
                 if not rel:

@@ -190,3 +190,25 @@ def test_concurrent_reads_from_eight_threads(backend):
     for t in threads:
         t.join(60)
     assert errors == [] and not any(t.is_alive() for t in threads)
+
+
+def test_listing_through_obstore_without_the_fsspec_implementation(proxy):  # noqa: F811
+    b = make_backend(proxy.endpoint, prefix="many", listing="obstore")
+    try:
+        proxy.clear()
+        entries = list(b.walk())
+        assert len(entries) == 1005 and {e.path for e in entries} == {f"{i:05d}.bin" for i in range(1005)}
+        assert all(e.etag for e in entries)
+        assert proxy.count("GET", "list-type=2") == 2  # two pages, no per-key requests
+        assert b.read("00007.bin", 1) == b"7"
+    finally:
+        b.close()
+    for prefix in ("no/such/prefix",):
+        b = make_backend(proxy.endpoint, prefix=prefix, listing="obstore")
+        with pytest.raises(FileNotFoundError):
+            list(b.walk())
+        b.close()
+    b = open_backend("s3://no-such-bucket-shadefs/x", endpoint_url=proxy.endpoint, retries="0", listing="obstore")
+    with pytest.raises(FileNotFoundError):
+        list(b.walk())
+    b.close()
