@@ -4,6 +4,8 @@ import asyncio
 import errno
 import http.client
 import logging
+import subprocess
+import sys
 
 import fsspec
 import pytest
@@ -328,3 +330,21 @@ def test_memory_scan_keeps_empty_directories_and_their_parents():
     finally:
         b.close()
         mem.rm("/scantest", recursive=True)
+
+
+def test_object_store_urls_are_obstore_by_default_and_fsspec_without_it():
+    require("s3fs")
+    from shadefs.backends.obstore import ObstoreBackend
+
+    assert backend_for("s3://b/p") is ObstoreBackend and backend_for("gs://b/p") is ObstoreBackend
+    assert backend_for("az://c/p") is ObstoreBackend and backend_for("https://h/d/") is FsspecBackend
+    # a platform without the obstore wheel: the daemon still imports and reads s3:// through fsspec,
+    # with the install hint logged once
+    code = ("import sys, logging; sys.modules['obstore'] = None; logging.basicConfig(level=logging.WARNING)\n"
+            "from shadefs.backends import backend_for\n"
+            "print(backend_for('s3://b/p').__name__, backend_for('gs://b/p').__name__)\n"
+            "import shadefs.daemon, shadefs.cli\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["FsspecBackend", "FsspecBackend"]
+    assert r.stderr.count("pip install obstore") == 1
