@@ -105,7 +105,7 @@ class Handle:
         self._released = False
         self._pin = pin      # [refs, bytes, where (PIN_*), fid] of the RAM tier buffer this handle holds
         self._loose = loose  # bytes of a buffer counted against LOOSE_BUFFERS
-        self._chunk = None   # served by ranges: (offset, bytes) of the last whole chunk read (a loose buffer)
+        self._chunk = None   # served by ranges: (offset, bytes, lock) of the last whole chunk read (loose)
 
     @property
     def source(self) -> str:
@@ -156,7 +156,9 @@ class Handle:
         if self._released:
             return
         self._released = True
-        self._data = self._chunk = None
+        self._data = None
+        if self._chunk is not None:
+            self._chunk = (0, b"", self._chunk[2])  # the chunk's bytes go; a READ racing release keeps the lock
         if self._pin is not None or self._loose:
             self._cache._orphans.append((self._pin, self._loose))
             self._pin, self._loose = None, 0
@@ -945,29 +947,30 @@ class TieredCache:
         """Bytes ``[offset, end)`` of a file served by ranges (``end`` within its size): read from the
         backend in whole chunks of :attr:`chunk` bytes (one request each, pinned to the object's version
         by the backend), the last chunk kept by the handle, counted against :data:`LOOSE_BUFFERS`
-        (``min(chunk, size)`` reserved at the first read); with no room, exactly the bytes asked."""
+        (``min(chunk, size)`` reserved at the first read); with no room, exactly the bytes asked.
+        Concurrent READs of one handle take turns (one request per chunk, not one per READ)."""
+        if h._chunk is None:  # the first read: a chunk buffer and its lock, if the working set has room
+            want = min(self.chunk, h.size)
+            with self.lock:
+                if self._orphans:
+                    self._settle()
+                if type(h._chunk) is not tuple and self.loose_bytes + want <= self.loose_budget:
+                    self.loose_bytes += want
+                    h._loose += want
+                    h._chunk = (0, b"", threading.Lock())
+            if h._chunk is None:
+                return self._read_range(h.fid, offset, end - offset)
         out = []
-        while offset < end:
-            c = h._chunk
-            if c is not None and c[0] <= offset < c[0] + len(c[1]):
-                piece = c[1][offset - c[0]:end - c[0]]
-                out.append(piece)
-                offset += len(piece)
-                continue
-            if c is None:
-                want = min(self.chunk, h.size)
-                with self.lock:
-                    if self._orphans:
-                        self._settle()
-                    room = h._loose >= want or self.loose_bytes + want <= self.loose_budget
-                    if room and h._loose < want:
-                        self.loose_bytes += want - h._loose
-                        h._loose = want
-                if not room:
-                    out.append(self._read_range(h.fid, offset, end - offset))
-                    break
-            start = offset - offset % self.chunk
-            h._chunk = (start, self._read_range(h.fid, start, min(self.chunk, h.size - start)))
+        with h._chunk[2]:
+            while offset < end:
+                start, data, lock = h._chunk
+                if start <= offset < start + len(data):
+                    piece = data[offset - start:end - start]
+                    out.append(piece)
+                    offset += len(piece)
+                    continue
+                start = offset - offset % self.chunk
+                h._chunk = (start, self._read_range(h.fid, start, min(self.chunk, h.size - start)), lock)
         return out[0] if len(out) == 1 else b"".join(out)
 
     def read_range(self, fid: int, offset: int, length: int) -> bytes:

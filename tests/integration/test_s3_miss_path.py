@@ -103,3 +103,37 @@ def test_sixteen_stalled_gets_leave_a_hit_and_a_miss_of_other_objects_answered(b
         proxy.close()  # the stalled GETs fail now (retries=0): their readers get EIO and exit
         for pid in pids:
             os.waitpid(pid, 0)
+
+
+def test_a_big_file_is_read_by_whole_chunks_and_never_stitched_from_two_versions(moto_server, mount):
+    """17 MiB no tier admits: ranged GETs of whole 8 MiB chunks (3, whatever the READ size); an overwrite
+    between two chunks makes the next chunk fail with EIO (If-Match on the listing's ETag), never the
+    new version's bytes after the old one's."""
+    import errno
+
+    s3 = moto_server.client()
+    bucket = "shadefs-big-chunks"
+    s3.create_bucket(Bucket=bucket)
+    size = 17 << 20
+    v1 = os.urandom(size)
+    s3.put_object(Bucket=bucket, Key="ds/big.bin", Body=v1)
+    try:
+        with LatencyProxyProcess(moto_server.port, delay_ms=0.2, rate="10gbit") as proxy:
+            m = mount(f"s3://{bucket}/ds", "--ram-cache", "0", "--no-kernel-cache", "--prefetch-concurrency", "0",
+                      "--backend-opt", f"endpoint_url={proxy.endpoint}", "--backend-opt", "retries=0")
+            path = os.path.join(m.path, "big.bin")
+            g0 = proxy.snapshot()["gets"]
+            assert _read_in_pieces(path, 128 << 10) == v1
+            assert proxy.snapshot()["gets"] - g0 == 3
+            with open(path, "rb", buffering=0) as f:
+                assert f.read(4096) == v1[:4096]            # chunk 0 of the old version
+                s3.put_object(Bucket=bucket, Key="ds/big.bin", Body=os.urandom(size))  # same size, new ETag
+                assert f.read(4096) == v1[4096:8192]        # still chunk 0, held by the open
+                f.seek(9 << 20)
+                with pytest.raises(OSError) as e:
+                    f.read(4096)                            # chunk 1: the object changed
+                assert e.value.errno == errno.EIO
+            assert "object changed since the listing" in m.log()
+    finally:
+        s3.delete_object(Bucket=bucket, Key="ds/big.bin")
+        s3.delete_bucket(Bucket=bucket)
