@@ -245,7 +245,7 @@ class ObstoreBackend(Backend):
                 return GCSStore(self.bucket, config=options or None, client_options=client, retry_config=retry)
             return AzureStore(self.bucket, config=options or None, client_options=client, retry_config=retry)
         except (_obx.BaseError, TypeError, ValueError) as e:
-            raise BackendError(redact(f"{self.protocol}:// rejected the backend options: {e}",
+            raise BackendError(redact(f"{self.protocol}:// rejected the backend options: {_short(e)}",
                                       self._secrets)) from e
 
     # --- helpers ----------------------------------------------------------------------------------
