@@ -5,8 +5,8 @@ What runs (each a fresh training process, the same model, seed, batch size and s
 
 - ``direct S3``: no shadefs. A plain ImageFolder cannot read ``s3://``, so this is the FUSE-less
   reader a user would write: a torch Dataset listing the prefix once (s3fs ``find``) and reading each
-  sample with ONE GET (s3fs ``cat_file``, ``max_concurrency=1``, the very call shadefs's backend makes
-  on a miss), decoded like ImageFolder (``PIL.Image.open(...).convert("RGB")``). Each DataLoader
+  sample with ONE GET (s3fs ``cat_file``, ``max_concurrency=1``, the call shadefs's fsspec backend makes
+  on a miss; the default obstore backend makes the same one GET), decoded like ImageFolder (``PIL.Image.open(...).convert("RGB")``). Each DataLoader
   worker opens its own s3fs client after the fork.
 - ``shadefs lru`` / ``shadefs static``: ``shadefs mount s3://... --policy P --ram-cache C%`` and an
   unmodified ImageFolder on the mount, ``shuffle=True``.
@@ -914,7 +914,7 @@ def findings(results: Dict[str, Any]) -> List[str]:
         cpu_miss = [r["daemon_cpu_s"] / r["backend_read"]["count"] for r in runs
                     if r["config"] in ("lru", "static") and r.get("daemon_cpu_s") and r.get("backend_read")]
         extra = (f"; the daemon's CPU divided by its misses was {1e3 * min(cpu_miss):.1f}-"
-                 f"{1e3 * max(cpu_miss):.1f} ms in the lru/static runs (FUSE requests, s3fs, admission)"
+                 f"{1e3 * max(cpu_miss):.1f} ms in the lru/static runs (FUSE requests, the S3 client, admission)"
                  if cpu_miss else "")
         out.append(f"A GET took {gets[('direct', None)]['mean_ms']:.0f} ms on average inside the direct "
                    f"reader's workers and {min(daemon_gets):.0f}-{max(daemon_gets):.0f} ms inside the shadefs "
@@ -1051,7 +1051,7 @@ def render_section(results: Dict[str, Any]) -> str:
         "",
         "- *direct S3 (no shadefs)*: a plain ImageFolder cannot open `s3://`, so this is the FUSE-less "
         "reader one would write: a torch `Dataset` that lists the prefix once (s3fs `find`) and reads "
-        "each sample with one GET (s3fs `cat_file`, `max_concurrency=1`: the same call shadefs makes on "
+        "each sample with one GET (s3fs `cat_file`, `max_concurrency=1`: the same one GET shadefs makes on "
         "a miss), through the same proxy, decoded as ImageFolder does (`PIL.Image.open(...)."
         "convert(\"RGB\")`), one s3fs client per worker. Same classes, sample order and shuffle seed as "
         "ImageFolder.",
@@ -1089,8 +1089,8 @@ def render_section(results: Dict[str, Any]) -> str:
         "after serialising it at the rate (one link per direction, shared by all connections). moto's "
         "werkzeug server closes the connection after every response, which S3 never does; so the "
         "proxy keeps the client's connections alive (as an S3 front end does) and talks to moto over "
-        "a fresh, undelayed loopback connection per request. The client side (s3fs in the shadefs "
-        "daemon, or in each DataLoader worker for the direct reader) therefore sees pooled "
+        "a fresh, undelayed loopback connection per request. The client side (obstore, or s3fs with "
+        "`--backend fsspec`, in the shadefs daemon; s3fs in each DataLoader worker for the direct reader) therefore sees pooled "
         "keep-alive connections with a 2 ms RTT, as against a nearby object store. "
         f"Measured GET of one {p.get('object_kb', d['mean_bytes'] / 1e3):.0f} kB object (s3fs "
         f"`cat_file`, sequential, interleaved, median / p90): moto alone {p['moto']['median_ms']:.1f} / "
