@@ -202,7 +202,11 @@ class FsspecBackend(Backend):
         if self._is_s3:
             self._s3_defaults(storage_options, self.timeout_s)
             if pool_connections not in (None, ""):  # botocore's pool (default 10): a stalled GET holds one
-                storage_options["config_kwargs"].setdefault("max_pool_connections", int(pool_connections))
+                try:
+                    pool = int(pool_connections)
+                except ValueError as e:
+                    raise BackendError(f"bad pool_connections option: {e}") from e
+                storage_options["config_kwargs"].setdefault("max_pool_connections", pool)
         if self.protocol in _NO_LISTINGS_CACHE:
             storage_options.setdefault("use_listings_cache", False)
         kwargs = dict(cls._get_kwargs_from_urls(url))

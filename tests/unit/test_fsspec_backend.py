@@ -217,6 +217,10 @@ def test_s3_options_land_where_s3fs_wants_them(s3_options):
     assert fs.config_kwargs["retries"] == {"total_max_attempts": 1}  # ours is the only retry layer
     assert fs.config_kwargs["read_timeout"] == 3
     assert fs.anon is False and fs.retries == 1 and fs.max_concurrency == 1
+    assert "max_pool_connections" not in fs.config_kwargs  # botocore's default unless the daemon sizes it
+    b.close()
+    b = open_backend("s3://bucket/some/prefix/", "fsspec", **s3_options, pool_connections="288")
+    assert b.fs.config_kwargs["max_pool_connections"] == 288
     assert b.root == "bucket/some/prefix"
     assert b.describe() == "s3://bucket/some/prefix (endpoint http://127.0.0.1:9)"
     assert "very-secret-value-42" not in repr(b.options) and b.options["secret"] == "***"
@@ -235,6 +239,8 @@ def test_bad_options_are_backend_errors(s3_options):
         open_backend("s3://bucket/p", "fsspec", retries="-1")
     with pytest.raises(BackendError, match="retry"):
         open_backend("s3://bucket/p", "fsspec", retry_base_s="soon")
+    with pytest.raises(BackendError, match="pool_connections"):
+        open_backend("s3://bucket/p", "fsspec", pool_connections="many")
     with pytest.raises(BackendError, match="no backend for nosuchproto://"):
         open_backend("nosuchproto://x")
     typo = open_backend("s3://bucket/p", "fsspec", endpoin_url="http://127.0.0.1:9", retries="3")
