@@ -30,7 +30,7 @@ setup(
     ],
     extras_require={
         "torch": ["torch==2.14.1", "torchvision==0.29.1"],
-        "s3": ["s3fs>=2023.1", "fsspec>=2023.1"],
+        "s3": ["obstore>=0.12", "s3fs>=2023.1", "fsspec>=2023.1"],  # obstore reads, s3fs lists
         "plot": ["matplotlib>=3.5"],
         "shared": ["redis>=5", "xxhash>=3"],
         "test": [
@@ -39,6 +39,7 @@ setup(
             "hypothesis>=6",
             "pillow>=9",
             "moto[server]>=5",
+            "obstore>=0.12",
             "s3fs>=2023.1",
             "fsspec>=2023.1",
             "matplotlib>=3.5",

@@ -5,8 +5,8 @@ What runs (each a fresh training process, the same model, seed, batch size and s
 
 - ``direct S3``: no shadefs. A plain ImageFolder cannot read ``s3://``, so this is the FUSE-less
   reader a user would write: a torch Dataset listing the prefix once (s3fs ``find``) and reading each
-  sample with ONE GET (s3fs ``cat_file``, ``max_concurrency=1``, the very call shadefs's backend makes
-  on a miss), decoded like ImageFolder (``PIL.Image.open(...).convert("RGB")``). Each DataLoader
+  sample with ONE GET (s3fs ``cat_file``, ``max_concurrency=1``, the call shadefs's fsspec backend makes
+  on a miss; the default obstore backend makes the same one GET), decoded like ImageFolder (``PIL.Image.open(...).convert("RGB")``). Each DataLoader
   worker opens its own s3fs client after the fork.
 - ``shadefs lru`` / ``shadefs static``: ``shadefs mount s3://... --policy P --ram-cache C%`` and an
   unmodified ImageFolder on the mount, ``shuffle=True``.
@@ -73,14 +73,21 @@ DOC = os.path.join(REPO, "docs", "performance.md")
 PLOT = os.path.join(REPO, "docs", "img", "bench_epoch.png")
 START, END = docsection.markers("bench_epoch")
 MEAN, STD = (0.2860,) * 3, (0.3530,) * 3
-CONFIG_ORDER = ("direct", "local", "lru", "static", "shade", "plan", "shade-noplan")
+CONFIG_ORDER = ("direct", "local", "lru", "static", "shade", "plan", "shade-noplan",
+                "lru-fsspec", "static-fsspec", "lru-base", "static-base")
+DEFAULT_CONFIGS = CONFIG_ORDER[:7]
 MOUNTED = CONFIG_ORDER[2:]
 LABELS = {"direct": "direct S3 (no shadefs)", "local": "local disk (no shadefs)",
           "lru": "shadefs lru", "static": "shadefs static", "shade": "shadefs shade + hook",
-          "plan": "shadefs static + PlanSampler", "shade-noplan": "shadefs shade + hook, no plan"}
+          "plan": "shadefs static + PlanSampler", "shade-noplan": "shadefs shade + hook, no plan",
+          "lru-fsspec": "shadefs lru, --backend fsspec", "static-fsspec": "shadefs static, --backend fsspec",
+          "lru-base": "shadefs lru, --baseline", "static-base": "shadefs static, --baseline"}
 # the mount's --policy per config; "shade" = ShadeSampler announcing its draws (its default, issue 11),
 # "shade-noplan" = ShadeSampler(announce_plan=False), "plan" = PlanSampler (uniform permutations, announced)
-POLICY = {"lru": "lru", "static": "static", "shade": "shade", "plan": "static", "shade-noplan": "shade"}
+POLICY = {"lru": "lru", "static": "static", "shade": "shade", "plan": "static", "shade-noplan": "shade",
+          "lru-fsspec": "lru", "static-fsspec": "static", "lru-base": "lru", "static-base": "static"}
+# "-fsspec": this tree with s3fs as the client (--backend fsspec); "-base": the shadefs package of the
+# --baseline revision (its default client), in the same run
 def log(msg: str) -> None:
     print(f"[bench_epoch {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
@@ -178,11 +185,15 @@ def limit_gets(endpoint: str, keys: List[str], procs: int, threads: int) -> floa
 
 # ================================================================================== shadefs mounts
 def mount(source: str, mnt: str, policy: str, size_pct: int, endpoint: str, log_file: str,
-          metrics_port: int) -> int:
-    """Mount ``source`` at ``mnt`` (RAM tier only, ``size_pct`` % of the dataset); returns the daemon pid."""
+          metrics_port: int, extra=(), code: Optional[str] = None) -> int:
+    """Mount ``source`` at ``mnt`` (RAM tier only, ``size_pct`` % of the dataset); returns the daemon pid.
+    ``code``: a directory holding another ``shadefs`` package to run (a --baseline revision)."""
+    env = None
+    if code:  # that package first; PYTHONSAFEPATH: ``-m`` must not put the working directory before it
+        env = dict(os.environ, PYTHONPATH=code, PYTHONSAFEPATH="1")
     return Mount(source, mnt, ["--policy", policy, "--ram-cache", f"{size_pct}%", "--backend-opt",
-                               f"endpoint_url={endpoint}", "--metrics-port", str(metrics_port)],
-                 log_file=log_file, mount_timeout=300).start().pid
+                               f"endpoint_url={endpoint}", "--metrics-port", str(metrics_port), *extra],
+                 log_file=log_file, mount_timeout=300, env=env).start().pid
 
 
 def backend_read_latency(metrics_port: int) -> Dict[str, float]:
@@ -404,8 +415,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--epochs", type=int, default=None, help="epochs per run (default 3; --quick: 2)")
     p.add_argument("--sizes", default=None, help="RAM-tier sizes, %% of the dataset (default 10,20,40; "
                                                  "--quick: 20)")
-    p.add_argument("--configs", default=",".join(CONFIG_ORDER),
-                   help="which runs: direct,local,lru,static,shade (default: all)")
+    p.add_argument("--configs", default=",".join(DEFAULT_CONFIGS),
+                   help="which runs: direct,local,lru,static,shade,plan,shade-noplan (default), and "
+                   "lru-fsspec,static-fsspec (--backend fsspec), lru-base,static-base (--baseline REV)")
+    p.add_argument("--baseline", default=None, metavar="REV",
+                   help="git revision whose shadefs package the -base configs mount (e.g. c9061c1)")
     p.add_argument("--quick", action="store_true", help="a ~2 minute validation run")
     p.add_argument("--delay-ms", type=float, default=1.0, help="proxy: one-way delay per direction")
     p.add_argument("--rate", default="1gbit", help="proxy: rate per direction (0 = unlimited)")
@@ -437,6 +451,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     bad = set(a.configs) - set(CONFIG_ORDER)
     if bad:
         p.error(f"--configs: unknown {sorted(bad)}")
+    if any(c.endswith("-base") for c in a.configs) and not a.baseline:
+        p.error("--configs lru-base/static-base need --baseline REV")
     if a.epochs < 1 or a.train_limit < 1 or not a.sizes or any(not 0 < s <= 100 for s in a.sizes):
         p.error("--epochs, --train-limit must be >= 1 and --sizes in 1..100")
     return a
@@ -511,6 +527,12 @@ def run_benchmark(a: argparse.Namespace) -> Dict[str, Any]:
         pass
     moto = MotoServer()
     proxy: Optional[LatencyProxyProcess] = None
+    base_code = None
+    if a.baseline:
+        from shadefs.testing import baseline
+
+        base_code, rev = baseline.extract(os.path.dirname(HERE), a.baseline, prefix="bench-epoch-baseline-")
+        results["baseline"] = rev
     try:
         moto.start()
         t0 = time.monotonic()
@@ -574,7 +596,9 @@ def run_benchmark(a: argparse.Namespace) -> Dict[str, Any]:
                 metrics_port = free_port()
                 try:
                     pid = mount(source, mnt, POLICY[config], size, proxy.endpoint,
-                                os.path.join(logs, f"{name}.log"), metrics_port)
+                                os.path.join(logs, f"{name}.log"), metrics_port,
+                                ["--backend", "fsspec"] if config.endswith("-fsspec") else (),
+                                base_code if config.endswith("-base") else None)
                     cfg.update(data=os.path.join(mnt, "train"), mnt=mnt)
                     run = run_child(cfg, a.run_timeout, proxy.snapshot)
                     daemon_cpu = proc_cpu(pid)
@@ -605,6 +629,8 @@ def run_benchmark(a: argparse.Namespace) -> Dict[str, Any]:
             proxy.stop()
             results["proxy_counters"] = proxy.counters
         moto.stop()
+        if base_code:
+            shutil.rmtree(base_code, ignore_errors=True)
     results["load_start"] = list(load_start)
     results["load_end"] = list(os.getloadavg())
     results["total_s"] = time.monotonic() - t_start
@@ -786,7 +812,7 @@ def findings(results: Dict[str, Any]) -> List[str]:
         cpu_miss = [r["daemon_cpu_s"] / r["backend_read"]["count"] for r in runs
                     if r["config"] in ("lru", "static") and r.get("daemon_cpu_s") and r.get("backend_read")]
         extra = (f"; the daemon's CPU divided by its misses was {1e3 * min(cpu_miss):.1f}-"
-                 f"{1e3 * max(cpu_miss):.1f} ms in the lru/static runs (FUSE requests, s3fs, admission)"
+                 f"{1e3 * max(cpu_miss):.1f} ms in the lru/static runs (FUSE requests, the S3 client, admission)"
                  if cpu_miss else "")
         out.append(f"A GET took {gets[('direct', None)]['mean_ms']:.0f} ms on average inside the direct "
                    f"reader's workers and {min(daemon_gets):.0f}-{max(daemon_gets):.0f} ms inside the shadefs "
@@ -923,7 +949,7 @@ def render_section(results: Dict[str, Any]) -> str:
         "",
         "- *direct S3 (no shadefs)*: a plain ImageFolder cannot open `s3://`, so this is the FUSE-less "
         "reader one would write: a torch `Dataset` that lists the prefix once (s3fs `find`) and reads "
-        "each sample with one GET (s3fs `cat_file`, `max_concurrency=1`: the same call shadefs makes on "
+        "each sample with one GET (s3fs `cat_file`, `max_concurrency=1`: the same one GET shadefs makes on "
         "a miss), through the same proxy, decoded as ImageFolder does (`PIL.Image.open(...)."
         "convert(\"RGB\")`), one s3fs client per worker. Same classes, sample order and shuffle seed as "
         "ImageFolder.",
@@ -961,8 +987,8 @@ def render_section(results: Dict[str, Any]) -> str:
         "after serialising it at the rate (one link per direction, shared by all connections). moto's "
         "werkzeug server closes the connection after every response, which S3 never does; so the "
         "proxy keeps the client's connections alive (as an S3 front end does) and talks to moto over "
-        "a fresh, undelayed loopback connection per request. The client side (s3fs in the shadefs "
-        "daemon, or in each DataLoader worker for the direct reader) therefore sees pooled "
+        "a fresh, undelayed loopback connection per request. The client side (obstore, or s3fs with "
+        "`--backend fsspec`, in the shadefs daemon; s3fs in each DataLoader worker for the direct reader) therefore sees pooled "
         "keep-alive connections with a 2 ms RTT, as against a nearby object store. "
         f"Measured GET of one {p.get('object_kb', d['mean_bytes'] / 1e3):.0f} kB object (s3fs "
         f"`cat_file`, sequential, interleaved, median / p90): moto alone {p['moto']['median_ms']:.1f} / "

@@ -212,10 +212,13 @@ def build_config(args) -> MountConfig:
     else:
         from .backends.base import BackendError, backend_for
         try:
-            backend_for(source)
+            backend_for(source, args.backend)
         except BackendError as e:
             raise UserError(str(e)) from None
     options = _backend_options(args.backend_opt)
+    if args.backend != "auto" and ("://" not in source or source.startswith("file://")):
+        raise UserError(f"--backend {args.backend}: chooses the client of an object-store URL (s3://, gs://, "
+                        "az://), not of a local path")
     if "://" not in source or source.startswith("file://"):
         from .backends.base import BackendError
         from .backends.posix import PosixBackend
@@ -253,7 +256,7 @@ def build_config(args) -> MountConfig:
         passthrough=not args.no_passthrough, verify_entries=args.verify_entries, backend_options=options,
         score_transform=args.score_transform, checkpoint_interval_s=args.checkpoint_interval,
         follow_symlinks=args.follow_symlinks, rescan=args.rescan,
-        backend_timeout_s=float(args.backend_timeout),
+        backend_timeout_s=float(args.backend_timeout), backend=args.backend,
     )
     kwargs.update(_shared_tier_config(args))
     if "ram_cache" in sizes:
@@ -1135,6 +1138,9 @@ def make_parser() -> argparse.ArgumentParser:
                    help="when a disk entry's checksum is verified: on every disk hit (default), or only at its "
                    "first hit after it was written or reloaded (later hits of it trust it; faster NVMe hits)")
     m.add_argument("--backend-opt", action="append", metavar="KEY=VALUE", help="backend option (repeatable)")
+    m.add_argument("--backend", choices=("auto", "obstore", "fsspec"), default="auto",
+                   help="the client of an object-store source: auto (default: obstore for s3://, gs://, az:// "
+                   "when installed, fsspec for every other URL), obstore, or fsspec (s3fs, gcsfs, ...)")
     m.add_argument("--backend-timeout", type=float, default=60.0, metavar="SECONDS",
                    help="a backend read that takes longer fails with EIO (default 60; 0 = no deadline)")
     # the shared tier (issue 13; docs/operations.md, "A shared tier across nodes")

@@ -125,6 +125,7 @@ class MountConfig:
     passthrough: bool = True                  # kernel front end: FUSE passthrough for NVMe hits when allowed
     verify_entries: str = "every-open"        # disk entry checksums: at every disk hit, or the first of each entry
     backend_options: tuple = ()               # (key, value) pairs for fsspec backends
+    backend: str = "auto"                     # --backend: auto (by URL scheme), obstore, fsspec
     scan_workers: Optional[int] = None        # posix listing threads; None: 1 on local filesystems, 16 on others
     backend_timeout_s: float = 60.0           # deadline of one backend read (EIO after); 0 = none
     # the shared tier (issue 13): None = off

@@ -37,6 +37,9 @@ from .procutil import raise_nofile
 
 __all__ = ["Daemon"]
 
+# reads in flight at most besides prefetches: the kernel front end's miss workers (KernelFrontend's
+# max_workers); object-store connection pools are sized for them
+MISS_WORKERS = 256
 log = logging.getLogger("shadefs.daemon")
 
 
@@ -124,7 +127,9 @@ class Daemon:
             options.setdefault("scan_workers", cfg.scan_workers)
         if "://" in cfg.source and cfg.backend_timeout_s > 0:
             options.setdefault("timeout_s", cfg.backend_timeout_s)  # fsspec: connect/read timeouts
-        self.backend = open_backend(cfg.source, **options)
+        if "://" in cfg.source:  # pools sized so no read waits for a connection: prefetches + misses
+            options.setdefault("pool_connections", cfg.prefetch_concurrency + MISS_WORKERS)
+        self.backend = open_backend(cfg.source, cfg.backend, **options)
         if cfg.backend_timeout_s > 0:  # the deadline of every read, whatever the backend does
             self.backend = TimeoutBackend(self.backend, cfg.backend_timeout_s)
         self.namespace = self._namespace()

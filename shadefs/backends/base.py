@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import datetime as dt
 import errno
 from typing import Any, Dict, Iterable, Iterator, List, NamedTuple, Optional, Tuple, Type
 
@@ -324,6 +325,11 @@ def chunks_from_entries(entries: Iterable[Entry], report: Optional[ScanReport] =
 
 
 _REGISTRY: Dict[str, str] = {}
+# backends by name (--backend NAME), whatever the URL's scheme
+_NAMED: Dict[str, str] = {"posix": "shadefs.backends.posix:PosixBackend",
+                          "fsspec": "shadefs.backends.fsspec:FsspecBackend",
+                          "obstore": "shadefs.backends.obstore:ObstoreBackend"}
+_HINTED: List[str] = []  # the fallback to fsspec was logged
 
 
 def register(scheme: str, target: str) -> None:
@@ -331,29 +337,47 @@ def register(scheme: str, target: str) -> None:
     _REGISTRY[scheme] = target
 
 
-def backend_for(url: str) -> Type[Backend]:
-    """Return the backend class for ``url``: a plain path is ``posix``; ``s3://`` etc. are fsspec.
+def backend_for(url: str, name: Optional[str] = None) -> Type[Backend]:
+    """Return the backend class for ``url``: a plain path is ``posix``; ``s3://``, ``gs://``, ``az://``
+    are ``obstore`` (``fsspec`` when obstore is not installed, with a one-time hint); any other
+    ``scheme://`` is ``fsspec``. ``name`` (``"fsspec"``, ``"obstore"``, ``"posix"``; None or ``"auto"``:
+    by scheme) picks the backend class explicitly (``--backend``).
 
     Raises:
-        BackendError: the scheme is unknown, or its optional dependency is missing (with an install hint).
+        BackendError: the scheme or name is unknown, or its optional dependency is missing (with an
+            install hint).
     """
     import importlib
 
     scheme = url.split("://", 1)[0] if "://" in url else "file"
-    target = _REGISTRY.get(scheme, _REGISTRY.get("*"))
+    if name not in (None, "", "auto"):
+        target = _NAMED.get(name)
+        if target is None:
+            raise BackendError(f"unknown backend {name!r}: choose auto, {', '.join(sorted(_NAMED))}")
+    else:
+        target = _REGISTRY.get(scheme, _REGISTRY.get("*"))
     if target is None:
         raise BackendError(f"no backend for {scheme}:// URLs")
     module, _, cls = target.partition(":")
     try:
         return getattr(importlib.import_module(module), cls)
     except ImportError as e:  # pragma: no cover - depends on what is installed
+        if name in (None, "", "auto") and target == _NAMED["obstore"]:
+            if not _HINTED:
+                _HINTED.append(scheme)
+                import logging
+                logging.getLogger(__name__).warning(
+                    "%s:// is read through fsspec: the native object-store client is not installed "
+                    "(pip install obstore)", scheme)
+            return backend_for(url, "fsspec")
         raise BackendError(f"{scheme}:// needs an optional dependency ({e.name}); "
                            f"install it with: pip install 'shadefs[s3]'") from e
 
 
-def open_backend(url: str, **options) -> Backend:
-    """Instantiate the backend for ``url`` with backend-specific ``options``."""
-    return backend_for(url)(url, **options)
+def open_backend(url: str, backend: Optional[str] = None, **options) -> Backend:
+    """Instantiate the backend for ``url`` (``backend``: a name as :func:`backend_for` takes) with
+    backend-specific ``options``."""
+    return backend_for(url, backend)(url, **options)
 
 
 register("file", "shadefs.backends.posix:PosixBackend")
@@ -364,3 +388,32 @@ register("http", "shadefs.backends.fsspec:FsspecBackend")
 register("https", "shadefs.backends.fsspec:FsspecBackend")
 register("memory", "shadefs.backends.fsspec:FsspecBackend")
 register("*", "shadefs.backends.fsspec:FsspecBackend")  # any other fsspec protocol (abfs, hf, ...)
+for _scheme in ("s3", "s3a", "gs", "gcs", "az", "azure"): register(_scheme, _NAMED["obstore"])  # noqa: E701
+
+
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+_US = dt.timedelta(microseconds=1)
+
+
+def mtime_ns(info: Dict[str, Any]) -> int:
+    """Integer nanoseconds since the epoch from an fsspec info dict or an S3 listing entry; 0 if absent.
+
+    A timestamp (``LastModified``, ISO strings) is converted exactly, in integers (a float of seconds
+    would round the sub-second part: ~240 ns steps at today's dates); a number is taken as seconds.
+    """
+    for key in ("LastModified", "mtime", "last_modified", "updated", "modified", "created"):
+        value = info.get(key)
+        if isinstance(value, str):
+            try:
+                value = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+            except ValueError:
+                continue
+        if isinstance(value, dt.datetime):
+            if value.tzinfo is None:
+                value = value.replace(tzinfo=dt.timezone.utc)
+            return ((value - _EPOCH) // _US) * 1000
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value * 1_000_000_000
+        if isinstance(value, float):
+            return round(value * 1e9)
+    return 0

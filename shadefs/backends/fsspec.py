@@ -10,7 +10,6 @@ never logs a credential: options named like key/secret/token/password are masked
 """
 from __future__ import annotations
 
-import datetime as dt
 import logging
 import re
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, TypeVar
@@ -18,7 +17,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, TypeVar
 import fsspec
 from fsspec.registry import known_implementations
 
-from .base import Backend, BackendError, DirChunk, Entry, ScanReport, chunks_from_entries
+from .base import Backend, BackendError, DirChunk, Entry, ScanReport, chunks_from_entries, mtime_ns
 from .retry import RetryPolicy, redact
 
 __all__ = ["FsspecBackend", "parse_options"]
@@ -98,32 +97,7 @@ def _secret_values(options: Any, name: str = "") -> List[str]:
     return [options] if _is_secret(name) and isinstance(options, str) else []
 
 
-_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
-_US = dt.timedelta(microseconds=1)
-
-
-def _mtime_ns(info: Dict[str, Any]) -> int:
-    """Integer nanoseconds since the epoch from an fsspec info dict or an S3 listing entry; 0 if absent.
-
-    A timestamp (``LastModified``, ISO strings) is converted exactly, in integers (a float of seconds
-    would round the sub-second part: ~240 ns steps at today's dates); a number is taken as seconds.
-    """
-    for key in ("LastModified", "mtime", "last_modified", "updated", "modified", "created"):
-        value = info.get(key)
-        if isinstance(value, str):
-            try:
-                value = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
-            except ValueError:
-                continue
-        if isinstance(value, dt.datetime):
-            if value.tzinfo is None:
-                value = value.replace(tzinfo=dt.timezone.utc)
-            return ((value - _EPOCH) // _US) * 1000
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value * 1_000_000_000
-        if isinstance(value, float):
-            return round(value * 1e9)
-    return 0
+_mtime_ns = mtime_ns  # the listing's timestamp in integer ns (shadefs.backends.base.mtime_ns)
 
 
 def _is_invalid_range(exc: BaseException) -> bool:
@@ -169,6 +143,9 @@ class FsspecBackend(Backend):
         endpoint_url (str, s3): an S3-compatible endpoint (MinIO, Ceph, moto); goes into
             ``client_kwargs``. ``region`` likewise; ``connect_timeout``, ``read_timeout`` (seconds)
             and ``max_pool_connections`` go into botocore's ``config_kwargs``.
+        pool_connections (int, s3): ``max_pool_connections`` unless that is given (the daemon passes the
+            prefetch concurrency plus its read concurrency, so a stalled GET never holds the last
+            connection another file's GET needs); ignored by other protocols.
         anything else: passed to the fsspec implementation (s3fs: ``anon``, ``key``, ``secret``,
             ``token``, ``requester_pays``, ``client_kwargs.*``, ``config_kwargs.*``, ...).
 
@@ -183,7 +160,7 @@ class FsspecBackend(Backend):
     scheme = "fsspec"
 
     def __init__(self, url: str, retries: Any = 5, retry_base_s: Any = 0.1, retry_max_s: Any = 5.0,
-                 retry_seed: Any = None, timeout_s: Any = None, **options: Any):
+                 retry_seed: Any = None, timeout_s: Any = None, pool_connections: Any = None, **options: Any):
         storage_options = parse_options(options)
         self._secrets = _secret_values(storage_options)
         super().__init__(url, **_mask(storage_options))
@@ -208,6 +185,12 @@ class FsspecBackend(Backend):
             raise BackendError(f"bad timeout_s option: {e}") from e
         if self._is_s3:
             self._s3_defaults(storage_options, self.timeout_s)
+            if pool_connections not in (None, ""):  # botocore's pool (default 10): a stalled GET holds one
+                try:
+                    pool = int(pool_connections)
+                except ValueError as e:
+                    raise BackendError(f"bad pool_connections option: {e}") from e
+                storage_options["config_kwargs"].setdefault("max_pool_connections", pool)
         if self.protocol in _NO_LISTINGS_CACHE:
             storage_options.setdefault("use_listings_cache", False)
         kwargs = dict(cls._get_kwargs_from_urls(url))

@@ -20,7 +20,9 @@ Each file is in exactly one state (docs/architecture.md, "The per-file state mac
 Every transition happens under ``self.lock`` (microseconds: dict and index updates only); all I/O
 (backend reads, disk reads, writes, unlinks) happens outside it. Tiers are exclusive: a file is
 resident in at most one at every instant. A miss is offered to RAM first, then to the disk tier; a file
-no tier admits is streamed to the reader by ranges, never read whole into the daemon. RAM's victims are
+no tier admits is read whole with one GET into a transient buffer when it is at most :data:`FILL_CHUNK`
+bytes and :data:`LOOSE_BUFFERS` has room for it, else streamed to the reader by ranges of whole
+:data:`FILL_CHUNK` chunks (one chunk held per open), never one request per kernel READ. RAM's victims are
 demoted to the disk tier when the disk policy admits them; a disk hit is promoted to RAM when RAM admits
 it (and leaves the disk tier).
 
@@ -55,7 +57,8 @@ log = logging.getLogger("shadefs.cache")
 Outcome = str  # "ram" | "disk" | "shared" | "miss" | "prefetch" (a completed prefetch) | "late" (waited on one)
 RAM_BIT, DISK_BIT = 1, 2  # bits of TieredCache.resident_flags
 
-# a fill into the disk tier reads the backend in pieces of this many bytes (the working set of one fill)
+# a fill into the disk tier reads the backend in pieces of this many bytes (the working set of one fill); a
+# miss no tier admits is read whole with one request up to this size, and by ranges of this size above it
 FILL_CHUNK = 8 << 20
 # bytes the daemon may hold outside every tier (its bounded working set): buffers open handles keep that
 # no tier holds (a shared-tier read no node tier kept, a prefetch no tier admitted, a fill whose disk write
@@ -95,7 +98,7 @@ class Handle:
     """
 
     __slots__ = ("fid", "size", "outcome", "_cache", "_data", "_fd", "_released", "_pin", "_loose", "gen",
-                 "keep_pages")
+                 "keep_pages", "_chunk")
 
     def __init__(self, cache: "TieredCache", fid: int, size: int, outcome: Outcome,
                  data: Optional[bytes] = None, fd: Optional[int] = None, pin: Optional[list] = None,
@@ -111,6 +114,7 @@ class Handle:
         self._released = False
         self._pin = pin      # [refs, bytes, where (PIN_*), fid] of the RAM tier buffer this handle holds
         self._loose = loose  # bytes of a buffer counted against LOOSE_BUFFERS
+        self._chunk = None   # served by ranges: (offset, bytes, lock) of the last whole chunk read (loose)
 
     @property
     def source(self) -> str:
@@ -135,7 +139,7 @@ class Handle:
             return self._data[offset:end]
         if self._fd is not None:
             return _pread_exact(self._fd, end - offset, offset)
-        return self._cache._read_range(self.fid, offset, end - offset)
+        return self._cache._stream_read(self, offset, end)
 
     def backing_fd(self) -> Optional[int]:
         """An ``O_RDONLY`` fd of the file's (checksum-verified or just written) disk entry, for FUSE
@@ -162,6 +166,8 @@ class Handle:
             return
         self._released = True
         self._data = None
+        if self._chunk is not None:
+            self._chunk = (0, b"", self._chunk[2])  # the chunk's bytes go; a READ racing release keeps the lock
         if self._pin is not None or self._loose:
             self._cache._orphans.append((self._pin, self._loose))
             self._pin, self._loose = None, 0
@@ -205,7 +211,7 @@ class OpenTicket:
 class _Flight:
     """A file in state ``fetching`` (kind ``"fetch"``) or ``moving`` (kind ``"demote"``)."""
 
-    __slots__ = ("kind", "data", "error", "tier", "source", "gen", "csum", "plan", "done", "pin")
+    __slots__ = ("kind", "data", "error", "tier", "source", "gen", "csum", "plan", "done", "pin", "loose")
 
     def __init__(self, kind: str, data: Optional[bytes] = None):
         self.kind = kind
@@ -217,6 +223,7 @@ class _Flight:
         self.csum = 0
         self.plan = None               # fetching into the disk tier: (generation, victims to delete)
         self.pin = None                # moving: the bytes' record (the flight holds one ref; counted)
+        self.loose = 0                 # fetching into no tier: loose bytes reserved for the first handle
         self.done = threading.Event()
 
 
@@ -325,6 +332,14 @@ class TieredCache:
         self.prefetcher = None   # shadefs.plan.prefetch.Prefetcher
         self._inflight: Dict[int, object] = {}  # the prefetcher's reads in flight (PrefetchFuture)
         self.stream_threshold = 64 * 2**20       # the prefetcher never reads files above this
+        # a miss no tier admits: read whole (one request) up to whole_max bytes, else by ranges of chunk
+        # bytes (module constants; tests lower them)
+        self.whole_max = FILL_CHUNK
+        self.chunk = FILL_CHUNK
+        # untiered files an open already read whole: the kernel keeps their pages (Handle.keep_pages), so
+        # a later open is streamed instead, by whole chunks at the first READ that reaches the daemon (one
+        # request if the pages are gone, none while they serve); 1 byte per file
+        self._read_whole_once = np.zeros(namespace.num_files, dtype=bool)
 
     def attach_plans(self, plans, prefetcher=None) -> None:
         """Follow announced plans (issue 11): ``plans`` shares this cache's lock; ``prefetcher`` reads
@@ -364,7 +379,7 @@ class TieredCache:
         else:                                        # absent: a prefetch has it, or this open leads
             pf = self._prefetched(fid, size)
             if pf is None:
-                fl, demote = self._start_fetch(fid, size)
+                fl, demote = self._start_fetch(fid, size, transient=True)
                 leader = True
             else:
                 fl = pf
@@ -428,7 +443,7 @@ class TieredCache:
             fl = None
             absent = self._absent(fid)
             if absent:
-                fl, demote = self._start_fetch(fid, size)
+                fl, demote = self._start_fetch(fid, size, transient=True)
         if fl is not None:
             self._lead(fid, size, fl, demote, data=data, source=outcome)
         if source == "miss" and absent and (fl is None or fl.tier is None):
@@ -785,10 +800,12 @@ class TieredCache:
             hook(fid)
 
     # -- misses: one leader per file, admission decided before the read -----------------------------
-    def _start_fetch(self, fid: int, size: int, memory: bool = True):
+    def _start_fetch(self, fid: int, size: int, memory: bool = True, transient: bool = False):
         """Under self.lock, for an absent file: reserve it in RAM, else in the disk tier, and enter
         ``fetching``. Returns (flight, RAM victims to demote) or (None, []) when no tier admits it
-        (``memory``: a flight kept by no tier, to offer to the shared tier, counts as admitted)."""
+        (``memory``: a flight kept by no tier, to offer to the shared tier, counts as admitted).
+        ``transient`` (an open, whose handle takes the bytes): a file no tier admits of at most
+        :attr:`whole_max` bytes is fetched into a transient buffer while :data:`LOOSE_BUFFERS` has room."""
         if self._orphans:
             self._settle()
         victims = self.ram_index.reserve(fid, size)
@@ -799,6 +816,17 @@ class TieredCache:
             return fl, self._evict_ram(victims)
         plan = self._reserve_disk(fid, size)
         if plan is None:
+            if (transient and size <= self.whole_max and self.loose_bytes + size <= self.loose_budget
+                    and not self._read_whole_once[fid]):
+                # no tier: one whole GET into a transient buffer (loose bytes, reserved for the first
+                # handle), served as held-open bytes are; offered to the group when there is one
+                self._read_whole_once[fid] = True
+                fl = _Flight("fetch")
+                fl.tier = "memory"
+                fl.loose = size
+                self.loose_bytes += size
+                self._flights[fid] = fl
+                return fl, []
             if memory and self.shared is not None and size <= self.shared.max_file:
                 # no node tier: read it whole (at most --shared-max-file) to serve and offer to the group
                 fl = _Flight("fetch")
@@ -898,6 +926,8 @@ class TieredCache:
         except BaseException as e:
             with self.lock:
                 self.backend_errors += not isinstance(e, FileNotFoundError)
+                self.loose_bytes -= fl.loose  # the transient buffer's reservation (no handle takes it)
+                fl.loose = 0
                 if fl.tier == "ram":
                     self.ram_index.abort(fid)
                 elif fl.tier == "disk":
@@ -989,9 +1019,14 @@ class TieredCache:
                               fd=self.disk.open_entry(self.ns.path(fid), fl.gen, fl.csum), gen=fl.gen)
             except OSError:
                 pass  # evicted already: serve from the backend
-        if fl.tier is None:  # no tier took it (read whole for the shared tier): an untiered file
+        if fl.tier is None:  # no tier took it (a transient buffer, or read whole for the shared tier)
             with self.lock:
                 keep = not self._stale_pages or self._pages_trusted(fid)
+                loose = 0
+                if fl.loose and fl.data is not None:
+                    loose, fl.loose = fl.loose, 0
+            if loose:  # the first handle of a transient buffer takes the loose bytes reserved for it
+                return Handle(self, fid, size, fl.source, data=fl.data, loose=loose, keep_pages=keep)
             return self._loose_handle(fid, size, fl.source, fl.data, keep_pages=keep)
         return self._loose_handle(fid, size, fl.source, fl.data)
 
@@ -1007,6 +1042,36 @@ class TieredCache:
             self.backend_bytes += length
             self.range_reads += 1
         return data
+
+    def _stream_read(self, h: Handle, offset: int, end: int) -> bytes:
+        """Bytes ``[offset, end)`` of a file served by ranges (``end`` within its size): read from the
+        backend in whole chunks of :attr:`chunk` bytes (one request each, pinned to the object's version
+        by the backend), the last chunk kept by the handle, counted against :data:`LOOSE_BUFFERS`
+        (``min(chunk, size)`` reserved at the first read); with no room, exactly the bytes asked.
+        Concurrent READs of one handle take turns (one request per chunk, not one per READ)."""
+        if h._chunk is None:  # the first read: a chunk buffer and its lock, if the working set has room
+            want = min(self.chunk, h.size)
+            with self.lock:
+                if self._orphans:
+                    self._settle()
+                if type(h._chunk) is not tuple and self.loose_bytes + want <= self.loose_budget:
+                    self.loose_bytes += want
+                    h._loose += want
+                    h._chunk = (0, b"", threading.Lock())
+            if h._chunk is None:
+                return self._read_range(h.fid, offset, end - offset)
+        out = []
+        with h._chunk[2]:
+            while offset < end:
+                start, data, lock = h._chunk
+                if start <= offset < start + len(data):
+                    piece = data[offset - start:end - start]
+                    out.append(piece)
+                    offset += len(piece)
+                    continue
+                start = offset - offset % self.chunk
+                h._chunk = (start, self._read_range(h.fid, start, min(self.chunk, h.size - start)), lock)
+        return out[0] if len(out) == 1 else b"".join(out)
 
     def read_range(self, fid: int, offset: int, length: int) -> bytes:
         """Read ``length`` bytes at ``offset`` of file ``fid`` straight from the backend (not counted as

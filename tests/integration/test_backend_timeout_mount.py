@@ -55,8 +55,8 @@ def test_a_read_stuck_in_the_kernel_is_eio_at_the_deadline_and_others_are_served
             t.join(20)
         assert served_in < 1.5, served_in       # not queued behind the stuck reads
         # every reader sees EIO, none a short or empty file, all within one deadline. With --ram-cache 0
-        # no tier admits the file, so it is streamed by ranges (a backend call per kernel READ, and the
-        # kernel retries a failed readahead); after the first deadline every further read of the stuck
+        # no tier admits the file: one whole read into a transient buffer, which the other opens join,
+        # and the kernel retries a failed read; after the first deadline every further read of the stuck
         # path fails at once, so no reader waits a deadline of its own behind the same hung open()
         assert sorted(results) == [0, 1, 2]
         took = sorted(t for _, t in results.values())
@@ -74,7 +74,7 @@ def test_a_read_stuck_in_the_kernel_is_eio_at_the_deadline_and_others_are_served
     finally:
         unblock(fifo)
     log = m.log()
-    assert "read 'dog/04.bin' at 0: no answer from the backend within 1.5 s (--backend-timeout)" in log
+    assert "read 'dog/04.bin': no answer from the backend within 1.5 s (--backend-timeout)" in log
     assert log.count("failing at once (further reads of it fail the same way") == 1   # logged once
     s = m.stats()
     assert s["opens"] == sum(s["hits"].values()) + s["misses"]

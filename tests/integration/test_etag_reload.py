@@ -11,7 +11,9 @@ from conftest import require
 require("boto3")
 require("s3fs", "moto.server")
 
-from shadefs.backends.fsspec import FsspecBackend  # noqa: E402
+import pytest  # noqa: E402
+
+from shadefs.backends import open_backend  # noqa: E402
 from shadefs.backends.posix import PosixBackend, identity_tag  # noqa: E402
 from shadefs.cache import persist  # noqa: E402
 from shadefs.cache.core import TieredCache  # noqa: E402
@@ -51,7 +53,8 @@ def _restart(ns, backend, cache_dir, url):
     return rep, TieredCache(ns, backend, ram, (index, disk), imp), disk
 
 
-def test_an_s3_overwrite_with_the_same_size_is_dropped_at_restart(moto_server, tmp_path):
+@pytest.mark.parametrize("client", ["obstore", "fsspec"])
+def test_an_s3_overwrite_with_the_same_size_is_dropped_at_restart(moto_server, tmp_path, client):
     """An overwrite that keeps the size and lands in the listing's same LastModified second differs only by
     its ETag. Whether a real overwrite lands in the same second depends on how long the fill took (on a
     loaded machine it rarely does), so the second listing's mtime of the overwritten object is set to the
@@ -59,7 +62,7 @@ def test_an_s3_overwrite_with_the_same_size_is_dropped_at_restart(moto_server, t
     s3 = moto_server.client()
     s3.create_bucket(Bucket=BUCKET)
     url = f"s3://{BUCKET}/ds"
-    backend = FsspecBackend(url, endpoint_url=moto_server.endpoint, retries=0)
+    backend = open_backend(url, client, endpoint_url=moto_server.endpoint, retries=0)
     v1, v2, keep = os.urandom(4096), os.urandom(4096), os.urandom(3000)
     s3.put_object(Bucket=BUCKET, Key="ds/c/keep.bin", Body=keep)
     s3.put_object(Bucket=BUCKET, Key="ds/c/x.bin", Body=v1)

@@ -162,6 +162,8 @@ def test_readdir_lists_only_the_source(small_tree, mount):
     (["--backend-timeout", "inf"], "--backend-timeout inf"),
     (["--metrics-port", "70000"], "--metrics-port 70000"),
     (["--metrics-port", "-1"], "--metrics-port -1"),
+    (["--backend", "fsspec"], "--backend fsspec: chooses the client of an object-store URL"),
+    (["--backend", "native"], "invalid choice: 'native'"),
 ])
 def test_mount_rejects_bad_arguments_in_one_line(small_tree, tmp_path, cli, args, message):
     src, _ = small_tree

@@ -223,7 +223,7 @@ def make_backend(endpoint: str, prefix: str = PREFIX, **opts) -> FsspecBackend:
     options = dict(endpoint_url=endpoint, retries="3", retry_base_s="0.01", retry_max_s="0.05",
                    retry_seed="7")
     options.update(opts)
-    backend = open_backend(f"s3://{BUCKET}/{prefix}", **options)
+    backend = open_backend(f"s3://{BUCKET}/{prefix}", "fsspec", **options)
     assert isinstance(backend, FsspecBackend)
     return backend
 
@@ -287,7 +287,7 @@ def test_missing_bucket_or_prefix_is_enoent(proxy):
         with pytest.raises(FileNotFoundError):
             list(b.walk())
         b.close()
-    b = open_backend("s3://no-such-bucket-shadefs/x", endpoint_url=proxy.endpoint, retries="0")
+    b = open_backend("s3://no-such-bucket-shadefs/x", "fsspec", endpoint_url=proxy.endpoint, retries="0")
     with pytest.raises(FileNotFoundError):
         list(b.walk())
     b.close()

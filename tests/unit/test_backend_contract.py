@@ -1,7 +1,7 @@
 """The backend contract (shadefs/backends/base.py), one suite run against every backend.
 
-posix on a temporary directory, fsspec on ``memory://``, and fsspec on ``s3://`` against moto's
-server process (the session's ``moto_server``; skipped without moto/s3fs, failed under CI=true).
+posix on a temporary directory, fsspec on ``memory://``, and ``s3://`` against moto's server process
+through both object-store backends (obstore, the default, and ``--backend fsspec``) (the session's ``moto_server``; skipped without moto/s3fs, failed under CI=true).
 A new backend earns its place by passing this file.
 """
 import os
@@ -42,7 +42,7 @@ def moto_endpoint(moto_server):
     return moto_server.endpoint, client
 
 
-@pytest.fixture(params=["posix", "memory", "s3"])
+@pytest.fixture(params=["posix", "memory", "s3", "s3-fsspec"])
 def source(request, tmp_path):
     if request.param == "posix":
         root = tmp_path / "src"
@@ -66,13 +66,17 @@ def source(request, tmp_path):
         src = Source(f"s3://contract/{prefix}",
                      lambda path, data: client.put_object(Bucket="contract", Key=f"{prefix}/{path}",
                                                           Body=data),
-                     endpoint_url=endpoint, retries="1", retry_base_s="0.01")
+                     endpoint_url=endpoint, retries="1", retry_base_s="0.01",
+                     **({"backend": "fsspec"} if request.param == "s3-fsspec" else {}))
     yield src
     src.backend.close()
 
 
 def test_registry_resolves_the_url(source):
-    assert backend_for(source.url) is type(source.backend)
+    assert backend_for(source.url, source.options.get("backend")) is type(source.backend)
+    expected = {"s3": "obstore", "memory": "fsspec", "file": "posix"}
+    assert type(source.backend).scheme == (source.options.get("backend")
+                                           or expected.get(source.url.split("://")[0], "file"))
 
 
 def test_walk_lists_exactly_the_files_with_sizes(source):

@@ -222,23 +222,53 @@ def test_budgets_hold_under_concurrent_opens(small_tree, tmp_path, policy):
     assert not (set(cache.ram_index.sizes) & set(cache.disk_index.sizes))  # exclusive tiers
 
 
-def test_a_file_no_tier_admits_is_streamed_by_ranges(small_tree, tmp_path):
+def test_a_file_no_tier_admits_is_read_whole_once_into_a_transient_buffer(small_tree, tmp_path):
     src, spec = small_tree
     cache, ns, backend = build(src, tmp_path, "lru", ram=3000, disk=4000)
-    big = fid(ns, "dog/08.bin")  # 9000 bytes: above both tiers, whatever its size
+    big = fid(ns, "dog/08.bin")  # 9000 bytes: above both tiers, at most whole_max
+    ranges = []
+    real = backend.read_range
+    backend.read_range = lambda *a: ranges.append(a) or real(*a)
     h = cache.open(big)
-    assert (h.outcome, h.source, h.backing_fd()) == ("miss", "backend", None)
-    assert backend.reads == []  # nothing read at open, nothing read whole
-    assert h.read(0, 4096) + h.read(4096, 8192) == spec["dog/08.bin"]
-    assert h.read(9000, 10) == b""
+    assert (h.outcome, h.source, h.backing_fd()) == ("miss", "memory", None)
+    assert backend.reads == ["dog/08.bin"]  # one whole read, whatever the READ sizes that follow
+    assert cache.loose_bytes == 9000          # the transient buffer is counted loose while held
+    assert b"".join(h.read(off, 1000) for off in range(0, 9000, 1000)) == spec["dog/08.bin"]
+    assert h.read(9000, 10) == b"" and ranges == []
     h.release()
     s = cache.stats()
     assert s["misses"] == 1 and s["backend_bytes"] == 9000
     assert big not in cache.ram_index and big not in cache.disk_index
-    assert cache.counters()["streamed"] == 1
+    c = cache.counters()
+    assert (c["streamed"], c["backend_reads"], c["loose_bytes"]) == (0, 1, 0)
     # a file a tier admits is cached as usual
     assert open_read(cache, fid(ns, "cat/01.bin")) == (spec["cat/01.bin"], "miss")
     assert fid(ns, "cat/01.bin") in cache.ram_index
+
+
+def test_a_file_above_whole_max_is_streamed_by_whole_chunks(small_tree, tmp_path):
+    src, spec = small_tree
+    cache, ns, backend = build(src, tmp_path, "lru", ram=3000, disk=4000)
+    cache.whole_max = cache.chunk = 4096
+    big = fid(ns, "dog/08.bin")  # 9000 bytes: three chunks of 4096
+    ranges = []
+    real = backend.read_range
+    backend.read_range = lambda *a: ranges.append(a) or real(*a)
+    h = cache.open(big)
+    assert (h.outcome, h.source, h.backing_fd()) == ("miss", "backend", None)
+    assert backend.reads == [] and ranges == []  # nothing read at open
+    assert b"".join(h.read(off, 1000) for off in range(0, 9000, 1000)) == spec["dog/08.bin"]
+    assert h.read(9000, 10) == b""
+    assert ranges == [("dog/08.bin", 0, 4096), ("dog/08.bin", 4096, 4096), ("dog/08.bin", 8192, 808)]
+    assert cache.loose_bytes == 4096  # the chunk the handle holds
+    h.release()
+    c = cache.counters()
+    assert (c["streamed"], c["misses"], c["loose_bytes"], c["backend_bytes"]) == (1, 1, 0, 9000)
+    # no loose room for a chunk: exactly the bytes asked, as before
+    cache.loose_budget = 100
+    h = cache.open(big)
+    assert h.read(5000, 10) == spec["dog/08.bin"][5000:5010] and ranges[-1] == ("dog/08.bin", 5000, 10)
+    h.release()
 
 
 def _flip(path, at):
@@ -302,13 +332,13 @@ def test_kernel_pages_are_kept_for_hits_and_untiered_files(small_tree, tmp_path)
         finally:
             h.release()
 
-    assert opened(big) == ("miss", "backend", True)
-    assert opened(big) == ("miss", "backend", True)
+    assert opened(big) == ("miss", "memory", True)   # read whole into a transient buffer
+    assert opened(big) == ("miss", "backend", True)  # its pages may be kept: streamed at a READ, if any
     assert opened(f) == ("miss", "entry", False)   # fills the disk tier
     assert opened(f) == ("disk", "entry", True)
     _flip(cache.disk_entry_path(f), 10)
     cache.disk_index.capacity_bytes = 4000           # the tier will not take it again: untiered from now on
-    assert opened(f) == ("miss", "backend", False)  # its corrupt entry dropped: pages read from it dropped
+    assert opened(f) == ("miss", "memory", False)  # its corrupt entry dropped: pages read from it dropped
     assert opened(f) == ("miss", "backend", True)
     assert cache.corrupt_entries == 1
 

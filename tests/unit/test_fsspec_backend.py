@@ -4,6 +4,8 @@ import asyncio
 import errno
 import http.client
 import logging
+import subprocess
+import sys
 
 import fsspec
 import pytest
@@ -209,12 +211,16 @@ def s3_options():
 
 
 def test_s3_options_land_where_s3fs_wants_them(s3_options):
-    b = open_backend("s3://bucket/some/prefix/", **s3_options)
+    b = open_backend("s3://bucket/some/prefix/", "fsspec", **s3_options)
     fs = b.fs
     assert fs.client_kwargs == {"endpoint_url": "http://127.0.0.1:9", "region_name": "eu-west-1"}
     assert fs.config_kwargs["retries"] == {"total_max_attempts": 1}  # ours is the only retry layer
     assert fs.config_kwargs["read_timeout"] == 3
     assert fs.anon is False and fs.retries == 1 and fs.max_concurrency == 1
+    assert "max_pool_connections" not in fs.config_kwargs  # botocore's default unless the daemon sizes it
+    b.close()
+    b = open_backend("s3://bucket/some/prefix/", "fsspec", **s3_options, pool_connections="288")
+    assert b.fs.config_kwargs["max_pool_connections"] == 288
     assert b.root == "bucket/some/prefix"
     assert b.describe() == "s3://bucket/some/prefix (endpoint http://127.0.0.1:9)"
     assert "very-secret-value-42" not in repr(b.options) and b.options["secret"] == "***"
@@ -222,7 +228,7 @@ def test_s3_options_land_where_s3fs_wants_them(s3_options):
 
 
 def test_s3_user_settings_win_over_defaults(s3_options):
-    b = open_backend("s3://bucket/p", **s3_options, **{"config_kwargs.retries.max_attempts": "3",
+    b = open_backend("s3://bucket/p", "fsspec", **s3_options, **{"config_kwargs.retries.max_attempts": "3",
                                                        "max_concurrency": "8"})
     assert b.fs.config_kwargs["retries"] == {"max_attempts": 3} and b.fs.max_concurrency == 8
     b.close()
@@ -230,19 +236,21 @@ def test_s3_user_settings_win_over_defaults(s3_options):
 
 def test_bad_options_are_backend_errors(s3_options):
     with pytest.raises(BackendError, match="retry"):
-        open_backend("s3://bucket/p", retries="-1")
+        open_backend("s3://bucket/p", "fsspec", retries="-1")
     with pytest.raises(BackendError, match="retry"):
-        open_backend("s3://bucket/p", retry_base_s="soon")
+        open_backend("s3://bucket/p", "fsspec", retry_base_s="soon")
+    with pytest.raises(BackendError, match="pool_connections"):
+        open_backend("s3://bucket/p", "fsspec", pool_connections="many")
     with pytest.raises(BackendError, match="no backend for nosuchproto://"):
         open_backend("nosuchproto://x")
-    typo = open_backend("s3://bucket/p", endpoin_url="http://127.0.0.1:9", retries="3")
+    typo = open_backend("s3://bucket/p", "fsspec", endpoin_url="http://127.0.0.1:9", retries="3")
     with pytest.raises(BackendError, match="endpoin_url"):  # s3fs rejects it on first use, not retried
         list(typo.walk())
     typo.close()
 
 
 def test_any_fsspec_protocol_resolves_to_fsspec_backend():
-    assert backend_for("s3://b/p") is FsspecBackend
+    assert backend_for("s3://b/p", "fsspec") is FsspecBackend  # --backend fsspec
     assert backend_for("memory://x") is FsspecBackend
     assert backend_for("abfs://container/p") is FsspecBackend  # the "*" registration
 
@@ -273,7 +281,7 @@ def test_missing_gcsfs_hint():
         pass
     with pytest.raises(BackendError, match=r"gs:// needs an optional dependency \(gcsfs\); "
                                            r"install it with: pip install gcsfs"):
-        open_backend("gs://bucket/prefix")
+        open_backend("gs://bucket/prefix", "fsspec")
 
 
 def test_memory_walk_skips_markers_and_unrepresentable_keys(caplog):
@@ -345,3 +353,21 @@ def test_listing_timestamps_become_exact_integer_nanoseconds():
     assert _mtime_ns({"mtime": 1_000_000_000}) == 1_000_000_000_000_000_000
     assert _mtime_ns({"mtime": 1.5}) == 1_500_000_000
     assert _mtime_ns({"size": 3}) == 0 and _mtime_ns({"mtime": True}) == 0
+
+
+def test_object_store_urls_are_obstore_by_default_and_fsspec_without_it():
+    require("s3fs")
+    from shadefs.backends.obstore import ObstoreBackend
+
+    assert backend_for("s3://b/p") is ObstoreBackend and backend_for("gs://b/p") is ObstoreBackend
+    assert backend_for("az://c/p") is ObstoreBackend and backend_for("https://h/d/") is FsspecBackend
+    # a platform without the obstore wheel: the daemon still imports and reads s3:// through fsspec,
+    # with the install hint logged once
+    code = ("import sys, logging; sys.modules['obstore'] = None; logging.basicConfig(level=logging.WARNING)\n"
+            "from shadefs.backends import backend_for\n"
+            "print(backend_for('s3://b/p').__name__, backend_for('gs://b/p').__name__)\n"
+            "import shadefs.daemon, shadefs.cli\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["FsspecBackend", "FsspecBackend"]
+    assert r.stderr.count("pip install obstore") == 1

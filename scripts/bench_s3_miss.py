@@ -1,0 +1,143 @@
+#!/usr/bin/env python3
+"""Daemon CPU and backend GETs per S3 miss, side by side: this tree's obstore and fsspec clients and,
+with ``--baseline REV``, the ``shadefs`` package of git revision REV (its only client, s3fs).
+
+The store: moto's S3 server on loopback behind ``shadefs.testing.latency_proxy`` (``--delay-ms`` one way,
+``--rate``), which counts every GET. Each run mounts the bucket fresh and reads every file once, whole,
+with ``--readers`` threads (``open``/``read(--read-size)``/``close``), with the tiers off (``--ram-cache 0``:
+every open is a miss no tier admits) or ``static`` with a RAM tier of 10 % (full after the first tenth
+of the files). Measured per run, over the reading only: the daemon's CPU (utime + stime of its process,
+all threads), GETs counted by the proxy, and the daemon's misses; per miss: CPU in ms and GETs. Runs
+are interleaved (``--rounds``), so load swings hit every variant alike.
+
+Usage::
+
+    bench_s3_miss.py [--files 300] [--size 40000] [--readers 4] [--rounds 2] [--baseline c9061c1]
+                     [--tiers off,static10] [--markdown]
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Dict, List
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+from shadefs.testing.s3 import LatencyProxyProcess, MotoServer  # noqa: E402
+
+BUCKET = "bench-s3-miss"
+TIERS = {"off": ["--ram-cache", "0"], "static10": ["--policy", "static", "--ram-cache", "10%"]}
+
+
+def cli(code: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """``python -m shadefs ARGS`` with the package of ``code`` (a directory holding ``shadefs/``)."""
+    return subprocess.run([sys.executable, "-m", "shadefs", *args], cwd=code, capture_output=True, text=True,
+                          timeout=timeout, check=True)
+
+
+def cpu_s(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def read_all(mnt: str, names: List[str], readers: int, piece: int) -> int:
+    def one(name: str) -> int:
+        n = 0
+        with open(os.path.join(mnt, name), "rb", buffering=0) as f:
+            while True:
+                b = f.read(piece)
+                if not b:
+                    return n
+                n += len(b)
+
+    with cf.ThreadPoolExecutor(readers) as pool:
+        return sum(pool.map(one, names))
+
+
+def run_one(code: str, backend: str, tiers: str, endpoint: str, proxy, names: List[str], a, work: str) -> Dict:
+    mnt = tempfile.mkdtemp(prefix="mnt-", dir=work)
+    args = ["mount", f"s3://{BUCKET}/ds", mnt, "--log-file", mnt + ".log", "--no-kernel-cache",
+            "--prefetch-concurrency", "0", "--backend-opt", f"endpoint_url={endpoint}", *TIERS[tiers]]
+    if backend != "baseline":
+        args += ["--backend", backend]
+    out = cli(code, *args).stdout
+    pid = int(out.split("(pid ")[1].split(",")[0].split(")")[0])
+    try:
+        s0 = json.loads(cli(code, "stats", mnt, "--json").stdout)
+        g0, c0, t0 = proxy.snapshot()["gets"], cpu_s(pid), time.monotonic()
+        got = read_all(mnt, names, a.readers, a.read_size)
+        wall, c1, g1 = time.monotonic() - t0, cpu_s(pid), proxy.snapshot()["gets"]
+        s1 = json.loads(cli(code, "stats", mnt, "--json").stdout)
+    finally:
+        cli(code, "umount", mnt)
+    assert got == a.files * a.size, got
+    misses = s1["misses"] - s0["misses"]
+    return {"misses": misses, "gets": g1 - g0, "cpu_s": c1 - c0, "wall_s": wall,
+            "cpu_ms_per_miss": 1e3 * (c1 - c0) / max(1, misses), "gets_per_miss": (g1 - g0) / max(1, misses)}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--files", type=int, default=300)
+    p.add_argument("--size", type=int, default=40_000, help="bytes per file")
+    p.add_argument("--readers", type=int, default=4)
+    p.add_argument("--read-size", type=int, default=1 << 20, help="bytes per read() call")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--tiers", default="off,static10")
+    p.add_argument("--baseline", default=None, help="git revision to compare against (e.g. c9061c1)")
+    p.add_argument("--delay-ms", type=float, default=1.0)
+    p.add_argument("--rate", default="1gbit")
+    p.add_argument("--markdown", action="store_true")
+    a = p.parse_args()
+    os.environ.update(AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench", AWS_DEFAULT_REGION="us-east-1")
+    work = tempfile.mkdtemp(prefix="bench-s3-miss-")
+    codes = {"obstore": ROOT, "fsspec": ROOT}
+    base = None
+    if a.baseline:
+        from shadefs.testing import baseline
+
+        base, rev = baseline.extract(ROOT, a.baseline, prefix="bench-s3-miss-baseline-")
+        codes["baseline"] = base
+    results: Dict[tuple, List[Dict]] = {}
+    try:
+        with MotoServer() as moto:
+            s3 = moto.client()
+            s3.create_bucket(Bucket=BUCKET)
+            names = [f"c{i % 10}/{i:05d}.jpg" for i in range(a.files)]
+            with cf.ThreadPoolExecutor(8) as pool:
+                list(pool.map(lambda n: s3.put_object(Bucket=BUCKET, Key=f"ds/{n}", Body=os.urandom(a.size)), names))
+            with LatencyProxyProcess(moto.port, a.delay_ms, a.rate) as proxy:
+                for r in range(a.rounds):
+                    for tiers in a.tiers.split(","):
+                        for backend, code in codes.items():
+                            res = run_one(code, backend, tiers, proxy.endpoint, proxy, names, a, work)
+                            results.setdefault((tiers, backend), []).append(res)
+                            print(f"round {r} tiers={tiers} {backend}: {json.dumps(res)}", file=sys.stderr, flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        if base:
+            shutil.rmtree(base, ignore_errors=True)
+    label = {"obstore": "this tree, obstore (default)", "fsspec": "this tree, --backend fsspec",
+             "baseline": f"{a.baseline} (s3fs)"}
+    rows = ["| tiers | client | misses | GETs per miss | daemon CPU per miss (ms) | wall (s) |",
+            "|---|---|---|---|---|---|"]
+    for (tiers, backend), runs in results.items():
+        def span(key, fmt):
+            vals = sorted(x[key] for x in runs)
+            return fmt.format(vals[0]) if vals[0] == vals[-1] else (fmt + "-" + fmt).format(vals[0], vals[-1])
+        rows.append(f"| {tiers} | {label[backend]} | {runs[0]['misses']} | {span('gets_per_miss', '{:.2f}')} | "
+                    f"{span('cpu_ms_per_miss', '{:.2f}')} | {span('wall_s', '{:.1f}')} |")
+    print("\n".join(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
