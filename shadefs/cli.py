@@ -18,39 +18,14 @@ import tempfile
 import time
 from typing import List, Optional
 
+from .cmdutil import UserError, is_mounted, mount_client as _client  # noqa: F401  (shadefs.cli.* for callers)
 from .config import ConfigError, MountConfig, format_bytes, parse_size
 
 STATS_KEYS = ("policy", "uptime_s", "opens", "hits", "misses", "hit_ratio", "byte_hit_ratio",
               "backend_bytes", "corrupt_entries", "tiers", "shared_errors", "namespace", "prefetch")  # shared_errors: only with --shared-tier
 
 
-class UserError(Exception):
-    """One line for the user; exit status 2."""
-
-
 # -- helpers -------------------------------------------------------------------------------------------------
-_MOUNTS_ESCAPES = (("\\040", " "), ("\\011", "\t"), ("\\012", "\n"), ("\\134", "\\"))
-
-
-def is_mounted(path) -> bool:
-    """Whether ``path`` is a mountpoint listed in /proc/self/mounts (whatever its state: a dead FUSE
-    daemon's mount, which ``os.path.ismount`` cannot stat, counts)."""
-    path = os.path.realpath(str(path))
-    try:
-        with open("/proc/self/mounts", encoding="utf-8", errors="surrogateescape") as f:
-            for line in f:
-                parts = line.split()
-                if len(parts) > 1:
-                    mp = parts[1]
-                    for esc, ch in _MOUNTS_ESCAPES:
-                        mp = mp.replace(esc, ch)
-                    if mp == path:
-                        return True
-    except OSError:
-        pass
-    return False
-
-
 def _fusermount() -> Optional[str]:
     return shutil.which("fusermount3") or shutil.which("fusermount")
 
@@ -809,24 +784,6 @@ def _answers(entry, timeout_s: float) -> bool:
         return False
     finally:
         c.close()
-
-
-def _client(path: str, timeout_s: float = 5.0):
-    """A control client for the mount holding ``path``, found without touching the mount when the daemon
-    registered itself (:mod:`shadefs.registry`), else from ``$SHADEFS_ENDPOINT`` or the mount's xattr."""
-    from .control.client import ENV_ENDPOINT, ControlClient, EndpointNotFound, find_endpoint
-
-    reg = _registry()
-    entry = reg.lookup_path(path)
-    if entry is not None:
-        return ControlClient(entry.endpoint, timeout_s=timeout_s, credentials=entry.credentials)
-    if not os.environ.get(ENV_ENDPOINT, "").strip() and not reg.is_shadefs(reg.mount_entry_for(path)):
-        raise UserError(f"{path!r} is not inside a shadefs mount")
-    try:
-        endpoint = find_endpoint(path)
-    except EndpointNotFound as e:
-        raise UserError(str(e)) from None
-    return ControlClient(endpoint, timeout_s=timeout_s)
 
 
 def format_stats(s: dict) -> str:

@@ -59,7 +59,7 @@ class LibfuseFrontend:
             # libfuse 3's fuse_main returns 8 whenever its loop ends with a status, and a stop by
             # SIGTERM/SIGINT/SIGHUP (libfuse's own handlers) sets the signal number as that status: a normal
             # stop, not a failure, once libfuse has unmounted
-            from ..cli import is_mounted
+            from ..cmdutil import is_mounted
 
             if e.args != (8,) or is_mounted(cfg.mountpoint):
                 raise
