@@ -112,8 +112,8 @@ def test_nothing_imports_the_cli():
     assert importers == ["shadefs.__main__"], importers
 
 
-@pytest.mark.parametrize("module", ["shadefs.warm", "shadefs.fuse", "shadefs.fuse.libfuse", "shadefs.fuse.kernel",
-                                    "shadefs.daemon"])
+@pytest.mark.parametrize("module", ["shadefs.warm", "shadefs.fuse", "shadefs.fuse.libfuse", "shadefs.fuse.libfuse_ops",
+                                    "shadefs.fuse.kernel", "shadefs.daemon"])
 def test_what_the_cli_runs_does_not_import_it_back(module):
     g = graph()
     seen, todo = set(), [module]
