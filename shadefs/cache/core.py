@@ -387,10 +387,10 @@ class TieredCache:
             outcome = fl.source
             with self.lock:
                 if outcome in ("prefetch", "late"):
-                    # it joined the admission of bytes another open took from the prefetcher: it waited for
-                    # a prefetch, as an open that waits for its read does (no backend read was shared)
+                    # it joined the admission of bytes another open took from the prefetch window: it waited
+                    # for a prefetch (not a miss: it shared no open's backend read), counted late
                     outcome = "late"
-                    self.prefetcher.joined_late(time.monotonic() - t0)
+                    self.prefetcher.count_late(time.monotonic() - t0)
                 else:
                     self.joined += 1
                 self._count(fid, size, outcome)

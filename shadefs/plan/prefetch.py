@@ -119,13 +119,13 @@ class Prefetcher:
         self.from_shared.discard(fid)
         if item is not None:
             self._release(len(item[0]), item[1])
-        self.joined_late(waited_s)
+        self.count_late(waited_s)
         self.cond.notify()
 
-    def joined_late(self, waited_s: float) -> None:
-        """An open waited ``waited_s`` seconds for the admission of a prefetch another open took (it joined
-        that open's fill of the tiers): counted ``late``, as its wait was the prefetch's. Caller holds the
-        lock."""
+    def count_late(self, waited_s: float) -> None:
+        """Count one ``late`` open that waited ``waited_s`` seconds for a prefetch of its file: for its read
+        (:meth:`took_late`), or for the admission to the tiers of the bytes another open took from the
+        window (it joined that open's fill). Caller holds the lock."""
         self.late += 1
         self.late_wait_s += waited_s
 
