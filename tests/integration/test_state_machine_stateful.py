@@ -28,6 +28,7 @@ of reads (less the prefetcher's).
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import random
 import shutil
@@ -108,6 +109,15 @@ class GatedDisk(DiskTier):
             gate[1].set()
             assert gate[2].wait(10)
         return super().put(relpath, gen, chunks, size, mtime_ns)
+
+
+def read_into(cache, fid, got, k):
+    """Open ``fid``, read it whole, release it: ``got[k] = (the open's outcome, the bytes)``."""
+    h = cache.open(fid)
+    try:
+        got[k] = (h.outcome, bytes(h.read(0, h.size)))
+    finally:
+        h.release()
 
 
 def waiters(event) -> int:
@@ -419,14 +429,7 @@ class ReadPath(RuleBasedStateMachine):
             (fid,) = self.cache._inflight
         fut = self.cache._inflight[fid]
         got = [None] * n
-
-        def one(k):
-            h = self.cache.open(fid)
-            try:
-                got[k] = (h.outcome, h.read(0, h.size))
-            finally:
-                h.release()
-
+        one = functools.partial(read_into, self.cache, fid, got)
         threads = [threading.Thread(target=one, args=(k,)) for k in range(n)]
         for t in threads:
             t.start()
@@ -461,14 +464,7 @@ class ReadPath(RuleBasedStateMachine):
         gate = (rel, threading.Event(), threading.Event())
         self.disk.gate = gate
         got = [None] * n
-
-        def one(k):
-            h = self.cache.open(fid)
-            try:
-                got[k] = (h.outcome, h.read(0, h.size))
-            finally:
-                h.release()
-
+        one = functools.partial(read_into, self.cache, fid, got)
         threads = [threading.Thread(target=one, args=(0,))]
         threads[0].start()
         assert wait_until(lambda: gate[1].is_set() or not threads[0].is_alive())
