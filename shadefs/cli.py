@@ -18,39 +18,15 @@ import tempfile
 import time
 from typing import List, Optional
 
+from .cmdutil import UserError, is_mounted, mount_client as _client  # noqa: F401  (shadefs.cli.* for callers)
+from .cmdutil import check_daemon_alive as _check_daemon_alive, is_stale as _is_stale
 from .config import ConfigError, MountConfig, format_bytes, parse_size
 
 STATS_KEYS = ("policy", "uptime_s", "opens", "hits", "misses", "hit_ratio", "byte_hit_ratio",
               "backend_bytes", "corrupt_entries", "tiers", "shared_errors", "namespace", "prefetch")  # shared_errors: only with --shared-tier
 
 
-class UserError(Exception):
-    """One line for the user; exit status 2."""
-
-
 # -- helpers -------------------------------------------------------------------------------------------------
-_MOUNTS_ESCAPES = (("\\040", " "), ("\\011", "\t"), ("\\012", "\n"), ("\\134", "\\"))
-
-
-def is_mounted(path) -> bool:
-    """Whether ``path`` is a mountpoint listed in /proc/self/mounts (whatever its state: a dead FUSE
-    daemon's mount, which ``os.path.ismount`` cannot stat, counts)."""
-    path = os.path.realpath(str(path))
-    try:
-        with open("/proc/self/mounts", encoding="utf-8", errors="surrogateescape") as f:
-            for line in f:
-                parts = line.split()
-                if len(parts) > 1:
-                    mp = parts[1]
-                    for esc, ch in _MOUNTS_ESCAPES:
-                        mp = mp.replace(esc, ch)
-                    if mp == path:
-                        return True
-    except OSError:
-        pass
-    return False
-
-
 def _fusermount() -> Optional[str]:
     return shutil.which("fusermount3") or shutil.which("fusermount")
 
@@ -71,18 +47,6 @@ def _unmount(mountpoint: str, lazy: bool = False) -> None:
             return
         last = (r.stderr or r.stdout).strip()
     raise UserError(f"cannot unmount {mountpoint}: {last or 'no fusermount or umount available'}")
-
-
-def _is_stale(mountpoint: str) -> bool:
-    """Whether ``mountpoint`` is a FUSE mount whose daemon died ("Transport endpoint is not connected")."""
-    try:
-        # statvfs, not stat: the kernel answers stat from its attribute cache (attr_timeout=3600) even
-        # after the daemon died; STATFS always reaches the (dead) connection.
-        os.statvfs(mountpoint)
-        return False
-    except OSError as e:
-        # ENOTCONN once the connection is gone; ECONNABORTED for a request caught in the abort
-        return e.errno in (errno.ENOTCONN, errno.ECONNABORTED)
 
 
 def _parse_sizes(args) -> dict:
@@ -500,26 +464,6 @@ def _forget_dead(mountpoint: str) -> None:
         reg.remove(known)
 
 
-def _check_daemon_alive(path: str) -> None:
-    """Refuse to wait for the daemon of the mount holding ``path`` when it has died (raises UserError):
-    its registered pid is gone or a zombie, or, unregistered, its mount answers ENOTCONN."""
-    reg = _registry()
-    e = reg.lookup_path_any(path)
-    if e is not None and e.alive():
-        return  # never stat a mount whose daemon runs: a stopped one would hang us
-    info = reg.mount_entry_for(path)
-    if e is None and not reg.is_shadefs(info):
-        return  # not a shadefs mount (or found through $SHADEFS_ENDPOINT): the caller says so
-    if e is not None and (info is None or info.mountpoint != e.mountpoint):
-        return  # its mount is gone: the path is not inside a shadefs mount now
-    mp = (e or info).mountpoint
-    if e is None and not _is_stale(mp):
-        return
-    who = f" (pid {e.pid})" if e is not None else ""
-    raise UserError(f"the daemon of {mp}{who} has died; its mount is dead: run 'shadefs umount {mp}' to clear "
-                    "it, then mount again")
-
-
 def _registry():
     from . import registry
 
@@ -935,25 +879,6 @@ def _answers(entry, timeout_s: float) -> bool:
         return False
     finally:
         c.close()
-
-
-def _client(path: str, timeout_s: float = 5.0):
-    """A control client for the mount holding ``path``, found without touching the mount when the daemon
-    registered itself (:mod:`shadefs.registry`), else from ``$SHADEFS_ENDPOINT`` or the mount's xattr."""
-    from .control.client import ENV_ENDPOINT, ControlClient, EndpointNotFound, find_endpoint
-
-    _check_daemon_alive(path)
-    reg = _registry()
-    entry = reg.lookup_path(path)
-    if entry is not None:
-        return ControlClient(entry.endpoint, timeout_s=timeout_s, credentials=entry.credentials)
-    if not os.environ.get(ENV_ENDPOINT, "").strip() and not reg.is_shadefs(reg.mount_entry_for(path)):
-        raise UserError(f"{path!r} is not inside a shadefs mount")
-    try:
-        endpoint = find_endpoint(path)
-    except EndpointNotFound as e:
-        raise UserError(str(e)) from None
-    return ControlClient(endpoint, timeout_s=timeout_s)
 
 
 def format_stats(s: dict) -> str:

@@ -45,10 +45,10 @@ def _expand(mountpoint: str, items: List[str]) -> Iterator[str]:
 def main_warm(args) -> int:
     from tqdm import tqdm
 
-    from .cli import UserError, _check_daemon_alive, _client
+    from .cmdutil import UserError, check_daemon_alive, mount_client
 
     mp = os.path.abspath(args.mountpoint)
-    _check_daemon_alive(mp)  # before walking a dead mount (ENOTCONN everywhere)
+    check_daemon_alive(mp)  # before walking a dead mount (ENOTCONN everywhere)
     items = list(args.paths)
     if args.list:
         try:
@@ -63,7 +63,7 @@ def main_warm(args) -> int:
     except ValueError as e:
         raise UserError(str(e)) from None
     sizes = {p: os.stat(os.path.join(mp, p)).st_size for p in paths}
-    client = _client(mp)
+    client = mount_client(mp)
     total = {"resident": 0, "ram": 0, "disk": 0, "rejected": 0, "failed": 0, "bytes": 0}
     bar = tqdm(total=sum(sizes.values()), unit="B", unit_scale=True, unit_divisor=1024, desc="warm",
                disable=args.quiet, file=sys.stderr)

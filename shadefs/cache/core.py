@@ -78,7 +78,8 @@ class Handle:
     Attributes:
         fid: the file id.
         size: the file's size in bytes (the snapshot's).
-        outcome: ``"ram"``, ``"disk"`` or ``"miss"`` (what this open was counted as).
+        outcome: what this open was counted as: ``"ram"``, ``"disk"``, ``"shared"``, ``"miss"``,
+            ``"prefetch"`` (a completed prefetch, ``ready``) or ``"late"`` (it waited for one).
         gen: the generation of the disk entry the handle serves (or served: an entry-less disk hit of
             :meth:`TieredCache.open_kept`), else 0.
         keep_pages: whether the kernel may keep the file's pages from earlier opens (FOPEN_KEEP_CACHE):
@@ -414,12 +415,21 @@ class TieredCache:
                 with self.lock:
                     self._count(fid, size, fl.source)
         else:
+            t0 = time.monotonic()
             fl.done.wait()
+            outcome = fl.source
             with self.lock:
-                self._count(fid, size, fl.source)
-                self.joined += 1
+                if outcome in ("prefetch", "late"):
+                    # it joined the admission of bytes another open took from the prefetch window: it waited
+                    # for a prefetch (not a miss: it shared no open's backend read), counted late
+                    outcome = "late"
+                    self.prefetcher.count_late(time.monotonic() - t0)
+                else:
+                    self.joined += 1
+                self._count(fid, size, outcome)
             if fl.error is not None:
                 raise fl.error
+            return self._miss_handle(fid, size, fl, outcome)
         return self._miss_handle(fid, size, fl)
 
     def _prefetched(self, fid: int, size: int):
@@ -1006,16 +1016,17 @@ class TieredCache:
     def _mtime_ns(self, fid: int) -> int:
         return int(self.ns.mtimes_ns[fid])
 
-    def _miss_handle(self, fid: int, size: int, fl: _Flight) -> Handle:
-        """A Handle for an open whose miss ``fl`` completed (outcome ``fl.source``)."""
+    def _miss_handle(self, fid: int, size: int, fl: _Flight, outcome: Optional[Outcome] = None) -> Handle:
+        """A Handle for an open whose miss ``fl`` completed (counted ``outcome``, by default ``fl.source``)."""
+        outcome = outcome or fl.source
         if fl.tier == "ram":
             with self.lock:
                 if fid in self.ram_index and self.ram.get(fid) is fl.data:
-                    return Handle(self, fid, size, fl.source, data=fl.data, pin=self._pin_ram(fid, size))
-            return self._loose_handle(fid, size, fl.source, fl.data)  # evicted already: bytes in hand
+                    return Handle(self, fid, size, outcome, data=fl.data, pin=self._pin_ram(fid, size))
+            return self._loose_handle(fid, size, outcome, fl.data)  # evicted already: bytes in hand
         if fl.tier == "disk":
             try:
-                return Handle(self, fid, size, fl.source,
+                return Handle(self, fid, size, outcome,
                               fd=self.disk.open_entry(self.ns.path(fid), fl.gen, fl.csum), gen=fl.gen)
             except OSError:
                 pass  # evicted already: serve from the backend
@@ -1026,9 +1037,9 @@ class TieredCache:
                 if fl.loose and fl.data is not None:
                     loose, fl.loose = fl.loose, 0
             if loose:  # the first handle of a transient buffer takes the loose bytes reserved for it
-                return Handle(self, fid, size, fl.source, data=fl.data, loose=loose, keep_pages=keep)
-            return self._loose_handle(fid, size, fl.source, fl.data, keep_pages=keep)
-        return self._loose_handle(fid, size, fl.source, fl.data)
+                return Handle(self, fid, size, outcome, data=fl.data, loose=loose, keep_pages=keep)
+            return self._loose_handle(fid, size, outcome, fl.data, keep_pages=keep)
+        return self._loose_handle(fid, size, outcome, fl.data)
 
     def _read_range(self, fid: int, offset: int, length: int) -> bytes:
         t0 = time.monotonic()

@@ -5,7 +5,7 @@ blocks until unmounted (calling ``daemon.on_mounted()`` once the mount exists).
   directly; hits answered inline, misses on workers with asynchronous replies, INTERRUPT honoured,
   FUSE passthrough for NVMe hits.
 - ``libfuse`` (:mod:`shadefs.fuse.libfuse`): mfusepy over libfuse 3 (``--fuse-loop multi|single``), for
-  other platforms and as a fallback; its callbacks are :class:`shadefs.fuse_ops.ShadeOperations`.
+  other platforms and as a fallback; its callbacks are :class:`shadefs.fuse.libfuse_ops.ShadeOperations`.
 """
 from __future__ import annotations
 

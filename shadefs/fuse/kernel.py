@@ -51,7 +51,6 @@ from typing import Dict, List, Optional, Tuple
 from ..backends.base import BackendError, reply_errno
 from ..cache.core import OpenTicket
 from . import protocol as P
-from .handles import may_block, open_handle, open_handle_nowait
 from .mount import mount_fuse, unmount_fuse
 from .ops import ENDPOINT_XATTR, endpoint_of, ns_api, statfs_values
 
@@ -272,7 +271,7 @@ class KernelFrontend:
 
     Args:
         namespace: the metadata snapshot (node ids are its dense ids).
-        cache: the read path (``open``/``open_nowait`` -> Handle, see :mod:`shadefs.fuse.handles`).
+        cache: the read path (``open``/``open_nowait`` -> :class:`~shadefs.cache.core.Handle`).
         daemon: ``on_mounted()`` is called once INIT is answered; ``daemon.endpoint`` is served as the
             ``user.shadefs.endpoint`` xattr. May be None.
         mountpoint: an existing empty directory.
@@ -297,8 +296,7 @@ class KernelFrontend:
         self.want_passthrough = passthrough
         self.nreaders = max(1, int(readers))
         self.workers = _Workers(max_workers)
-        nowait = getattr(cache, "open_nowait", None)
-        self._open_nowait = nowait if nowait is not None else (lambda fid: open_handle_nowait(cache, fid))
+        self._open_nowait = cache.open_nowait
         # a cache with tickets: a miss's lookup on the reader is not repeated on the worker (open_ticket)
         self._open_ticket = getattr(cache, "open_ticket", None)
         # a reused snapshot: each file's record is compared with the source at its first LOOKUP
@@ -733,7 +731,7 @@ class KernelFrontend:
         """Worker: a miss (waits on the backend, or on another open's fetch of the same file); ``ticket``:
         the reader's lookup of it (:meth:`TieredCache.open_ticket`), or None."""
         try:
-            h = open_handle(self.cache, fid) if ticket is None else self._open_ticket(ticket)
+            h = self.cache.open(fid) if ticket is None else self._open_ticket(ticket)
         except Exception as e:
             if self._finish(unique):
                 self._fail(fd, unique, P.OPEN, self.ns.path(fid), e)
@@ -755,7 +753,7 @@ class KernelFrontend:
         else:
             flags = 0
         fh = next(self._next_fh)
-        self._files[fh] = (h, fid, may_block(self.cache, h))
+        self._files[fh] = (h, fid, h.source == "backend")  # reads that wait on the backend go to a worker
         if not self._send(fd, unique, P.OPEN, 0, (P.encode_open_out(fh, flags, backing_id or 0),)):
             self._drop(fh)  # the opener was interrupted: no RELEASE will come for this fh
 

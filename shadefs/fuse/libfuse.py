@@ -1,8 +1,8 @@
 """The libfuse front end: mfusepy's high-level API over libfuse 3 (``--fuse-impl libfuse``).
 
-Path-based callbacks (:class:`shadefs.fuse_ops.ShadeOperations`) on libfuse's loop: ``--fuse-loop multi``
-(default; libfuse's worker pool: a hit does not wait behind a miss until the pool is used up by blocked
-misses) or ``single`` (one thread: fastest hits, but every request waits behind a miss).
+Path-based callbacks (:class:`shadefs.fuse.libfuse_ops.ShadeOperations`) on libfuse's loop:
+``--fuse-loop multi`` (default; libfuse's worker pool: a hit does not wait behind a miss until the pool is
+used up by blocked misses) or ``single`` (one thread: fastest hits, but every request waits behind a miss).
 """
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ class LibfuseFrontend:
         select_libfuse()
         from mfusepy import FUSE, fuse_version_major, fuse_version_minor
 
-        from ..fuse_ops import ShadeOperations
+        from .libfuse_ops import ShadeOperations
 
         cfg = self.cfg
         ops = ShadeOperations(self.ns, self.cache, daemon=self.daemon, kernel_cache=cfg.kernel_cache)
@@ -59,7 +59,7 @@ class LibfuseFrontend:
             # libfuse 3's fuse_main returns 8 whenever its loop ends with a status, and a stop by
             # SIGTERM/SIGINT/SIGHUP (libfuse's own handlers) sets the signal number as that status: a normal
             # stop, not a failure, once libfuse has unmounted
-            from ..cli import is_mounted
+            from ..cmdutil import is_mounted
 
             if e.args != (8,) or is_mounted(cfg.mountpoint):
                 raise

@@ -119,18 +119,15 @@ class Prefetcher:
         self.from_shared.discard(fid)
         if item is not None:
             self._release(len(item[0]), item[1])
-        self.late += 1
-        self.late_wait_s += waited_s
+        self.count_late(waited_s)
         self.cond.notify()
 
-    def discard(self, fid: int) -> None:
-        """``fid``'s prefetched bytes were used outside :meth:`take` (a miss shared the read): drop them
-        from the window without counting waste. Caller holds the lock."""
-        item = self.staged.pop(fid, None)
-        self.from_shared.discard(fid)
-        if item is not None:
-            self._release(len(item[0]), item[1])
-            self.cond.notify()
+    def count_late(self, waited_s: float) -> None:
+        """Count one ``late`` open that waited ``waited_s`` seconds for a prefetch of its file: for its read
+        (:meth:`took_late`), or for the admission to the tiers of the bytes another open took from the
+        window (it joined that open's fill). Caller holds the lock."""
+        self.late += 1
+        self.late_wait_s += waited_s
 
     def _release(self, size: int, owner: tuple) -> None:
         self.reserved_bytes -= size

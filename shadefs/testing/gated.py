@@ -19,8 +19,7 @@ import os
 import threading
 from typing import Callable
 
-from shadefs.fuse.handles import BytesHandle
-from shadefs.testing.handles import memory_handle
+from shadefs.testing.handles import MemoryHandle, memory_handle
 
 __all__ = ["GatedCache"]
 
@@ -40,14 +39,14 @@ class GatedCache:
         self.waiting = 0
         self.lock = threading.Lock()
 
-    def _load(self, fid: int) -> BytesHandle:
+    def _load(self, fid: int) -> MemoryHandle:
         with open(os.path.join(self.root, self.ns.path(fid)), "rb") as f:
             return memory_handle(f.read())
 
     def open_nowait(self, fid: int):
         return None if self.ns.path(fid).startswith(self.prefix) else self._load(fid)
 
-    def open(self, fid: int) -> BytesHandle:
+    def open(self, fid: int) -> MemoryHandle:
         with self.lock:
             self.waiting += 1
         try:

@@ -2,11 +2,9 @@
 and a Handle over bytes in memory (the stand-in caches behind an in-process kernel front end)."""
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Optional, Tuple
 
-from shadefs.fuse.handles import BytesHandle
-
-__all__ = ["open_read", "memory_handle"]
+__all__ = ["open_read", "memory_handle", "MemoryHandle"]
 
 
 def open_read(cache, fid: int) -> Tuple[bytes, str]:
@@ -21,7 +19,27 @@ def open_read(cache, fid: int) -> Tuple[bytes, str]:
         h.release()
 
 
-def memory_handle(data: bytes, outcome: str = "miss") -> BytesHandle:
+class MemoryHandle:
+    """The read API of :class:`shadefs.cache.core.Handle` over a whole file's bytes in memory."""
+
+    __slots__ = ("data", "outcome", "size")
+    source = "memory"  # reads never wait on the backend
+    keep_pages = True  # the bytes never change: the kernel may keep their pages
+
+    def __init__(self, data: bytes, outcome: str):
+        self.data, self.outcome, self.size = data, outcome, len(data)
+
+    def read(self, offset: int, length: int):
+        return memoryview(self.data)[offset:offset + length]
+
+    def backing_fd(self) -> Optional[int]:
+        return None
+
+    def release(self) -> None:
+        self.data = b""
+
+
+def memory_handle(data: bytes, outcome: str = "miss") -> MemoryHandle:
     """A front end's Handle over ``data`` (the whole file, in memory), counted as ``outcome`` ("miss" or
     "ram"): no backing file (``backing_fd()`` is None), so the kernel front end serves its READs itself.
 
@@ -30,4 +48,4 @@ def memory_handle(data: bytes, outcome: str = "miss") -> BytesHandle:
     """
     if outcome == "disk":
         raise ValueError("a disk hit needs a real disk tier: use TieredCache")
-    return BytesHandle(None, -1, data, outcome)
+    return MemoryHandle(data, outcome)

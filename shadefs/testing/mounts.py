@@ -22,7 +22,7 @@ import sys
 import time
 from typing import Callable, Dict, List, Optional, Sequence
 
-from shadefs.cli import is_mounted
+from shadefs.cmdutil import is_mounted
 
 __all__ = ["SHADEFS", "ShadefsError", "shadefs", "pid_alive", "proc_cpu_s", "wait_for", "wait_pid_gone",
            "force_unmount", "unmount", "Mount", "tracebacks"]

@@ -3,11 +3,16 @@ over an in-process :class:`TieredCache` with a real RAM tier and a REAL disk tie
 
 Rules: opens (one at a time, one held open while another is opened, and several threads opening one file
 at once while its backend read is held until every other open waits on it), handles held open across other steps and read later, warm-up
-prefetches, backend failures (EIO, ENOENT) injected into the next read of a file, a disk entry flipped,
+prefetches, the plan prefetcher (plans announced, prefetches run one at a time into its window, a prefetch
+whose backend read is held while opens of the same file wait on it and an open of another file runs, and
+several opens of a prefetched file at once while the first one's admission into the disk tier is held until
+the others wait on it), backend failures (EIO, ENOENT) injected into the next read of a file, a disk entry flipped,
 cut short or deleted behind the cache's back (one not yet trusted: with ``--verify-entries first-hit`` a
 generation is checked at its first hit only), and the cache filesystem filled up (ENOSPC from the real tmpfs) and
 freed. Every open's outcome is predicted from the state before it (RAM or moving -> ``ram``; disk -> ``disk``
-unless its entry was damaged -> counted corrupt, read again: ``miss``; absent -> ``miss``).
+unless its entry was damaged -> counted corrupt, read again: ``miss``; absent -> ``prefetch`` when the
+window holds it, else ``miss``); an open whose outcome the model cannot predict (a race) is counted as its
+handle says, and the counters must agree.
 
 After every step (the cache is at rest then): a file is in at most one tier and its residency flags agree;
 RAM ``used + reserved + dying <= capacity`` and the loose bytes (exactly the held-open victims' and the
@@ -15,12 +20,15 @@ loose handles') ``<= loose_budget`` (drawn: ``LOOSE_BUFFERS``, 40000 or 5000 B, 
 nothing is fetching or moving, nothing reserved or dying; each tier's bytes <= its capacity; the entry
 files on the tmpfs are exactly the disk index's entries (no temporary, no victim left behind) and their
 bytes = the index's; every resident file's bytes are the source's; the counters equal the model's
-(opens, hits per tier, misses, corrupt entries) and ``misses == whole-file backend reads + joined +
-streamed + failed leaders - warm-up reads``, with the backend's own count of reads.
+(opens, hits per tier, misses, prefetch ready and late, corrupt entries); every open has exactly one
+outcome: ``opens == hits.ram + hits.disk + prefetch.ready + prefetch.late + misses``; and ``misses ==
+whole-file backend reads + joined + streamed + failed leaders - warm-up reads``, with the backend's own count
+of reads (less the prefetcher's).
 """
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import random
 import shutil
@@ -28,6 +36,7 @@ import subprocess
 import threading
 import time
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
@@ -38,6 +47,8 @@ from shadefs.cache.core import LOOSE_BUFFERS, PIN_DYING, PIN_LOOSE, TieredCache
 from shadefs.cache.index import TierIndex
 from shadefs.cache.tiers import DiskTier, MemoryTier
 from shadefs.namespace import Namespace
+from shadefs.plan.plans import PlanRegistry
+from shadefs.plan.prefetch import Prefetcher
 from shadefs.policies import Importance, get_policy
 
 TMPFS_SIZE = 192 * 1024      # the cache filesystem: a disk tier of 160 KB does not always fit (page rounding)
@@ -55,11 +66,17 @@ class FaultyBackend(PosixBackend):
         self.failed = 0          # whole-file reads that raised (injected)
         self.fail = {}           # path -> exception instance for its next read
         self.hold = {}           # path -> (entered Event, release Event)
+        self.prefetchers = set()  # idents of the threads running the prefetcher
+        self.hold_prefetch = None  # (entered Event, release Event) for the prefetcher's next read
+        self.prefetch_reads = 0  # whole-file reads by the prefetcher that returned bytes
 
     def read(self, path, size):
+        prefetching = threading.get_ident() in self.prefetchers
         with self.lock:
             err = self.fail.pop(path, None)
             gate = self.hold.get(path)
+            if prefetching and self.hold_prefetch is not None:
+                gate, self.hold_prefetch = self.hold_prefetch, None
         if gate is not None:
             gate[0].set()
             assert gate[1].wait(10)
@@ -70,11 +87,49 @@ class FaultyBackend(PosixBackend):
         data = super().read(path, size)
         with self.lock:
             self.reads[path] = self.reads.get(path, 0) + 1
+            self.prefetch_reads += prefetching
         return data
 
     def total(self):
         with self.lock:
             return sum(self.reads.values())
+
+
+class GatedDisk(DiskTier):
+    """A real disk tier whose write of one chosen entry waits until released (to make opens join its
+    admission)."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.gate = None         # (relpath, entered Event, release Event)
+
+    def put(self, relpath, gen, chunks, size, mtime_ns=None):
+        gate = self.gate
+        if gate is not None and gate[0] == relpath:
+            gate[1].set()
+            assert gate[2].wait(10)
+        return super().put(relpath, gen, chunks, size, mtime_ns)
+
+
+def read_into(cache, fid, got, k):
+    """Open ``fid``, read it whole, release it: ``got[k] = (the open's outcome, the bytes)``."""
+    h = cache.open(fid)
+    try:
+        got[k] = (h.outcome, bytes(h.read(0, h.size)))
+    finally:
+        h.release()
+
+
+def waiters(event) -> int:
+    """Threads blocked in ``event.wait()`` (a flight's ``done``)."""
+    return len(event._cond._waiters)
+
+
+def wait_until(cond, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not cond() and time.monotonic() < deadline:
+        time.sleep(0.001)
+    return cond()
 
 
 @pytest.fixture(scope="module")
@@ -111,8 +166,9 @@ class ReadPath(RuleBasedStateMachine):
     @initialize(policy=st.sampled_from(["lru", "fifo", "shade", "static"]),
                 ram=st.sampled_from([0, 20000, 80000]), disk=st.sampled_from([50000, 160000]),
                 verify=st.sampled_from(["first-hit", "every-open"]),
-                loose=st.sampled_from([LOOSE_BUFFERS, 40000, 5000]))
-    def build(self, policy, ram, disk, verify, loose):
+                loose=st.sampled_from([LOOSE_BUFFERS, 40000, 5000]),
+                window=st.sampled_from([250000, 0, 60000]))
+    def build(self, policy, ram, disk, verify, loose, window):
         src, self.spec, fs = self.world
         self.fs = str(fs)
         cache_dir = os.path.join(self.fs, "cache")
@@ -124,14 +180,20 @@ class ReadPath(RuleBasedStateMachine):
         self.ns = Namespace(self.backend.walk())
         imp = Importance(self.ns.num_files)
         cls = get_policy(policy)
-        self.disk = DiskTier(cache_dir, str(src))
+        self.disk = GatedDisk(cache_dir, str(src))
         self.cache = TieredCache(self.ns, self.backend, (TierIndex("ram", ram, cls(ram, imp)), MemoryTier()),
                                  (TierIndex("disk", disk, cls(disk, imp)), self.disk), imp)
         self.cache.verify_entries = verify
         self.cache.loose_budget = loose   # 40000, 5000: held victims and demotions also meet a full bound
+        # the plan prefetcher (window 0: off), run one prefetch at a time by the rules (no threads of its own)
+        self.plans = PlanRegistry(self.ns.num_files, self.cache.lock, announce_burst=1000)
+        self.pf = Prefetcher(self.cache, self.plans, window, concurrency=0)
+        self.cache.attach_plans(self.plans, self.pf)
+        self.table, _ = self.plans.register(None, np.arange(self.ns.num_files, dtype=np.int64))
+        self.epochs = [0, 0]      # per stream: the next epoch to announce
         self.rels = sorted(self.spec)
         self.fids = {r: self.ns.file_id(r) for r in self.rels}
-        self.model = dict(opens=0, hits_ram=0, hits_disk=0, misses=0, corrupt_entries=0)
+        self.model = dict(opens=0, hits_ram=0, hits_disk=0, misses=0, ready=0, late=0, corrupt_entries=0)
         self.failed_leads = 0     # opens that led a read that failed
         self.warm_reads = 0       # whole-file reads done by prefetch (not opens)
         self.damaged = {}         # fid -> entry path damaged behind the cache's back
@@ -145,20 +207,28 @@ class ReadPath(RuleBasedStateMachine):
             for k in ("joined", "corrupt_entries", "disk_write_errors", "promotions", "demotions", "streamed",
                       "backend_errors", "hits_ram", "hits_disk", "demotions_skipped"):
                 self.seen[k] = self.seen.get(k, 0) + c[k]
+            for k in ("ready", "late"):
+                self.seen[k] = self.seen.get(k, 0) + c["prefetch"][k]
             self.cache.close()
             self.disk.close()
 
     # -- helpers --------------------------------------------------------------------------------------
     def predict(self, fid):
+        """The outcome of an open of ``fid`` now, and whether it finds a damaged entry (counted corrupt).
+        A file the cache does not serve (absent, or its entry found damaged) is taken from the prefetch
+        window when that holds it (the window may hold a file warm-up read meanwhile), else read."""
         st_ = self.cache.state(fid)
         if st_ in ("ram", "moving"):
             return "ram", False
+        with self.cache.lock:
+            staged = fid in self.pf.staged
+        absent = "prefetch" if staged else "miss"
         if st_ == "disk":
             path = self.cache.disk_entry_path(fid)
             if self.damaged.get(fid, (None,))[0] == path:
-                return "miss", True
+                return absent, True
             return "disk", False
-        return "miss", False
+        return absent, False
 
     def trusted(self, fid):
         """``--verify-entries first-hit``: a generation that passed its first hit is served unchecked
@@ -169,7 +239,8 @@ class ReadPath(RuleBasedStateMachine):
 
     def count(self, outcome):
         self.model["opens"] += 1
-        self.model[{"ram": "hits_ram", "disk": "hits_disk", "miss": "misses"}[outcome]] += 1
+        self.model[{"ram": "hits_ram", "disk": "hits_disk", "miss": "misses", "prefetch": "ready",
+                    "late": "late"}[outcome]] += 1
 
     def open_read(self, rel, hold=False):
         fid = self.fids[rel]
@@ -261,6 +332,9 @@ class ReadPath(RuleBasedStateMachine):
             assert outcomes == ["miss"] * n
             assert self.backend.total() - reads0 == 1          # single-flight: one read for n opens
             assert self.cache.counters()["joined"] - joined0 == n - 1
+        elif want == "prefetch":      # no tier kept the prefetched bytes: the later opens may read them
+            assert outcomes[0] == want, (rel, outcomes, want)
+            assert self.backend.total() - reads0 <= outcomes.count("miss")
         else:
             assert outcomes[0] == want, (rel, outcomes, want)
             assert self.backend.total() == reads0
@@ -300,6 +374,122 @@ class ReadPath(RuleBasedStateMachine):
         else:
             assert out in ("ram", "disk", "rejected") and read <= 1
             assert self.cache.state(fid) == (out if out != "rejected" else "absent")
+
+    @precondition(lambda self: self.cache is not None and self.pf.window_bytes > 0)
+    @rule(action=st.sampled_from(["announce", "ahead", "race", "admission"]), data=st.data())
+    def prefetcher(self, action, data):
+        """The plan prefetcher's moves (one rule, so that the read path's own rules keep their share of the
+        steps): announce a plan, prefetch ahead of it, race a prefetch with opens, open a prefetched file
+        from several threads at once."""
+        if action == "announce" or not self.plans.plans:
+            self.announce_plan(data.draw(st.lists(st.integers(0, len(SIZES) - 1), min_size=1, max_size=12)),
+                               data.draw(st.integers(0, 1)))
+        if action == "ahead":
+            self.prefetch_ahead(data.draw(st.integers(1, 4)))
+        elif action == "race":
+            self.prefetch_races_opens(data.draw(st.integers(1, 3)), data.draw(st.integers(0, len(SIZES) - 1)))
+        elif action == "admission":
+            self.open_prefetched_concurrently(data.draw(st.integers(0, 100)), data.draw(st.integers(2, 4)))
+
+    def announce_plan(self, order, stream):
+        """A reader announces the order of its next epoch (a stream's new plan replaces its last one)."""
+        ids = np.array([self.fids[self.rels[i]] for i in order], dtype=np.uint32)
+        self.plans.announce(self.table, stream, self.epochs[stream], [len(ids)], ids)
+        self.epochs[stream] += 1
+
+    def _prefetch(self):
+        """One prefetch on this thread (the prefetcher's own work: claim the next file, read it into the
+        window); returns whether there was one."""
+        me = threading.get_ident()
+        self.backend.prefetchers.add(me)
+        try:
+            return self.pf.step()
+        finally:
+            self.backend.prefetchers.discard(me)
+
+    def prefetch_ahead(self, n):
+        for _ in range(n):
+            if not self._prefetch():
+                break
+
+    def prefetch_races_opens(self, n, other):
+        """A prefetch's backend read is held; n opens of its file wait on it (``late``: no second read) while
+        an open of another file is served; then the read completes (or fails: its opens read the file)."""
+        gate = (threading.Event(), threading.Event())
+        self.backend.hold_prefetch = gate
+        done = []
+        pt = threading.Thread(target=lambda: done.append(self._prefetch()))
+        pt.start()
+        assert wait_until(lambda: gate[0].is_set() or not pt.is_alive())
+        if not gate[0].is_set():      # nothing to prefetch (window full, nothing ahead of the cursors)
+            pt.join(10)
+            self.backend.hold_prefetch = None
+            return
+        with self.cache.lock:
+            (fid,) = self.cache._inflight
+        fut = self.cache._inflight[fid]
+        got = [None] * n
+        one = functools.partial(read_into, self.cache, fid, got)
+        threads = [threading.Thread(target=one, args=(k,)) for k in range(n)]
+        for t in threads:
+            t.start()
+        assert wait_until(lambda: len(fut._condition._waiters) == n), "the opens did not wait on the prefetch"
+        rel = self.rels[other]
+        if self.fids[rel] != fid:
+            self.open_read(rel)       # another file meanwhile: served as predicted
+        gate[1].set()
+        for t in threads + [pt]:
+            t.join(10)
+        rel = self.ns.path(fid)
+        assert all(g is not None and g[1] == self.spec[rel] for g in got), rel
+        outcomes = [g[0] for g in got]
+        if fut.result() is not None:
+            assert outcomes == ["late"] * n
+        for o in outcomes:            # a failed prefetch: its opens read the file (lead, join or hit)
+            self.count(o)
+
+    def open_prefetched_concurrently(self, k, n):
+        """n opens of a file the window holds: the first takes it (``ready``) and admits its bytes to the
+        tiers; when the disk tier admits it, that write is held until the other opens wait on it, and each
+        of them is counted ``late`` (it waited for the prefetch's admission), never left uncounted."""
+        for _ in range(4):
+            with self.cache.lock:
+                fids = sorted(f for f in self.pf.staged if self.cache._absent(f))
+            if fids or not self._prefetch():
+                break
+        if not fids:
+            return
+        fid = fids[k % len(fids)]
+        rel = self.ns.path(fid)
+        gate = (rel, threading.Event(), threading.Event())
+        self.disk.gate = gate
+        got = [None] * n
+        one = functools.partial(read_into, self.cache, fid, got)
+        threads = [threading.Thread(target=one, args=(0,))]
+        threads[0].start()
+        assert wait_until(lambda: gate[1].is_set() or not threads[0].is_alive())
+        admitting = gate[1].is_set()
+        if admitting:                 # the disk tier admitted it: the others join that admission
+            threads += [threading.Thread(target=one, args=(j,)) for j in range(1, n)]
+            for t in threads[1:]:
+                t.start()
+            fl = self.cache._flights.get(fid)
+            assert fl is not None and wait_until(lambda: waiters(fl.done) == n - 1), "the opens did not join"
+        gate[2].set()
+        for t in threads:
+            t.join(10)
+        self.disk.gate = None
+        if not admitting:             # RAM took it, or no tier did: the others open it after
+            for j in range(1, n):
+                one(j)
+        assert all(g is not None and g[1] == self.spec[rel] for g in got), rel
+        outcomes = [g[0] for g in got]
+        assert outcomes[0] == "prefetch"
+        if admitting:
+            assert outcomes[1:] == ["late"] * (n - 1), outcomes
+            self.seen["joined_admission"] = self.seen.get("joined_admission", 0) + 1
+        for o in outcomes:
+            self.count(o)
 
     @rule(i=st.integers(0, len(SIZES) - 1), err=st.sampled_from([errno.EIO, errno.ENOENT]))
     def fail_next_backend_read(self, i, err):
@@ -405,22 +595,27 @@ class ReadPath(RuleBasedStateMachine):
             del self.damaged[fid]
         # counters: the model's, and every miss read the backend once, waited for a read, or streamed
         c = a["counters"]
+        p = self.cache.counters()["prefetch"]
+        c = dict(c, ready=p["ready"], late=p["late"])
         for k, v in self.model.items():
             assert c[k] == v, (k, c[k], v)
-        assert c["opens"] == c["hits_ram"] + c["hits_disk"] + c["misses"]
-        assert c["backend_reads"] == self.backend.total()
+        assert c["opens"] == c["hits_ram"] + c["hits_disk"] + c["ready"] + c["late"] + c["misses"], c
+        assert c["backend_reads"] == self.backend.total() - self.backend.prefetch_reads
         assert c["misses"] == c["backend_reads"] - self.warm_reads + c["joined"] + c["streamed"] + self.failed_leads
 
 
 def test_read_path_state_machine(world):
     ReadPath.world = world
     ReadPath.seen = {}
+    # SM_EXAMPLES: how many examples; SM_RANDOM=1: fresh random ones (default: the same derandomized set)
     run_state_machine_as_test(ReadPath, settings=settings(
-        max_examples=int(os.environ.get("SM_EXAMPLES", 100)), stateful_step_count=40, deadline=None, derandomize=True,
+        max_examples=int(os.environ.get("SM_EXAMPLES", 100)), stateful_step_count=40, deadline=None,
+        derandomize=not os.environ.get("SM_RANDOM"),
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
         phases=[Phase.explicit, Phase.reuse, Phase.generate] + ([] if os.environ.get("SM_NO_SHRINK") else [Phase.shrink])))
     # the examples went through every transition and failure (derandomized: the same examples every run)
     print(f"\nstate machine examples: {ReadPath.seen}")
     assert all(ReadPath.seen.get(k, 0) > 0 for k in (
         "joined", "corrupt_entries", "disk_write_errors", "promotions", "demotions", "streamed",
-        "backend_errors", "hits_ram", "hits_disk", "held_loose", "held_dying", "demotions_skipped")), ReadPath.seen
+        "backend_errors", "hits_ram", "hits_disk", "held_loose", "held_dying", "demotions_skipped", "ready",
+        "late", "joined_admission")), ReadPath.seen

@@ -221,3 +221,49 @@ def test_open_nowait_ticket_serves_a_miss_without_a_second_lookup(small_tree, tm
     assert h.outcome == "disk" and h.read(0, h.size) == spec[rel]
     h.release()
     assert cache.counters()["opens"] == 3
+
+
+def test_an_open_joining_a_prefetched_files_admission_is_counted_late(small_tree, tmp_path):
+    """The first open takes a completed prefetch (``ready``) and fills the disk tier with its bytes; an open
+    of the same file meanwhile waits for that fill and is counted ``late``: every open has exactly one
+    outcome (opens == hits + ready + late + misses)."""
+    import numpy as np
+
+    from shadefs.plan.plans import PlanRegistry
+    from shadefs.plan.prefetch import Prefetcher
+
+    src, spec = small_tree
+    cache, ns, backend = build(src, tmp_path, "lru", ram=0, disk=100000)
+    plans = PlanRegistry(ns.num_files, cache.lock)
+    pf = Prefetcher(cache, plans, 100000, concurrency=0)
+    cache.attach_plans(plans, pf)
+    rel = "cat/05.bin"
+    f = ns.file_id(rel)
+    table, _ = plans.register(None, np.arange(ns.num_files, dtype=np.int64))
+    plans.announce(table, 0, 0, [1], np.array([f], dtype=np.uint32))
+    assert pf.step() and f in pf.staged and backend.reads == [rel]
+    cache.disk.put_gate[rel] = threading.Event()
+    cache.disk.put_entered[rel] = threading.Event()
+    out = []
+    t1 = threading.Thread(target=lambda: out.append(read_all(cache, f)))
+    t1.start()
+    assert cache.disk.put_entered[rel].wait(10)   # the first open is admitting the prefetched bytes
+    t2 = threading.Thread(target=lambda: out.append(read_all(cache, f)))
+    t2.start()
+    fl = cache._flights[f]
+    for _ in range(1000):
+        if fl.done._cond._waiters:
+            break
+        t2.join(0.01)
+    assert len(fl.done._cond._waiters) == 1        # the second open waits for that admission
+    cache.disk.put_gate[rel].set()
+    t1.join(10)
+    t2.join(10)
+    assert all(data == spec[rel] for data, _ in out)
+    assert sorted(outcome for _, outcome in out) == ["late", "prefetch"]
+    s = cache.stats()
+    assert (s["opens"], s["prefetch"]["ready"], s["prefetch"]["late"], s["misses"]) == (2, 1, 1, 0)
+    assert s["opens"] == s["hits"]["ram"] + s["hits"]["disk"] + s["prefetch"]["ready"] + s["prefetch"]["late"] \
+        + s["misses"]
+    assert cache.counters()["joined"] == 0 and backend.reads == [rel]   # one backend read: the prefetch's
+    assert read_all(cache, f) == (spec[rel], "disk")

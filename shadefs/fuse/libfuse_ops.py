@@ -19,8 +19,8 @@ import os
 
 from mfusepy import FuseOSError
 
-from .backends.base import BackendError, reply_errno
-from .namespace import _DIR_MODE, Namespace
+from ..backends.base import BackendError, reply_errno
+from ..namespace import _DIR_MODE, Namespace
 
 __all__ = ["ShadeOperations", "ENDPOINT_XATTR"]
 
