@@ -1,0 +1,215 @@
+"""The segment store of packed disk entries: append, seal, reclaim by live bytes, compaction, reload, and
+torn records (a writer killed mid-append, a truncated or damaged segment) never served."""
+import hashlib
+import os
+import random
+
+import pytest
+
+from shadefs.cache.segments import HEADER, SegmentStore
+from shadefs.cache.tiers import CorruptEntry
+
+
+def digest(name: str) -> bytes:
+    return hashlib.sha256(name.encode()).digest()
+
+
+class Ledger:
+    """The store's callbacks, counted like the disk tier's index counts them."""
+
+    def __init__(self, store: SegmentStore, room: int = 1 << 30):
+        self.dead = 0        # bytes reported dead (padding, failed or orphaned copies)
+        self.reclaimed = 0   # bytes handed back when a segment left the disk
+        self.held = 0
+        self.room = room
+        store.on_dead = self.on_dead
+        store.on_reclaimed = self.on_reclaimed
+        store.on_hold = self.on_hold
+        store.on_unhold = self.on_unhold
+
+    def on_dead(self, n):
+        self.dead += n
+
+    def on_reclaimed(self, n):
+        self.reclaimed += n
+
+    def on_hold(self, n):
+        if n > self.room:
+            return False
+        self.held += n
+        return True
+
+    def on_unhold(self, n):
+        self.held -= n
+
+
+def seg_files(d):
+    return sorted(n for n in os.listdir(d) if n.endswith(".seg"))
+
+
+def fill(store, n, size=300, seed=1, gen0=1):
+    rng = random.Random(seed)
+    out = {}
+    for i in range(n):
+        data = rng.randbytes(size)
+        gen = gen0 + i
+        csum = store.append(digest(f"f{i}"), gen, 1_000_000_000_123_456_789 + i, data)
+        out[gen] = (csum, data)
+    return out
+
+
+def test_append_then_read_is_one_record_with_a_64_byte_header(tmp_path):
+    d = str(tmp_path / "seg")
+    s = SegmentStore(d, segment_bytes=1 << 20)
+    recs = fill(s, 10)
+    for gen, (csum, data) in recs.items():
+        assert s.read(gen, csum, len(data)) == data
+    (name,) = seg_files(d)
+    assert os.path.getsize(os.path.join(d, name)) == 10 * (HEADER + 300)
+    assert s.live_bytes() == 10 * (HEADER + 300)
+    with pytest.raises(FileNotFoundError):
+        s.read(999, 0, 300)
+    with pytest.raises(FileNotFoundError):  # a stale checksum names another generation's bytes
+        s.read(1, recs[1][0] ^ 1, 300)
+    with pytest.raises(ValueError):
+        s.append(digest("f0"), 1, 0, b"x")  # a generation is written once
+    s.close()
+
+
+def test_a_full_segment_is_sealed_and_its_page_padding_reported_dead(tmp_path):
+    d = str(tmp_path / "seg")
+    s = SegmentStore(d, segment_bytes=16 << 10)
+    led = Ledger(s)
+    fill(s, 100)  # 364-byte records: 45 per 16 KiB segment
+    per = (16 << 10) // (HEADER + 300)
+    assert s.segments() == len(seg_files(d)) == -(-100 // per) == 3
+    used = per * (HEADER + 300)
+    assert led.dead == 2 * (-used % 4096)  # two sealed segments, each padded to whole pages
+    s.close()
+
+
+def test_deletes_reclaim_an_emptied_segment_and_compaction_copies_live_records_forward(tmp_path):
+    d = str(tmp_path / "seg")
+    s = SegmentStore(d, segment_bytes=16 << 10, compact_below=0.5)
+    led = Ledger(s)
+    recs = fill(s, 135)  # 45 per segment: segments 1, 2 sealed, 3 active
+    gens = sorted(recs)
+    first = seg_files(d)[0]
+    for g in gens[:45]:  # every record of segment 1: it goes at once, nothing to copy
+        assert s.delete(g)
+    assert first not in seg_files(d) and s.reclaimed_segments == 1
+    pad = -(45 * (HEADER + 300)) % 4096
+    assert led.reclaimed == 45 * (HEADER + 300) + pad
+    assert not s.delete(gens[0])  # already dead
+    second = seg_files(d)[0]
+    for g in gens[45:80]:  # 35 of 45 dead: below half live -> compaction copies the 10 live ones
+        s.delete(g)
+    assert s.compact_once() == 1
+    assert second not in seg_files(d) and s.compactions == 1
+    assert led.held == 0  # every hold handed back
+    for g in gens[80:]:
+        csum, data = recs[g]
+        assert s.read(g, csum, 300) == data  # moved records still read right
+    assert s.live_bytes() == (135 - 80) * (HEADER + 300)
+    s.close()
+
+
+def test_compaction_waits_for_room(tmp_path):
+    d = str(tmp_path / "seg")
+    s = SegmentStore(d, segment_bytes=16 << 10)
+    Ledger(s, room=0)
+    recs = fill(s, 90)
+    for g in sorted(recs)[:40]:
+        s.delete(g)
+    assert s.compact_once() == 0 and s.compactions == 0  # no room for the copy: the segment stays
+    s.close()
+
+
+def test_reload_finds_every_record_and_drops_nothing_valid(tmp_path):
+    d = str(tmp_path / "seg")
+    s = SegmentStore(d, segment_bytes=16 << 10)
+    recs = fill(s, 100)
+    for g in sorted(recs)[:10]:
+        s.delete(g)  # not persisted: a reload sees them again (the cache's reload decides)
+    s.close()
+    t = SegmentStore(d, segment_bytes=16 << 10)
+    digests, gens, csums, sizes, mtimes = t.scan()
+    assert sorted(gens.tolist()) == sorted(recs)
+    assert set(sizes.tolist()) == {300} and t.torn == 0
+    i = gens.tolist().index(7)
+    assert bytes(digests[i]) == digest("f6") and mtimes[i] == 1_000_000_000_123_456_789 + 6
+    for g, (csum, data) in recs.items():
+        assert t.read(g, csum, 300) == data
+    # appends after a reload go to a new segment
+    t.append(digest("new"), 10_000, 0, b"new bytes")
+    assert len(seg_files(d)) == 4
+    t.close()
+
+
+def test_a_writer_killed_mid_append_leaves_no_record_that_is_served(tmp_path):
+    d = str(tmp_path / "seg")
+    s = SegmentStore(d, segment_bytes=1 << 20)
+    recs = fill(s, 5)
+    s.close()
+    pid = os.fork()
+    if pid == 0:  # the child appends with the real store; its write stops half way, then it dies
+        try:
+            c = SegmentStore(d, segment_bytes=1 << 20)
+            c.scan()
+            real = os.pwrite
+
+            def torn(fd, data, off):
+                real(fd, data[:len(data) // 2], off)
+                os._exit(0)  # kill -9 semantics: no cleanup, no unwinding
+
+            os.pwrite = torn
+            c.append(digest("torn"), 777, 0, b"t" * 20000)
+        finally:
+            os._exit(1)
+    _, status = os.waitpid(pid, 0)
+    assert os.WEXITSTATUS(status) == 0  # it died inside the write
+    t = SegmentStore(d, segment_bytes=1 << 20)
+    _, gens, _, _, _ = t.scan()
+    assert sorted(gens.tolist()) == sorted(recs) and 777 not in t and t.torn == 1
+    with pytest.raises(FileNotFoundError):
+        t.read(777, 0, 20000)
+    for g, (csum, data) in recs.items():
+        assert t.read(g, csum, 300) == data
+    # the torn tail was cut: the segment ends after its last whole record
+    assert sum(os.path.getsize(os.path.join(d, n)) for n in seg_files(d)) == 5 * (HEADER + 300)
+    t.close()
+
+
+def test_a_truncated_segment_drops_its_last_record_only(tmp_path):
+    d = str(tmp_path / "seg")
+    s = SegmentStore(d, segment_bytes=1 << 20)
+    recs = fill(s, 4)
+    s.close()
+    (name,) = seg_files(d)
+    os.truncate(os.path.join(d, name), 4 * (HEADER + 300) - 1)
+    t = SegmentStore(d, segment_bytes=1 << 20)
+    _, gens, _, _, _ = t.scan()
+    assert sorted(gens.tolist()) == sorted(recs)[:3] and t.torn == 1
+    t.close()
+
+
+def test_a_damaged_record_is_never_served(tmp_path):
+    d = str(tmp_path / "seg")
+    s = SegmentStore(d, segment_bytes=1 << 20)
+    recs = fill(s, 3)
+    (name,) = seg_files(d)
+    path = os.path.join(d, name)
+    with open(path, "r+b") as f:  # flip a payload byte of the second record
+        f.seek(HEADER + 300 + HEADER + 17)
+        b = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([b[0] ^ 0xFF]))
+    g = sorted(recs)[1]
+    with pytest.raises(CorruptEntry):
+        s.read(g, recs[g][0], 300)
+    assert s.read(g, recs[g][0], 300, verify=False) != recs[g][1]  # (first-hit trusts a checked record)
+    s.close()
+    t = SegmentStore(d, segment_bytes=1 << 20)
+    _, gens, _, _, _ = t.scan()
+    assert gens.tolist() == [sorted(recs)[0]]  # the damaged record ends its segment
+    t.close()
