@@ -22,7 +22,6 @@ from .backends.timeout import TimeoutBackend
 from .cache.core import TieredCache
 from .cache import persist
 from .cache.index import TierIndex
-from .cache.segments import PACK_BELOW
 from .cache.tiers import DiskTier, MemoryTier
 from .cache.trace import TraceWriter
 from .config import MountConfig, format_bytes
@@ -112,7 +111,7 @@ class Daemon:
             os.makedirs(cfg.disk_cache_dir, exist_ok=True)
             fs = os.statvfs(cfg.disk_cache_dir)
             min_free = cfg.disk_min_free.resolve(fs.f_blocks * fs.f_frsize)  # a % is of the cache filesystem
-            store = DiskTier(cfg.disk_cache_dir, cfg.source, min_free=min_free, pack_below=PACK_BELOW)
+            store = DiskTier(cfg.disk_cache_dir, cfg.source, min_free=min_free, pack_below=cfg.disk_pack_below)
             self._save_snapshot(os.path.join(store.dir, SNAPSHOT_FILE))
             if cfg.disk_cache.nbytes is None:  # a share of the dataset's device bytes (entries + metadata)
                 disk_bytes = cfg.disk_cache.resolve(store.footprint(ns.sizes, extra=32 * ns.num_files))

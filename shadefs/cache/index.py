@@ -67,6 +67,8 @@ class TierIndex:
         self.charge = None                     # optional source bytes -> bytes the store takes for them
         self.deferred = None                   # optional charged bytes -> freed only by reclaimed()
         self.overhead_bytes = 0                # bytes of the store no entry owns (metadata, slack)
+        self.headroom_bytes = 0                # kept from fills for the store's own copies (hold())
+        self.on_deferred = None                # optional (fids): deferred victims evicted ahead of a refusal
 
     def track_residency(self, flags: np.ndarray, bit: int, keep_order: bool = False) -> None:
         """Keep ``flags[fid] & bit`` set exactly while ``fid`` is resident here.
@@ -97,12 +99,12 @@ class TierIndex:
     def free_bytes(self) -> int:
         """Bytes a new fill may take without victims."""
         return (self.capacity_bytes - self.used_bytes - self.reserved_bytes - self.dying_bytes
-                - self.overhead_bytes)
+                - self.overhead_bytes - self.headroom_bytes)
 
     def hold(self, nbytes: int) -> bool:
-        """Reserve ``nbytes`` for the store's own use (a compaction's copy) when free; False otherwise.
-        Given back by subtracting them from ``reserved_bytes``."""
-        if nbytes > self.free_bytes:
+        """Reserve ``nbytes`` for the store's own use (a compaction's copy) when free, the headroom
+        included; False otherwise. Given back by subtracting them from ``reserved_bytes``."""
+        if nbytes > self.free_bytes + self.headroom_bytes:
             return False
         self.reserved_bytes += nbytes
         return True
@@ -144,7 +146,7 @@ class TierIndex:
                                 f"in the {self.name} tier")
         if self.charge is not None:
             size = self.charge(size)
-        if self.capacity_bytes <= 0 or size > self.capacity_bytes - self.overhead_bytes:
+        if self.capacity_bytes <= 0 or size > self.capacity_bytes - self.overhead_bytes - self.headroom_bytes:
             return None
         free = self.free_bytes
         pinned = self.pinned
@@ -180,6 +182,15 @@ class TierIndex:
                 break
             held = was_held
         if free + freed + out < size:
+            if was_held and deferred is not None and self.on_deferred is not None:
+                # records whose bytes come back only when their segment is reclaimed: evict them now
+                # (the store deletes them off this thread) and refuse this fill; later fills find room
+                ahead = [v for v in victims if deferred(self.sizes[v]) and not (pinned and v in pinned)]
+                for v in ahead:
+                    self.dying_bytes += self._drop(v)
+                    self.evictions += 1
+                if ahead:
+                    self.on_deferred(ahead)
             return None  # the budget is enforced here, not trusted to the policy
         for v in victims:
             self._drop(v)
@@ -308,9 +319,13 @@ class TierIndex:
 
     def snapshot(self) -> dict:
         """The tier's entry in the stats JSON."""
-        return {
+        out = {
             "used_bytes": self.used_bytes,
             "capacity_bytes": self.capacity_bytes,
             "files": len(self.sizes),
             "evictions": self.evictions,
         }
+        if self.charge is not None:  # device bytes: what the store keeps from entries, what is dying
+            out["overhead_bytes"] = self.overhead_bytes
+            out["dying_bytes"] = self.dying_bytes
+        return out

@@ -36,6 +36,7 @@ reader may pread it, or call back into the cache with its own lock held.
 """
 from __future__ import annotations
 
+import collections
 import errno
 import logging
 import os
@@ -68,8 +69,8 @@ def pack_header(size: int, gen: int, csum: int, mtime_ns: int, digest: bytes) ->
 
 def segment_bytes_for(budget: int) -> int:
     """The segment size for a tier of ``budget`` bytes: a sixteenth of it, in whole pages, between
-    256 KiB and 64 MiB (a small tier reclaims in small steps, a large one keeps few files)."""
-    return max(256 << 10, min(64 << 20, (budget // 16) // _PAGE * _PAGE))
+    :data:`PACK_BELOW` and 64 MiB (a small tier reclaims in small steps, a large one keeps few files)."""
+    return max(PACK_BELOW, min(64 << 20, (budget // 16) // _PAGE * _PAGE))
 
 
 class Record:
@@ -127,6 +128,7 @@ class SegmentStore:
         self.on_dead: Optional[Callable[[int], None]] = None
         self.on_hold: Optional[Callable[[int], bool]] = None
         self.on_unhold: Optional[Callable[[int], None]] = None
+        self._queued: collections.deque = collections.deque()  # generations to delete off the caller
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
@@ -396,6 +398,18 @@ class SegmentStore:
         self._report_dead((n if gone else 0) + (sealed or 0))
         return not gone
 
+    def delete_later(self, gens) -> None:
+        """Queue deletes of records ``gens`` for the compaction thread (callable with any lock held)."""
+        self._queued.extend(gens)
+        self._wake.set()
+
+    def drain(self) -> int:
+        """Apply the queued deletes now. Returns how many records were live."""
+        n = 0
+        while self._queued:
+            n += self.delete(self._queued.popleft())
+        return n
+
     # -- background compaction ------------------------------------------------------------------------
     def start(self) -> None:
         """Start the compaction thread (idempotent)."""
@@ -410,6 +424,7 @@ class SegmentStore:
                 break
             self._wake.clear()
             try:
+                self.drain()
                 self.compact_once()
             except Exception:  # never let the thread die: the next wake retries
                 log.exception("segment compaction failed")

@@ -241,6 +241,8 @@ class DiskTier:
         budget = need
         for _ in range(3):
             budget = need + self._overhead(budget, meta)
+            if self.segments is not None:  # the compaction headroom (bind)
+                budget += int(self.segments.compact_below * max(self.pack_below, segment_bytes_for(budget)))
         return budget
 
     def bind(self, index, lock) -> None:
@@ -274,6 +276,14 @@ class DiskTier:
                 index.reserved_bytes -= n
 
         seg.on_reclaimed, seg.on_dead, seg.on_hold, seg.on_unhold = reclaimed, dead, hold, unhold
+        # the largest copy a compaction makes (the live bytes of a segment it reclaims) is kept from fills
+        index.headroom_bytes = int(seg.compact_below * seg.segment_bytes)
+        table = self._table
+
+        def evicted_ahead(fids):  # under the cache lock: the records' deletes run on the compaction thread
+            seg.delete_later([int(table.gen[f]) for f in fids])
+
+        index.on_deferred = evicted_ahead
         self.account(index)
 
     def read_packed(self, gen: int, csum: int, size: int, verify: bool = True) -> bytes:

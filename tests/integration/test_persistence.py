@@ -53,7 +53,8 @@ def epoch(m, spec):
 
 
 def disk_args(cache, size="100%"):
-    return ("--ram-cache", "0", "--disk-cache", str(cache), "--disk-cache-size", size, "--no-kernel-cache")
+    return ("--ram-cache", "0", "--disk-cache", str(cache), "--disk-cache-size", size, "--no-kernel-cache",
+            "--disk-pack-below", "0")
 
 
 def test_restart_serves_disk_hits_from_the_first_open(small_tree, mount, tmp_path):
