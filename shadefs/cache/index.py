@@ -326,6 +326,6 @@ class TierIndex:
             "evictions": self.evictions,
         }
         if self.charge is not None:  # device bytes: what the store keeps from entries, what is dying
-            out["overhead_bytes"] = self.overhead_bytes
+            out["overhead_bytes"] = self.overhead_bytes + self.headroom_bytes
             out["dying_bytes"] = self.dying_bytes
         return out

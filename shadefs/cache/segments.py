@@ -266,8 +266,8 @@ class SegmentStore:
             seg.gens.discard(gen)
             if seg.sealed and not seg.gens:
                 doomed = self._doom_locked(seg)
-            elif seg.sealed and seg.live < self.compact_below * seg.length:
-                self._wake.set()
+            elif seg.live < self.compact_below * seg.length:
+                self._wake.set()  # (the active one is sealed by the compaction when mostly dead)
         if doomed is not None:
             self._close(seg, doomed)
         return True
@@ -298,10 +298,19 @@ class SegmentStore:
     def compact_once(self) -> int:
         """Compact every sealed segment whose live bytes are below ``compact_below`` of its length (and
         for whose live bytes :attr:`on_hold` grants room). Returns how many segments were reclaimed."""
-        with self._lock:
-            victims = sorted((s for s in self._segs.values()
-                              if s.sealed and not s.doomed and s.live < self.compact_below * s.length),
-                             key=lambda s: s.live)
+        pad = None
+        with self._append_lock:
+            with self._lock:
+                # the active segment too, when it is mostly dead: in a full tier no append would seal it
+                act = self._active
+                if act is not None and act.length >= _PAGE and act.live < self.compact_below * act.length:
+                    pad = self._seal_locked(act)
+                    self._active = None
+                victims = sorted((s for s in self._segs.values()
+                                  if s.sealed and not s.doomed and s.live < self.compact_below * s.length),
+                                 key=lambda s: s.live)
+        if pad:
+            self._report_dead(pad)
         done = 0
         for seg in victims:
             if self._stop.is_set():

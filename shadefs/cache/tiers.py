@@ -125,6 +125,8 @@ class DiskTier:
 
     name = "disk"
     LOCK_FILE = "lock"
+    REWRITTEN = ("index.bin", "scores.bin")  # checkpoints: a second copy exists while one is replaced
+    DIGESTS_FILE = "pathdigests.bin"
 
     @staticmethod
     def dir_for(root: str, source_url: str) -> str:
@@ -206,6 +208,8 @@ class DiskTier:
                 dirs[:] = []
                 continue
             for name in files:
+                if rel == "." and name in self.REWRITTEN:
+                    continue  # counted by their allowance (account)
                 try:
                     total += os.lstat(os.path.join(top, name)).st_blocks * 512
                 except OSError:
@@ -229,7 +233,10 @@ class DiskTier:
             scores = os.lstat(os.path.join(self.dir, "scores.bin")).st_blocks * 512
         except OSError:
             pass
-        return meta + 2 * manifest + max(scores, self.block) + 2 * self.block
+        if self._table is not None and not os.path.exists(os.path.join(self.dir, self.DIGESTS_FILE)):
+            meta += -(-(64 + 32 * len(self._table.gen)) // self.block) * self.block  # written at a checkpoint
+        pages = 2 * self.block if self.segments is not None else 0  # the active segment's tail, a seal's pad
+        return meta + 2 * manifest + 2 * max(scores, self.block) + pages
 
     def footprint(self, sizes: np.ndarray, extra: int = 0) -> int:
         """The budget (device bytes) that holds entries of every one of ``sizes`` (source bytes) and

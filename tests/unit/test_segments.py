@@ -213,3 +213,76 @@ def test_a_damaged_record_is_never_served(tmp_path):
     _, gens, _, _, _ = t.scan()
     assert gens.tolist() == [sorted(recs)[0]]  # the damaged record ends its segment
     t.close()
+
+
+def _packed_cache(src, tmp_path, disk_bytes, policy="lru"):
+    import threading  # noqa: F401  (the cache lock the tier's callbacks take)
+
+    from shadefs.backends.posix import PosixBackend
+    from shadefs.cache.core import TieredCache
+    from shadefs.cache.index import TierIndex
+    from shadefs.cache.tiers import DiskTier, MemoryTier
+    from shadefs.namespace import Namespace
+    from shadefs.policies import Importance, get_policy
+
+    backend = PosixBackend(str(src))
+    ns = Namespace(backend.walk())
+    imp = Importance(ns.num_files)
+    cls = get_policy(policy)
+    store = DiskTier(str(tmp_path / "cache"), str(src), pack_below=64 << 10)
+    cache = TieredCache(ns, backend, (TierIndex("ram", 0, cls(0, imp)), MemoryTier()),
+                        (TierIndex("disk", disk_bytes, cls(disk_bytes, imp)), store), imp)
+    store.bind(cache.disk_index, cache.lock)
+    return cache, ns, store
+
+
+def test_a_packed_hit_is_one_record_and_a_damaged_one_is_dropped_and_read_again(small_tree, tmp_path):
+    from shadefs.testing.handles import open_read
+
+    src, spec = small_tree
+    cache, ns, store = _packed_cache(src, tmp_path, 1 << 20)
+    for rel, data in sorted(spec.items()):
+        assert open_read(cache, ns.file_id(rel)) == (data, "miss")
+    assert cache.disk_index.used_bytes == sum(HEADER + len(d) for d in spec.values())
+    assert cache.disk_index.overhead_bytes > 0 and cache.disk_index.headroom_bytes == 32 << 10
+    for rel, data in sorted(spec.items()):
+        assert open_read(cache, ns.file_id(rel)) == (data, "disk")
+    # flip one byte of dog/04.bin's record: its next hit finds it, drops it, reads the source again
+    rel = "dog/04.bin"
+    fid = ns.file_id(rel)
+    r = store.segments._map[int(cache.entries.gen[fid])]
+    with open(r.seg.path, "r+b") as f:
+        f.seek(r.off + HEADER + 5)
+        b = f.read(1)
+        f.seek(r.off + HEADER + 5)
+        f.write(bytes([b[0] ^ 1]))
+    assert open_read(cache, fid) == (spec[rel], "miss")
+    assert cache.stats()["corrupt_entries"] == 1
+    assert open_read(cache, fid) == (spec[rel], "disk")  # written again
+    store.close()
+
+
+def test_evicted_records_are_reclaimed_and_the_device_bytes_stay_within_the_budget(small_tree, tmp_path):
+    from shadefs.testing.handles import open_read
+
+    src, spec = small_tree
+    names = sorted(spec)
+    cache, ns, store = _packed_cache(src, tmp_path, 90_000)
+    idx = cache.disk_index
+    room = idx.capacity_bytes - idx.overhead_bytes - idx.headroom_bytes
+    assert 10_000 < room < 25_000  # 9 pages of overhead, 32 KiB of headroom: ~4 of the 10 files fit
+    seg = store.segments
+    rng = random.Random(5)
+    for _ in range(300):
+        rel = rng.choice(names)
+        data, _ = open_read(cache, ns.file_id(rel))
+        assert data == spec[rel]
+        seg.drain()
+        seg.compact_once()
+        on_disk = sum(os.stat(os.path.join(seg.dir, n)).st_blocks * 512 for n in seg_files(seg.dir))
+        assert idx.used_bytes + idx.reserved_bytes + idx.dying_bytes <= idx.capacity_bytes - idx.overhead_bytes
+        # the segments' allocated bytes are what the index counts, but for the active segment's last page
+        assert on_disk <= idx.used_bytes + idx.dying_bytes + 4096
+    s = cache.stats()
+    assert s["tiers"]["disk"]["evictions"] > 0 and s["hits"]["disk"] > 0 and seg.reclaimed_segments > 0
+    store.close()
