@@ -630,7 +630,6 @@ class TieredCache:
     def _disk_hit(self, fid: int, size: int, gen: int, csum: int) -> Optional[Handle]:
         """Serve a disk-resident file: open its entry, verify its checksum, count the hit, promote it to
         RAM when RAM admits it. None (nothing counted) when the entry was dropped, moved or corrupt."""
-        path = self.ns.path(fid)
         fd = None
         packed = self.disk.segments is not None and self.disk.packed(size)
         try:
@@ -638,15 +637,16 @@ class TieredCache:
                 data = self.disk.read_packed(gen, csum, size, verify=self.verify_entries != "first-hit"
                                              or not self.verified[fid])
             else:
-                fd = self.disk.open_entry(path, gen, csum)
+                fd = self.disk.open_entry(self.ns.path(fid), gen, csum)
         except CorruptEntry as e:
-            self._drop_corrupt(fid, gen, csum, size, f"{e} ({path!r})")
+            self._drop_corrupt(fid, gen, csum, size, f"{e} ({self.ns.path(fid)!r})")
             return None
         except OSError as e:
             with self.lock:
                 corrupt = self._current(fid, gen)  # else it was evicted or promoted meanwhile
             if corrupt:
-                self._drop_corrupt(fid, gen, csum, size, f"disk entry for {path!r}: {e.strerror or e}")
+                self._drop_corrupt(fid, gen, csum, size,
+                                   f"disk entry for {self.ns.path(fid)!r}: {e.strerror or e}")
             return None
         keep = size <= self.ram_index.capacity_bytes  # it could be promoted: keep the bytes we verify
         if not packed and not keep and self.verify_entries == "first-hit":
@@ -659,7 +659,7 @@ class TieredCache:
                 data = self.disk.verify(fd, size, csum, keep=keep)
             except CorruptEntry as e:
                 os.close(fd)
-                self._drop_corrupt(fid, gen, csum, size, f"{e} ({path!r})")
+                self._drop_corrupt(fid, gen, csum, size, f"{e} ({self.ns.path(fid)!r})")
                 return None
         demote: List[Tuple[int, bytes, _Flight]] = []
         promoted = None

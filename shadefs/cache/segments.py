@@ -61,6 +61,12 @@ _PAGE = 4096
 _SUFFIX = ".seg"
 
 
+def _corrupt(message: str) -> OSError:
+    from .tiers import CorruptEntry  # (tiers imports this module)
+
+    return CorruptEntry(message)
+
+
 def pack_header(size: int, gen: int, csum: int, mtime_ns: int, digest: bytes) -> bytes:
     """The 64-byte header of a record (see the module docstring)."""
     head = _HDR.pack(size, gen, csum, mtime_ns, digest, 0)[:_CRC_AT]
@@ -210,30 +216,33 @@ class SegmentStore:
             FileNotFoundError: no live record ``gen`` with checksum ``csum`` and ``size`` bytes.
             CorruptEntry: the record on disk does not match (a damaged segment).
         """
-        from .tiers import CorruptEntry
-
         with self._lock:
             r = self._map.get(gen)
             if r is None or r.csum != csum or r.size != size:
                 raise FileNotFoundError(errno.ENOENT, f"no packed record {gen:016x}")
-            seg, off = r.seg, r.off
+            seg = r.seg
             seg.refs += 1
+            fd, off = seg.fd, r.off
         try:
-            try:
-                buf = os.pread(seg.fd, HEADER + size, off)
-            except OSError as e:
-                raise CorruptEntry(f"packed record unreadable: {e.strerror or e}") from e
+            buf = os.pread(fd, HEADER + size, off)
+        except OSError as e:
+            raise _corrupt(f"packed record unreadable: {e.strerror or e}") from e
         finally:
-            self._unref(seg)
+            with self._lock:
+                seg.refs -= 1
+                close = seg.doomed and seg.refs == 0 and seg.fd >= 0
+                if close:
+                    seg.fd = -1
+            if close:
+                self._close(seg, fd)
         if len(buf) != HEADER + size:
-            raise CorruptEntry(f"packed record {gen:016x}: {len(buf)} bytes, expected {HEADER + size}")
-        head = buf[:HEADER]
-        rsize, rgen, rcsum, _, _, crc = _HDR.unpack(head)
-        if crc != zlib.crc32(head[:_CRC_AT]) or (rsize, rgen, rcsum) != (size, gen, csum):
-            raise CorruptEntry(f"packed record {gen:016x}: header does not match")
+            raise _corrupt(f"packed record {gen:016x}: {len(buf)} bytes, expected {HEADER + size}")
+        rsize, rgen, rcsum, _, _, crc = _HDR.unpack_from(buf)
+        if rsize != size or rgen != gen or rcsum != csum or crc != zlib.crc32(memoryview(buf)[:_CRC_AT]):
+            raise _corrupt(f"packed record {gen:016x}: header does not match")
         data = buf[HEADER:]
         if verify and xxhash.xxh3_64_intdigest(data) != csum:
-            raise CorruptEntry(f"packed record {gen:016x}: checksum differs from {csum:016x}")
+            raise _corrupt(f"packed record {gen:016x}: checksum differs from {csum:016x}")
         return data
 
     def _unref(self, seg: _Segment) -> None:

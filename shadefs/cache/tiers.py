@@ -248,8 +248,9 @@ class DiskTier:
         budget = need
         for _ in range(3):
             budget = need + self._overhead(budget, meta)
-            if self.segments is not None:  # the compaction headroom (bind)
-                budget += int(self.segments.compact_below * max(self.pack_below, segment_bytes_for(budget)))
+            if self.segments is not None:  # the compaction headroom (bind), each sealed segment's padding
+                seg_bytes = max(self.pack_below, segment_bytes_for(budget))
+                budget += int(self.segments.compact_below * seg_bytes) + (need // seg_bytes + 1) * self.block
         return budget
 
     def bind(self, index, lock) -> None:
