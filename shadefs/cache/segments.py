@@ -174,6 +174,7 @@ class SegmentStore:
                 if seg is None or seg.length + n > self.segment_bytes:
                     if seg is not None:
                         sealed = self._seal_locked(seg)
+                        self._active = None
                     seg = self._active = self._new_segment()
                 off = seg.length
                 seg.length += n      # taken: a failed write leaves dead bytes, never an overlap
@@ -184,6 +185,9 @@ class SegmentStore:
             except OSError:
                 with self._lock:
                     seg.dead += n
+                    if self._active is seg:  # what follows a torn record is lost at reload: start anew
+                        sealed = (sealed or 0) + self._seal_locked(seg)
+                        self._active = None
                 self._report_dead(n + (sealed or 0))
                 raise
             with self._lock:
@@ -389,6 +393,7 @@ class SegmentStore:
                 if seg is None or seg.length + n > self.segment_bytes:
                     if seg is not None:
                         sealed = self._seal_locked(seg)
+                        self._active = None
                     seg = self._active = self._new_segment()
                 off = seg.length
                 seg.length += n
@@ -398,6 +403,9 @@ class SegmentStore:
             except OSError:
                 with self._lock:
                     seg.dead += n
+                    if self._active is seg:
+                        sealed = (sealed or 0) + self._seal_locked(seg)
+                        self._active = None
                 self._report_dead(n + (sealed or 0))
                 raise
             with self._lock:

@@ -90,23 +90,30 @@ def test_device_bytes_stay_within_the_budget_under_16_readers(tmp_path, mount, s
 def test_packed_samples_survive_a_remount_and_serve_disk_hits(small_tree, tmp_path, mount):
     src = tmp_path / "src300"
     spec = _tree(str(src), 300, 300, seed=3)
+    big = {f"big/{i}.bin": random.Random(i).randbytes(100_000 + i) for i in range(3)}  # entry files
+    os.makedirs(src / "big")
+    for rel, data in big.items():
+        (src / rel).write_bytes(data)
     cache = tmp_path / "cache"
     args = ("--ram-cache", "0", "--disk-cache", str(cache), "--disk-cache-size", "100%", "--no-kernel-cache")
     m = mount(src, *args)
-    for rel, data in sorted(spec.items()):
+    every = dict(spec, **big)
+    for rel, data in sorted(every.items()):
         assert read(os.path.join(m.path, rel)) == data
     s = m.stats()
-    assert s["misses"] == 300 and s["tiers"]["disk"]["files"] == 300
-    # one record of header + bytes per sample, no file per sample
-    assert s["tiers"]["disk"]["used_bytes"] == sum(64 + len(d) for d in spec.values())
+    assert s["misses"] == 303 and s["tiers"]["disk"]["files"] == 303
+    # one record of header + bytes per sample, no file per sample; the large files' blocks
+    assert s["tiers"]["disk"]["used_bytes"] == (sum(64 + len(d) for d in spec.values())
+                                                + sum(-(-len(d) // PAGE) * PAGE for d in big.values()))
     (ns,) = os.listdir(cache)
-    assert not [d for d in os.listdir(cache / ns) if len(d) == 2]
+    entry_files = [f for d in os.listdir(cache / ns) if len(d) == 2 for f in os.listdir(cache / ns / d)]
+    assert len(entry_files) == 3
     segs = os.listdir(cache / ns / "seg")
     assert segs and all(n.endswith(".seg") for n in segs)
     m.umount()
     m.start()
-    assert "disk tier: reloaded 300 entries" in m.log()
-    for rel, data in sorted(spec.items()):
+    assert "disk tier: reloaded 303 entries" in m.log()
+    for rel, data in sorted(every.items()):
         assert read(os.path.join(m.path, rel)) == data
     s = m.stats()
-    assert s["hits"]["disk"] == 300 and s["misses"] == 0 and s["backend_bytes"] == 0
+    assert s["hits"]["disk"] == 303 and s["misses"] == 0 and s["backend_bytes"] == 0

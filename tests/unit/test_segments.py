@@ -286,3 +286,30 @@ def test_evicted_records_are_reclaimed_and_the_device_bytes_stay_within_the_budg
     s = cache.stats()
     assert s["tiers"]["disk"]["evictions"] > 0 and s["hits"]["disk"] > 0 and seg.reclaimed_segments > 0
     store.close()
+
+
+def test_a_failed_append_is_not_indexed_and_the_next_goes_to_a_new_segment(tmp_path, monkeypatch):
+    import errno
+
+    d = str(tmp_path / "seg")
+    s = SegmentStore(d, segment_bytes=1 << 20)
+    led = Ledger(s)
+    recs = fill(s, 3)
+    real = os.pwrite
+
+    def full(fd, data, off):
+        real(fd, data[:100], off)  # a partial write, then the disk is full
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "pwrite", full)
+    with pytest.raises(OSError):
+        s.append(digest("x"), 99, 0, b"y" * 300)
+    monkeypatch.setattr(os, "pwrite", real)
+    assert 99 not in s and led.dead >= HEADER + 300  # its bytes are dead (counted until reclaimed)
+    s.append(digest("z"), 100, 0, b"z" * 300)
+    assert len(seg_files(d)) == 2
+    s.close()
+    t = SegmentStore(d, segment_bytes=1 << 20)
+    _, gens, _, _, _ = t.scan()
+    assert sorted(gens.tolist()) == sorted(recs) + [100]
+    t.close()
