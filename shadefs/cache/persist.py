@@ -34,7 +34,12 @@ Importance scores are checkpointed to ``scores.bin`` beside it (paths + float32)
 :class:`Checkpointer` and reloaded by :func:`load_scores` before the disk tier, so an importance-aware
 policy ranks the reloaded entries. Every file is written to ``tmp/`` and renamed into place.
 
-Must never: read cached data at mount, keep an entry whose size or mtime differs from the snapshot,
+Packed entries (records in the segments of :class:`~shadefs.cache.segments.SegmentStore`) are not in the
+manifest: their headers carry digest, size, mtime and generation, and the segments are read whole at
+mount (each record's header CRC and checksum checked; a torn record ends its segment), then matched like
+the entry files. The dead bytes left in the segments are the index's dying bytes until reclaimed.
+
+Must never: read cached data at mount (but the segments), keep an entry whose size or mtime differs from the snapshot,
 trust a manifest another daemon may have outdated, or leave the tier over its byte budget.
 """
 from __future__ import annotations
