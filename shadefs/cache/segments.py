@@ -165,31 +165,11 @@ class SegmentStore:
         n = len(rec)
         if n > self.segment_bytes:
             raise ValueError(f"a record of {n} bytes does not fit in a {self.segment_bytes}-byte segment")
-        sealed = None
         with self._append_lock:
             with self._lock:
                 if gen in self._map:
                     raise ValueError(f"generation {gen:016x} is already in the segment store")
-                seg = self._active
-                if seg is None or seg.length + n > self.segment_bytes:
-                    if seg is not None:
-                        sealed = self._seal_locked(seg)
-                        self._active = None
-                    seg = self._active = self._new_segment()
-                off = seg.length
-                seg.length += n      # taken: a failed write leaves dead bytes, never an overlap
-            try:
-                written = os.pwrite(seg.fd, rec, off)
-                if written != n:
-                    raise OSError(errno.ENOSPC, f"short write to a segment ({written} of {n} bytes)")
-            except OSError:
-                with self._lock:
-                    seg.dead += n
-                    if self._active is seg:  # what follows a torn record is lost at reload: start anew
-                        sealed = (sealed or 0) + self._seal_locked(seg)
-                        self._active = None
-                self._report_dead(n + (sealed or 0))
-                raise
+            seg, off, sealed = self._write(rec)
             with self._lock:
                 self._map[gen] = Record(seg, off, len(data), csum)
                 seg.live += n
@@ -197,6 +177,35 @@ class SegmentStore:
         if sealed:
             self._report_dead(sealed)
         return csum
+
+    def _write(self, rec: bytes) -> Tuple[_Segment, int, int]:
+        # with self._append_lock held: write ``rec`` at the end of the active segment (sealing it first when
+        # full). Returns (segment, offset, padding of the segment sealed, 0 if none); on failure the bytes
+        # taken are dead and the segment is sealed (what follows a torn record is lost at reload)
+        n = len(rec)
+        sealed = 0
+        with self._lock:
+            seg = self._active
+            if seg is None or seg.length + n > self.segment_bytes:
+                if seg is not None:
+                    sealed = self._seal_locked(seg)
+                    self._active = None
+                seg = self._active = self._new_segment()
+            off = seg.length
+            seg.length += n      # taken: a failed write leaves dead bytes, never an overlap
+        try:
+            written = os.pwrite(seg.fd, rec, off)
+            if written != n:
+                raise OSError(errno.ENOSPC, f"short write to a segment ({written} of {n} bytes)")
+        except OSError:
+            with self._lock:
+                seg.dead += n
+                if self._active is seg:
+                    sealed += self._seal_locked(seg)
+                    self._active = None
+            self._report_dead(n + sealed)
+            raise
+        return seg, off, sealed
 
     def _seal_locked(self, seg: _Segment) -> int:
         # under self._lock: the active segment is full; returns its page padding (now dead bytes)
@@ -383,31 +392,12 @@ class SegmentStore:
     def _copy(self, gen: int, rec: bytes, old: _Segment, old_off: int) -> bool:
         # append the record ``rec`` (header included) of live ``gen`` to the active segment and move it
         n = len(rec)
-        sealed = None
         with self._append_lock:
             with self._lock:
                 r = self._map.get(gen)
                 if r is None or r.seg is not old or r.off != old_off:
                     return False
-                seg = self._active
-                if seg is None or seg.length + n > self.segment_bytes:
-                    if seg is not None:
-                        sealed = self._seal_locked(seg)
-                        self._active = None
-                    seg = self._active = self._new_segment()
-                off = seg.length
-                seg.length += n
-            try:
-                if os.pwrite(seg.fd, rec, off) != n:
-                    raise OSError(errno.ENOSPC, "short write to a segment")
-            except OSError:
-                with self._lock:
-                    seg.dead += n
-                    if self._active is seg:
-                        sealed = (sealed or 0) + self._seal_locked(seg)
-                        self._active = None
-                self._report_dead(n + (sealed or 0))
-                raise
+            seg, off, sealed = self._write(rec)
             with self._lock:
                 r = self._map.get(gen)
                 if r is None or r.seg is not old:  # deleted while copying: the copy is dead
@@ -421,7 +411,7 @@ class SegmentStore:
                     seg.live += n
                     gone = False
         # the old copy stays on disk until its segment is unlinked, covered by the compaction's hold
-        self._report_dead((n if gone else 0) + (sealed or 0))
+        self._report_dead((n if gone else 0) + sealed)
         return not gone
 
     def delete_later(self, gens) -> None:
