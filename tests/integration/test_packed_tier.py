@@ -86,6 +86,7 @@ def test_device_bytes_stay_within_the_budget_under_16_readers(tmp_path, mount, s
         assert s["hits"]["disk"] > 0
         m.umount()
         assert used_bytes(cdir) <= budget + PAGE  # the final checkpoint included
+        print(f"\n{size} B samples: statvfs used peaked at {peak[0]} B of a {budget} B budget; {disk}")
 
 
 def test_packed_samples_survive_a_remount_and_serve_disk_hits(small_tree, tmp_path, mount):
