@@ -49,6 +49,17 @@ def _unmount(mountpoint: str, lazy: bool = False) -> None:
     raise UserError(f"cannot unmount {mountpoint}: {last or 'no fusermount or umount available'}")
 
 
+def _pack_below(args) -> int:
+    try:
+        size = parse_size(getattr(args, "disk_pack_below", None) or "64KiB")
+    except ConfigError as e:
+        raise UserError(f"--disk-pack-below: {e}") from None
+    if size.nbytes is None or size.nbytes % 4096:
+        raise UserError(f"--disk-pack-below {args.disk_pack_below!r}: a byte size, a multiple of 4 KiB "
+                        f"(e.g. 64KiB, or 0)")
+    return size.nbytes
+
+
 def _parse_sizes(args) -> dict:
     out = {}
     for name in ("ram_cache", "disk_cache_size", "disk_min_free"):
@@ -221,6 +232,7 @@ def build_config(args) -> MountConfig:
         score_transform=args.score_transform, checkpoint_interval_s=args.checkpoint_interval,
         follow_symlinks=args.follow_symlinks, rescan=args.rescan,
         backend_timeout_s=float(args.backend_timeout), backend=args.backend,
+        disk_pack_below=_pack_below(args),
     )
     kwargs.update(_shared_tier_config(args))
     if "ram_cache" in sizes:
@@ -1022,6 +1034,10 @@ def make_parser() -> argparse.ArgumentParser:
     m.add_argument("--disk-cache", metavar="DIR", help="NVMe tier directory")
     m.add_argument("--disk-cache-size", metavar="SIZE", help="NVMe tier size (units or %%); 0 = off")
     m.add_argument("--disk-min-free", metavar="SIZE", help="keep this much free on the cache filesystem (e.g. 5%%)")
+    m.add_argument("--disk-pack-below", metavar="SIZE", default="64KiB",
+                   help="disk entries smaller than this (plus a 64-byte header) are packed into append-only "
+                   "segment files, one pread per NVMe hit (default 64KiB; 0: one file per entry; a multiple "
+                   "of 4 KiB)")
     m.add_argument("--checkpoint-interval", type=float, default=60.0, metavar="SECONDS",
                    help="checkpoint importance scores and the disk tier manifest every SECONDS "
                    "(default 60; 0 = only at mount and unmount)")

@@ -124,6 +124,7 @@ class MountConfig:
     fuse_readers: int = 2                     # kernel front end: reader threads on /dev/fuse clones
     passthrough: bool = True                  # kernel front end: FUSE passthrough for NVMe hits when allowed
     verify_entries: str = "every-open"        # disk entry checksums: at every disk hit, or the first of each entry
+    disk_pack_below: int = 64 << 10           # disk entries smaller than this (with a 64-byte header) go in segments
     backend_options: tuple = ()               # (key, value) pairs for fsspec backends
     backend: str = "auto"                     # --backend: auto (by URL scheme), obstore, fsspec
     scan_workers: Optional[int] = None        # posix listing threads; None: 1 on local filesystems, 16 on others

@@ -159,8 +159,10 @@ class Daemon:
             os.makedirs(cfg.disk_cache_dir, exist_ok=True)
             fs = os.statvfs(cfg.disk_cache_dir)
             min_free = cfg.disk_min_free.resolve(fs.f_blocks * fs.f_frsize)  # a % is of the cache filesystem
-            store = DiskTier(cfg.disk_cache_dir, cfg.source, min_free=min_free)
+            store = DiskTier(cfg.disk_cache_dir, cfg.source, min_free=min_free, pack_below=cfg.disk_pack_below)
             self._save_snapshot(os.path.join(store.dir, SNAPSHOT_FILE))
+            if cfg.disk_cache.nbytes is None:  # a share of the dataset's device bytes (entries + metadata)
+                disk_bytes = cfg.disk_cache.resolve(store.footprint(ns.sizes, extra=32 * ns.num_files))
             disk = (TierIndex("disk", disk_bytes, policy_cls(disk_bytes, self.importance)), store)
         if cfg.trace:
             self.trace = TraceWriter(cfg.trace)
@@ -168,6 +170,8 @@ class Daemon:
         self.cache = TieredCache(ns, self.backend, ram, disk, self.importance, trace=self.trace,
                                  on_backend_read=self._on_backend_read, shared=self.shared)
         self.cache.verify_entries = cfg.verify_entries
+        if disk is not None:
+            disk[1].bind(disk[0], self.cache.lock)  # the budget in device bytes
         if self._audit and os.environ.get("SHADEFS_LOOSE_BUFFERS"):  # tests only: a smaller working-set bound
             self.cache.loose_budget = int(os.environ["SHADEFS_LOOSE_BUFFERS"])
         self.plans.lock = self.cache.lock  # cursors advance under the lock that counts the opens
@@ -293,12 +297,13 @@ class Daemon:
         digests = persist.PathDigests(self.namespace.paths, os.path.join(store.dir, persist.DIGESTS_FILE),
                                       fingerprint=self.namespace.fingerprint)
         rep = persist.reload_disk_tier(store, index, self.namespace, digests)
+        store.account(index)  # the metadata the reload wrote (path digests)
         self.reload_report = rep
         self.cache.corrupt_entries += rep.corrupt
         log.info("disk tier: %s", rep.summary())
         self.checkpointer = persist.Checkpointer(store.dir, self.namespace, self.importance, index, digests,
                                                  self.cache.lock, self.cfg.checkpoint_interval_s,
-                                                 entries=self.cache.entries)
+                                                 entries=self.cache.entries, pack_below=store.pack_below)
 
     def _on_backend_read(self, seconds: float) -> None:
         if self.metrics is not None:

@@ -476,22 +476,22 @@ class PosixBackend(Backend):
         fd = self._open_checked(path, size)
         try:
             with open(fd, "rb", buffering=0) as f:
-                buf = bytearray(size + 1)
-                view = memoryview(buf)
+                # FileIO.read allocates the bytes object it returns: one buffer, no copy (a short read
+                # asks again; one byte more than the snapshot's size shows a file that grew)
+                parts = []
                 got = 0
                 while got <= size:
-                    n = f.readinto(view[got:])
-                    if not n:
+                    piece = f.read(size + 1 - got)
+                    if not piece:
                         break
-                    got += n
+                    parts.append(piece)
+                    got += len(piece)
         except OSError as e:
             raise BackendError(f"read {path!r}: {e.strerror or e}") from e
         if got != size:
             raise BackendError(f"read {path!r}: {got if got <= size else 'more than'} bytes, "
                                f"the snapshot says {size} (the file changed under the mount)")
-        del view
-        buf = buf[:size]
-        return bytes(buf)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def _source_gone(self, full: str) -> bool:
         """For a missing file: is the whole source gone rather than this file? An unmounted NFS or bind

@@ -739,9 +739,17 @@ class TieredCache:
     def _disk_hit(self, fid: int, size: int, gen: int, csum: int) -> Optional[Handle]:
         """Serve a disk-resident file: open its entry, verify its checksum, count the hit, promote it to
         RAM when RAM admits it. None (nothing counted) when the entry was dropped, moved or corrupt."""
-        path = self.ns.path(fid)
+        fd = None
+        packed = self.disk.segments is not None and self.disk.packed(size)
         try:
-            fd = self.disk.open_entry(path, gen, csum)
+            if packed:  # a record in a segment: one pread, served from the bytes read
+                data = self.disk.read_packed(gen, csum, size, verify=self.verify_entries != "first-hit"
+                                             or not self.verified[fid])
+            else:
+                fd = self.disk.open_entry(self.ns.path(fid), gen, csum)
+        except CorruptEntry as e:
+            self._drop_corrupt(fid, gen, csum, size, f"{e} ({self.ns.path(fid)!r})")
+            return None
         except OSError as e:
             if e.errno not in ENTRY_GONE_ERRNOS:
                 # out of descriptors (EMFILE, ENFILE) or another failure of this open, not of the entry:
@@ -750,22 +758,25 @@ class TieredCache:
             with self.lock:
                 corrupt = self._current(fid, gen)  # else it was evicted or promoted meanwhile
             if corrupt:
-                self._drop_corrupt(fid, gen, csum, size, f"disk entry for {path!r}: {e.strerror or e}")
+                self._drop_corrupt(fid, gen, csum, size,
+                                   f"disk entry for {self.ns.path(fid)!r}: {e.strerror or e}")
             return None
         keep = size <= self.ram_index.capacity_bytes  # it could be promoted: keep the bytes we verify
-        if not keep and self.verify_entries == "first-hit":
+        if not packed and not keep and self.verify_entries == "first-hit":
             with self.lock:  # this generation passed at an earlier hit (cleared with every new one)
                 if self._current(fid, gen) and self.verified[fid]:
                     self._count(fid, size, "disk")
                     return Handle(self, fid, size, "disk", fd=fd, gen=gen)
-        try:
-            data = self.disk.verify(fd, size, csum, keep=keep)
-        except CorruptEntry as e:
-            os.close(fd)
-            self._drop_corrupt(fid, gen, csum, size, f"{e} ({path!r})")
-            return None
+        if not packed:
+            try:
+                data = self.disk.verify(fd, size, csum, keep=keep)
+            except CorruptEntry as e:
+                os.close(fd)
+                self._drop_corrupt(fid, gen, csum, size, f"{e} ({self.ns.path(fid)!r})")
+                return None
         demote: List[Tuple[int, bytes, _Flight]] = []
         promoted = None
+        loose = 0
         with self.lock:
             if self._current(fid, gen):
                 self.verified[fid] = True
@@ -781,11 +792,17 @@ class TieredCache:
                     self.disk_index.remove(fid, dying=True)  # resident(ram); the old entry: deleting
                     self.promotions += 1
                     promoted = self._pin_ram(fid, size)
+            if packed and promoted is None and self.loose_bytes + size <= self.loose_budget:
+                self.loose_bytes += size  # the record's bytes, held by the handle (LOOSE_BUFFERS)
+                loose = size
         if promoted is not None:
-            os.close(fd)
+            if fd is not None:
+                os.close(fd)
             self._unlink(fid, gen, csum, size)
             self._demote(demote)
             return Handle(self, fid, size, "disk", data=data, pin=promoted)
+        if packed:  # (no loose room: served by ranges from the backend)
+            return Handle(self, fid, size, "disk", data=data if loose else None, loose=loose)
         return Handle(self, fid, size, "disk", fd=fd, gen=gen)
 
     def _drop_corrupt(self, fid: int, gen: int, csum: int, size: int, why: str) -> None:
@@ -1024,7 +1041,7 @@ class TieredCache:
                 if fid in self.ram_index and self.ram.get(fid) is fl.data:
                     return Handle(self, fid, size, outcome, data=fl.data, pin=self._pin_ram(fid, size))
             return self._loose_handle(fid, size, outcome, fl.data)  # evicted already: bytes in hand
-        if fl.tier == "disk":
+        if fl.tier == "disk" and not (self.disk.segments is not None and self.disk.packed(size)):
             try:
                 return Handle(self, fid, size, outcome,
                               fd=self.disk.open_entry(self.ns.path(fid), fl.gen, fl.csum), gen=fl.gen)
@@ -1423,6 +1440,8 @@ class TieredCache:
                 self._bg_policies.append(index.policy)
         if self.trace is not None and hasattr(self.trace, "start"):
             self.trace.start()
+        if self.disk is not None and self.disk.segments is not None:
+            self.disk.segments.start()  # compaction, off the reader threads
         self._bg_thread = threading.Thread(target=self._background, name="shadefs-rerank", daemon=True)
         self._bg_thread.start()
 

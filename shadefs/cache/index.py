@@ -15,6 +15,12 @@ after every call, where
 
 So the bytes of a tier's store (entries, temporaries, victims awaiting deletion) never exceed the
 capacity when the caller follows that order. Not thread-safe: the caller holds its lock.
+
+A store whose bytes are not a file's size (the disk tier: device bytes) sets :attr:`TierIndex.charge`
+(source bytes -> bytes taken), :attr:`TierIndex.overhead_bytes` (bytes of the store that no entry owns:
+metadata, slack) and, for records freed only when their segment is reclaimed, :attr:`TierIndex.deferred`:
+such a victim's bytes stay dying (never credited to a fill) until :meth:`TierIndex.reclaimed`. Every
+method still takes source sizes; ``used_bytes`` and the rest are then device bytes.
 """
 from __future__ import annotations
 
@@ -58,6 +64,11 @@ class TierIndex:
         self.pinned = None                     # optional: fids whose bytes an eviction cannot free yet
         self.spill_room = None                 # optional () -> bytes pinned victims may take outside the tier
         self.spill = None                      # optional (fid, bytes): a pinned victim now held outside
+        self.charge = None                     # optional source bytes -> bytes the store takes for them
+        self.deferred = None                   # optional charged bytes -> freed only by reclaimed()
+        self.overhead_bytes = 0                # bytes of the store no entry owns (metadata, slack)
+        self.headroom_bytes = 0                # kept from fills for the store's own copies (hold())
+        self.on_deferred = None                # optional (fids): deferred victims evicted ahead of a refusal
 
     def track_residency(self, flags: np.ndarray, bit: int, keep_order: bool = False) -> None:
         """Keep ``flags[fid] & bit`` set exactly while ``fid`` is resident here.
@@ -87,7 +98,20 @@ class TierIndex:
     @property
     def free_bytes(self) -> int:
         """Bytes a new fill may take without victims."""
-        return self.capacity_bytes - self.used_bytes - self.reserved_bytes - self.dying_bytes
+        return (self.capacity_bytes - self.used_bytes - self.reserved_bytes - self.dying_bytes
+                - self.overhead_bytes - self.headroom_bytes)
+
+    def hold(self, nbytes: int) -> bool:
+        """Reserve ``nbytes`` for the store's own use (a compaction's copy) when free, the headroom
+        included; False otherwise. Given back by subtracting them from ``reserved_bytes``."""
+        if nbytes > self.free_bytes + self.headroom_bytes:
+            return False
+        self.reserved_bytes += nbytes
+        return True
+
+    def reclaimed(self, nbytes: int) -> None:
+        """``nbytes`` of deferred dying bytes (dead records, padding) left the store."""
+        self.dying_bytes -= int(nbytes)
 
     def hit(self, fid: int) -> None:
         """Record a read of resident ``fid``."""
@@ -120,10 +144,13 @@ class TierIndex:
         if fid in self.sizes or fid in self.pending:
             raise AlreadyInTier(f"file {fid} is already {'resident' if fid in self.sizes else 'pending'} "
                                 f"in the {self.name} tier")
-        if self.capacity_bytes <= 0 or size > self.capacity_bytes:
+        if self.charge is not None:
+            size = self.charge(size)
+        if self.capacity_bytes <= 0 or size > self.capacity_bytes - self.overhead_bytes - self.headroom_bytes:
             return None
         free = self.free_bytes
         pinned = self.pinned
+        deferred = self.deferred
         room = self.spill_room() if pinned and self.spill_room is not None else 0
         held = 0
         spilled: list = []
@@ -147,12 +174,23 @@ class TierIndex:
                         spilled.append((v, n))
                     else:                    # stays counted here until its last holder lets go
                         was_held += n
+                elif deferred is not None and deferred(n):  # freed when its segment is reclaimed
+                    was_held += n
                 else:
                     freed += n
             if free + freed + out >= size or was_held == held:
                 break
             held = was_held
         if free + freed + out < size:
+            if was_held and deferred is not None and self.on_deferred is not None:
+                # records whose bytes come back only when their segment is reclaimed: evict them now
+                # (the store deletes them off this thread) and refuse this fill; later fills find room
+                ahead = [v for v in victims if deferred(self.sizes[v]) and not (pinned and v in pinned)]
+                for v in ahead:
+                    self.dying_bytes += self._drop(v)
+                    self.evictions += 1
+                if ahead:
+                    self.on_deferred(ahead)
             return None  # the budget is enforced here, not trusted to the policy
         for v in victims:
             self._drop(v)
@@ -223,6 +261,8 @@ class TierIndex:
                 the free budget (nothing changes).
         """
         fids, sizes = list(fids), list(sizes)
+        if self.charge is not None:
+            sizes = [self.charge(s) for s in sizes]
         ids = set(fids)
         if len(ids) != len(fids) or len(sizes) != len(fids) or not ids.isdisjoint(self.sizes) \
                 or not ids.isdisjoint(self.pending):
@@ -268,15 +308,24 @@ class TierIndex:
         return True
 
     def unlinked(self, nbytes: int) -> None:
-        """``nbytes`` of dying entries (:meth:`remove` with ``dying=True``) are deleted from the store."""
+        """``nbytes`` (source bytes) of dying entries (:meth:`remove` with ``dying=True``) are deleted
+        from the store (a deferred one stays dying until :meth:`reclaimed`)."""
+        if self.charge is not None:
+            nbytes = self.charge(nbytes)
+            if self.deferred is not None and self.deferred(nbytes):
+                return
         self.dying_bytes -= int(nbytes)
         assert self.dying_bytes >= 0, "unlinked more bytes than were dying"
 
     def snapshot(self) -> dict:
         """The tier's entry in the stats JSON."""
-        return {
+        out = {
             "used_bytes": self.used_bytes,
             "capacity_bytes": self.capacity_bytes,
             "files": len(self.sizes),
             "evictions": self.evictions,
         }
+        if self.charge is not None:  # device bytes: what the store keeps from entries, what is dying
+            out["overhead_bytes"] = self.overhead_bytes + self.headroom_bytes
+            out["dying_bytes"] = self.dying_bytes
+        return out

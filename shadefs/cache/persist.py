@@ -34,7 +34,12 @@ Importance scores are checkpointed to ``scores.bin`` beside it (paths + float32)
 :class:`Checkpointer` and reloaded by :func:`load_scores` before the disk tier, so an importance-aware
 policy ranks the reloaded entries. Every file is written to ``tmp/`` and renamed into place.
 
-Must never: read cached data at mount, keep an entry whose size or mtime differs from the snapshot,
+Packed entries (records in the segments of :class:`~shadefs.cache.segments.SegmentStore`) are not in the
+manifest: their headers carry digest, size, mtime and generation, and the segments are read whole at
+mount (each record's header CRC and checksum checked; a torn record ends its segment), then matched like
+the entry files. The dead bytes left in the segments are the index's dying bytes until reclaimed.
+
+Must never: read cached data at mount (but the segments), keep an entry whose size or mtime differs from the snapshot,
 trust a manifest another daemon may have outdated, or leave the tier over its byte budget.
 """
 from __future__ import annotations
@@ -57,6 +62,7 @@ from ..fsutil import atomic_write
 from ..namespace import Namespace
 from ..policies.base import Importance
 from .index import TierIndex
+from .segments import HEADER
 from .tiers import ENTRY_NAME_LEN, DiskTier
 
 __all__ = ["ReloadReport", "reload_disk_tier", "PathDigests", "path_digests", "write_index", "read_index",
@@ -353,13 +359,48 @@ def reload_disk_tier(disk: DiskTier, index: TierIndex, ns: Namespace,
     manifest = _take_manifest(disk.dir)
     names, shard_idx, shard_paths, bad = _list(disk.dir)
     names, ent, gens, csums, foreign = _decode(names, shard_idx, shard_paths)
+    seg = disk.segments
+    nfile = len(names)
+    if seg is not None:  # packed records: size and mtime from their headers, checked as they are read
+        callbacks = seg.on_reclaimed, seg.on_dead
+        seg.on_reclaimed = seg.on_dead = None  # reload settles the dead bytes at its end
+        p_dig, p_gens, p_csums, p_sizes, p_mtimes = seg.scan()
+        rep.corrupt += seg.torn
+        if len(p_gens):
+            names = names + [""] * len(p_gens)
+            ent = np.concatenate([ent, p_dig]) if nfile else p_dig
+            gens = np.concatenate([gens, p_gens])
+            csums = np.concatenate([csums, p_csums])
     rep.scan_seconds = time.monotonic() - t0
     for p in bad + foreign:
         _remove(p)
     rep.corrupt += len(bad) + len(foreign)
+    try:
+        _reload(disk, index, ns, digests, rep, manifest, names, ent, gens, csums, nfile,
+                (p_sizes, p_mtimes) if seg is not None else None)
+    finally:
+        if seg is not None:
+            seg.on_reclaimed, seg.on_dead = callbacks
+            # every dead byte of the segments (records dropped now or before the restart, padding)
+            # stays counted until its segment is reclaimed; all of the index's dying bytes are such
+            index.dying_bytes = seg.dead_bytes()
+    rep.seconds = time.monotonic() - t0
+    return rep
+
+
+def _reload(disk: DiskTier, index: TierIndex, ns: Namespace, digests: Optional[PathDigests],
+            rep: ReloadReport, manifest, names: List[str], ent: np.ndarray, gens: np.ndarray,
+            csums: np.ndarray, nfile: int, packed_rows) -> None:
+    # the body of reload_disk_tier: names[nfile:] are packed records (no file), whose sizes and mtimes
+    # are packed_rows
+    def remove(i: int) -> None:
+        if i >= nfile:
+            disk.segments.delete(int(gens[i]))
+        else:
+            _remove(_entry_path(disk.dir, names[i]))
+
     if not names:
-        rep.seconds = time.monotonic() - t0
-        return rep
+        return
     disk.seen_gen(int(gens.max()))
     ent_keys = _keys(ent)
     # two generations of one file (a crash before the old one's delete): the newest wins
@@ -389,7 +430,11 @@ def reload_disk_tier(disk: DiskTier, index: TierIndex, ns: Namespace,
         etag_of[found] = metags[row[found]]
     known = (fids >= 0) & ~superseded
     exp_mtime_all = ns.mtimes_ns
-    rest = np.flatnonzero(known & (row < 0))  # only entries of snapshot files need a stat
+    packed = np.arange(m) >= nfile
+    if packed_rows is not None and packed.any():
+        sizes[packed], mtimes[packed] = packed_rows
+        row[packed & (row < 0)] = -2  # never stat'ed (no file); ordered after the manifest's rows
+    rest = np.flatnonzero(known & (row == -1))  # only entries of snapshot files need a stat
     ctimes = np.zeros(len(rest), dtype=np.int64)
     gone = np.zeros(m, dtype=bool)
     for j, i in enumerate(rest.tolist()):
@@ -405,6 +450,8 @@ def reload_disk_tier(disk: DiskTier, index: TierIndex, ns: Namespace,
         sizes[i], mtimes[i], ctimes[j] = st.st_size, st.st_mtime_ns, st.st_ctime_ns
     base = len(manifest[0]) if manifest is not None else 0
     order[rest] = base + np.argsort(np.argsort(ctimes, kind="stable"), kind="stable")
+    late = np.flatnonzero(row == -2)
+    order[late] = base + len(rest) + np.arange(len(late))  # packed records: in segment order
     rep.from_manifest = int(np.count_nonzero(known & (row >= 0)))
     rep.statted = len(rest)
     safe = np.maximum(fids, 0)
@@ -422,14 +469,16 @@ def reload_disk_tier(disk: DiskTier, index: TierIndex, ns: Namespace,
     rep.corrupt += int(np.count_nonzero(partial))
     rep.stale += int(np.count_nonzero(~good & ~partial & ~gone))
     for i in np.flatnonzero(~good & ~gone).tolist():
-        _remove(_entry_path(disk.dir, names[i]))
+        remove(i)
     idx = np.flatnonzero(good)
     idx = idx[np.argsort(order[idx], kind="stable")]  # oldest first
     g_fids, g_sizes = fids[idx], sizes[idx]
     entries = disk.table(ns.num_files)
     entries.gen[g_fids] = gens[idx]
     entries.csum[g_fids] = csums[idx]
-    if int(g_sizes.sum()) <= index.free_bytes:
+    charge = index.charge
+    need = sum(map(charge, g_sizes.tolist())) if charge is not None else int(g_sizes.sum())
+    if need <= index.free_bytes:
         index.restore(g_fids.tolist(), g_sizes.tolist())
         rep.loaded, rep.loaded_bytes = len(idx), int(g_sizes.sum())
     else:  # the budget shrank (or another policy): let the policy choose, oldest offered first
@@ -447,8 +496,6 @@ def reload_disk_tier(disk: DiskTier, index: TierIndex, ns: Namespace,
             rep.over_budget += len(victims)
         index.evictions = 0  # reload decisions are not evictions of this mount
         rep.loaded, rep.loaded_bytes = len(index), index.used_bytes
-    rep.seconds = time.monotonic() - t0
-    return rep
 
 
 # -- importance scores --------------------------------------------------------------------------------
@@ -527,11 +574,16 @@ class Checkpointer:
         lock: the cache lock.
         entries: the disk tier's :class:`~shadefs.cache.tiers.EntryTable` (entry generations).
         interval_s: seconds between checkpoints; 0 = only at :meth:`start` and :meth:`stop`.
+        pack_below: the disk tier's :attr:`~shadefs.cache.tiers.DiskTier.pack_below`: packed entries are
+            left out of the manifest (their record headers carry size, mtime and generation), so it
+            holds at most one row per file entry.
     """
 
     def __init__(self, directory: str, ns: Namespace, importance: Importance, index: Optional[TierIndex],
-                 digests: PathDigests, lock: threading.Lock, interval_s: float = 60.0, entries=None):
+                 digests: PathDigests, lock: threading.Lock, interval_s: float = 60.0, entries=None,
+                 pack_below: int = 0):
         self.entries = entries       # the disk tier's EntryTable (generations in the manifest)
+        self.pack_below = int(pack_below)  # packed entries (size + header below it) carry their own row
         self.scores_path = os.path.join(directory, SCORES_FILE)
         self.index_path = os.path.join(directory, INDEX_FILE)
         self.ns = ns
@@ -595,6 +647,9 @@ class Checkpointer:
                 if index.order is not None:  # oldest first (read racily: only the order of files
                     fids = fids[np.argsort(index.order[fids], kind="stable")]  # changing now may move)
                 sizes = self.ns.sizes[fids]
+            if fids is not None and self.pack_below:
+                files = sizes + HEADER >= self.pack_below
+                fids, sizes = fids[files], sizes[files]
             # generations read without the lock: a row whose file changed generation meanwhile names the
             # wrong one, and the reload then stats that entry instead of trusting the row
             gens = self.entries.gen[fids] if (fids is not None and self.entries is not None) else None

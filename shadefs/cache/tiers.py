@@ -14,6 +14,10 @@ Each entry carries the source file's mtime (set before the rename), so a restart
 valid entry from a stale one with one ``stat`` and without reading data (:mod:`shadefs.cache.persist`).
 One daemon at a time owns a namespace: an ``flock`` on ``<namespace>/lock``, released by the kernel
 when the daemon dies, however it dies.
+Entries smaller than ``pack_below`` bytes (with their record header) are not files: they are records in
+the append-only segments of a :class:`~shadefs.cache.segments.SegmentStore` under ``<namespace>/seg/``,
+read with one ``pread`` on an open fd. The tier's budget is in device bytes (:meth:`DiskTier.cost`,
+:meth:`DiskTier.bind`).
 """
 from __future__ import annotations
 
@@ -30,6 +34,7 @@ import numpy as np
 import xxhash
 
 from ..fsutil import removing_on_error, rename_into
+from .segments import HEADER, PACK_BELOW, SEG_DIR, SegmentStore, segment_bytes_for
 
 __all__ = ["MemoryTier", "DiskTier", "EntryTable", "CorruptEntry", "DiskFloorReached", "CacheDirInUse",
            "entry_name", "ENTRY_NAME_LEN"]
@@ -108,6 +113,10 @@ class DiskTier:
         lock: take the namespace lock (a second daemon on the same source and directory fails).
         lock_wait_s: how long to wait for the lock (a daemon that was just unmounted may still be
             writing its last checkpoint).
+        pack_below: entries whose size plus the 64-byte record header is below this many bytes are
+            packed into segments (0: every entry is a file; a multiple of the filesystem block size).
+        segment_bytes: the size at which a segment is sealed (default: :func:`segment_bytes_for` the
+            budget given to :meth:`bind`).
 
     Raises:
         CacheDirInUse: ``lock`` and another process holds the namespace after ``lock_wait_s``.
@@ -116,6 +125,8 @@ class DiskTier:
 
     name = "disk"
     LOCK_FILE = "lock"
+    REWRITTEN = ("index.bin", "scores.bin")  # checkpoints: a second copy exists while one is replaced
+    DIGESTS_FILE = "pathdigests.bin"
 
     @staticmethod
     def dir_for(root: str, source_url: str) -> str:
@@ -124,7 +135,7 @@ class DiskTier:
         return os.path.join(os.path.abspath(root), ns)
 
     def __init__(self, root: str, source_url: str, min_free: int = 0, lock: bool = True,
-                 lock_wait_s: float = 5.0):
+                 lock_wait_s: float = 5.0, pack_below: int = 0, segment_bytes: Optional[int] = None):
         self.root = os.path.abspath(root)
         self.dir = self.dir_for(root, source_url)
         self.tmp_dir = os.path.join(self.dir, "tmp")
@@ -163,6 +174,137 @@ class DiskTier:
         self._table: Optional[EntryTable] = None
         self._gen_floor = 0
         self._gen = itertools.count(time.time_ns())  # generations only grow, across restarts too
+        st = os.statvfs(self.dir)
+        self.block = max(512, st.f_frsize or 4096)  # allocation unit of the cache filesystem
+        self.pack_below = int(pack_below)
+        if self.pack_below and self.pack_below % self.block:
+            raise ValueError(f"pack_below ({self.pack_below}) must be a multiple of the filesystem block "
+                             f"({self.block} bytes)")
+        self.segments: Optional[SegmentStore] = None
+        if self.pack_below:
+            self.segments = SegmentStore(os.path.join(self.dir, SEG_DIR), segment_bytes or (64 << 20))
+            self._segment_bytes_set = segment_bytes is not None
+        self.overhead_bytes = 0  # device bytes kept from entries: metadata, page slack (set by bind)
+
+    # -- device bytes ----------------------------------------------------------------------------------
+    def packed(self, size: int) -> bool:
+        """Whether an entry of ``size`` bytes is a record in a segment (else a file of its own)."""
+        return size + HEADER < self.pack_below
+
+    def cost(self, size: int) -> int:
+        """Device bytes an entry of ``size`` bytes takes: its record (``HEADER + size``) when packed,
+        else its file's allocated blocks (``size`` rounded up to the filesystem block)."""
+        if size + HEADER < self.pack_below:
+            return size + HEADER
+        return -(-size // self.block) * self.block
+
+    def metadata_bytes(self) -> int:
+        """Allocated bytes (``st_blocks * 512``) of the namespace's files that are not entries: the
+        lock, the snapshot, the manifest, the path digests, the scores, temporaries."""
+        total = 0
+        for top, dirs, files in os.walk(self.dir):
+            rel = os.path.relpath(top, self.dir)
+            if rel != "." and (len(rel) == 2 or rel == SEG_DIR):
+                dirs[:] = []
+                continue
+            for name in files:
+                if rel == "." and name in self.REWRITTEN:
+                    continue  # counted by their allowance (account)
+                try:
+                    total += os.lstat(os.path.join(top, name)).st_blocks * 512
+                except OSError:
+                    pass
+        return total
+
+    def account(self, index) -> int:
+        """Set ``index.overhead_bytes`` to the device bytes the tier needs besides its entries: the
+        metadata on disk now, room to rewrite the manifest and scores (a second copy while each is
+        replaced; the manifest at 64 bytes per file entry, at most ``budget / pack_below`` of them), one
+        page of the active segment, one page of a seal's padding. Returns it."""
+        self.overhead_bytes = self._overhead(index.capacity_bytes, self.metadata_bytes())
+        index.overhead_bytes = self.overhead_bytes
+        return self.overhead_bytes
+
+    def _overhead(self, capacity: int, meta: int) -> int:
+        files = capacity // max(self.pack_below, self.block) + 1  # file entries cost >= pack_below
+        manifest = -(-(64 + 64 * files) // self.block) * self.block
+        scores = 0
+        try:
+            scores = os.lstat(os.path.join(self.dir, "scores.bin")).st_blocks * 512
+        except OSError:
+            pass
+        if self._table is not None and not os.path.exists(os.path.join(self.dir, self.DIGESTS_FILE)):
+            meta += -(-(64 + 32 * len(self._table.gen)) // self.block) * self.block  # written at a checkpoint
+        pages = 2 * self.block if self.segments is not None else 0  # the active segment's tail, a seal's pad
+        return meta + 2 * manifest + 2 * max(scores, self.block) + pages
+
+    def footprint(self, sizes: np.ndarray, extra: int = 0) -> int:
+        """The budget (device bytes) that holds entries of every one of ``sizes`` (source bytes) and
+        the tier's overhead (:meth:`account`), with ``extra`` metadata bytes still to be written."""
+        sizes = np.asarray(sizes, dtype=np.int64)
+        packed = sizes + HEADER < self.pack_below
+        need = int(np.sum(np.where(packed, sizes + HEADER, -(-sizes // self.block) * self.block)))
+        meta = self.metadata_bytes() + -(-int(extra) // self.block) * self.block
+        budget = need
+        for _ in range(3):
+            budget = need + self._overhead(budget, meta)
+            if self.segments is not None:  # the compaction headroom (bind), each sealed segment's padding
+                seg_bytes = max(self.pack_below, segment_bytes_for(budget))
+                budget += int(self.segments.compact_below * seg_bytes) + (need // seg_bytes + 1) * self.block
+        return budget
+
+    def bind(self, index, lock) -> None:
+        """Make ``index`` (this tier's :class:`~shadefs.cache.index.TierIndex`) count device bytes:
+        entries by :meth:`cost`, packed records dying until their segment is reclaimed, the metadata
+        as overhead (:meth:`account`); the segment store's callbacks take ``lock`` (the cache lock)."""
+        index.charge = self.cost
+        if self.segments is None:
+            self.account(index)
+            return
+        pack_below = self.pack_below
+        index.deferred = lambda c: c < pack_below
+        seg = self.segments
+        if not self._segment_bytes_set:
+            seg.segment_bytes = max(pack_below, segment_bytes_for(index.capacity_bytes))
+
+        def reclaimed(n):
+            with lock:
+                index.reclaimed(n)
+
+        def dead(n):
+            with lock:
+                index.dying_bytes += n
+
+        def hold(n):
+            with lock:
+                return index.hold(n)
+
+        def unhold(n):
+            with lock:
+                index.reserved_bytes -= n
+
+        seg.on_reclaimed, seg.on_dead, seg.on_hold, seg.on_unhold = reclaimed, dead, hold, unhold
+        # the largest copy a compaction makes (the live bytes of a segment it reclaims) is kept from fills
+        index.headroom_bytes = int(seg.compact_below * seg.segment_bytes)
+        table = self._table
+
+        def evicted_ahead(fids):  # under the cache lock: the records' deletes run on the compaction thread
+            seg.delete_later([int(table.gen[f]) for f in fids])
+
+        index.on_deferred = evicted_ahead
+        self.account(index)
+
+    def read_packed(self, gen: int, csum: int, size: int, verify: bool = True) -> bytes:
+        """The bytes of a packed entry (one ``pread``), checked against its record header and, with
+        ``verify``, its xxh3_64 checksum.
+
+        Raises:
+            FileNotFoundError: no such record (deleted meanwhile).
+            CorruptEntry: the record does not match.
+        """
+        if self.segments is None:
+            raise FileNotFoundError(errno.ENOENT, "no packed entries in this tier")
+        return self.segments.read(gen, csum, size, verify)
 
     @staticmethod
     def key(relpath: str) -> str:
@@ -290,6 +432,12 @@ class DiskTier:
             Exception: whatever iterating ``chunks`` raises (nothing is left behind).
         """
         self.check_floor(size)
+        if self.segments is not None and self.packed(size):
+            data = b"".join(chunks)
+            if len(data) != size:
+                raise ValueError(f"entry of {relpath!r}: {len(data)} bytes written, expected {size}")
+            digest = hashlib.sha256(relpath.encode("utf-8", "surrogateescape")).digest()
+            return self.segments.append(digest, gen, 0 if mtime_ns is None else mtime_ns, data)
         h = self.key(relpath)
         tmp = os.path.join(self.tmp_dir, f"{h}.{gen:016x}")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
@@ -315,7 +463,11 @@ class DiskTier:
 
     def delete(self, relpath: str, gen: int, csum: int) -> None:
         """Unlink one generation of an entry (missing is fine; a failing disk is ignored: the entry is out
-        of the index already, and the next reload drops what is left)."""
+        of the index already, and the next reload drops what is left). A packed entry's record is marked
+        dead: its bytes stay counted until its segment is reclaimed."""
+        if self.segments is not None and gen in self.segments:
+            self.segments.delete(gen)
+            return
         self.delete_entry(self.entry_file(relpath, gen, csum))
 
     @staticmethod
@@ -332,9 +484,13 @@ class DiskTier:
         for name in os.listdir(self.dir):
             if len(name) == 2:
                 shutil.rmtree(os.path.join(self.dir, name), ignore_errors=True)
+        if self.segments is not None:
+            self.segments.clear()
 
     def close(self) -> None:
-        """Release the namespace lock. Idempotent."""
+        """Stop compaction, close the segments, release the namespace lock. Idempotent."""
+        if self.segments is not None:
+            self.segments.close()
         if self._lock_file is not None:
             self._lock_file.close()
             self._lock_file = None

@@ -63,3 +63,13 @@ def pid_gone(pid: int, timeout: float = 10.0) -> bool:
     if not wait_pid_gone(pid, timeout):
         raise AssertionError(f"pid {pid} still running after {timeout:g} s")
     return True
+
+
+def disk_budget(entry_bytes: int, packed: bool = True) -> int:
+    """The ``--disk-cache-size`` (device bytes) that leaves exactly ``entry_bytes`` for the entries of a
+    small tree (under 63 file entries, a snapshot and path digests of one page each, 4 KiB blocks): the
+    overhead is the lock, the snapshot and the path digests (a page each), two pages each for the manifest
+    and the scores (a second copy while one is replaced) and, with packed entries (``--disk-pack-below``
+    on), a page for the active segment's tail, one for a seal's padding and half a 64 KiB segment of
+    compaction headroom. The disk tier's ``overhead_bytes`` in the stats is that overhead."""
+    return entry_bytes + (7 * 4096 + (2 * 4096 + 32768 if packed else 0))

@@ -200,7 +200,7 @@ def test_full_cache_disk_means_fewer_hits_never_errors(big_tree, tmpfs, mount):
             assert read(os.path.join(m.path, rel)) == data
     s = m.stats()
     files = s["tiers"]["disk"]["files"]
-    assert 0 < files < 20 and s["tiers"]["disk"]["used_bytes"] == 30_000 * files
+    assert 0 < files < 20 and s["tiers"]["disk"]["used_bytes"] == (64 + 30_000) * files  # packed records
     assert s["hits"]["disk"] == files and s["misses"] == 40 - files
     metrics = scrape(metrics_port(m))
     assert metrics[(M.DISK_WRITE_ERRORS, ())] >= 20 - files
@@ -230,7 +230,7 @@ def test_cache_disk_vanishing_while_mounted_degrades_to_misses(big_tree, tmpfs, 
     src, spec = big_tree
     disk = tmpfs("4m")
     m = mount(src, "--ram-cache", "0", "--disk-cache", disk, "--disk-cache-size", "10MiB",
-              "--no-kernel-cache", "--metrics-port", "0")
+              "--no-kernel-cache", "--metrics-port", "0", "--disk-pack-below", "0")  # entry files
     for rel, data in sorted(spec.items()):
         assert read(os.path.join(m.path, rel)) == data
     assert m.stats()["tiers"]["disk"]["files"] == 20

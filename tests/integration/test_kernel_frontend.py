@@ -10,7 +10,7 @@ import tempfile
 import pytest
 
 from conftest import is_mounted
-from mountutil import read, wait_for
+from mountutil import disk_budget, read, wait_for
 from shadefs.testing.handles import memory_handle
 from shadefs.testing.users import NOBODY, as_nobody, fork_as_nobody, wait_exit_code
 
@@ -26,7 +26,7 @@ def _passthrough_opens(log: str) -> int:
 def test_nvme_hits_are_served_by_passthrough_and_counted_per_open(small_tree, mount, tmp_path):
     src, spec = small_tree
     m = mount(src, "--fuse-impl", "kernel", "--ram-cache", "0", "--disk-cache", tmp_path / "cache",
-              "--disk-cache-size", "100%", "--no-kernel-cache")
+              "--disk-cache-size", "100%", "--no-kernel-cache", "--disk-pack-below", "0")  # entry files
     for _ in range(3):
         for rel, data in sorted(spec.items()):
             assert read(os.path.join(m.path, rel)) == data
@@ -93,7 +93,7 @@ def test_nvme_hits_on_a_kept_backing_id_open_no_entry_and_count_per_open(small_t
     the entry; every open still reaches the daemon and counts one outcome."""
     src, spec = small_tree
     m = mount(src, "--fuse-impl", "kernel", "--ram-cache", "0", "--disk-cache", tmp_path / "cache",
-              "--disk-cache-size", "100%", "--verify-entries", "first-hit")
+              "--disk-cache-size", "100%", "--verify-entries", "first-hit", "--disk-pack-below", "0")
     for _ in range(4):
         for rel, data in sorted(spec.items()):
             assert read(os.path.join(m.path, rel)) == data
@@ -113,8 +113,9 @@ def test_a_kept_backing_id_never_serves_an_evicted_replaced_or_corrupt_entry(sma
     src, spec = small_tree
     cache_dir = tmp_path / "cache"
     m = mount(src, "--fuse-impl", "kernel", "--ram-cache", "0", "--policy", "lru", "--disk-cache", cache_dir,
-              "--disk-cache-size", "12000", "--verify-entries", "first-hit")
-    x, y = "cat/09.bin", "dog/02.bin"          # 10000 and 3000 bytes: one evicts the other
+              "--disk-cache-size", str(disk_budget(12288, packed=False)), "--verify-entries", "first-hit",
+              "--disk-pack-below", "0")
+    x, y = "cat/09.bin", "dog/02.bin"          # 10000 and 3000 bytes (3 and 1 blocks): one evicts the other
     px, py = os.path.join(m.path, x), os.path.join(m.path, y)
     for _ in range(3):                         # miss, first hit (verified), hit on the kept id
         assert read(px) == spec[x]

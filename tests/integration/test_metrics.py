@@ -6,7 +6,7 @@ import re
 import pytest
 
 from conftest import is_mounted
-from mountutil import metrics_port, read, scrape
+from mountutil import disk_budget, metrics_port, read, scrape
 from shadefs import metrics as M
 
 pytestmark = pytest.mark.usefixtures("fuse")  # skipped without /dev/fuse + fusermount3; failed under CI=true
@@ -17,8 +17,8 @@ DOCS = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "metrics.md")
 def test_scrape_after_a_scripted_sequence_has_exact_values(small_tree, mount, tmp_path):
     src, spec = small_tree
     # as test_mount's scripted sequence: RAM 3000 B holds 00+01, disk 3000 B holds 02, the rest miss
-    m = mount(src, "--ram-cache", "3000", "--disk-cache", tmp_path / "cache", "--disk-cache-size", "3000",
-              "--no-kernel-cache", "--metrics-port", "0")
+    m = mount(src, "--ram-cache", "3000", "--disk-cache", tmp_path / "cache", "--disk-cache-size",
+              str(disk_budget(3064)), "--no-kernel-cache", "--metrics-port", "0")  # 02: a 3064-byte record
     seq = ["dog/00.bin", "cat/01.bin", "dog/02.bin", "cat/03.bin",
            "dog/00.bin", "cat/01.bin", "dog/02.bin", "cat/03.bin", "dog/00.bin"]
     for rel in seq:
@@ -41,9 +41,9 @@ def test_scrape_after_a_scripted_sequence_has_exact_values(small_tree, mount, tm
     assert v(M.BACKEND_ERRORS) == 0
     assert v(M.BACKEND_READ_SECONDS + "_count") == 5
     assert v(M.BACKEND_READ_SECONDS + "_bucket", le="+Inf") == 5
-    for tier, used, files in (("ram", 3000, 2), ("disk", 3000, 1)):
+    for tier, used, cap, files in (("ram", 3000, 3000, 2), ("disk", 3064, disk_budget(3064), 1)):
         assert v(M.TIER_USED, tier=tier) == used
-        assert v(M.TIER_CAPACITY, tier=tier) == 3000
+        assert v(M.TIER_CAPACITY, tier=tier) == cap
         assert v(M.TIER_FILES, tier=tier) == files
         assert v(M.EVICTIONS, tier=tier) == 0
     assert v(M.PROMOTIONS) == 0 and v(M.DEMOTIONS) == 0
@@ -62,8 +62,8 @@ def test_scrape_after_a_scripted_sequence_has_exact_values(small_tree, mount, tm
 
 def test_promotions_demotions_and_evictions_are_counted(small_tree, mount, tmp_path):
     src, spec = small_tree
-    m = mount(src, "--ram-cache", "3000", "--disk-cache", tmp_path / "cache", "--disk-cache-size", "10000",
-              "--policy", "lru", "--no-kernel-cache", "--metrics-port", "0")
+    m = mount(src, "--ram-cache", "3000", "--disk-cache", tmp_path / "cache", "--disk-cache-size",
+              str(disk_budget(10000)), "--policy", "lru", "--no-kernel-cache", "--metrics-port", "0")
     # as test_cache's LRU case: a, b, c (c evicts a and b to disk), a (disk hit, promoted; c demoted)
     for rel in ("dog/00.bin", "cat/01.bin", "dog/02.bin", "dog/00.bin"):
         assert read(os.path.join(m.path, rel)) == spec[rel]

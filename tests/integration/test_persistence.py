@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from conftest import is_mounted, run_cli
-from mountutil import force_unmount, pid_gone, read, wait_for
+from mountutil import disk_budget, force_unmount, pid_gone, read, wait_for
 from shadefs.cache import persist
 from shadefs.cache.tiers import DiskTier
 
@@ -53,7 +53,8 @@ def epoch(m, spec):
 
 
 def disk_args(cache, size="100%"):
-    return ("--ram-cache", "0", "--disk-cache", str(cache), "--disk-cache-size", size, "--no-kernel-cache")
+    return ("--ram-cache", "0", "--disk-cache", str(cache), "--disk-cache-size", size, "--no-kernel-cache",
+            "--disk-pack-below", "0")
 
 
 def test_restart_serves_disk_hits_from_the_first_open(small_tree, mount, tmp_path):
@@ -70,7 +71,10 @@ def test_restart_serves_disk_hits_from_the_first_open(small_tree, mount, tmp_pat
     stop(m)
     remount(m)
     s = m.stats()
-    assert s["tiers"]["disk"] == {"used_bytes": 55000, "capacity_bytes": 55000, "files": 10, "evictions": 0}
+    # device bytes: each entry file takes whole 4 KiB blocks; 100% holds them and the tier's metadata
+    assert s["tiers"]["disk"] == {"used_bytes": 18 * 4096, "capacity_bytes": s["tiers"]["disk"]["capacity_bytes"],
+                                  "files": 10, "evictions": 0, "overhead_bytes": disk_budget(0, packed=False),
+                                  "dying_bytes": 0}
     epoch(m, spec)
     s = m.stats()
     assert s["hits"]["disk"] == 10 and s["misses"] == 0 and s["backend_bytes"] == 0
@@ -139,12 +143,13 @@ def test_a_smaller_budget_on_restart_holds_and_deletes_the_excess(small_tree, mo
     m = mount(src, *disk_args(cache))
     epoch(m, spec)
     stop(m)
-    m.args = list(disk_args(cache, "20000"))
+    budget = disk_budget(20000, packed=False)
+    m.args = list(disk_args(cache, str(budget)))
     remount(m)
     t = m.stats()["tiers"]["disk"]
-    assert t["used_bytes"] <= 20000 and t["capacity_bytes"] == 20000 and t["evictions"] == 0
+    assert 0 < t["used_bytes"] <= 20000 and t["capacity_bytes"] == budget and t["evictions"] == 0
     on_disk = entries(cache, src)
-    assert len(on_disk) == t["files"] and sum(os.path.getsize(p) for p in on_disk) == t["used_bytes"]
+    assert len(on_disk) == t["files"] and sum(os.stat(p).st_blocks * 512 for p in on_disk) == t["used_bytes"]
     assert "over budget" in m.log()
     epoch(m, spec)  # everything still correct
     assert m.stats()["hits"]["disk"] == t["files"]
@@ -153,19 +158,20 @@ def test_a_smaller_budget_on_restart_holds_and_deletes_the_excess(small_tree, mo
 def test_lru_order_survives_a_restart(small_tree, mount, tmp_path):
     src, spec = small_tree
     cache = tmp_path / "cache"
-    m = mount(src, *disk_args(cache, "7000"), "--policy", "lru")
-    for rel in ("dog/00.bin", "cat/01.bin", "dog/02.bin"):  # 1000 + 2000 + 3000 B, oldest first
+    m = mount(src, *disk_args(cache, str(disk_budget(3 * 4096, packed=False))), "--policy", "lru")
+    for rel in ("dog/00.bin", "cat/01.bin", "dog/02.bin"):  # one 4 KiB block each, oldest first
         read(os.path.join(m.path, rel))
         time.sleep(0.05)  # distinct ctimes (the kernel's coarse clock ticks every few ms)
     stop(m)
     remount(m)
-    # 4000 B with 1000 B free: LRU evicts the two oldest (00, 01), not the newest (02)
+    # one more block with none free: LRU evicts the oldest (00), not the newer (01, 02)
     read(os.path.join(m.path, "cat/03.bin"))
-    assert m.stats()["tiers"]["disk"]["evictions"] == 2
+    assert m.stats()["tiers"]["disk"]["evictions"] == 1
     assert read(os.path.join(m.path, "dog/02.bin")) == spec["dog/02.bin"]
+    assert read(os.path.join(m.path, "cat/01.bin")) == spec["cat/01.bin"]
     assert read(os.path.join(m.path, "dog/00.bin")) == spec["dog/00.bin"]
     s = m.stats()
-    assert s["hits"]["disk"] == 1 and s["misses"] == 2
+    assert s["hits"]["disk"] == 2 and s["misses"] == 2
 
 
 def test_importance_is_checkpointed_and_restored_after_kill_9(small_tree, mount, tmp_path):

@@ -169,7 +169,8 @@ def test_stress_16_threads_tiny_tiers(tmp_path, root, mount, policy, ram, loose)
             os.makedirs(os.path.join(ns_dir, d), mode=0o700)
         timeline = EntryTimeline(ns_dir, shards, {DiskTier.key(r): len(spec[r]) for r in rels})
         m = mount(src, "--ram-cache", f"{ram}", "--disk-cache", cache_fs, "--disk-cache-size", f"{DISK}",
-                  "--policy", policy, "--no-kernel-cache", "--checkpoint-interval", "3600", *EXTRA,
+                  "--policy", policy, "--no-kernel-cache", "--checkpoint-interval", "3600",
+                  "--disk-pack-below", "0", *EXTRA,  # entry files: followed by inotify
                   env=dict(AUDIT_ENV, SHADEFS_LOOSE_BUFFERS=str(loose)))
         assert not entry_files(ns_dir)
         others = non_entry_files(ns_dir)
@@ -291,7 +292,7 @@ def test_a_flipped_byte_in_a_disk_entry_is_detected_and_replaced(tmp_path, mount
     rel = sorted(spec)[1]
     cache = tmp_path / "cache"
     m = mount(src, "--ram-cache", "0", "--disk-cache", cache, "--disk-cache-size", "1MiB", "--policy", "lru",
-              "--no-kernel-cache", "--metrics-port", "0", env=AUDIT_ENV)
+              "--no-kernel-cache", "--metrics-port", "0", "--disk-pack-below", "0", env=AUDIT_ENV)
     fid = str(next(iter(_fids(m, [rel]))))
     path = os.path.join(m.path, rel)
     with open(path, "rb") as f:
