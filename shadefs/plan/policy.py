@@ -20,7 +20,8 @@ resident with a planned use has a *home* plan, one it is planned in, and sits in
 keyed by (its next position there, file id); the key minus the plan's cursor is an upper bound of the
 file's true distance (the least over the plans). The registry reports every time a file's next position
 moves later (:attr:`~shadefs.plan.plans.PlanRegistry.watchers`: an open consumed it, or the cursor skipped
-it); a hit only appends that to a list, and the next victim search first re-keys those files in their
+it); a hit only notes that per file (residents in a heap only: at most one entry per resident; a
+tier of capacity 0 does not listen), and the next victim search first re-keys those files in their
 home heaps (lazy invalidation: an old entry is dropped when it surfaces). A victim search takes the greatest bound over the plans' heap tops; if that file's
 true distance equals its bound it is the furthest resident (every other bound is no greater), else it
 moves to the plan that gives its true distance and the search goes on. With one plan a bound is always
@@ -81,27 +82,39 @@ class PlanPolicy(Policy):
         self._version = -1                           # the registry's version the structure reflects
         self._ordered = getattr(inner, "ranking", None) is not None
         self.rebuilds = 0
-        self._dirty: list = []                       # (plan, fid): next use moved later, not yet re-keyed
-        plans.watchers.append(self._dirty.append)    # O(1) on the hit path; applied at the next victim search
+        # fid -> the plan its next use moved later in (None: in several), not yet re-keyed; only residents
+        # homed in a heap of the current structure, so it never holds more entries than residents, nor a
+        # plan the structure does not reference. A tier without capacity never evicts: it does not watch.
+        self._dirty: Dict[int, object] = {}
+        if inner.capacity_bytes > 0:
+            plans.watchers.append(self._moved)       # O(1) on the hit path; applied at the next victim search
         self.on_hit = inner.on_hit                   # type: ignore[method-assign]  # no frame of ours on a hit
 
     # -- the inner policy's calls, and keeping the structure --------------------------------------
     def on_hit(self, fid: int) -> None:
         self.inner.on_hit(fid)
 
+    def _moved(self, item) -> None:
+        # the registry's watcher: (plan, fid), fid's next use in plan moved later
+        plan, fid = item
+        if self._home[fid] < 0 or self._version != self.plans.version:
+            return  # not in a heap (absent, or never used again), or the next search rebuilds anyway
+        dirty = self._dirty
+        if dirty.get(fid, plan) is not plan:
+            plan = None
+        dirty[fid] = plan
+
     def on_insert(self, fid: int, size: int) -> None:
         self._sizes[fid] = size
         self.inner.on_insert(fid, size)
         if self._version == self.plans.version and self._active:
             self._rehome(fid)
-        elif len(self._dirty) > len(self._sizes) + 1024:  # no search for a long time: the next one rebuilds
-            self._dirty.clear()
-            self._version = -1
 
     def on_remove(self, fid: int) -> None:
         if self._sizes.pop(fid, None) is not None:
             self._home[fid] = -1
             self._never.discard(fid)
+            self._dirty.pop(fid, None)
         self.inner.on_remove(fid)
 
     def defer(self, wake=None) -> bool:
@@ -119,16 +132,10 @@ class PlanPolicy(Policy):
         if not dirty:
             return
         slots, home = self._slot, self._home
-        if len(self._active) == 1:
-            plan = self._active[0]
-            for p, fid in dirty:
-                if p is plan and home[fid] == 0:
-                    self._rehome(fid)
-        else:
-            for p, fid in dirty:
-                slot = slots.get(id(p))
-                if slot is not None and home[fid] == slot:
-                    self._rehome(fid)
+        for fid, p in dirty.items():
+            slot = home[fid]
+            if slot >= 0 and (p is None or slots.get(id(p)) == slot):
+                self._rehome(fid)
         dirty.clear()
 
     def _rehome(self, fid: int) -> None:
@@ -191,7 +198,7 @@ class PlanPolicy(Policy):
 
     def _current(self) -> None:
         if self._version != self.plans.version or self._entries > 2 * len(self._sizes) + 1024 \
-                or len(self._never_heap) > 2 * len(self._never) + 1024 or len(self._dirty) > len(self._sizes) + 1024:
+                or len(self._never_heap) > 2 * len(self._never) + 1024:
             self._rebuild()
         else:
             self._apply_moves()
