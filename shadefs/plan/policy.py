@@ -71,6 +71,9 @@ class PlanPolicy(Policy):
         self.name = inner.name  # the stats keep naming the mount's --policy
         self._sizes: Dict[int, int] = {}
         n = int(plans.num_files)
+        self._resident = np.zeros(n, dtype=bool)     # the residents, readable without the lock (a snapshot)
+        self._tracking: List[Set[int]] = []          # files changed since a preparation's snapshot began
+        self.prepared = 0                            # structures built off the lock and installed
         self._home_pos = np.zeros(n, dtype=np.int32)  # resident, planned: its next position in its home
         self._home = np.full(n, -1, dtype=np.int16)   # resident, planned: index into _active; else -1
         self._never: Set[int] = set()                # resident, no planned use in any plan
@@ -88,6 +91,7 @@ class PlanPolicy(Policy):
         self._dirty: Dict[int, object] = {}
         if inner.capacity_bytes > 0:
             plans.watchers.append(self._moved)       # O(1) on the hit path; applied at the next victim search
+            plans.preparers.append(self.prepare)     # a new plan set's structure, built off the lock
         self.on_hit = inner.on_hit                   # type: ignore[method-assign]  # no frame of ours on a hit
 
     # -- the inner policy's calls, and keeping the structure --------------------------------------
@@ -97,6 +101,8 @@ class PlanPolicy(Policy):
     def _moved(self, item) -> None:
         # the registry's watcher: (plan, fid), fid's next use in plan moved later
         plan, fid = item
+        for changed in self._tracking:
+            changed.add(fid)
         if self._home[fid] < 0 or self._version != self.plans.version:
             return  # not in a heap (absent, or never used again), or the next search rebuilds anyway
         dirty = self._dirty
@@ -106,12 +112,18 @@ class PlanPolicy(Policy):
 
     def on_insert(self, fid: int, size: int) -> None:
         self._sizes[fid] = size
+        self._resident[fid] = True
+        for changed in self._tracking:
+            changed.add(fid)
         self.inner.on_insert(fid, size)
         if self._version == self.plans.version and self._active:
             self._rehome(fid)
 
     def on_remove(self, fid: int) -> None:
         if self._sizes.pop(fid, None) is not None:
+            self._resident[fid] = False
+            for changed in self._tracking:
+                changed.add(fid)
             self._home[fid] = -1
             self._never.discard(fid)
             self._dirty.pop(fid, None)
@@ -162,39 +174,81 @@ class PlanPolicy(Policy):
             heapq.heappush(self._never_heap, -fid)
 
     def _rebuild(self) -> None:
-        """Every resident's home and key from scratch, vectorised (the set of plans changed)."""
+        """Every resident's home and key from scratch, vectorised (the set of plans changed), under the lock."""
         self.rebuilds += 1
-        self._dirty.clear()
-        self._version = self.plans.version
-        self._active = self.plans.active()
-        if any(len(p) >= 2**31 for p in self._active) or len(self._active) >= 2**15:
+        self._swap(self._compute(self.plans.active(), np.flatnonzero(self._resident)), self.plans.version)
+
+    def _compute(self, active: list, res: np.ndarray) -> tuple:
+        """Homes, keys and heaps of residents ``res`` (int64 file ids) under plans ``active``; reads the plans
+        and this policy's arrays only, so it may run without the lock on a snapshot (:meth:`prepare`)."""
+        if any(len(p) >= 2**31 for p in active) or len(active) >= 2**15:
             raise ValueError("PlanPolicy: a plan of 2**31 positions or more, or 2**15 plans (the daemon "
                              "accepts at most 8 Mi ids per plan message and 64 plans)")
-        self._slot = {id(p): k for k, p in enumerate(self._active)}
-        res = np.fromiter(self._sizes, dtype=np.int64, count=len(self._sizes))
+        res = np.asarray(res, dtype=np.int64)
         best = np.full(res.shape, NOT_PLANNED, dtype=np.int64)
         home = np.full(res.shape, -1, dtype=np.int64)
         pos = np.zeros(res.shape, dtype=np.int64)
-        for k, plan in enumerate(self._active):
+        for k, plan in enumerate(active):
             nxt = plan.next_positions(res)
             d = np.where(nxt >= 0, nxt - plan.pos, NOT_PLANNED)
             better = d < best
             best[better] = d[better]
             home[better] = k
             pos[better] = nxt[better]
-        self._home[res] = home
-        self._home_pos[res] = pos
-        self._heaps = []
-        for k in range(len(self._active)):
+        n = self._home.shape[0]
+        home_arr = np.full(n, -1, dtype=np.int16)
+        pos_arr = np.zeros(n, dtype=np.int32)
+        home_arr[res] = home
+        pos_arr[res] = pos
+        heaps = []
+        for k in range(len(active)):
             mine = home == k
             keys = (((_LOW - pos[mine]).astype(np.uint64) << np.uint64(32))
                     | (_LOW - res[mine]).astype(np.uint64))
             keys.sort()
-            self._heaps.append(keys.tolist())  # a sorted list is a heap
-        self._entries = len(res) - int((home < 0).sum())
+            heaps.append(keys.tolist())  # a sorted list is a heap
         never = res[home < 0]
-        self._never = set(never.tolist())
-        self._never_heap = [] if self._ordered else np.sort(-never).tolist()
+        never_heap = [] if self._ordered else np.sort(-never).tolist()
+        return (list(active), home_arr, pos_arr, heaps, len(res) - int(never.size), set(never.tolist()), never_heap)
+
+    def _swap(self, built: tuple, version: int) -> None:
+        # under the lock: install what _compute built
+        active, self._home, self._home_pos, self._heaps, self._entries, self._never, self._never_heap = built
+        self._active = active
+        self._slot = {id(p): k for k, p in enumerate(active)}
+        self._dirty.clear()
+        self._version = version
+
+    def prepare(self, active: list):
+        """Build the structure for plan set ``active`` (the registry's next :meth:`PlanRegistry.active`)
+        without the lock, from a snapshot of the residents; returns ``install(version)``, which the
+        registry calls under the lock right after it installed that set: it swaps the structure in and
+        re-keys the files that changed meanwhile (inserted, removed, or their next use moved), so the
+        next victim search needs no rebuild. If the set differs by then, ``install`` does nothing and
+        the next search rebuilds under the lock as before."""
+        changed: Set[int] = set()
+        self._tracking.append(changed)  # before the snapshot: a change after it is noted
+        try:
+            built = self._compute(active, np.flatnonzero(self._resident))
+        except BaseException:
+            self._tracking.remove(changed)
+            raise
+
+        def install(version: int) -> None:
+            self._tracking.remove(changed)
+            now = self.plans.active()
+            if len(now) != len(active) or any(a is not b for a, b in zip(now, active)):
+                return
+            self._swap(built, version)
+            self.prepared += 1
+            sizes, home, never = self._sizes, self._home, self._never
+            for fid in changed:
+                if fid in sizes:
+                    self._rehome(fid)
+                else:
+                    home[fid] = -1
+                    never.discard(fid)
+        return install
 
     def _current(self) -> None:
         if self._version != self.plans.version or self._entries > 2 * len(self._sizes) + 1024 \
