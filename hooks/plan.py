@@ -61,6 +61,18 @@ def _withdraw_dropped(state: dict) -> None:
         pass
 
 
+def this_job() -> Optional[tuple]:
+    """``(pid, start time)`` of this process (``/proc/self/stat`` field 22, clock ticks after boot), the job
+    its plans belong to: the daemon follows with them only the opens of this process and its descendants
+    (DataLoader workers). None where there is no ``/proc``: the plan then follows every open."""
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            stat = f.read()
+        return os.getpid(), int(stat[stat.rindex(b")") + 2:].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 @atexit.register
 def _withdraw_at_exit() -> None:
     """A job that exits without close() still ends its plans (a crash leaves them to the daemon's expiry)."""
@@ -287,7 +299,8 @@ class PlanAnnouncer:
             ids.append(t)
             segments.append(t.size)
         return self._sender.send_plan(self._handle, stream, epoch, segments,
-                                      np.concatenate(ids).astype(np.uint32) if ids else np.zeros(0, np.uint32))
+                                      np.concatenate(ids).astype(np.uint32) if ids else np.zeros(0, np.uint32),
+                                      job=this_job())
 
     def _withdraw(self, stream: int) -> None:
         # on the socket that sent the plans: the daemon reads the withdraw after them
