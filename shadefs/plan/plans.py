@@ -449,6 +449,7 @@ class PlanRegistry:
         self.withdrawn = 0
         self.foreign_opens = 0                 # opens by a process of no plan's job (while plans have owners)
         self.matched_opens = 0                 # positions consumed by opens, over all plans ever
+        self.unmatched_opens = 0               # opens of a plan's file outside its window, over all plans ever
         self.listeners: List = []              # callback(plan, why) when a plan ends (prefetcher waste)
         self.watchers: List = []               # callback((plan, fid)) when fid's next use in plan moved later
         self.preparers: List = []              # prepare(plans) -> install(): off the lock, for a new plan set
@@ -688,6 +689,8 @@ class PlanRegistry:
                 matched += 1
                 if plan.finished:
                     ended = (ended or []) + [(plan, "finished")]
+            elif r is False:
+                self.unmatched_opens += 1
             if r is not None and plan.stopped_matching(self.unmatched_limit):
                 ended = (ended or []) + [(plan, "most opens of its files did not match it")]
         self.matched_opens += matched
@@ -769,5 +772,5 @@ class PlanRegistry:
     def counters(self) -> dict:
         return {"plans_active": len(self.plans), "plans_retired": self.retired,
                 "plans_finished": self.finished, "plans_withdrawn": self.withdrawn,
-                "plans_announced": self.announced, "plans_matched": self.matched_opens, "plans_foreign_opens": self.foreign_opens,
+                "plans_announced": self.announced, "plans_matched": self.matched_opens, "plans_unmatched": self.unmatched_opens, "plans_foreign_opens": self.foreign_opens,
                 "tables": len(self.tables)}
