@@ -458,6 +458,7 @@ class PlanRegistry:
         self._owners: Dict[int, List[Plan]] = {}  # owner pid -> its plans (rebuilt with the version)
         self._free: List[Plan] = []            # plans without an owner: they follow every open
         self.install_hold_s: List[float] = []  # lock holds of the last announcements' installs (seconds)
+        self._installing = threading.Lock()    # serialises announcements' preparations and installs
 
     # -- tables ----------------------------------------------------------------------------------
     def register(self, handle: Optional[bytes], fids: np.ndarray) -> Tuple[bytes, int]:
@@ -561,6 +562,13 @@ class PlanRegistry:
         fids = flat[ids.astype(np.int64, copy=False)]
         segs = [(int(first_epoch) + i, int(n)) for i, n in enumerate(segments)]
         plan = Plan(key, fids, segs, self.num_files, max(self.window, int(window)), now, owner)
+        with self._installing:  # one announcement prepares and installs at a time (not the cache lock)
+            return self._install(plan, key, t, chunks, flat, int(first_epoch))
+
+    def _install(self, plan: Plan, key: Tuple[bytes, int], t: "_Table", chunks: list, flat: np.ndarray,
+                 first_epoch: int) -> Plan:
+        """Prepare the tiers for ``plan`` and swap it in (under :attr:`_installing`): a few tries when a
+        plan ends meanwhile; the last installs without preparations (the next search rebuilds)."""
         for attempt in range(3):
             with self.lock:
                 old = self.plans.get(key)
@@ -568,7 +576,7 @@ class PlanRegistry:
                 version = self.version
                 if t.chunks is chunks and len(chunks) > 1:
                     t.chunks = [flat]  # the next announcement finds it flat
-            seg = old.segment_of(int(first_epoch)) if old is not None else None
+            seg = old.segment_of(first_epoch) if old is not None else None
             n = plan.segments[0][1] if plan.segments else 0
             same = (seg is not None and seg[1] == n
                     and np.array_equal(old.ids[seg[0]:seg[0] + n], plan.ids[:n]))
@@ -580,8 +588,7 @@ class PlanRegistry:
             with self.lock:
                 t0 = time.perf_counter()
                 if self.version != version and attempt < 2:
-                    for install in installs:
-                        install(-1)  # (does nothing: the set differs) ends the preparation's tracking
+                    replaced = [install(-1) for install in installs]  # (the set differs: ends the tracking)
                     continue  # the set of plans changed meanwhile (a plan ended): prepare again
                 self._check_room(key, self.clock())
                 moved: List[int] = []
@@ -595,14 +602,14 @@ class PlanRegistry:
                 self.plans[key] = plan
                 self._changed()
                 self.announced += 1
-                for install in installs:
-                    install(self.version)
+                replaced = [install(self.version) for install in installs]  # freed after the lock
                 for fid in moved:
                     self._moved(plan, fid)
                 self.install_hold_s.append(time.perf_counter() - t0)
                 if len(self.install_hold_s) > 4096:
                     del self.install_hold_s[:2048]
-                return plan
+            del replaced
+            return plan
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _check_room(self, key: Tuple[bytes, int], now: float) -> None:
