@@ -116,14 +116,19 @@ def announce(args) -> dict:
     if has_job:
         from shadefs.plan.plans import proc_start_time, set_opener
     reads = np.concatenate(orders[0]).tolist()
+    res_list = residents.tolist()
 
     def opener(stop, lat):
         if has_job:
             set_opener(owners[0].pid)
-        k = 0
+        k = j = 0
         while not stop.is_set() and k < len(reads):
-            f = reads[k]
-            k += 1
+            if (h, 0) in plans.plans:  # rank 0 reads its plan once it is there
+                f = reads[k]
+                k += 1
+            else:                      # before: hits of residents
+                f = res_list[j % len(res_list)]
+                j += 1
             t0 = time.perf_counter()
             with lock:  # as the cache holds it for an open: the cursor, then a hit or the miss's admission
                 plans.observe(f)
@@ -144,7 +149,7 @@ def announce(args) -> dict:
         t.join()
         return lat
 
-    quiet = run_openers(2.0)  # before any plan: the inner policy's hits and misses
+    quiet = run_openers(2.0)  # before any plan: hits
     gc.collect()
     rss0 = rss_bytes()
     stop, during = threading.Event(), []
@@ -171,10 +176,11 @@ def announce(args) -> dict:
     # the first victim search after the announcements: a miss of a planned file
     lock.watch = {threading.get_ident()}
     lock.holds = []
-    planned = np.concatenate(orders[1])
+    r1 = min(1, ranks - 1)
+    planned = np.concatenate(orders[r1])
     newcomer = next(int(f) for f in planned.tolist() if f not in idx)
     if has_job:
-        set_opener(owners[1].pid)
+        set_opener(owners[r1].pid)
     with lock:
         plans.observe(newcomer)
         idx.admit(newcomer, 1)
