@@ -178,16 +178,20 @@ def announce(args) -> dict:
     lock.holds = []
     r1 = min(1, ranks - 1)
     planned = np.concatenate(orders[r1])
-    newcomer = next(int(f) for f in planned.tolist() if f not in idx)
+    newcomer = next((int(f) for f in planned.tolist() if f not in idx), None)
     if has_job:
         set_opener(owners[r1].pid)
-    with lock:
-        plans.observe(newcomer)
-        idx.admit(newcomer, 1)
+    if newcomer is not None:
+        with lock:
+            plans.observe(newcomer)
+            idx.admit(newcomer, 1)
+    else:  # every file of the plan is resident: a search for an unplanned newcomer
+        lock.holds.append(0.0)
+        lock.cpu.append(0.0)
     for o in owners:
         o.kill()
         o.wait()
-    first_search, first_search_cpu = lock.holds[-1], lock.cpu[-1]
+    first_search, first_search_cpu = (lock.holds[-1], lock.cpu[-1]) if newcomer is not None else (None, None)
     gc.collect()
     rss1 = rss_bytes()
     arrays = {id(v): v.nbytes for p in plans.plans.values() for v in vars(p).values() if isinstance(v, np.ndarray)}
@@ -199,8 +203,8 @@ def announce(args) -> dict:
             "announce_holds": len(announce_holds),
             "announce_hold_cpu_max_ms": round(1e3 * max(announce_cpu), 3),
             "announce_hold_cpu_p99_ms": round(1e3 * pct(announce_cpu, 0.99), 3),
-            "first_search_ms": round(1e3 * first_search, 3),
-            "first_search_cpu_ms": round(1e3 * first_search_cpu, 3),
+            "first_search_ms": None if first_search is None else round(1e3 * first_search, 3),
+            "first_search_cpu_ms": None if first_search is None else round(1e3 * first_search_cpu, 3),
             "open_p99_quiet_us": round(1e6 * pct(quiet, 0.99), 1),
             "open_p99_during_us": round(1e6 * pct(during, 0.99), 1),
             "open_max_during_ms": round(1e3 * max(during), 3) if during else None,
