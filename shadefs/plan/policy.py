@@ -73,6 +73,7 @@ class PlanPolicy(Policy):
         n = int(plans.num_files)
         self._resident = np.zeros(n, dtype=bool)     # the residents, readable without the lock (a snapshot)
         self._tracking: List[Set[int]] = []          # files changed since a preparation's snapshot began
+        self._spare = None                           # (home, home_pos) arrays free for the next build
         self.prepared = 0                            # structures built off the lock and installed
         self._home_pos = np.zeros(n, dtype=np.int32)  # resident, planned: its next position in its home
         self._home = np.full(n, -1, dtype=np.int16)   # resident, planned: index into _active; else -1
@@ -219,9 +220,10 @@ class PlanPolicy(Policy):
     def _rebuild(self) -> None:
         """Every resident's home and key from scratch, vectorised (the set of plans changed), under the lock."""
         self.rebuilds += 1
-        self._swap(self._compute(self.plans.active(), np.flatnonzero(self._resident)), self.plans.version)
+        spare, self._spare = self._spare, None
+        self._swap(self._compute(self.plans.active(), np.flatnonzero(self._resident), spare), self.plans.version)
 
-    def _compute(self, active: list, res: np.ndarray) -> dict:
+    def _compute(self, active: list, res: np.ndarray, spare: Optional[tuple] = None) -> dict:
         """Homes, keys and heaps of residents ``res`` (int64 file ids) under plans ``active``; reads the plans
         and this policy's arrays only, so it may run without the lock on a snapshot (:meth:`prepare`)."""
         if any(len(p) >= 2**31 for p in active) or len(active) >= 2**15:
@@ -239,8 +241,12 @@ class PlanPolicy(Policy):
             home[better] = k
             pos[better] = nxt[better]
         n = self._home.shape[0]
-        home_arr = np.full(n, -1, dtype=np.int16)
-        pos_arr = np.zeros(n, dtype=np.int32)
+        if spare is not None:  # the arrays the last swap replaced: reused, not reallocated
+            home_arr, pos_arr = spare
+            home_arr.fill(-1)
+        else:
+            home_arr = np.full(n, -1, dtype=np.int16)
+            pos_arr = np.zeros(n, dtype=np.int32)
         home_arr[res] = home
         pos_arr[res] = pos
         heaps = []
@@ -260,6 +266,7 @@ class PlanPolicy(Policy):
         caller to drop after the lock: freeing large heaps takes milliseconds)."""
         old = {k: getattr(self, k) for k in built}
         self.__dict__.update(built)
+        self._spare = (old.pop("_home"), old.pop("_home_pos"))  # nothing else refers to them now
         self._slot = {id(p): k for k, p in enumerate(self._active)}
         old["_dirty"], self._dirty = self._dirty, set()
         self._version = version
@@ -290,8 +297,9 @@ class PlanPolicy(Policy):
         changed: Set[int] = set()
         with lock:  # (the list is read under the lock by every change)
             self._tracking.append(changed)  # before the snapshot: a change after it is noted
+            spare, self._spare = self._spare, None  # this build's arrays: a rebuild meanwhile allocates its own
         try:
-            built = self._compute(active, np.flatnonzero(self._resident))
+            built = self._compute(active, np.flatnonzero(self._resident), spare)
             for _ in range(4):  # catch up without the lock while many changed meanwhile
                 if len(changed) <= self.CATCH_UP:
                     break
