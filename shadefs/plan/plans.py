@@ -10,8 +10,9 @@ to worker k mod W, each worker keeps ``prefetch_factor`` batches in flight, so o
 W x prefetch_factor x batch_size positions ahead of the oldest unconsumed one, interleaved. An open of
 file f therefore consumes f's earliest unconsumed planned position if it lies within ``window`` positions
 of the cursor (the lowest unconsumed position); repeats (with-replacement draws) are separate positions
-of the same file, consumed in order. An open of a file the plan does not name (the test split, another
-job) is not this plan's business and is ignored. An open of a file the plan names, but not within the
+of the same file, consumed in order. An open of a file the plan does not name (the test split) is not
+this plan's business and is ignored; nor is an open by a process outside the plan's job, when the plan
+names its job (:class:`JobKey`: the announcing process and its descendants; :func:`set_opener`). An open of a file the plan names, but not within the
 window, is *unmatched*; a plan with ``unmatched_limit`` unmatched opens since its last match, or no match
 for ``idle_s`` seconds, is **retired** (its reader stopped following it: the job changed its mind,
 crashed or ended), logged once and counted. A plan whose every position was consumed is *finished*. A
@@ -21,7 +22,8 @@ Neither state pins cache space: a plan only ranks files (Belady on the known fut
 :mod:`shadefs.plan.policy`) and lends the prefetcher its order (:mod:`shadefs.plan.prefetch`).
 
 Not thread-safe by itself: every method runs under ``lock`` (the cache's lock in the daemon), which
-:meth:`PlanRegistry.announce` and :meth:`PlanRegistry.register` take themselves.
+:meth:`PlanRegistry.announce` and :meth:`PlanRegistry.register` take themselves, briefly: an
+announcement builds its plan and the tiers' structures without it and swaps them in.
 """
 from __future__ import annotations
 
