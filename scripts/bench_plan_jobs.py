@@ -277,14 +277,15 @@ def mount(args) -> dict:
             env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
             jobs = [subprocess.Popen([sys.executable, "-c", JOB, mnt, str(seed), str(args.epochs), str(args.workers)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
-                    for seed in (1, 2)]
+                    for seed in range(1, args.jobs + 1)]
             for j in jobs:
                 assert j.stdout.readline() == "announced\n"
             deadline = time.monotonic() + 60
-            while m.full_stats()["prefetch"]["plans_announced"] < 2:
+            while m.full_stats()["prefetch"]["plans_announced"] < args.jobs:
                 assert time.monotonic() < deadline, "the plans did not arrive"
                 time.sleep(0.05)
-            reader = subprocess.Popen([sys.executable, "-c", READER, mnt], stdout=subprocess.PIPE, text=True)
+            reader = subprocess.Popen([sys.executable, "-c", READER if args.reader else "print(0)", mnt],
+                                      stdout=subprocess.PIPE, text=True)
             for j in jobs:
                 j.stdin.write("go\n")
                 j.stdin.flush()
@@ -293,9 +294,9 @@ def mount(args) -> dict:
             wall = time.monotonic() - t0
             s = m.full_stats()
             log = m.log()
-        assert outs == [[str(args.epochs * total)]] * 2 and got == [str(total)], (outs, got)
+        assert outs == [[str(args.epochs * total)]] * args.jobs and got == [str(total if args.reader else 0)], (outs, got)
         p = s["prefetch"]
-        planned_opens = 2 * args.epochs * args.files
+        planned_opens = args.jobs * args.epochs * args.files
         if "plans_matched" in p:
             matched = p["plans_matched"]
         else:  # plans retired before: their matches are in the retirement lines; finished ones matched all
@@ -303,7 +304,7 @@ def mount(args) -> dict:
         t = sim.read_trace(trace)
         opt = sim.belady(t, ram)
         opt_miss = t.request_bytes - opt.hit_bytes if hasattr(t, "request_bytes") else opt.request_bytes - opt.hit_bytes
-        return {"files": args.files, "bytes": total, "ram_bytes": ram, "epochs": args.epochs,
+        return {"files": args.files, "jobs": args.jobs, "reader": args.reader, "bytes": total, "ram_bytes": ram, "epochs": args.epochs,
                 "workers": args.workers, "opens": s["opens"], "planned_opens": planned_opens,
                 "plans_retired": p["plans_retired"], "plans_finished": p["plans_finished"],
                 "plans_withdrawn": p["plans_withdrawn"], "matched": matched,
@@ -335,6 +336,8 @@ def main(argv=None):
     b.add_argument("--epochs", type=int, default=2)
     b.add_argument("--workers", type=int, default=2)
     b.add_argument("--timeout", type=float, default=600)
+    b.add_argument("--jobs", type=int, default=2, help="planned jobs (default 2)")
+    b.add_argument("--no-reader", dest="reader", action="store_false", help="no unplanned reader")
     args = ap.parse_args(argv)
     out = announce(args) if args.cmd == "announce" else mount(args)
     with open("/proc/loadavg") as f:
