@@ -396,10 +396,12 @@ class Client:
             raise ValueError(f"register: the daemon holds {size} paths of {len(paths)}")
         return handle
 
-    def send_plan(self, handle: bytes, stream: int, first_epoch: int, segments, ids, window: int = 0) -> bool:
-        """Queue a ``plan`` message; never blocks. Returns False when dropped (queue full, socket error)."""
+    def send_plan(self, handle: bytes, stream: int, first_epoch: int, segments, ids, window: int = 0,
+                  job: Optional[Tuple[int, int]] = None) -> bool:
+        """Queue a ``plan`` message; never blocks. Returns False when dropped (queue full, socket error).
+        ``job``: the announcing process's ``(pid, start time)`` (docs/protocol.md, plan format 2)."""
         try:
-            return bool(self._cc.send_plan(handle, stream, first_epoch, segments, ids, window=window))
+            return bool(self._cc.send_plan(handle, stream, first_epoch, segments, ids, window=window, job=job))
         except Exception as exc:
             self._send_errors += 1
             if self._send_errors == 1:

@@ -61,6 +61,18 @@ def _withdraw_dropped(state: dict) -> None:
         pass
 
 
+def this_job() -> Optional[tuple]:
+    """``(pid, start time)`` of this process (``/proc/self/stat`` field 22, clock ticks after boot), the job
+    its plans belong to: the daemon follows with them only the opens of this process and its descendants
+    (DataLoader workers). None where there is no ``/proc``: the plan then follows every open."""
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            stat = f.read()
+        return os.getpid(), int(stat[stat.rindex(b")") + 2:].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 @atexit.register
 def _withdraw_at_exit() -> None:
     """A job that exits without close() still ends its plans (a crash leaves them to the daemon's expiry)."""
@@ -287,7 +299,8 @@ class PlanAnnouncer:
             ids.append(t)
             segments.append(t.size)
         return self._sender.send_plan(self._handle, stream, epoch, segments,
-                                      np.concatenate(ids).astype(np.uint32) if ids else np.zeros(0, np.uint32))
+                                      np.concatenate(ids).astype(np.uint32) if ids else np.zeros(0, np.uint32),
+                                      job=this_job())
 
     def _withdraw(self, stream: int) -> None:
         # on the socket that sent the plans: the daemon reads the withdraw after them
@@ -356,15 +369,24 @@ class PlanSampler(torch.utils.data.Sampler):
             epoch is set, iterated and set back. A wrapped sampler without ``set_epoch`` is never iterated
             ahead (that would change what it yields).
         client: as :class:`PlanAnnouncer`.
+        epochs: the number of epochs the job runs (epochs 0 .. epochs - 1), or None (unknown): no epoch
+            from ``epochs`` on is announced, so the daemon reads nothing ahead for an epoch that never
+            runs. ``set_epoch(epoch, last=True)`` says the same for a job that learns it late.
 
     The epoch advances with :meth:`set_epoch` (forwarded to the wrapped sampler), or by one on each further
     ``iter()`` without it.
+
+    Raises:
+        ValueError: ``lookahead_epochs`` or ``seed`` below 0, ``epochs`` below 1.
     """
 
     def __init__(self, dataset, sampler=None, *, seed: int = 0, lookahead_epochs: int = 1,
-                 client: Union[Client, None, bool] = None):
+                 client: Union[Client, None, bool] = None, epochs: Optional[int] = None):
         if int(lookahead_epochs) < 0:
             raise ValueError(f"lookahead_epochs must be >= 0, got {lookahead_epochs}")
+        if epochs is not None and int(epochs) < 1:
+            raise ValueError(f"epochs must be >= 1 (or None), got {epochs}")
+        self.epochs = None if epochs is None else int(epochs)
         if int(seed) < 0:
             raise ValueError(f"seed must be >= 0, got {seed}")
         self.dataset = dataset
@@ -379,11 +401,21 @@ class PlanSampler(torch.utils.data.Sampler):
     def __len__(self) -> int:
         return len(self.sampler) if self.sampler is not None else len(self.dataset)
 
-    def set_epoch(self, epoch: int) -> None:
+    def set_epoch(self, epoch: int, last: bool = False) -> None:
+        """The next ``iter()`` yields ``epoch``; ``last``: it is the job's last epoch (nothing after it is
+        announced, as with ``epochs=epoch + 1``)."""
         self.epoch = int(epoch)
         self._epoch_set = True
+        if last:
+            self.epochs = self.epoch + 1
         if self.sampler is not None and hasattr(self.sampler, "set_epoch"):
             self.sampler.set_epoch(self.epoch)
+
+    def _lookahead(self) -> int:
+        """Epochs announced after the current one: ``lookahead_epochs``, none beyond the last."""
+        if self.epochs is None:
+            return self.lookahead_epochs
+        return max(0, min(self.lookahead_epochs, self.epochs - 1 - self.epoch))
 
     def order(self, epoch: int) -> np.ndarray:
         """The default permutation of ``epoch`` (int64, shape (N,)): ``torch.randperm`` with a generator
@@ -414,11 +446,11 @@ class PlanSampler(torch.utils.data.Sampler):
         self._iterated = True
         if self.sampler is None:
             current = self.order(self.epoch)
-            ahead = [self.order(self.epoch + k) for k in range(1, self.lookahead_epochs + 1)]
+            ahead = [self.order(self.epoch + k) for k in range(1, self._lookahead() + 1)]
         else:
             current = self._wrapped_order(self.epoch)
             ahead = []
-            for k in range(1, self.lookahead_epochs + 1):
+            for k in range(1, self._lookahead() + 1):
                 o = self._wrapped_order(self.epoch + k)
                 if o is None:
                     break
@@ -444,4 +476,4 @@ class PlanSampler(torch.utils.data.Sampler):
 
     def __repr__(self) -> str:
         return (f"PlanSampler(N={len(self.dataset)}, sampler={type(self.sampler).__name__ if self.sampler is not None else None}, "
-                f"seed={self.seed}, lookahead_epochs={self.lookahead_epochs}, epoch={self.epoch})")
+                f"seed={self.seed}, lookahead_epochs={self.lookahead_epochs}, epochs={self.epochs}, epoch={self.epoch})")

@@ -269,6 +269,9 @@ class ShadeSampler(torch.utils.data.Sampler):
             worth announcing; ``"cdf"``: inverse-CDF sampling and Generator permutations (the draw of
             shadefs before issue 11's provisional lookahead; the same distribution). Both draw exactly
             the same distribution: P(i) = (w_i + ls) / sum_j (w_j + ls), uniform shuffles.
+        epochs: the number of epochs the job runs (0 .. epochs - 1), or None (unknown): the last one
+            announces no provisional draw, so the daemon reads nothing ahead for an epoch that never runs
+            (``set_epoch(epoch, last=True)`` says the same late).
 
     Raises:
         ValueError: an argument out of range.
@@ -291,6 +294,7 @@ class ShadeSampler(torch.utils.data.Sampler):
         announce_plan: bool = True,
         lookahead_at: Optional[float] = 0.0,
         draw: str = "stable",
+        epochs: Optional[int] = None,
     ):
         n = len(dataset)
         if n <= 0:
@@ -328,6 +332,9 @@ class ShadeSampler(torch.utils.data.Sampler):
         self.min_miss_fraction = float(min_miss_fraction)
         self.lookahead_at = None if lookahead_at is None else float(lookahead_at)
         self.draw = draw
+        if epochs is not None and int(epochs) < 1:
+            raise ValueError(f"epochs must be >= 1 (or None), got {epochs}")
+        self.epochs = None if epochs is None else int(epochs)
         self.num_samples = math.ceil(n / self.num_replicas)
         self.total_size = self.num_samples * self.num_replicas
 
@@ -479,10 +486,13 @@ class ShadeSampler(torch.utils.data.Sampler):
         return "aggressive" if epoch > 0 and self.val_trend > 0 else "relaxed"
 
     # ----------------------------------------------------------------------------- Sampler API
-    def set_epoch(self, epoch: int) -> None:
-        """Seed the next ``iter()`` with ``epoch`` (call it on every rank, as for DistributedSampler)."""
+    def set_epoch(self, epoch: int, last: bool = False) -> None:
+        """Seed the next ``iter()`` with ``epoch`` (call it on every rank, as for DistributedSampler);
+        ``last``: the job's last epoch (no provisional draw of a next one, as with ``epochs=epoch + 1``)."""
         self.epoch = int(epoch)
         self._epoch_set = True
+        if last:
+            self.epochs = self.epoch + 1
 
     def __len__(self) -> int:
         return self.num_samples
@@ -503,7 +513,7 @@ class ShadeSampler(torch.utils.data.Sampler):
         # the PADS draw, repeats included (issue 11); sent in the background. It replaces whatever this
         # stream announced before, the provisional draw of this epoch included.
         self.announcer.announce(self.epoch, [self.plan.order])
-        if self.lookahead_at is None:
+        if self.lookahead_at is None or (self.epochs is not None and self.epoch + 1 >= self.epochs):
             return iter(order)
         # The provisional next draw, started when the DataLoader takes index k of this epoch: chain()
         # asks for the trigger's iterator only then, so the loop pays nothing per index.

@@ -532,7 +532,7 @@ class Daemon:
 
         try:
             plan = self.plans.announce(msg.handle, msg.stream, msg.first_epoch, msg.segments.tolist(), msg.ids,
-                                       window=msg.window)
+                                       window=msg.window, job=getattr(msg, "job", None))
         except PlanError as e:
             raise ProtocolError(e.reason, e.message) from None
         log.info("announced %s", plan.describe())

@@ -61,9 +61,11 @@ _PAGE = 4096
 _SUFFIX = ".seg"
 
 
-def _corrupt(message: str) -> OSError:
-    from .tiers import CorruptEntry  # (tiers imports this module)
+class CorruptEntry(OSError):
+    """A cached entry is missing, truncated or otherwise unreadable; the caller drops it."""
 
+
+def _corrupt(message: str) -> OSError:
     return CorruptEntry(message)
 
 

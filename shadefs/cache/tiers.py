@@ -34,7 +34,7 @@ import numpy as np
 import xxhash
 
 from ..fsutil import removing_on_error, rename_into
-from .segments import HEADER, PACK_BELOW, SEG_DIR, SegmentStore, segment_bytes_for
+from .segments import HEADER, PACK_BELOW, SEG_DIR, CorruptEntry, SegmentStore, segment_bytes_for  # noqa: F401
 
 __all__ = ["MemoryTier", "DiskTier", "EntryTable", "CorruptEntry", "DiskFloorReached", "CacheDirInUse",
            "entry_name", "ENTRY_NAME_LEN"]
@@ -54,10 +54,6 @@ class EntryTable:
     def __init__(self, num_files: int):
         self.gen = np.zeros(int(num_files), dtype=np.uint64)
         self.csum = np.zeros(int(num_files), dtype=np.uint64)
-
-
-class CorruptEntry(OSError):
-    """A cached entry is missing, truncated or otherwise unreadable; the caller drops it."""
 
 
 class DiskFloorReached(OSError):

@@ -138,6 +138,7 @@ class ControlClient:
         self.dropped = 0
         self.sent = 0
         self._pid: Optional[int] = None
+        self.plan_format = P.PLAN_FORMAT  # the newest plan meta the daemon reads (its register reply says)
         self._ctx = None
         self._sock = None
         self._finalizer = None
@@ -273,11 +274,14 @@ class ControlClient:
         reply = self._request(rid, P.encode_register_request(rid, handle, paths))
         if not isinstance(reply, P.RegisterReply):
             raise P.ProtocolError("malformed", "register reply expected")
+        self.plan_format = reply.plan_format
         return reply.handle, reply.size
 
     def send_plan(self, handle: bytes, stream: int, first_epoch: int, segments: Sequence[int], ids, *,
-                  window: int = 0) -> bool:
+                  window: int = 0, job: Optional[tuple] = None) -> bool:
         """Announce epochs ``first_epoch, ...`` of stream ``stream`` (uint32 table indices); never blocks.
+        ``job``: ``(pid, start time)`` of the announcing process, sent (plan format 2) when the daemon's
+        ``register`` reply said it reads it, else left out (format 1: the plan follows every open).
 
         Returns:
             True if queued, False if the send queue was full (counted in ``dropped``).
@@ -285,7 +289,9 @@ class ControlClient:
         Raises:
             ProtocolError: the plan is invalid (see :func:`shadefs.control.protocol.encode_plan`).
         """
-        return self._send_oneway(P.encode_plan(handle, stream, first_epoch, segments, ids, window=window))
+        if self.plan_format < P.PLAN_FORMAT_JOB:
+            job = None
+        return self._send_oneway(P.encode_plan(handle, stream, first_epoch, segments, ids, window=window, job=job))
 
     def withdraw_plan(self, handle: bytes, stream: int) -> bool:
         """End stream ``stream``'s plan of table ``handle`` (``withdraw``, one-way; never blocks): the daemon

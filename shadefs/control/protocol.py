@@ -57,7 +57,7 @@ __all__ = [
     "decode_reply", "error_reply_id", "wants_reply", "check_paths",
     "REGISTER", "PLAN", "PLAN_FORMAT", "PLAN_META_BYTES", "MAX_PLAN_IDS", "MAX_PLAN_SEGMENTS",
     "RegisterRequest", "RegisterReply", "PlanMessage", "encode_register_request", "encode_register_reply",
-    "encode_plan", "WITHDRAW", "PlanWithdraw", "encode_withdraw",
+    "encode_plan", "WITHDRAW", "PlanWithdraw", "encode_withdraw", "PLAN_FORMAT_JOB", "PLAN_META_JOB_BYTES",
 ]
 
 VERSION = b"SHADEFS1"
@@ -82,6 +82,10 @@ MAX_FRAMES = 6
 #: The layout version of a ``plan`` message's meta frame (``<IIII``: format, stream, first epoch, window).
 PLAN_FORMAT = 1
 PLAN_META_BYTES = 16
+#: Format 2 adds the announcing job: ``<IIIIIIQ``, format 1's fields then pid, 0, start time (32 bytes).
+#: Sent only to a daemon whose ``register`` reply says ``"plan_format": 2``; format 1 is still read.
+PLAN_FORMAT_JOB = 2
+PLAN_META_JOB_BYTES = 32
 #: Most ids in one ``plan`` message (4 bytes each: 32 MiB); a 1.28M-sample epoch is 5 MiB.
 MAX_PLAN_IDS = 8 * 2**20
 #: Most epochs (segments) in one ``plan`` message.
@@ -200,6 +204,7 @@ class RegisterReply:
     request_id: bytes
     handle: bytes
     size: int
+    plan_format: int = PLAN_FORMAT  #: the newest plan meta format the daemon reads (1 when it does not say)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -214,6 +219,7 @@ class PlanMessage:
     window: int
     segments: np.ndarray
     ids: np.ndarray
+    job: Optional[tuple] = None  #: (pid, start time) of the announcing process (format 2), else None
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -310,14 +316,16 @@ def encode_register_request(request_id: bytes, handle: bytes, paths: Sequence[st
 
 
 def encode_register_reply(request_id: bytes, handle: bytes, size: int) -> List[bytes]:
-    """Frames answering ``register``: JSON ``{"handle": "<16 hex digits>", "size": paths}``."""
-    frames = encode_stats_reply(request_id, {"handle": bytes(handle).hex(), "size": int(size)})
+    """Frames answering ``register``: JSON ``{"handle": "<16 hex digits>", "size": paths, "plan_format": 2}``
+    (``plan_format``: the newest ``plan`` meta this daemon reads)."""
+    frames = encode_stats_reply(request_id, {"handle": bytes(handle).hex(), "size": int(size),
+                                             "plan_format": PLAN_FORMAT_JOB})
     frames[1] = REGISTER
     return frames
 
 
 def encode_plan(handle: bytes, stream: int, first_epoch: int, segments: Sequence[int], ids, *,
-                window: int = 0, max_ids: int = MAX_PLAN_IDS) -> List[bytes]:
+                window: int = 0, max_ids: int = MAX_PLAN_IDS, job: Optional[tuple] = None) -> List[bytes]:
     """Frames of a ``plan`` message (one-way).
 
     Args:
@@ -327,6 +335,8 @@ def encode_plan(handle: bytes, stream: int, first_epoch: int, segments: Sequence
         segments: positions per epoch, at least one, summing to ``len(ids)``.
         ids: table indices (0 .. table size - 1), sent as little-endian uint32.
         window: matching-window hint (positions; 0 = the daemon's default).
+        job: ``(pid, start time)`` of the announcing process (format 2: only for a daemon whose
+            ``register`` reply has ``plan_format`` >= 2), or None (format 1).
 
     Raises:
         ProtocolError: as the daemon would reject it.
@@ -350,6 +360,12 @@ def encode_plan(handle: bytes, stream: int, first_epoch: int, segments: Sequence
         if not 0 <= int(v) <= 0xFFFFFFFF:
             raise ProtocolError("malformed", f"{name} {v} is not in 0 .. 2**32-1")
     meta = np.array([PLAN_FORMAT, stream, first_epoch, window], dtype="<u4").tobytes()
+    if job is not None:
+        pid, start = int(job[0]), int(job[1])
+        if not 0 <= pid <= 0xFFFFFFFF or not 0 <= start < 2**64:
+            raise ProtocolError("malformed", f"job {job} is not (pid < 2**32, start time < 2**64)")
+        meta = (np.array([PLAN_FORMAT_JOB, stream, first_epoch, window, pid, 0], dtype="<u4").tobytes()
+                + np.array([start], dtype="<u8").tobytes())
     return [VERSION, PLAN, bytes(handle), meta, segs.astype("<u4").tobytes(), ids.astype("<u4").tobytes()]
 
 
@@ -444,11 +460,17 @@ def _decode_plan(frames: List[bytes]) -> PlanMessage:
     handle, meta, segs, ids = frames[2], frames[3], frames[4], frames[5]
     if len(handle) != 8:
         raise ProtocolError("malformed", f"a table handle is 8 bytes, got {len(handle)}")
-    if len(meta) != PLAN_META_BYTES:
-        raise ProtocolError("malformed", f"plan meta is {PLAN_META_BYTES} bytes, got {len(meta)}")
-    fmt, stream, first_epoch, window = np.frombuffer(meta, dtype="<u4").tolist()
-    if fmt != PLAN_FORMAT:
-        raise ProtocolError("version", f"plan format {fmt}, this daemon reads {PLAN_FORMAT}")
+    if len(meta) not in (PLAN_META_BYTES, PLAN_META_JOB_BYTES):
+        raise ProtocolError("malformed", f"plan meta is {PLAN_META_BYTES} or {PLAN_META_JOB_BYTES} bytes, "
+                                         f"got {len(meta)}")
+    fmt, stream, first_epoch, window = np.frombuffer(meta[:16], dtype="<u4").tolist()
+    if fmt not in (PLAN_FORMAT, PLAN_FORMAT_JOB):
+        raise ProtocolError("version", f"plan format {fmt}, this daemon reads {PLAN_FORMAT} and {PLAN_FORMAT_JOB}")
+    if (fmt == PLAN_FORMAT_JOB) != (len(meta) == PLAN_META_JOB_BYTES):
+        raise ProtocolError("malformed", f"plan format {fmt} with a meta of {len(meta)} bytes")
+    job = None
+    if fmt == PLAN_FORMAT_JOB:
+        job = (int(np.frombuffer(meta[16:20], dtype="<u4")[0]), int(np.frombuffer(meta[24:32], dtype="<u8")[0]))
     if not segs or len(segs) % 4:
         raise ProtocolError("malformed", f"segments frame of {len(segs)} bytes (4 per epoch, at least one)")
     if len(segs) // 4 > MAX_PLAN_SEGMENTS:
@@ -461,7 +483,7 @@ def _decode_plan(frames: List[bytes]) -> PlanMessage:
     if int(seg.sum()) != len(ids) // 4:
         raise ProtocolError("length_mismatch", f"segments sum to {int(seg.sum())}, {len(ids) // 4} ids")
     return PlanMessage(handle, int(stream), int(first_epoch), int(window), seg,
-                       np.frombuffer(ids, dtype="<u4"))
+                       np.frombuffer(ids, dtype="<u4"), job)
 
 
 def decode_reply(frames: Sequence[bytes], *, max_bytes: int = MAX_MESSAGE_BYTES) -> Reply:
@@ -502,7 +524,8 @@ def decode_reply(frames: Sequence[bytes], *, max_bytes: int = MAX_MESSAGE_BYTES)
             raise ProtocolError("malformed", "register reply lacks a handle and a size") from None
         if len(handle) != 8:
             raise ProtocolError("malformed", "register reply's handle is not 8 bytes")
-        return RegisterReply(rid, handle, size)
+        fmt = stats.get("plan_format", PLAN_FORMAT)
+        return RegisterReply(rid, handle, size, fmt if isinstance(fmt, int) and not isinstance(fmt, bool) else PLAN_FORMAT)
     return (StatsReply if kind == STATS else WarmReply)(rid, stats)
 
 

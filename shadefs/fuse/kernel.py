@@ -43,6 +43,7 @@ import logging
 import os
 import queue
 import signal
+import struct
 import sys
 import threading
 from collections import OrderedDict
@@ -50,9 +51,13 @@ from typing import Dict, List, Optional, Tuple
 
 from ..backends.base import BackendError, reply_errno
 from ..cache.core import OpenTicket
+from ..plan.plans import set_opener
 from . import protocol as P
 from .mount import mount_fuse, unmount_fuse
 from .ops import ENDPOINT_XATTR, endpoint_of, ns_api, statfs_values
+
+_PID = struct.Struct("=I")
+_PID_OFFSET = 32  # fuse_in_header: len, opcode (4 + 4), unique, nodeid (8 + 8), uid, gid (4 + 4), pid
 
 __all__ = ["KernelFrontend"]
 
@@ -704,6 +709,8 @@ class KernelFrontend:
         if node >= self._num_files:
             self._send(fd, unique, P.OPEN, errno.EISDIR, ())
             return
+        pid = _PID.unpack_from(buf, _PID_OFFSET)[0]  # the opener (fuse_in_header.pid): plans follow its job's opens
+        set_opener(pid)
         try:
             h = None
             if self._open_kept is not None:
@@ -719,17 +726,18 @@ class KernelFrontend:
             self._fail(fd, unique, P.OPEN, self.ns.path(node), e)
             return
         if h is None:
-            self._defer(fd, unique, self._open_slow, node, None)
+            self._defer(fd, unique, self._open_slow, node, None, pid)
         elif h.__class__ is OpenTicket:
             # the ticket is served even if the open is interrupted first: it may lead a fetch that other
             # opens of the file wait on (its handle is then released)
-            self._defer(fd, unique, self._open_slow, node, h, always=True)
+            self._defer(fd, unique, self._open_slow, node, h, pid, always=True)
         else:
             self._opened(fd, unique, node, h)
 
-    def _open_slow(self, fd: int, unique: int, fid: int, ticket) -> None:
+    def _open_slow(self, fd: int, unique: int, fid: int, ticket, pid: Optional[int] = None) -> None:
         """Worker: a miss (waits on the backend, or on another open's fetch of the same file); ``ticket``:
-        the reader's lookup of it (:meth:`TieredCache.open_ticket`), or None."""
+        the reader's lookup of it (:meth:`TieredCache.open_ticket`), or None; ``pid``: the opener."""
+        set_opener(pid)
         try:
             h = self.cache.open(fid) if ticket is None else self._open_ticket(ticket)
         except Exception as e:

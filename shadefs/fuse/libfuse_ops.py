@@ -17,10 +17,11 @@ import itertools
 import logging
 import os
 
-from mfusepy import FuseOSError
+from mfusepy import FuseOSError, fuse_get_context
 
 from ..backends.base import BackendError, reply_errno
 from ..namespace import _DIR_MODE, Namespace
+from ..plan.plans import set_opener
 
 __all__ = ["ShadeOperations", "ENDPOINT_XATTR"]
 
@@ -136,6 +137,7 @@ class ShadeOperations:
             raise FuseOSError(errno.ENOENT)
         if self.ns.is_dir(fid):
             raise FuseOSError(errno.EISDIR)
+        set_opener(fuse_get_context()[2])  # the opener's pid: plans follow the opens of its job only
         h = self.cache.open(fid)
         fh = next(self._next_fh)
         self._handles[fh] = h

@@ -10,8 +10,9 @@ to worker k mod W, each worker keeps ``prefetch_factor`` batches in flight, so o
 W x prefetch_factor x batch_size positions ahead of the oldest unconsumed one, interleaved. An open of
 file f therefore consumes f's earliest unconsumed planned position if it lies within ``window`` positions
 of the cursor (the lowest unconsumed position); repeats (with-replacement draws) are separate positions
-of the same file, consumed in order. An open of a file the plan does not name (the test split, another
-job) is not this plan's business and is ignored. An open of a file the plan names, but not within the
+of the same file, consumed in order. An open of a file the plan does not name (the test split) is not
+this plan's business and is ignored; nor is an open by a process outside the plan's job, when the plan
+names its job (:class:`JobKey`: the announcing process and its descendants; :func:`set_opener`). An open of a file the plan names, but not within the
 window, is *unmatched*; a plan with ``unmatched_limit`` unmatched opens since its last match, or no match
 for ``idle_s`` seconds, is **retired** (its reader stopped following it: the job changed its mind,
 crashed or ended), logged once and counted. A plan whose every position was consumed is *finished*. A
@@ -21,7 +22,8 @@ Neither state pins cache space: a plan only ranks files (Belady on the known fut
 :mod:`shadefs.plan.policy`) and lends the prefetcher its order (:mod:`shadefs.plan.prefetch`).
 
 Not thread-safe by itself: every method runs under ``lock`` (the cache's lock in the daemon), which
-:meth:`PlanRegistry.announce` and :meth:`PlanRegistry.register` take themselves.
+:meth:`PlanRegistry.announce` and :meth:`PlanRegistry.register` take themselves, briefly: an
+announcement builds its plan and the tiers' structures without it and swaps them in.
 """
 from __future__ import annotations
 
@@ -34,7 +36,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-__all__ = ["Plan", "PlanRegistry", "PlanError", "NOT_PLANNED"]
+__all__ = ["Plan", "PlanRegistry", "PlanError", "NOT_PLANNED", "JobKey", "set_opener", "ancestry", "proc_start_time"]
 
 log = logging.getLogger("shadefs.plan")
 
@@ -56,16 +58,30 @@ class PlanError(ValueError):
         self.message = message
 
 
+_HASH_MUL = 0x9E3779B1  # Fibonacci hashing: the top bits of the 32-bit product index the table
+
+
+def _hash(fids: np.ndarray, shift: int) -> np.ndarray:
+    return ((fids.astype(np.uint64) * np.uint64(_HASH_MUL)) & np.uint64(0xFFFFFFFF)) >> np.uint64(shift)
+
+
 class Plan:
     """One stream's announced future: its announced epochs, concatenated, and a cursor over them.
 
     Args:
         key: (handle, stream).
-        fids: file ids in plan order, int64, shape (L,).
+        fids: file ids in plan order, shape (L,) (each < 2**31).
         segments: ``[(epoch, length), ...]`` in order; lengths sum to L.
         num_files: the namespace's file count (ids are < it).
         window: how far ahead of the cursor an open may match (positions).
         now: the clock at announcement (seconds).
+        owner: the announcing job (:class:`JobKey`), or None: the plan follows every open (a client that
+            did not say who it is, the simulator).
+
+    Memory is O(L), whatever the namespace's size: ~9 bytes per position (file id, position by file,
+    consumed flag) plus ~24 bytes per distinct file (its group's bounds and an open-addressing hash
+    from file id to group at load <= 1/2). Built without any lock (a new plan is private until the
+    registry installs it).
 
     Attributes:
         pos: the cursor, the lowest unconsumed position (L when finished).
@@ -74,20 +90,30 @@ class Plan:
     """
 
     def __init__(self, key: Tuple[bytes, int], fids: np.ndarray, segments: Sequence[Tuple[int, int]],
-                 num_files: int, window: int, now: float):
+                 num_files: int, window: int, now: float, owner: Optional["JobKey"] = None):
         self.key = key
-        self.ids = np.ascontiguousarray(fids, dtype=np.int64)
+        self.owner = owner
+        self.ids = np.ascontiguousarray(fids, dtype=np.int32)
         self.segments = [(int(e), int(n)) for e, n in segments]
         self.window = max(1, int(window))
         L = self.ids.shape[0]
+        if L >= 2**31:
+            raise ValueError(f"a plan of {L} positions (at most 2**31 - 1)")
         self.consumed = np.zeros(L, dtype=bool)
         # Positions grouped by file (stable sort keeps each file's positions ascending).
-        self.positions = np.argsort(self.ids, kind="stable").astype(np.int64)
-        uniq, starts, counts = np.unique(self.ids[self.positions], return_index=True, return_counts=True)
-        self.group = np.full(int(num_files), -1, dtype=np.int32)
-        self.group[uniq] = np.arange(uniq.size, dtype=np.int32)
-        self.gend = (starts + counts).astype(np.int64)
-        self.ptr = starts.astype(np.int64)     # per file: index into positions of its first unconsumed use
+        positions = np.argsort(self.ids, kind="stable").astype(np.int32)
+        by_file = self.ids[positions]
+        bounds = np.flatnonzero(by_file[1:] != by_file[:-1]).astype(np.int32) + 1
+        starts = np.concatenate([np.zeros(min(L, 1), np.int32), bounds])
+        uniq = by_file[starts]
+        self.gend = np.concatenate([bounds, np.full(min(L, 1), L, np.int32)])
+        self.ptr = starts.copy()              # per file: index into positions of its first unconsumed use
+        self.positions = positions
+        self.files = int(uniq.size)
+        self._build_hash(uniq)
+        # memoryviews: scalar reads and writes as Python ints, no numpy scalar per open
+        self._mv_pos, self._mv_ptr, self._mv_gend = memoryview(positions), memoryview(self.ptr), memoryview(self.gend)
+        self._mv_consumed = memoryview(self.consumed)
         self.pos = 0
         self.matched = 0
         self.unmatched = 0
@@ -100,12 +126,73 @@ class Plan:
         self.prefetch_pos = 0                  # the prefetcher's scan position (>= pos)
         self.moved = None                      # callback(plan, fid): fid's next planned use moved later
 
+    def _build_hash(self, uniq: np.ndarray) -> None:
+        """File id -> group (index into ptr / gend): linear probing, capacity a power of two >= 2 x files."""
+        bits = max(4, int(2 * max(1, uniq.size) - 1).bit_length())
+        cap = 1 << bits
+        self._hshift = 32 - bits
+        self._hmask = cap - 1
+        keys = np.full(cap, -1, dtype=np.int32)
+        vals = np.zeros(cap, dtype=np.int32)
+        slot = _hash(uniq, self._hshift).astype(np.int64)
+        todo = np.arange(uniq.size, dtype=np.int64)
+        while todo.size:                       # one probe step per round, for every key not yet placed
+            s = slot[todo]
+            free = keys[s] == -1
+            cand, cs = todo[free], s[free]
+            _, first = np.unique(cs, return_index=True)
+            keys[cs[first]] = uniq[cand[first]]
+            vals[cs[first]] = cand[first]
+            placed = np.zeros(todo.size, dtype=bool)
+            placed[np.flatnonzero(free)[first]] = True
+            todo = todo[~placed]
+            slot[todo] = (slot[todo] + 1) & self._hmask
+        self._hkeys, self._hvals = keys, vals
+        self._mv_keys, self._mv_vals = memoryview(keys), memoryview(vals)
+
+    def _group(self, fid: int) -> int:
+        """``fid``'s group (index into ptr / gend), or -1 if the plan does not name it."""
+        keys, mask = self._mv_keys, self._hmask
+        i = ((fid * _HASH_MUL) & 0xFFFFFFFF) >> self._hshift
+        while True:
+            k = keys[i]
+            if k == fid:
+                return self._mv_vals[i]
+            if k < 0:
+                return -1
+            i = (i + 1) & mask
+
+    def groups(self, fids: np.ndarray) -> np.ndarray:
+        """Each file's group (int64, shape like ``fids``); -1 where the plan does not name it."""
+        fids = np.asarray(fids, dtype=np.int64)
+        out = np.full(fids.shape, -1, dtype=np.int64)
+        ok = np.flatnonzero((fids >= 0) & (fids < 2**31))
+        if ok.size == 0:
+            return out
+        f = fids.reshape(-1)[ok]
+        slot = _hash(f, self._hshift).astype(np.int64)
+        keys, mask = self._hkeys, self._hmask
+        todo = np.arange(f.size, dtype=np.int64)
+        flat = out.reshape(-1)
+        while todo.size:
+            k = keys[slot[todo]]
+            hit = k == f[todo]
+            flat[ok[todo[hit]]] = self._hvals[slot[todo[hit]]]
+            todo = todo[~hit & (k >= 0)]
+            slot[todo] = (slot[todo] + 1) & mask
+        return out
+
     def __len__(self) -> int:
         return int(self.ids.shape[0])
 
     @property
     def finished(self) -> bool:
         return self.pos >= len(self)
+
+    def nbytes(self) -> int:
+        """Bytes of the plan's arrays."""
+        return int(self.ids.nbytes + self.consumed.nbytes + self.positions.nbytes + self.gend.nbytes
+                   + self.ptr.nbytes + self._hkeys.nbytes + self._hvals.nbytes)
 
     def segment_of(self, epoch: int) -> Optional[Tuple[int, int]]:
         """(start, length) of ``epoch``'s positions, or None if it was not announced in this plan."""
@@ -116,14 +203,26 @@ class Plan:
             start += n
         return None
 
+    def segment_end(self, q: int) -> int:
+        """The end (exclusive) of the segment holding position ``q`` (``len(self)`` beyond the last)."""
+        end = 0
+        for _, n in self.segments:
+            end += n
+            if q < end:
+                return end
+        return end
+
     def next_position(self, fid: int) -> Optional[int]:
         """The position of ``fid``'s next unconsumed planned use, or None."""
-        if not 0 <= fid < self.group.shape[0]:
+        if not 0 <= fid < 2**31:
             return None
-        g = self.group[fid]
-        if g < 0 or self.ptr[g] >= self.gend[g]:
+        g = self._group(fid)
+        if g < 0:
             return None
-        return int(self.positions[self.ptr[g]])
+        i = self._mv_ptr[g]
+        if i >= self._mv_gend[g]:
+            return None
+        return self._mv_pos[i]
 
     def next_positions(self, fids: np.ndarray) -> np.ndarray:
         """Each file's next unconsumed planned position (int64, shape like ``fids``); -1 where none."""
@@ -131,9 +230,7 @@ class Plan:
         out = np.full(fids.shape, -1, dtype=np.int64)
         if fids.size == 0:
             return out
-        ok = (fids >= 0) & (fids < self.group.shape[0])
-        g = np.full(fids.shape, -1, dtype=np.int64)
-        g[ok] = self.group[fids[ok]]
+        g = self.groups(fids)
         has = g >= 0
         p = np.zeros(fids.shape, dtype=np.int64)
         p[has] = self.ptr[g[has]]
@@ -154,20 +251,21 @@ class Plan:
             True (matched), False (a planned file, not within the window: unmatched), or None (the
             plan does not name ``fid``).
         """
-        if not 0 <= fid < self.group.shape[0]:
+        if not 0 <= fid < 2**31:
             return None
-        g = self.group[fid]
+        g = self._group(fid)
         if g < 0:
             return None
         self.block_opens += 1
-        i = self.ptr[g]
-        if i >= self.gend[g]:
+        ptr = self._mv_ptr
+        i = ptr[g]
+        if i >= self._mv_gend[g]:
             return self._unmatched()
-        p = int(self.positions[i])
+        p = self._mv_pos[i]
         if p >= self.pos + self.window:
             return self._unmatched()
-        self.consumed[p] = True
-        self.ptr[g] = i + 1
+        self._mv_consumed[p] = True
+        ptr[g] = i + 1
         if self.moved is not None:
             self.moved(self, fid)
         self.matched += 1
@@ -198,7 +296,7 @@ class Plan:
     def _advance(self) -> None:
         L = len(self)
         pos = self.pos
-        consumed = self.consumed
+        consumed = self._mv_consumed
         while pos < L and consumed[pos]:
             pos += 1
         self.pos = pos
@@ -208,11 +306,13 @@ class Plan:
     def _skip_to(self, target: int) -> None:
         """Pass positions below ``target`` whose open never came (counted as skipped)."""
         moved = self.moved
+        consumed, ptr = self._mv_consumed, self._mv_ptr
         for q in range(self.pos, target):
-            if not self.consumed[q]:
-                self.consumed[q] = True
+            if not consumed[q]:
+                consumed[q] = True
                 fid = int(self.ids[q])
-                self.ptr[self.group[fid]] += 1  # q is that file's earliest unconsumed use (those below are consumed)
+                g = self._group(fid)
+                ptr[g] += 1  # q is that file's earliest unconsumed use (those below are consumed)
                 self.skipped += 1
                 if moved is not None:
                     moved(self, fid)
@@ -221,21 +321,98 @@ class Plan:
 
     def describe(self) -> str:
         epochs = ",".join(str(e) for e, _ in self.segments)
-        return (f"plan {self.key[0].hex()}/{self.key[1]} (epochs {epochs}, {len(self)} positions, at {self.pos}, "
+        who = f", job {self.owner.pid}" if self.owner is not None else ""
+        return (f"plan {self.key[0].hex()}/{self.key[1]} (epochs {epochs}, {len(self)} positions{who}, at {self.pos}, "
                 f"{self.matched} matched, {self.unmatched} unmatched, {self.skipped} skipped)")
 
 
-@dataclasses.dataclass
+_OPENER = threading.local()
+
+
+def set_opener(pid: Optional[int]) -> None:
+    """Name the process whose open the calling thread serves next (the FUSE request's ``pid``; None:
+    unknown). :meth:`PlanRegistry.observe` on this thread matches the open to that process's job only.
+    The front ends call it before each open (and on the worker that finishes a miss)."""
+    _OPENER.pid = pid
+
+
+@dataclasses.dataclass(frozen=True)
+class JobKey:
+    """The job a plan belongs to: its announcing process (``pid`` in the daemon's pid namespace) and that
+    process's start time (clock ticks after boot, ``/proc/PID/stat`` field 22), which tells it apart from
+    a later process given the same pid. Its opens are its own and those of its descendants (DataLoader
+    workers, a forkserver's children)."""
+
+    pid: int
+    start: int
+
+
+def proc_start_time(pid: int) -> Optional[int]:
+    """``pid``'s start time (``/proc/PID/stat`` field 22, clock ticks after boot), or None if there is no
+    such process (or no ``/proc``)."""
+    try:
+        with open(f"/proc/{int(pid)}/stat", "rb") as f:
+            stat = f.read()
+        return int(stat[stat.rindex(b")") + 2:].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _tgid_and_ppid(pid: int) -> Tuple[int, int]:
+    """(thread group id, parent's pid) of process or thread ``pid``; (0, 0) if it is gone."""
+    tgid = ppid = 0
+    try:
+        with open(f"/proc/{int(pid)}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"Tgid:"):
+                    tgid = int(line.split()[1])
+                elif line.startswith(b"PPid:"):
+                    ppid = int(line.split()[1])
+                    break
+    except (OSError, ValueError, IndexError):
+        return 0, 0
+    return tgid, ppid
+
+
+def ancestry(pid: int, limit: int = 64) -> Tuple[int, ...]:
+    """The processes ``pid`` descends from, itself first: thread ids resolve to their process; stops at
+    pid 1 (not included), a process that is gone, or ``limit`` levels."""
+    out: List[int] = []
+    tgid, ppid = _tgid_and_ppid(pid)
+    while tgid > 1 and len(out) < limit:
+        out.append(tgid)
+        if ppid <= 1:
+            break
+        tgid, ppid = _tgid_and_ppid(ppid)
+    return tuple(out)
+
+
 class _Table:
-    fids: np.ndarray          # int64, table index -> file id
-    last_used: float
+    """One path table: table index -> file id (int32), appended in chunks without copying what is there;
+    the flat array is made outside the lock by the first announcement that needs it."""
+
+    def __init__(self, fids: np.ndarray, now: float):
+        self.chunks: List[np.ndarray] = [fids] if fids.size else []
+        self.size = int(fids.size)
+        self.last_used = now
+
+    def append(self, fids: np.ndarray) -> None:
+        if fids.size:
+            self.chunks = self.chunks + [fids]    # a new list: a snapshot taken before stays as it was
+            self.size += int(fids.size)
+
+    @staticmethod
+    def flat(chunks: List[np.ndarray]) -> np.ndarray:
+        if not chunks:
+            return np.zeros(0, dtype=np.int32)
+        return np.concatenate(chunks) if len(chunks) != 1 else chunks[0]
 
 
 class PlanRegistry:
     """Path tables and plans of one mount.
 
     Args:
-        num_files: the namespace's file count.
+        num_files: the namespace's file count (below 2**31).
         lock: the lock every method runs under (the cache's); a fresh one by default.
         window: default matching window in positions (a plan may ask for more).
         unmatched_limit: unmatched opens since the last match that retire a plan (default ``window``).
@@ -243,12 +420,15 @@ class PlanRegistry:
         max_tables, max_table_paths, max_plans: limits (beyond them: ``flood`` / ``oversize``).
         announce_burst, announce_rate: per-stream token bucket on plan announcements (burst, per second).
         clock: monotonic seconds.
+        job_ttl_s: how long an opener's ancestry (``/proc``) is trusted before it is read again (seconds).
     """
 
     def __init__(self, num_files: int, lock: Optional[threading.Lock] = None, *, window: int = 8192,
                  unmatched_limit: Optional[int] = None, idle_s: float = 300.0, max_tables: int = 64,
                  max_table_paths: int = 1 << 27, max_plans: int = 64, announce_burst: int = 32,
-                 announce_rate: float = 4.0, clock=time.monotonic):
+                 announce_rate: float = 4.0, clock=time.monotonic, job_ttl_s: float = 5.0):
+        if not 0 <= int(num_files) < 2**31:
+            raise ValueError(f"plans need fewer than 2**31 files, got {num_files}")
         self.num_files = int(num_files)
         self.lock = lock if lock is not None else threading.Lock()
         self.window = int(window)
@@ -260,6 +440,7 @@ class PlanRegistry:
         self.announce_burst = float(announce_burst)
         self.announce_rate = float(announce_rate)
         self.clock = clock
+        self.job_ttl_s = float(job_ttl_s)
         self.tables: Dict[bytes, _Table] = {}
         self.plans: Dict[Tuple[bytes, int], Plan] = {}
         self._buckets: Dict[Tuple[bytes, int], Tuple[float, float]] = {}
@@ -268,15 +449,25 @@ class PlanRegistry:
         self.retired = 0
         self.finished = 0
         self.withdrawn = 0
+        self.foreign_opens = 0                 # opens by a process of no plan's job (while plans have owners)
+        self.matched_opens = 0                 # positions consumed by opens, over all plans ever
+        self.unmatched_opens = 0               # opens of a plan's file outside its window, over all plans ever
         self.listeners: List = []              # callback(plan, why) when a plan ends (prefetcher waste)
         self.watchers: List = []               # callback((plan, fid)) when fid's next use in plan moved later
+        self.preparers: List = []              # prepare(plans) -> install(): off the lock, for a new plan set
+        self._owned = False                    # some plan has an owner: opens are matched to jobs
+        self._jobs: Dict[int, tuple] = {}      # opener pid -> (expires, ancestry, version, owner pid)
+        self._owners: Dict[int, List[Plan]] = {}  # owner pid -> its plans (rebuilt with the version)
+        self._free: List[Plan] = []            # plans without an owner: they follow every open
+        self.install_hold_s: List[float] = []  # lock holds of the last announcements' installs (seconds)
+        self._installing = threading.Lock()    # serialises announcements' preparations and installs
 
     # -- tables ----------------------------------------------------------------------------------
     def register(self, handle: Optional[bytes], fids: np.ndarray) -> Tuple[bytes, int]:
         """Create a path table (``handle`` None) or append ``fids`` to table ``handle``.
 
         Args:
-            fids: file ids (int64, shape (n,)), already resolved from paths by the caller.
+            fids: file ids (ints below 2**31, shape (n,)), already resolved from paths by the caller.
 
         Returns:
             (handle: 8 bytes, table size after the call).
@@ -284,8 +475,11 @@ class PlanRegistry:
         Raises:
             PlanError: ``unknown_handle``; ``oversize`` (the table would exceed ``max_table_paths``);
                 ``flood`` (``max_tables`` tables exist and every one has an active plan).
+
+        The ids are copied before the lock is taken; under it the table only gains a chunk (no copy of
+        what it holds).
         """
-        fids = np.asarray(fids, dtype=np.int64).reshape(-1)
+        fids = np.array(np.asarray(fids).reshape(-1), dtype=np.int32)
         with self.lock:
             now = self.clock()
             if handle is None:
@@ -295,17 +489,17 @@ class PlanRegistry:
                 if fids.size > self.max_table_paths:
                     raise PlanError("oversize", f"a table of {fids.size} paths exceeds {self.max_table_paths}")
                 handle = os.urandom(8)
-                self.tables[handle] = _Table(fids.copy(), now)
+                self.tables[handle] = _Table(fids, now)
                 return handle, int(fids.size)
             t = self.tables.get(bytes(handle))
             if t is None:
                 raise PlanError("unknown_handle", f"no path table {bytes(handle).hex()}")
-            if t.fids.size + fids.size > self.max_table_paths:
-                raise PlanError("oversize", f"a table of {t.fids.size + fids.size} paths exceeds "
+            if t.size + fids.size > self.max_table_paths:
+                raise PlanError("oversize", f"a table of {t.size + fids.size} paths exceeds "
                                             f"{self.max_table_paths}")
-            t.fids = np.concatenate([t.fids, fids])
+            t.append(fids)
             t.last_used = now
-            return bytes(handle), int(t.fids.size)
+            return bytes(handle), t.size
 
     def _drop_idle_table(self) -> bool:
         busy = {k[0] for k in self.plans}
@@ -317,34 +511,39 @@ class PlanRegistry:
 
     # -- plans -------------------------------------------------------------------------------------
     def announce(self, handle: bytes, stream: int, first_epoch: int, segments: Sequence[int],
-                 ids: np.ndarray, window: int = 0) -> Plan:
+                 ids: np.ndarray, window: int = 0, job: Optional[Tuple[int, int]] = None) -> Plan:
         """Install the order of epochs ``first_epoch, first_epoch + 1, ...`` for stream ``(handle, stream)``.
 
         Args:
             segments: positions per epoch (ints), summing to ``len(ids)``.
             ids: table indices (uint32, shape (L,)), in plan order.
             window: the client's matching window (0: the registry's default); the larger of the two is used.
+            job: the announcing process as it says it, ``(pid, start time)`` (docs/protocol.md), or None.
+                Checked against ``/proc``: if this daemon sees no process with that pid and start time
+                (another pid namespace, a process gone), the plan gets no owner and follows every open.
 
         If the stream's current plan holds ``first_epoch`` with the same order, that epoch keeps its
         consumption (a lookahead announced before is confirmed); epochs before it are dropped.
+
+        The plan, and the tiers' structures for the new set of plans (:attr:`preparers`), are built
+        without the lock; under it, the new plan is swapped in with what was consumed meanwhile (a few
+        milliseconds at most, whatever the plan's length: :attr:`install_hold_s`).
 
         Raises:
             PlanError: ``unknown_handle``, ``unknown_path`` (an index beyond the table), ``flood`` (too many
                 streams, or announcements faster than the stream's token bucket).
         """
         ids = np.asarray(ids)
-        with self.lock:
+        key = (bytes(handle), int(stream))
+        top = int(ids.max()) if ids.size else -1
+        with self.lock:  # the checks and a snapshot of the table: O(1)
             now = self.clock()
-            t = self.tables.get(bytes(handle))
+            t = self.tables.get(key[0])
             if t is None:
-                raise PlanError("unknown_handle", f"no path table {bytes(handle).hex()}")
-            if ids.size and int(ids.max()) >= t.fids.size:
-                raise PlanError("unknown_path", f"plan index {int(ids.max())} beyond the table's {t.fids.size} paths")
-            key = (bytes(handle), int(stream))
-            if key not in self.plans and len(self.plans) >= self.max_plans:
-                self._expire(now)
-                if len(self.plans) >= self.max_plans:
-                    raise PlanError("flood", f"{len(self.plans)} active plans; the limit is {self.max_plans}")
+                raise PlanError("unknown_handle", f"no path table {key[0].hex()}")
+            if top >= t.size:
+                raise PlanError("unknown_path", f"plan index {top} beyond the table's {t.size} paths")
+            self._check_room(key, now)
             tokens, last = self._buckets.get(key, (self.announce_burst, now))
             tokens = min(self.announce_burst, tokens + (now - last) * self.announce_rate)
             if tokens < 1.0:
@@ -352,54 +551,158 @@ class PlanRegistry:
                 raise PlanError("flood", f"stream {stream} announces faster than {self.announce_rate:g} plans/s")
             self._buckets[key] = (tokens - 1.0, now)
             t.last_used = now
-            fids = t.fids[ids.astype(np.int64)]
-            segs = [(int(first_epoch) + i, int(n)) for i, n in enumerate(segments)]
-            old = self.plans.get(key)
-            plan = Plan(key, fids, segs, self.num_files, max(self.window, int(window)), now)
-            if old is not None:
-                self._carry(old, plan, int(first_epoch))
-                self._end(old, "replaced")
-            plan.moved = self._moved
-            self.plans[key] = plan
-            self.version += 1
-            self.announced += 1
+            chunks = t.chunks
+        owner = None
+        if job is not None:
+            start = proc_start_time(job[0]) if job[0] > 0 else None
+            if start is not None and start == int(job[1]):
+                owner = JobKey(int(job[0]), int(job[1]))
+            else:
+                log.info("plan of stream %d: no process %d started at %d here (another pid namespace?): it "
+                         "follows every open", key[1], job[0], job[1])
+        flat = _Table.flat(chunks)
+        fids = flat[ids.astype(np.int64, copy=False)]
+        segs = [(int(first_epoch) + i, int(n)) for i, n in enumerate(segments)]
+        plan = Plan(key, fids, segs, self.num_files, max(self.window, int(window)), now, owner)
+        with self._installing:  # one announcement prepares and installs at a time (not the cache lock)
+            return self._install(plan, key, t, chunks, flat, int(first_epoch))
+
+    def _install(self, plan: Plan, key: Tuple[bytes, int], t: "_Table", chunks: list, flat: np.ndarray,
+                 first_epoch: int) -> Plan:
+        """Prepare the tiers for ``plan`` and swap it in (under :attr:`_installing`): a few tries when a
+        plan ends meanwhile; the last installs without preparations (the next search rebuilds)."""
+        for attempt in range(3):
+            with self.lock:
+                old = self.plans.get(key)
+                current = list(self.plans.values())
+                version = self.version
+                if t.chunks is chunks and len(chunks) > 1:
+                    t.chunks = [flat]  # the next announcement finds it flat
+            seg = old.segment_of(first_epoch) if old is not None else None
+            n = plan.segments[0][1] if plan.segments else 0
+            same = (seg is not None and seg[1] == n
+                    and np.array_equal(old.ids[seg[0]:seg[0] + n], plan.ids[:n]))
+            if same:  # what old consumed of that epoch so far, copied off the lock; the rest at the swap
+                snap_pos = old.pos
+                self._carry(old, plan, seg[0], 0, n)
+            prospective = [plan if p.key == key else p for p in current] + ([] if old is not None else [plan])
+            installs = [] if attempt == 2 else [prep(prospective) for prep in self.preparers]
+            with self.lock:
+                t0 = time.perf_counter()
+                if self.version != version and attempt < 2:
+                    replaced = [install(-1) for install in installs]  # (the set differs: ends the tracking)
+                    continue  # the set of plans changed meanwhile (a plan ended): prepare again
+                self._check_room(key, self.clock())
+                moved: List[int] = []
+                if same and self.plans.get(key) is old:
+                    # consumption since the copy lies between the cursor then and the window ahead now
+                    moved = self._carry(old, plan, seg[0], snap_pos - seg[0], min(n, old.pos - seg[0] + old.window))
+                old = self.plans.get(key)
+                if old is not None:
+                    self._end(old, "replaced")
+                plan.moved = self._moved
+                self.plans[key] = plan
+                self._changed()
+                self.announced += 1
+                replaced = [install(self.version) for install in installs]  # freed after the lock
+                for fid in moved:
+                    self._moved(plan, fid)
+                self.install_hold_s.append(time.perf_counter() - t0)
+                if len(self.install_hold_s) > 4096:
+                    del self.install_hold_s[:2048]
+            del replaced
             return plan
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _check_room(self, key: Tuple[bytes, int], now: float) -> None:
+        if key not in self.plans and len(self.plans) >= self.max_plans:
+            self._expire(now)
+            if len(self.plans) >= self.max_plans:
+                raise PlanError("flood", f"{len(self.plans)} active plans; the limit is {self.max_plans}")
 
     @staticmethod
-    def _carry(old: Plan, new: Plan, epoch: int) -> None:
-        """Keep ``epoch``'s consumption when ``old`` had announced it with the same order."""
-        seg = old.segment_of(epoch)
-        n = new.segments[0][1] if new.segments else 0
-        if seg is None or seg[1] != n or not np.array_equal(old.ids[seg[0]:seg[0] + n], new.ids[:n]):
-            return
-        done = np.flatnonzero(old.consumed[seg[0]:seg[0] + n])
-        for q in done.tolist():  # replay the consumption in position order (keeps per-file pointers exact)
-            g = new.group[new.ids[q]]
-            new.consumed[q] = True
-            new.ptr[g] += 1
-        new.matched = int(done.size)
+    def _carry(old: Plan, new: Plan, start: int, lo: int, hi: int) -> List[int]:
+        """Copy what ``old`` consumed of its positions ``start + lo .. start + hi`` (of the epoch ``new``
+        begins with, in the same order) into ``new``'s positions ``lo .. hi``; returns the files newly
+        consumed."""
+        lo, hi = max(0, int(lo)), max(0, int(hi))
+        lo = min(lo, hi)
+        done = np.flatnonzero(old.consumed[start + lo:start + hi] & ~new.consumed[lo:hi]) + lo
+        if done.size:
+            new.consumed[done] = True
+            # per file, the consumed positions of the epoch are a prefix of its positions: count them
+            np.add.at(new.ptr, new.groups(new.ids[done].astype(np.int64)), 1)
+        new.matched += int(done.size)
         new.last_match = old.last_match
         new._advance()
-        new.prefetch_pos = max(new.pos, old.prefetch_pos - seg[0])
+        new.prefetch_pos = max(new.pos, old.prefetch_pos - start)
+        return new.ids[done].tolist()
+
+    def _changed(self) -> None:
+        """The set of plans changed: bump the version, re-index the plans by owner."""
+        self.version += 1
+        owners: Dict[int, List[Plan]] = {}
+        free: List[Plan] = []
+        for plan in self.plans.values():
+            if plan.owner is None:
+                free.append(plan)
+            else:
+                owners.setdefault(plan.owner.pid, []).append(plan)
+        self._owners, self._free, self._owned = owners, free, bool(owners)
+
+    def _job_of(self, pid: int, now: float) -> int:
+        """The owner pid of the plans whose job opener ``pid`` belongs to (itself or an ancestor), or 0."""
+        e = self._jobs.get(pid)
+        if e is not None and e[0] >= now:
+            if e[2] == self.version:
+                return e[3]
+            expires, anc = e[0], e[1]
+        else:
+            expires, anc = now + self.job_ttl_s, ancestry(pid) if pid > 0 else ()
+            if len(self._jobs) >= 4096:
+                self._jobs.clear()
+        owners = self._owners
+        owner = next((p for p in anc if p in owners), 0)
+        self._jobs[pid] = (expires, anc, self.version, owner)
+        return owner
 
     def observe(self, fid: int) -> int:
-        """Follow one open of ``fid`` in every plan; retire plans that stopped matching.
+        """Follow one open of ``fid`` in the plans of the opener's job (:func:`set_opener`); retire plans
+        that stopped matching.
+
+        The opener's job: the owner of a plan (:class:`JobKey`) that is the opener or one of its ancestors.
+        Plans without an owner follow every open; a plan with one follows only its job's opens, so another
+        job's opens and a reader of no plan (an evaluation loop, ``cp``) move no cursor of it. An opener
+        the thread did not name (None) is followed by every plan.
 
         Returns the number of plans whose position it consumed. Caller holds :attr:`lock`.
         """
         if not self.plans:
             return 0
         now = self.clock()
+        plans = self.plans.values()
+        if self._owned:
+            pid = getattr(_OPENER, "pid", None)
+            if pid is not None:
+                owner = self._job_of(pid, now)
+                if owner:
+                    plans = self._owners[owner] + self._free
+                else:
+                    self.foreign_opens += 1
+                    plans = self._free
         matched = 0
         ended = None
-        for plan in self.plans.values():
+        for plan in plans:
             r = plan.observe(fid, now)
             if r:
                 matched += 1
                 if plan.finished:
                     ended = (ended or []) + [(plan, "finished")]
+            elif r is False:
+                self.unmatched_opens += 1
             if r is not None and plan.stopped_matching(self.unmatched_limit):
                 ended = (ended or []) + [(plan, "most opens of its files did not match it")]
+        self.matched_opens += matched
         if ended:
             for plan, why in ended:
                 self._remove(plan, why)
@@ -422,7 +725,7 @@ class PlanRegistry:
     def _remove(self, plan: Plan, why: str) -> None:
         if self.plans.get(plan.key) is plan:
             del self.plans[plan.key]
-            self.version += 1
+            self._changed()
         self._end(plan, why)
 
     def _end(self, plan: Plan, why: str) -> None:
@@ -478,5 +781,5 @@ class PlanRegistry:
     def counters(self) -> dict:
         return {"plans_active": len(self.plans), "plans_retired": self.retired,
                 "plans_finished": self.finished, "plans_withdrawn": self.withdrawn,
-                "plans_announced": self.announced,
+                "plans_announced": self.announced, "plans_matched": self.matched_opens, "plans_unmatched": self.unmatched_opens, "plans_foreign_opens": self.foreign_opens,
                 "tables": len(self.tables)}

@@ -20,8 +20,9 @@ resident with a planned use has a *home* plan, one it is planned in, and sits in
 keyed by (its next position there, file id); the key minus the plan's cursor is an upper bound of the
 file's true distance (the least over the plans). The registry reports every time a file's next position
 moves later (:attr:`~shadefs.plan.plans.PlanRegistry.watchers`: an open consumed it, or the cursor skipped
-it); a hit only appends that to a list, and the next victim search first re-keys those files in their
-home heaps (lazy invalidation: an old entry is dropped when it surfaces). A victim search takes the greatest bound over the plans' heap tops; if that file's
+it); a hit only notes that per file (residents in a heap only: at most one entry per resident; a
+tier of capacity 0 does not listen), and the next victim search first re-keys those files, vectorised,
+in their home heaps (lazy invalidation: an old entry is dropped when it surfaces). A victim search takes the greatest bound over the plans' heap tops; if that file's
 true distance equals its bound it is the furthest resident (every other bound is no greater), else it
 moves to the plan that gives its true distance and the search goes on. With one plan a bound is always
 exact. Residents with no planned use sit in a set (and, for inner policies without an order, a heap by
@@ -70,6 +71,10 @@ class PlanPolicy(Policy):
         self.name = inner.name  # the stats keep naming the mount's --policy
         self._sizes: Dict[int, int] = {}
         n = int(plans.num_files)
+        self._resident = np.zeros(n, dtype=bool)     # the residents, readable without the lock (a snapshot)
+        self._tracking: List[Set[int]] = []          # files changed since a preparation's snapshot began
+        self._spare = None                           # (home, home_pos) arrays free for the next build
+        self.prepared = 0                            # structures built off the lock and installed
         self._home_pos = np.zeros(n, dtype=np.int32)  # resident, planned: its next position in its home
         self._home = np.full(n, -1, dtype=np.int16)   # resident, planned: index into _active; else -1
         self._never: Set[int] = set()                # resident, no planned use in any plan
@@ -81,27 +86,45 @@ class PlanPolicy(Policy):
         self._version = -1                           # the registry's version the structure reflects
         self._ordered = getattr(inner, "ranking", None) is not None
         self.rebuilds = 0
-        self._dirty: list = []                       # (plan, fid): next use moved later, not yet re-keyed
-        plans.watchers.append(self._dirty.append)    # O(1) on the hit path; applied at the next victim search
+        # residents homed in a heap of the current structure whose next use moved later (in some plan),
+        # not yet re-keyed: at most one entry per resident. A tier without capacity never evicts: it
+        # does not watch.
+        self._dirty: Set[int] = set()
+        if inner.capacity_bytes > 0:
+            plans.watchers.append(self._moved)       # O(1) on the hit path; applied at the next victim search
+            plans.preparers.append(self.prepare)     # a new plan set's structure, built off the lock
         self.on_hit = inner.on_hit                   # type: ignore[method-assign]  # no frame of ours on a hit
 
     # -- the inner policy's calls, and keeping the structure --------------------------------------
     def on_hit(self, fid: int) -> None:
         self.inner.on_hit(fid)
 
+    def _moved(self, item) -> None:
+        # the registry's watcher: (plan, fid), fid's next use in plan moved later
+        plan, fid = item
+        for changed in self._tracking:
+            changed.add(fid)
+        if self._home[fid] < 0 or self._version != self.plans.version:
+            return  # not in a heap (absent, or never used again), or the next search rebuilds anyway
+        self._dirty.add(fid)
+
     def on_insert(self, fid: int, size: int) -> None:
         self._sizes[fid] = size
+        self._resident[fid] = True
+        for changed in self._tracking:
+            changed.add(fid)
         self.inner.on_insert(fid, size)
         if self._version == self.plans.version and self._active:
             self._rehome(fid)
-        elif len(self._dirty) > len(self._sizes) + 1024:  # no search for a long time: the next one rebuilds
-            self._dirty.clear()
-            self._version = -1
 
     def on_remove(self, fid: int) -> None:
         if self._sizes.pop(fid, None) is not None:
+            self._resident[fid] = False
+            for changed in self._tracking:
+                changed.add(fid)
             self._home[fid] = -1
             self._never.discard(fid)
+            self._dirty.discard(fid)
         self.inner.on_remove(fid)
 
     def defer(self, wake=None) -> bool:
@@ -113,23 +136,63 @@ class PlanPolicy(Policy):
         return self.inner.apply_pending(limit)
 
     def _apply_moves(self) -> None:
-        """Re-key the files whose next use moved later in their home plan since the last search (an open
-        consumed it, the cursor skipped it); in another plan a move leaves the bound an upper bound."""
+        """Re-key the files whose next use moved later since the last search (an open consumed it, the
+        cursor skipped it), vectorised (:meth:`_rehome_many`)."""
         dirty = self._dirty
         if not dirty:
             return
-        slots, home = self._slot, self._home
-        if len(self._active) == 1:
-            plan = self._active[0]
-            for p, fid in dirty:
-                if p is plan and home[fid] == 0:
-                    self._rehome(fid)
-        else:
-            for p, fid in dirty:
-                slot = slots.get(id(p))
-                if slot is not None and home[fid] == slot:
-                    self._rehome(fid)
+        fids = np.fromiter(dirty, dtype=np.int64, count=len(dirty))
         dirty.clear()
+        self._rehome_many(fids[self._home[fids] >= 0])
+
+    def _rehome_many(self, fids: np.ndarray, st: Optional[dict] = None) -> None:
+        """:meth:`_rehome` for many residents at once, in structure ``st`` (default the live one): their
+        homes in numpy, one push per planned file (a heapify of the heap instead when they are many)."""
+        if st is None:
+            st = self.__dict__
+            if fids.size < 16:
+                for f in fids.tolist():
+                    self._rehome(f)
+                return
+        if fids.size == 0:
+            return
+        active = st["_active"]
+        best = np.full(fids.shape, NOT_PLANNED, dtype=np.int64)
+        home = np.full(fids.shape, -1, dtype=np.int64)
+        pos = np.zeros(fids.shape, dtype=np.int64)
+        for k, plan in enumerate(active):
+            nxt = plan.next_positions(fids)
+            d = np.where(nxt >= 0, nxt - plan.pos, NOT_PLANNED)
+            better = d < best
+            best[better] = d[better]
+            home[better] = k
+            pos[better] = nxt[better]
+        st["_home"][fids] = home
+        st["_home_pos"][fids] = pos
+        never = st["_never"]
+        planned = fids[home >= 0]
+        never.difference_update(planned.tolist())
+        new_never = [f for f in fids[home < 0].tolist() if f not in never]
+        never.update(new_never)
+        if not self._ordered:
+            self._push_all(st["_never_heap"], [-f for f in new_never])
+        heaps = st["_heaps"]
+        for k in range(len(active)):
+            mine = home == k
+            if mine.any():
+                keys = (((_LOW - pos[mine]).astype(np.uint64) << np.uint64(32))
+                        | (_LOW - fids[mine]).astype(np.uint64))
+                self._push_all(heaps[k], keys.tolist())
+        st["_entries"] += int(planned.size)
+
+    @staticmethod
+    def _push_all(heap: list, items: list) -> None:
+        if len(items) * 16 < len(heap):
+            for x in items:
+                heapq.heappush(heap, x)
+        else:
+            heap.extend(items)
+            heapq.heapify(heap)
 
     def _rehome(self, fid: int) -> None:
         """File ``fid`` (resident) goes to the plan that gives its least distance, or to the unplanned."""
@@ -155,43 +218,116 @@ class PlanPolicy(Policy):
             heapq.heappush(self._never_heap, -fid)
 
     def _rebuild(self) -> None:
-        """Every resident's home and key from scratch, vectorised (the set of plans changed)."""
+        """Every resident's home and key from scratch, vectorised (the set of plans changed), under the lock."""
         self.rebuilds += 1
-        self._dirty.clear()
-        self._version = self.plans.version
-        self._active = self.plans.active()
-        if any(len(p) >= 2**31 for p in self._active) or len(self._active) >= 2**15:
+        spare, self._spare = self._spare, None
+        self._swap(self._compute(self.plans.active(), np.flatnonzero(self._resident), spare), self.plans.version)
+
+    def _compute(self, active: list, res: np.ndarray, spare: Optional[tuple] = None) -> dict:
+        """Homes, keys and heaps of residents ``res`` (int64 file ids) under plans ``active``; reads the plans
+        and this policy's arrays only, so it may run without the lock on a snapshot (:meth:`prepare`)."""
+        if any(len(p) >= 2**31 for p in active) or len(active) >= 2**15:
             raise ValueError("PlanPolicy: a plan of 2**31 positions or more, or 2**15 plans (the daemon "
                              "accepts at most 8 Mi ids per plan message and 64 plans)")
-        self._slot = {id(p): k for k, p in enumerate(self._active)}
-        res = np.fromiter(self._sizes, dtype=np.int64, count=len(self._sizes))
+        res = np.asarray(res, dtype=np.int64)
         best = np.full(res.shape, NOT_PLANNED, dtype=np.int64)
         home = np.full(res.shape, -1, dtype=np.int64)
         pos = np.zeros(res.shape, dtype=np.int64)
-        for k, plan in enumerate(self._active):
+        for k, plan in enumerate(active):
             nxt = plan.next_positions(res)
             d = np.where(nxt >= 0, nxt - plan.pos, NOT_PLANNED)
             better = d < best
             best[better] = d[better]
             home[better] = k
             pos[better] = nxt[better]
-        self._home[res] = home
-        self._home_pos[res] = pos
-        self._heaps = []
-        for k in range(len(self._active)):
+        n = self._home.shape[0]
+        if spare is not None:  # the arrays the last swap replaced: reused, not reallocated
+            home_arr, pos_arr = spare
+            home_arr.fill(-1)
+        else:
+            home_arr = np.full(n, -1, dtype=np.int16)
+            pos_arr = np.zeros(n, dtype=np.int32)
+        home_arr[res] = home
+        pos_arr[res] = pos
+        heaps = []
+        for k in range(len(active)):
             mine = home == k
             keys = (((_LOW - pos[mine]).astype(np.uint64) << np.uint64(32))
                     | (_LOW - res[mine]).astype(np.uint64))
             keys.sort()
-            self._heaps.append(keys.tolist())  # a sorted list is a heap
-        self._entries = len(res) - int((home < 0).sum())
+            heaps.append(keys.tolist())  # a sorted list is a heap
         never = res[home < 0]
-        self._never = set(never.tolist())
-        self._never_heap = [] if self._ordered else np.sort(-never).tolist()
+        never_heap = [] if self._ordered else np.sort(-never).tolist()
+        return {"_active": list(active), "_home": home_arr, "_home_pos": pos_arr, "_heaps": heaps,
+                "_entries": len(res) - int(never.size), "_never": set(never.tolist()), "_never_heap": never_heap}
+
+    def _swap(self, built: dict, version: int) -> dict:
+        """Under the lock: install what :meth:`_compute` built; returns the structure it replaced (for the
+        caller to drop after the lock: freeing large heaps takes milliseconds)."""
+        old = {k: getattr(self, k) for k in built}
+        self.__dict__.update(built)
+        self._spare = (old.pop("_home"), old.pop("_home_pos"))  # nothing else refers to them now
+        self._slot = {id(p): k for k, p in enumerate(self._active)}
+        old["_dirty"], self._dirty = self._dirty, set()
+        self._version = version
+        return old
+
+    def _fixup(self, st: dict, fids: np.ndarray) -> None:
+        """Bring the residents ``fids`` up to date in structure ``st`` (``self.__dict__``: the live one):
+        the absent ones leave it, the others are re-keyed."""
+        here = self._resident[fids]
+        gone = fids[~here]
+        st["_home"][gone] = -1
+        st["_never"].difference_update(gone.tolist())
+        self._rehome_many(fids[here], st)
+
+    #: files changed during a preparation that its install re-keys under the lock at most (beyond it, the
+    #: preparation catches up without the lock first)
+    CATCH_UP = 512
+
+    def prepare(self, active: list):
+        """Build the structure for plan set ``active`` (the registry's next :meth:`PlanRegistry.active`)
+        without the lock, from a snapshot of the residents; returns ``install(version)``, which the
+        registry calls under the lock right after it installed that set: it swaps the structure in and
+        re-keys the files that changed since (inserted, removed, or their next use moved: at most about
+        :attr:`CATCH_UP`, the rest were re-keyed without the lock), so the next victim search needs no
+        rebuild. ``install`` returns the replaced structure (drop it after the lock). If the set differs
+        by then, ``install`` does nothing and the next search rebuilds under the lock as before."""
+        lock = self.plans.lock
+        changed: Set[int] = set()
+        with lock:  # (the list is read under the lock by every change)
+            self._tracking.append(changed)  # before the snapshot: a change after it is noted
+            spare, self._spare = self._spare, None  # this build's arrays: a rebuild meanwhile allocates its own
+        try:
+            built = self._compute(active, np.flatnonzero(self._resident), spare)
+            for _ in range(4):  # catch up without the lock while many changed meanwhile
+                if len(changed) <= self.CATCH_UP:
+                    break
+                batch, changed = changed, set()
+                with lock:
+                    self._tracking.append(changed)
+                    self._tracking.remove(batch)
+                self._fixup(built, np.fromiter(batch, dtype=np.int64, count=len(batch)))
+        except BaseException:
+            with lock:
+                self._tracking.remove(changed)
+            raise
+
+        def install(version: int) -> Optional[dict]:
+            self._tracking.remove(changed)
+            now = self.plans.active()
+            if len(now) != len(active) or any(a is not b for a, b in zip(now, active)):
+                return None
+            old = self._swap(built, version)
+            self.prepared += 1
+            if changed:
+                self._fixup(self.__dict__, np.fromiter(changed, dtype=np.int64, count=len(changed)))
+            return old
+        return install
 
     def _current(self) -> None:
         if self._version != self.plans.version or self._entries > 2 * len(self._sizes) + 1024 \
-                or len(self._never_heap) > 2 * len(self._never) + 1024 or len(self._dirty) > len(self._sizes) + 1024:
+                or len(self._never_heap) > 2 * len(self._never) + 1024:
             self._rebuild()
         else:
             self._apply_moves()

@@ -17,7 +17,9 @@ another; a file an open is already reading is skipped. With a shared tier (issue
 group first: a file the group holds is prefetched from it (``shared_bytes``), not from the backend. A
 prefetch whose read fails (after the backend's own retries) is logged at a bounded rate and dropped: the
 open that wanted it reads the file itself and is counted a miss. Several plans share the window fairly
-(each may hold ``window / active plans`` bytes).
+(each may hold ``window / active plans`` bytes). Across an epoch boundary it reads only the next
+epoch's first :attr:`Prefetcher.BOUNDARY_OPENS` positions until the cursor enters that epoch: enough to
+take the cold burst off the epoch's start, and no more bytes than that if the epoch never runs.
 
 ``wasted_bytes`` counts prefetched bytes that left the window without being opened (their plan was
 retired, replaced or finished, or the cursor passed them). Threads start with :meth:`Prefetcher.start`
@@ -48,11 +50,18 @@ class Prefetcher:
         concurrency: backend reads in flight at most (threads).
     """
 
-    def __init__(self, cache, plans, window_bytes: int, concurrency: int = 32):
+    #: positions of a plan's next epoch read ahead while its cursor is still in the one before: the
+    #: DataLoader's first burst after an epoch boundary (W x prefetch_factor x batch size; ~800 opens,
+    #: docs/performance.md), not the whole epoch, which may never run (the job stops after this one)
+    BOUNDARY_OPENS = 800
+
+    def __init__(self, cache, plans, window_bytes: int, concurrency: int = 32,
+                 boundary_opens: Optional[int] = None):
         self.cache = cache
         self.plans = plans
         self.window_bytes = int(window_bytes)
         self.concurrency = int(concurrency)
+        self.boundary_opens = int(self.BOUNDARY_OPENS if boundary_opens is None else boundary_opens)
         self.cond = threading.Condition(cache.lock)
         self.staged: Dict[int, Tuple[bytes, tuple]] = {}     # fid -> (data, owner plan key)
         self.from_shared: set = set()                        # staged files read from the group, not the backend
@@ -153,7 +162,8 @@ class Prefetcher:
             plan = plans[(self._rr + k) % n]
             owned = self.owned.get(plan.key, 0)
             q = max(plan.prefetch_pos, plan.pos)
-            L = len(plan)
+            # the epoch the cursor is in, and only the first burst of the next one
+            L = min(len(plan), plan.segment_end(plan.pos) + self.boundary_opens)
             ids, consumed = plan.ids, plan.consumed
             while q < L:
                 if consumed[q]:

@@ -58,7 +58,9 @@ def _plan_frames(**over):
 @pytest.mark.parametrize("frames,reason", [
     (_plan_frames(f2=b"short"), "malformed"),                                   # handle not 8 bytes
     (_plan_frames(f3=b"\x00" * 15), "malformed"),                               # meta not 16 bytes
-    (_plan_frames(f3=np.array([2, 0, 0, 0], "<u4").tobytes()), "version"),      # unknown plan format
+    (_plan_frames(f3=np.array([3, 0, 0, 0], "<u4").tobytes()), "version"),      # unknown plan format
+    (_plan_frames(f3=np.array([2, 0, 0, 0], "<u4").tobytes()), "malformed"),    # format 2 is 32 bytes
+    (_plan_frames(f3=np.array([1, 0, 0, 0, 5, 0, 7, 0], "<u4").tobytes()), "malformed"),  # format 1 is 16
     (_plan_frames(f4=b""), "malformed"),                                        # no segment
     (_plan_frames(f4=b"\x00" * 5), "malformed"),                                # segments not 4-byte
     (_plan_frames(f4=np.ones(P.MAX_PLAN_SEGMENTS + 1, "<u4").tobytes()), "oversize"),
@@ -111,3 +113,22 @@ def test_valid_plans_roundtrip(segs, stream, epoch, window):
     m = P.decode_request(P.encode_plan(H, stream, epoch, [len(s) for s in segs], ids, window=window))
     assert (m.stream, m.first_epoch, m.window) == (stream, epoch, window)
     assert m.segments.tolist() == [len(s) for s in segs] and m.ids.tolist() == ids.tolist()
+
+
+def test_plan_format_2_carries_the_job_and_format_1_still_decodes():
+    f = P.encode_plan(H, 3, 4, [3], np.array([0, 1, 2], dtype=np.uint32), window=9, job=(4242, 2**40 + 5))
+    assert len(f[3]) == P.PLAN_META_JOB_BYTES
+    m = P.decode_request(f)
+    assert (m.stream, m.first_epoch, m.window, m.job) == (3, 4, 9, (4242, 2**40 + 5))
+    assert P.decode_request(P.encode_plan(H, 3, 4, [3], np.array([0, 1, 2], dtype=np.uint32))).job is None
+    with pytest.raises(P.ProtocolError) as e:
+        P.encode_plan(H, 0, 0, [1], np.array([0], dtype=np.uint32), job=(2**32, 0))
+    assert e.value.reason == "malformed"
+
+
+def test_register_reply_says_which_plan_format_the_daemon_reads():
+    new = P.decode_reply(P.encode_register_reply(RID, H, 7))
+    assert (new.handle, new.size, new.plan_format) == (H, 7, P.PLAN_FORMAT_JOB)
+    old = P.encode_stats_reply(RID, {"handle": H.hex(), "size": 7})  # a daemon before format 2
+    old[1] = P.REGISTER
+    assert P.decode_reply(old).plan_format == P.PLAN_FORMAT

@@ -88,3 +88,24 @@ def test_relative_dataset_root_is_resolved_against_the_cwd(tmp_path, monkeypatch
     a._register()
     assert a._sender.paths == [f"train/c{i % 3}/img{i:05d}.png" for i in range(4)]
     assert a._table_index.tolist() == [0, 1, 2, 3, -1]
+
+
+def test_no_epoch_after_the_last_is_announced():
+    ds = FakeDataset(40)
+    sent = []
+    s = PlanSampler(ds, seed=1, lookahead_epochs=2, client=False, epochs=3)
+    s.announcer.announce = lambda epoch, orders: sent.append((epoch, [list(o) for o in orders]))
+    for epoch in range(3):
+        s.set_epoch(epoch)
+        list(iter(s))
+    assert [(e, len(o)) for e, o in sent] == [(0, 3), (1, 2), (2, 1)]   # epoch 3 is never announced
+    assert sent[1][1] == [s.order(1).tolist(), s.order(2).tolist()]
+    sent.clear()
+    t = PlanSampler(ds, seed=1, client=False)                            # told late: set_epoch(last=True)
+    t.announcer.announce = lambda epoch, orders: sent.append((epoch, len(orders)))
+    list(iter(t))
+    t.set_epoch(1, last=True)
+    list(iter(t))
+    assert sent == [(0, 2), (1, 1)]
+    with pytest.raises(ValueError):
+        PlanSampler(ds, client=False, epochs=0)

@@ -246,3 +246,26 @@ def test_a_failed_read_ahead_raises_and_leaves_nothing_in_flight(tree):
     with cache.lock:
         assert cache.fetchable(f)
     assert cache.stats()["opens"] == 0 and cache.counters()["backend_errors"] == 1
+
+
+def test_across_an_epoch_boundary_only_the_next_epochs_first_burst_is_read_ahead(tree):
+    """Two epochs announced, a window larger than both: the prefetcher reads the epoch the cursor is in
+    and the next one's first ``boundary_opens`` positions only, until the cursor enters that epoch."""
+    src, spec = tree
+    cache, ns, plans, pf, h, backend = build(src, ram=0, window=10**6)
+    pf.boundary_opens = 4
+    n = ns.num_files
+    e0 = list(range(n))
+    random.Random(1).shuffle(e0)
+    e1 = list(range(n))
+    random.Random(2).shuffle(e1)
+    # two epochs over disjoint halves of the files: every read is the read of one position
+    plans.announce(h, 0, 0, [n // 2, n // 2], np.array(e0[:n // 2] + e0[n // 2:], dtype=np.uint32))
+    while pf.step():
+        pass
+    assert sorted(backend.reads) == sorted(ns.path(f) for f in e0[:n // 2 + 4])
+    for f in e0[:n // 2]:
+        assert open_read(cache, f)[1] == "prefetch"
+    while pf.step():                                     # the cursor is in epoch 1: the rest of it
+        pass
+    assert sorted(backend.reads) == sorted(ns.path(f) for f in e0)

@@ -1,0 +1,349 @@
+#!/usr/bin/env python3
+"""Plans that many jobs share: what announcing costs under the cache lock, what a plan costs in memory,
+and whether each job's plan follows its own opens over one mount.
+
+``announce`` (in this process, no FUSE, no data): a namespace of ``--files`` ids, a RAM tier of
+``--residents`` one-byte files under Belady-on-plan (``static`` inner policy), and ``--ranks`` streams that
+announce at once, from one thread each, ``--epochs`` epochs of ``--samples`` samples each (two seeded
+permutations per rank, split as ``DistributedSampler`` splits them when ``--shard``; else every rank
+announces the whole dataset). Meanwhile an opener thread takes the lock as the daemon does for a RAM hit
+(``observe`` + the tier's hit) in a loop. Reported: every hold of the lock by an announcing thread (max,
+p99), the first victim search after the announcements (under the lock, as the cache calls it), the
+opener's latency (lock wait + hold; p99) during the announcements and without them, and the process's
+RSS growth per plan. The lock is the registry's ``lock`` attribute, replaced by a timing lock.
+
+``mount``: a real mount of ``--files`` files (``--min``..``--max`` bytes) with a RAM tier of ``--ram``
+(% of the dataset) and ``--trace``; two jobs (``PlanSampler`` + a DataLoader with ``--workers`` forked
+workers, ``--epochs`` epochs each, seeds 1 and 2) and one unplanned reader (every file once, shuffled)
+run at once. Reported: plans retired, positions matched (``prefetch.plans_matched`` where the daemon
+counts it, else from the log's retirement lines), backend bytes over OPT's miss bytes of the merged
+trace at the same RAM size.
+
+Run it with the interpreter whose shadefs is measured (a worktree's venv, or the main checkout's), e.g.
+
+    .venv/bin/python scripts/bench_plan_jobs.py announce --files 1281167 --samples 1281167 --ranks 8 --shard
+    .venv/bin/python scripts/bench_plan_jobs.py mount --files 60000 --workers 2 --epochs 2
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import inspect
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+class TimingLock:
+    """A lock that records how long each thread named in ``watch`` held it (seconds)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.holds = []
+        self.cpu = []  # the holder's CPU time during each hold (no GIL waits, no descheduling)
+        self.watch = set()
+        self._t0 = self._c0 = 0.0
+
+    def acquire(self, *a, **k):
+        ok = self._lock.acquire(*a, **k)
+        self._t0 = time.perf_counter()
+        self._c0 = time.thread_time()
+        return ok
+
+    def release(self):
+        dt = time.perf_counter() - self._t0
+        if threading.get_ident() in self.watch:
+            self.holds.append(dt)
+            self.cpu.append(time.thread_time() - self._c0)
+        self._lock.release()
+
+    __enter__ = acquire
+
+    def __exit__(self, *exc):
+        self.release()
+
+    def locked(self):
+        return self._lock.locked()
+
+
+def pct(xs, q):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else 0.0
+
+
+def announce(args) -> dict:
+    import numpy as np
+
+    from shadefs.cache.index import TierIndex
+    from shadefs.plan.plans import PlanRegistry
+    from shadefs.plan.policy import PlanPolicy
+    from shadefs.policies.base import Importance, get_policy
+
+    n = args.files
+    lock = TimingLock()
+    plans = PlanRegistry(n, lock, max_plans=max(64, args.ranks), announce_burst=64)
+    pol = PlanPolicy(get_policy("static")(args.residents, Importance(n)), plans)
+    idx = TierIndex("ram", args.residents, pol)
+    rng = np.random.default_rng(0)
+    residents = rng.choice(n, args.residents, replace=False)
+    for f in residents.tolist():
+        idx.admit(f, 1)
+    h, _ = plans.register(None, np.arange(n, dtype=np.int64))
+    ranks = args.ranks
+    orders = []
+    for r in range(ranks):
+        eps = []
+        for e in range(args.epochs):
+            perm = np.random.default_rng(1000 + e).permutation(args.samples) if args.shard else \
+                np.random.default_rng(1000 + 31 * r + e).permutation(args.samples)
+            eps.append(perm[r::ranks] if args.shard else perm)
+        orders.append(eps)
+    has_job = "job" in inspect.signature(plans.announce).parameters
+    # one process per rank (a sleeping child) owns its plan; the opener opens as rank 0, in its order
+    owners = [subprocess.Popen(["sleep", "600"]) for _ in range(ranks)]
+    if has_job:
+        from shadefs.plan.plans import proc_start_time, set_opener
+    reads = np.concatenate(orders[0]).tolist()
+    res_list = residents.tolist()
+
+    def opener(stop, lat):
+        if has_job:
+            set_opener(owners[0].pid)
+        k = j = 0
+        while not stop.is_set() and k < len(reads):
+            if (h, 0) in plans.plans:  # rank 0 reads its plan once it is there
+                f = reads[k]
+                k += 1
+            else:                      # before: hits of residents
+                f = res_list[j % len(res_list)]
+                j += 1
+            t0 = time.perf_counter()
+            with lock:  # as the cache holds it for an open: the cursor, then a hit or the miss's admission
+                plans.observe(f)
+                if f in idx:
+                    idx.hit(f)
+                else:
+                    idx.admit(f, 1)
+            lat.append(time.perf_counter() - t0)
+            if k % 64 == 0:
+                time.sleep(0)
+
+    def run_openers(seconds):
+        stop, lat = threading.Event(), []
+        t = threading.Thread(target=opener, args=(stop, lat))
+        t.start()
+        time.sleep(seconds)
+        stop.set()
+        t.join()
+        return lat
+
+    quiet = run_openers(2.0)  # before any plan: hits
+    gc.collect()
+    rss0 = rss_bytes()
+    stop, during = threading.Event(), []
+    op = threading.Thread(target=opener, args=(stop, during))
+    op.start()
+
+    def rank(r):
+        lock.watch.add(threading.get_ident())
+        segs = [len(o) for o in orders[r]]
+        ids = np.concatenate(orders[r]).astype(np.uint32)
+        kw = {"job": (owners[r].pid, proc_start_time(owners[r].pid))} if has_job else {}
+        plans.announce(h, r, 0, segs, ids, **kw)
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(ranks)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    stop.set()
+    op.join()
+    announce_holds, announce_cpu = list(lock.holds), list(lock.cpu)
+    # the first victim search after the announcements: a miss of a planned file
+    lock.watch = {threading.get_ident()}
+    lock.holds = []
+    r1 = min(1, ranks - 1)
+    planned = np.concatenate(orders[r1])
+    newcomer = next((int(f) for f in planned.tolist() if f not in idx), None)
+    if has_job:
+        set_opener(owners[r1].pid)
+    if newcomer is not None:
+        with lock:
+            plans.observe(newcomer)
+            idx.admit(newcomer, 1)
+    else:  # every file of the plan is resident: a search for an unplanned newcomer
+        lock.holds.append(0.0)
+        lock.cpu.append(0.0)
+    for o in owners:
+        o.kill()
+        o.wait()
+    first_search, first_search_cpu = (lock.holds[-1], lock.cpu[-1]) if newcomer is not None else (None, None)
+    gc.collect()
+    rss1 = rss_bytes()
+    arrays = {id(v): v.nbytes for p in plans.plans.values() for v in vars(p).values() if isinstance(v, np.ndarray)}
+    return {"files": n, "samples": args.samples, "epochs": args.epochs, "ranks": ranks, "shard": args.shard,
+            "residents": args.residents, "positions_per_plan": int(sum(len(o) for o in orders[0])),
+            "announce_wall_s": round(wall, 3),
+            "announce_hold_max_ms": round(1e3 * max(announce_holds), 3),
+            "announce_hold_p99_ms": round(1e3 * pct(announce_holds, 0.99), 3),
+            "announce_holds": len(announce_holds),
+            "announce_hold_cpu_max_ms": round(1e3 * max(announce_cpu), 3),
+            "announce_hold_cpu_p99_ms": round(1e3 * pct(announce_cpu, 0.99), 3),
+            "first_search_ms": None if first_search is None else round(1e3 * first_search, 3),
+            "first_search_cpu_ms": None if first_search is None else round(1e3 * first_search_cpu, 3),
+            "open_p99_quiet_us": round(1e6 * pct(quiet, 0.99), 1),
+            "open_p99_during_us": round(1e6 * pct(during, 0.99), 1),
+            "open_max_during_ms": round(1e3 * max(during), 3) if during else None,
+            "opens_during": len(during),
+            "rss_per_plan_mib": round((rss1 - rss0) / ranks / 2**20, 1),
+            "plan_arrays_mib": round(sum(arrays.values()) / len(plans.plans) / 2**20, 1),
+            "rebuilds": pol.rebuilds, "plans_active": len(plans.plans)}
+
+
+JOB = textwrap.dedent("""
+    import inspect, sys
+    from torch.utils.data import DataLoader
+    from shadefs.hooks import PlanSampler
+    from shadefs.testing.datasets import FileDataset
+
+    ds = FileDataset(sys.argv[1])
+    epochs, workers = int(sys.argv[3]), int(sys.argv[4])
+    kw = {"epochs": epochs} if "epochs" in inspect.signature(PlanSampler).parameters else {}
+    sampler = PlanSampler(ds, seed=int(sys.argv[2]), lookahead_epochs=1, **kw)
+    iter(sampler)
+    assert sampler.flush()
+    print("announced", flush=True)
+    assert sys.stdin.readline() == "go\\n"
+    loader = DataLoader(ds, batch_size=32, sampler=sampler, num_workers=workers, multiprocessing_context="fork")
+    total = 0
+    for epoch in range(epochs):
+        sampler.set_epoch(epoch)
+        total += sum(int(b.sum()) for b in loader)
+    sampler.close()
+    print(total, flush=True)
+    """)
+
+READER = textwrap.dedent("""
+    import os, random, sys
+    paths = [os.path.join(d, f) for d, _, fs in os.walk(sys.argv[1]) for f in fs]
+    random.Random(7).shuffle(paths)
+    total = 0
+    for p in paths:
+        with open(p, "rb") as f:
+            total += len(f.read())
+    print(total, flush=True)
+    """)
+
+
+def mount(args) -> dict:
+    import re
+
+    from shadefs import sim
+    from shadefs.testing.mounts import Mount
+
+    work = tempfile.mkdtemp(prefix="bench-plan-jobs-")
+    try:
+        src = os.path.join(work, "src")
+        rng = random.Random(5)
+        total = 0
+        for i in range(args.files):
+            d = os.path.join(src, f"c{i % 100:03d}")
+            os.makedirs(d, exist_ok=True)
+            size = rng.randint(args.min, args.max)
+            with open(os.path.join(d, f"{i:07d}.bin"), "wb") as f:
+                f.write(os.urandom(size))
+            total += size
+        mnt = os.path.join(work, "mnt")
+        os.mkdir(mnt)
+        trace = os.path.join(work, "trace.csv")
+        ram = int(total * args.ram / 100)
+        t0 = time.monotonic()
+        with Mount(src, mnt, ["--ram-cache", str(ram), "--no-kernel-cache", "--trace", trace],
+                   os.path.join(work, "daemon.log")) as m:
+            env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+            jobs = [subprocess.Popen([sys.executable, "-c", JOB, mnt, str(seed), str(args.epochs), str(args.workers)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+                    for seed in range(1, args.jobs + 1)]
+            for j in jobs:
+                assert j.stdout.readline() == "announced\n"
+            deadline = time.monotonic() + 60
+            while m.full_stats()["prefetch"]["plans_announced"] < args.jobs:
+                assert time.monotonic() < deadline, "the plans did not arrive"
+                time.sleep(0.05)
+            reader = subprocess.Popen([sys.executable, "-c", READER if args.reader else "print(0)", mnt],
+                                      stdout=subprocess.PIPE, text=True)
+            for j in jobs:
+                j.stdin.write("go\n")
+                j.stdin.flush()
+            outs = [j.communicate(timeout=args.timeout)[0].split() for j in jobs]
+            got = reader.communicate(timeout=args.timeout)[0].split()
+            wall = time.monotonic() - t0
+            s = m.full_stats()
+            log = m.log()
+        assert outs == [[str(args.epochs * total)]] * args.jobs and got == [str(total if args.reader else 0)], (outs, got)
+        p = s["prefetch"]
+        planned_opens = args.jobs * args.epochs * args.files
+        if "plans_matched" in p:
+            matched = p["plans_matched"]
+        else:  # plans retired before: their matches are in the retirement lines; finished ones matched all
+            matched = sum(int(x) for x in re.findall(r"retired plan .*?, (\d+) matched", log))
+        t = sim.read_trace(trace)
+        opt = sim.belady(t, ram)
+        opt_miss = t.request_bytes - opt.hit_bytes if hasattr(t, "request_bytes") else opt.request_bytes - opt.hit_bytes
+        return {"files": args.files, "jobs": args.jobs, "reader": args.reader, "bytes": total, "ram_bytes": ram, "epochs": args.epochs,
+                "workers": args.workers, "opens": s["opens"], "planned_opens": planned_opens,
+                "plans_retired": p["plans_retired"], "plans_finished": p["plans_finished"],
+                "plans_withdrawn": p["plans_withdrawn"], "matched": matched,
+                "matched_pct": round(100 * matched / planned_opens, 2),
+                "unmatched": p.get("plans_unmatched"), "foreign_opens": p.get("plans_foreign_opens"),
+                "backend_bytes": s["backend_bytes"], "opt_miss_bytes": int(opt_miss),
+                "backend_over_opt": round(s["backend_bytes"] / max(1, opt_miss), 4),
+                "wasted_bytes": p["wasted_bytes"], "ready": p["ready"], "late": p["late"],
+                "misses": s["misses"], "wall_s": round(wall, 1)}
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    a = sub.add_parser("announce")
+    a.add_argument("--files", type=int, default=1_281_167)
+    a.add_argument("--samples", type=int, default=1_281_167)
+    a.add_argument("--epochs", type=int, default=2)
+    a.add_argument("--ranks", type=int, default=8)
+    a.add_argument("--shard", action="store_true", help="each rank announces its DistributedSampler shard")
+    a.add_argument("--residents", type=int, default=200_000)
+    b = sub.add_parser("mount")
+    b.add_argument("--files", type=int, default=60_000)
+    b.add_argument("--min", type=int, default=200)
+    b.add_argument("--max", type=int, default=1200)
+    b.add_argument("--ram", type=float, default=20.0, help="RAM tier, %% of the dataset")
+    b.add_argument("--epochs", type=int, default=2)
+    b.add_argument("--workers", type=int, default=2)
+    b.add_argument("--timeout", type=float, default=600)
+    b.add_argument("--jobs", type=int, default=2, help="planned jobs (default 2)")
+    b.add_argument("--no-reader", dest="reader", action="store_false", help="no unplanned reader")
+    args = ap.parse_args(argv)
+    out = announce(args) if args.cmd == "announce" else mount(args)
+    with open("/proc/loadavg") as f:
+        out["loadavg"] = f.read().split()[:3]
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,140 @@
+"""Plans at scale: bounded bookkeeping with tiers that never evict, announcements built off the lock,
+plan state that follows the plan's length, registration that does not copy the table under the lock."""
+import gc
+import sys
+import tracemalloc
+import threading
+import weakref
+
+import numpy as np
+
+from shadefs.cache.index import TierIndex
+from shadefs.plan.plans import PlanRegistry
+from shadefs.plan.policy import PlanPolicy
+from shadefs.policies.base import Importance, get_policy
+
+
+def tiers(n, capacities, inner="lru"):
+    plans = PlanRegistry(n)
+    h, _ = plans.register(None, np.arange(n, dtype=np.int64))
+    imp = Importance(n)
+    idx = [TierIndex(f"t{i}", c, PlanPolicy(get_policy(inner)(c, imp), plans)) for i, c in enumerate(capacities)]
+    return plans, h, idx
+
+
+def test_a_tier_that_is_off_or_never_evicts_keeps_no_growing_backlog():
+    n = 500
+    plans, h, (off, big) = tiers(n + 1, [0, n])
+    for f in range(n):
+        assert big.admit(f, 1) == []
+    plans.announce(h, 0, 0, [2], np.array([n, 1], dtype=np.uint32))
+    (victim,) = big.admit(n, 1)                       # one victim search: the structure is current
+    big.remove(n)
+    assert big.admit(victim, 1) == []
+    rng = np.random.default_rng(0)
+    dead = []
+    for epoch in range(6):
+        order = rng.permutation(n).astype(np.uint32)
+        plans.announce(h, 0, epoch, [n, n], np.concatenate([order, rng.permutation(n).astype(np.uint32)]))
+        dead.append(weakref.ref(plans.plans[(h, 0)]))
+        for f in order.tolist():                      # every open a hit: no insert, no victim search
+            assert plans.observe(f) == 1
+            big.hit(f)
+    assert len(off.policy._dirty) == 0                # the tier that is off does not listen at all
+    assert len(big.policy._dirty) <= n                # at most one entry per resident
+    plans.announce(h, 0, 99, [1], np.array([1], dtype=np.uint32))
+    gc.collect()
+    assert [r() for r in dead] == [None] * len(dead)  # no replaced plan is kept alive by a backlog
+
+
+class SpyLock:
+    """The cache's lock, telling whether it is held (one thread)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.held = False
+
+    def __enter__(self):
+        self._lock.__enter__()
+        self.held = True
+        return self
+
+    def __exit__(self, *exc):
+        self.held = False
+        return self._lock.__exit__(*exc)
+
+
+HEAVY = {"Plan.__init__", "PlanPolicy._compute", "PlanPolicy._rebuild", "argsort", "concatenate", "unique"}
+
+
+def calls_by_lock(lock, fn):
+    """Run ``fn``; returns {(name, lock held)} of the heavy calls it made (plan builds, sorts, copies)."""
+    seen = set()
+
+    def profile(frame, event, arg):
+        name = frame.f_code.co_qualname if event == "call" else getattr(arg, "__name__", "") if event == "c_call" else ""
+        if name in HEAVY:
+            seen.add((name, lock.held))
+
+    sys.setprofile(profile)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return seen
+
+
+def test_announcing_and_registering_build_off_the_lock_and_the_next_search_needs_no_rebuild():
+    n = 4000
+    lock = SpyLock()
+    plans = PlanRegistry(n, lock)
+    imp = Importance(n)
+    pol = PlanPolicy(get_policy("lru")(n // 2, imp), plans)
+    idx = TierIndex("ram", n // 2, pol)
+    for f in range(n // 2):
+        idx.admit(f, 1)
+    rng = np.random.default_rng(1)
+    e0, e1, e2 = (rng.permutation(n).astype(np.uint32) for _ in range(3))
+
+    def register():
+        h, _ = plans.register(None, np.arange(0, n // 2))
+        plans.register(h, np.arange(n // 2, n))       # appended: the table is not copied under the lock
+        return h
+
+    h = []
+    seen = calls_by_lock(lock, lambda: h.append(register()))
+    assert ("concatenate", True) not in seen
+    h = h[0]
+    seen = calls_by_lock(lock, lambda: plans.announce(h, 0, 0, [n, n], np.concatenate([e0, e1])))
+    for f in e0[:100].tolist():
+        plans.observe(f)
+    seen |= calls_by_lock(lock, lambda: plans.announce(h, 0, 1, [n, n], np.concatenate([e1, e2])))
+
+    def search():
+        f = next(f for f in e1.tolist() if f not in idx)
+        with lock:                                     # as the cache calls its tiers
+            plans.observe(f)
+            idx.admit(f, 1)
+
+    seen |= calls_by_lock(lock, search)
+    assert {name for name, held in seen if held} == set()
+    assert {("Plan.__init__", False), ("PlanPolicy._compute", False)} <= seen
+    assert pol.prepared == 2 and pol.rebuilds == 0
+    assert plans.plans[(h, 0)].matched == 1           # epoch 1 was confirmed: its one open carried over
+
+
+def test_plan_memory_follows_the_plan_not_the_namespace():
+    n = 2_000_000
+    plans = PlanRegistry(n)
+    h, _ = plans.register(None, np.arange(64, dtype=np.int64) * 31_000)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for stream in range(16):
+            plans.announce(h, stream, 0, [1], np.array([stream], dtype=np.uint32))
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert len(plans.plans) == 16
+    assert grown < 256 * 1024                          # 16 one-position plans; not 16 x 4 bytes x 2M files
+    assert sum(p.nbytes() for p in plans.plans.values()) < 16 * 1024
