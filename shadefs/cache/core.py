@@ -24,7 +24,9 @@ no tier admits is read whole with one GET into a transient buffer when it is at 
 bytes and :data:`LOOSE_BUFFERS` has room for it, else streamed to the reader by ranges of whole
 :data:`FILL_CHUNK` chunks (one chunk held per open), never one request per kernel READ. RAM's victims are
 demoted to the disk tier when the disk policy admits them; a disk hit is promoted to RAM when RAM admits
-it (and leaves the disk tier).
+it (and leaves the disk tier). Victims' disk writes and a promoted file's old entry's unlink are handed,
+the moment they are decided (before the evicting miss's backend read), to one mover thread
+(:meth:`TieredCache.start_background`; inline before it): no open waits for a victim's disk write.
 
 Must never: serve partial or unverified data, exceed a tier's byte budget (in-flight fills and
 undeleted victims included), read one file twice from the backend for concurrent opens, or let a
