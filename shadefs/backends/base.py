@@ -207,6 +207,10 @@ class Backend(abc.ABC):
     """One source tree. ``url`` is what the user passed as SOURCE."""
 
     scheme: str = ""
+    #: whether the listing's per-file tags (:attr:`DirChunk.etags`) name a version of the content (an
+    #: object store's ETag) rather than the file's identity (a posix inode number, the same for every
+    #: version): only a version goes into the shared tier's keys, which nodes with their own copies share
+    etags_are_versions: bool = True
 
     def __init__(self, url: str, **options):
         self.url = url

@@ -126,6 +126,8 @@ class PosixBackend(Backend):
             not share a GIL. Small trees are listed in process alone. 1: never.
     """
 
+    etags_are_versions = False  # its tags are inode numbers (identity, not content)
+
     scheme = "file"
     #: the listing may run in a forked child (:meth:`Namespace.scan` ``isolate``): it uses no thread, lock
     #: or connection made before the fork

@@ -69,6 +69,7 @@ class TimeoutBackend(Backend):
         super().__init__(inner.url)
         self.inner = inner
         self.scheme = inner.scheme
+        self.etags_are_versions = inner.etags_are_versions
         self.timeout_s = float(timeout_s)
         self.max_stuck = int(max_stuck)
         self.max_idle = int(max_idle)

@@ -24,7 +24,9 @@ no tier admits is read whole with one GET into a transient buffer when it is at 
 bytes and :data:`LOOSE_BUFFERS` has room for it, else streamed to the reader by ranges of whole
 :data:`FILL_CHUNK` chunks (one chunk held per open), never one request per kernel READ. RAM's victims are
 demoted to the disk tier when the disk policy admits them; a disk hit is promoted to RAM when RAM admits
-it (and leaves the disk tier).
+it (and leaves the disk tier). Victims' disk writes and a promoted file's old entry's unlink are handed,
+the moment they are decided (before the evicting miss's backend read), to one mover thread
+(:meth:`TieredCache.start_background`; inline before it): no open waits for a victim's disk write.
 
 Must never: serve partial or unverified data, exceed a tier's byte budget (in-flight fills and
 undeleted victims included), read one file twice from the backend for concurrent opens, or let a
@@ -37,6 +39,7 @@ import collections
 import errno
 import logging
 import os
+import queue
 import threading
 import time
 from typing import Dict, Iterator, List, Optional, Tuple
@@ -68,6 +71,9 @@ LOOSE_BUFFERS = 64 << 20
 # the errnos of opening a disk entry that mean the entry itself is gone or damaged (dropped as corrupt);
 # any other (EMFILE, ENFILE: the daemon is out of descriptors) fails that open and keeps the entry
 ENTRY_GONE_ERRNOS = frozenset({errno.ENOENT, errno.EIO})
+# moves queued for the mover thread (demotions, entry deletes); a demotion beyond it is skipped (the victim
+# is dropped, as when LOOSE_BUFFERS has no room), a delete beyond it is done by the thread that queued it
+MOVE_QUEUE = 1024
 # where the bytes of a RAM buffer record ([refs, bytes, where, fid]) are counted
 PIN_TIER, PIN_DYING, PIN_LOOSE = 0, 1, 2  # resident (the tier's own), the RAM index's dying bytes, loose
 
@@ -329,6 +335,11 @@ class TieredCache:
         self._bg_wake = threading.Event()
         self._bg_stop = threading.Event()
         self._bg_thread: Optional[threading.Thread] = None
+        # the mover (start_background): demotions and entry deletes of the read path, off the thread that
+        # evicted or promoted (a FUSE reader never writes or unlinks for another file); None: done inline
+        self._moves: Optional[queue.Queue] = None
+        self._mover_lock = threading.Lock()      # orders queueing against close()
+        self._mover_thread: Optional[threading.Thread] = None
         self.plans = None        # shadefs.plan.plans.PlanRegistry: cursors follow every counted open
         self.prefetcher = None   # shadefs.plan.prefetch.Prefetcher
         self._inflight: Dict[int, object] = {}  # the prefetcher's reads in flight (PrefetchFuture)
@@ -390,7 +401,7 @@ class TieredCache:
         """Outside the lock: serve the open :meth:`_plan_open` planned (may block on the backend or on
         another open's read); None when the file moved meanwhile (nothing counted: plan again)."""
         if isinstance(fl, _Flight) and fl.kind == "demote":
-            fl.done.wait()  # moving, and no open handle pins its bytes: served once it landed
+            fl.done.wait()  # moving (a plan made before it was; _memory_hit serves a moving file): look again
             return None
         if isinstance(fl, tuple):                        # from the plan prefetcher
             kind, x = fl
@@ -480,8 +491,8 @@ class TieredCache:
 
     def shared_key(self, fid: int) -> str:
         """The group-wide key of file ``fid`` (path, size, mtime and ETag: a changed file never matches)."""
-        return self.shared.key(self.ns.path(fid), int(self.ns.size(fid)), self._mtime_ns(fid),
-                               int(self.ns.etags[fid]))
+        etag = int(self.ns.etags[fid]) if getattr(self.backend, "etags_are_versions", True) else 0
+        return self.shared.key(self.ns.path(fid), int(self.ns.size(fid)), self._mtime_ns(fid), etag)
 
     def open_nowait(self, fid: int, ticket: bool = False):
         """Like :meth:`open` when the open is served without waiting on the backend or on an in-flight
@@ -555,8 +566,9 @@ class TieredCache:
         if data is not None:
             return self._ram_hit(fid, data)
         fl = self._flights.get(fid)
-        if fl is not None and fl.kind == "demote" and fl.pin[0] > 1:
-            # moving, and handles (beyond the flight's own ref) still hold its bytes: counted while held
+        if fl is not None and fl.kind == "demote":
+            # moving: served from its bytes in memory (the flight's record counts them while any ref holds
+            # them), never waiting for the disk write
             self._count(fid, size, "ram")
             fl.pin[0] += 1
             return Handle(self, fid, size, "ram", data=fl.data, pin=fl.pin)
@@ -798,8 +810,7 @@ class TieredCache:
         if promoted is not None:
             if fd is not None:
                 os.close(fd)
-            self._unlink(fid, gen, csum, size)
-            self._demote(demote)
+            self._move(demote, (fid, gen, csum, size))  # the old entry's unlink and the victims' writes
             return Handle(self, fid, size, "disk", data=data, pin=promoted)
         if packed:  # (no loose room: served by ranges from the backend)
             return Handle(self, fid, size, "disk", data=data if loose else None, loose=loose)
@@ -924,6 +935,7 @@ class TieredCache:
         Raises:
             FileNotFoundError, OSError: the backend failed (every joined open gets the same error).
         """
+        self._move(demote)  # the victims move now, never behind this file's read
         offer = None
         try:
             shared = self.shared
@@ -965,7 +977,6 @@ class TieredCache:
             raise
         finally:
             fl.done.set()
-            self._demote(demote)
         if offer is not None and fl.tier is None:
             self._offer_shared(fid, offer)  # read from the backend, kept by no tier of this node
 
@@ -1141,6 +1152,56 @@ class TieredCache:
             self._flights[v] = fl
             out.append((v, data, fl))
         return out
+
+    def _move(self, demote: List[Tuple[int, bytes, Optional[_Flight]]],
+              unlink: Optional[Tuple[int, int, int, int]] = None) -> None:
+        """Outside the lock: hand RAM victims (``demote``, as :meth:`_evict_ram` returns them) and a dying
+        disk entry (``unlink``: fid, generation, checksum, size in bytes) to the mover thread; never waits
+        for their I/O. Before :meth:`start_background` and after :meth:`close` they are moved on this
+        thread. With :data:`MOVE_QUEUE` full, the delete is done here and the demotions are skipped."""
+        if not demote and unlink is None:
+            return
+        with self._mover_lock:
+            q = self._moves
+            if q is not None:
+                try:
+                    q.put_nowait((demote, unlink))
+                    return
+                except queue.Full:
+                    pass
+        if q is None:
+            self._run_move(demote, unlink)
+            return
+        if unlink is not None:
+            self._unlink(*unlink)
+        self._skip_demotions(demote)
+
+    def _run_move(self, demote, unlink) -> None:
+        if unlink is not None:
+            self._unlink(*unlink)
+        self._demote(demote)
+
+    def _skip_demotions(self, items: List[Tuple[int, bytes, Optional[_Flight]]]) -> None:
+        # outside the lock: moving victims that will not be written leave ``moving`` (dropped; offered to
+        # the group, as a victim no disk tier takes)
+        for fid, data, fl in items:
+            if fl is not None:
+                with self.lock:
+                    self.demotions_skipped += 1
+                    del self._flights[fid]
+                    self._unpin_locked(fl.pin, 0)
+                fl.done.set()
+            self._offer_shared(fid, data)
+
+    def _mover(self, q: queue.Queue) -> None:
+        while True:
+            job = q.get()
+            if job is None:
+                return
+            try:
+                self._run_move(*job)
+            except Exception:  # a bug must not stop the mover (every later victim would stay moving)
+                log.exception("moving RAM victims / deleting a disk entry failed")
 
     def _demote(self, items: List[Tuple[int, bytes, Optional[_Flight]]]) -> None:
         """Outside the lock: write each moving RAM victim to the disk tier if its policy admits it (a
@@ -1432,7 +1493,8 @@ class TieredCache:
     # -- background work -------------------------------------------------------------------------
     def start_background(self) -> None:
         """Start the threads that keep work off the read path (after the FUSE fork, from the daemon's
-        ``on_mounted``): policy bookkeeping in bounded slices and the trace writer. Idempotent."""
+        ``on_mounted``): policy bookkeeping in bounded slices, the trace writer, and the mover (RAM
+        victims' disk writes and dying entries' deletes, from a queue of :data:`MOVE_QUEUE`). Idempotent."""
         if self._bg_thread is not None:
             return
         for index in (self.ram_index, self.disk_index):
@@ -1444,6 +1506,11 @@ class TieredCache:
             self.disk.segments.start()  # compaction, off the reader threads
         self._bg_thread = threading.Thread(target=self._background, name="shadefs-rerank", daemon=True)
         self._bg_thread.start()
+        q: queue.Queue = queue.Queue(MOVE_QUEUE)
+        self._mover_thread = threading.Thread(target=self._mover, args=(q,), name="shadefs-mover", daemon=True)
+        self._mover_thread.start()
+        with self._mover_lock:
+            self._moves = q
 
     def _background(self) -> None:
         while not self._bg_stop.is_set():
@@ -1458,12 +1525,20 @@ class TieredCache:
                         time.sleep(0)  # let a waiting open take the lock between slices
 
     def close(self) -> None:
-        """Stop the background thread (the trace is closed by its owner). Idempotent."""
+        """Stop the background threads, the mover once it has done the moves queued (up to 10 s; the
+        trace is closed by its owner). Later moves are done inline. Idempotent."""
         self._bg_stop.set()
         self._bg_wake.set()
-        t = self._bg_thread
-        if t is not None and t is not threading.current_thread():
-            t.join(10)
+        with self._mover_lock:
+            q, self._moves = self._moves, None
+        if q is not None:
+            try:
+                q.put(None, timeout=10)
+            except queue.Full:
+                pass
+        for t in (self._bg_thread, self._mover_thread):
+            if t is not None and t is not threading.current_thread():
+                t.join(10)
 
     def counters(self) -> dict:
         """Every counter and tier figure at one instant (what :mod:`shadefs.metrics` exports)."""

@@ -251,7 +251,7 @@ def test_a_value_forged_in_redis_is_never_served(small_tree, mount, redis_server
     old, made_up = sorted(spec)[:2]
     for rel in (old, made_up):
         st = os.stat(src / rel)
-        k = probe.key(rel, st.st_size, round(st.st_mtime * 1e9))
+        k = probe.key(rel, st.st_size, st.st_mtime_ns)
         vk = probe._tags[probe.partition(k)] + "v:" + k
         if rel == old:  # the old format: b"SHD1" + xxh3_64 (big-endian) + data
             import struct

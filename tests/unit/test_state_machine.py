@@ -20,10 +20,16 @@ class CountingBackend(PosixBackend):
         super().__init__(url)
         self.reads = []
         self.lock = threading.Lock()
+        self.read_gate = {}            # relpath -> Event a read of it waits for
+        self.reading = threading.Event()  # set once a gated read has started
 
     def read(self, path, size):
         with self.lock:
             self.reads.append(path)
+        gate = self.read_gate.get(path)
+        if gate is not None:
+            self.reading.set()
+            assert gate.wait(10)
         return super().read(path, size)
 
 
@@ -267,3 +273,78 @@ def test_an_open_joining_a_prefetched_files_admission_is_counted_late(small_tree
         + s["misses"]
     assert cache.counters()["joined"] == 0 and backend.reads == [rel]   # one backend read: the prefetch's
     assert read_all(cache, f) == (spec[rel], "disk")
+
+
+def small_files(tmp_path, n=4):
+    src = tmp_path / "src"
+    (src / "c").mkdir(parents=True)
+    spec = {f"c/x{i}.bin": bytes([i + 1]) * 1000 for i in range(n)}
+    for rel, data in spec.items():
+        (src / rel).write_bytes(data)
+    return src, spec
+
+
+def wait_state(cache, f, want):
+    for _ in range(1000):
+        if cache.state(f) == want:
+            return True
+        threading.Event().wait(0.01)
+    return False
+
+
+@pytest.mark.parametrize("mover", [False, True], ids=["inline", "mover"])
+def test_a_victim_never_waits_for_the_backend_read_that_evicted_it(tmp_path, mover):
+    src, spec = small_files(tmp_path)
+    cache, ns, backend = build(src, tmp_path, "lru", ram=1000, disk=10000)
+    if mover:
+        cache.start_background()
+    a, b = ns.file_id("c/x0.bin"), ns.file_id("c/x1.bin")
+    assert read_all(cache, b) == (spec["c/x1.bin"], "miss")     # RAM: b
+    gate = backend.read_gate["c/x0.bin"] = threading.Event()
+    t = threading.Thread(target=read_all, args=(cache, a))     # RAM admits a, evicting b; a's read is held
+    t.start()
+    try:
+        assert backend.reading.wait(10)
+        out = []
+        tb = threading.Thread(target=lambda: out.append(read_all(cache, b)))
+        tb.start()
+        tb.join(5)
+        assert not tb.is_alive() and not gate.is_set()          # b's open returned while a's read is held
+        assert out[0][0] == spec["c/x1.bin"] and out[0][1] in ("ram", "disk")
+    finally:
+        gate.set()
+        t.join(10)
+    assert wait_state(cache, b, "disk") and cache.state(a) == "ram"
+    cache.close()
+    c = cache.counters()
+    assert (c["opens"], c["misses"], c["demotions"], c["backend_reads"]) == (3, 2, 1, 2)
+
+
+def test_a_promotion_never_waits_for_its_victims_disk_write(tmp_path):
+    src, spec = small_files(tmp_path)
+    cache, ns, backend = build(src, tmp_path, "lru", ram=1000, disk=10000)
+    cache.start_background()
+    x0, x1 = ns.file_id("c/x0.bin"), ns.file_id("c/x1.bin")
+    read_all(cache, x0)
+    read_all(cache, x1)                                          # x0 demoted by the mover
+    assert wait_state(cache, x0, "disk")
+    gate = cache.disk.put_gate["c/x1.bin"] = threading.Event()   # x1's demotion write is held
+    entered = cache.disk.put_entered["c/x1.bin"] = threading.Event()
+    out = []
+    t = threading.Thread(target=lambda: out.append(read_all(cache, x0)))  # promotes x0, evicting x1
+    t.start()
+    try:
+        t.join(5)
+        assert not t.is_alive() and not gate.is_set()           # the opening thread did not write x1
+        assert out == [(spec["c/x0.bin"], "disk")] and cache.state(x0) == "ram"
+        assert entered.wait(10) and cache.state(x1) == "moving"  # the mover writes it meanwhile
+        assert read_all(cache, x1) == (spec["c/x1.bin"], "ram")  # served from its bytes in memory
+    finally:
+        gate.set()
+    assert wait_state(cache, x1, "disk")
+    cache.close()
+    c = cache.counters()
+    assert (c["promotions"], c["demotions"], c["backend_reads"]) == (1, 2, 2)
+    assert len(entry_files(cache, "c/x0.bin")) == 0 and cache.disk_index.dying_bytes == 0
+    assert read_all(cache, x1) == (spec["c/x1.bin"], "disk")      # after close: moves are done inline
+    assert cache.state(x1) == "ram" and cache.state(x0) == "disk" and cache.disk_index.dying_bytes == 0
