@@ -157,16 +157,7 @@ class PlanPolicy(Policy):
         if fids.size == 0:
             return
         active = st["_active"]
-        best = np.full(fids.shape, NOT_PLANNED, dtype=np.int64)
-        home = np.full(fids.shape, -1, dtype=np.int64)
-        pos = np.zeros(fids.shape, dtype=np.int64)
-        for k, plan in enumerate(active):
-            nxt = plan.next_positions(fids)
-            d = np.where(nxt >= 0, nxt - plan.pos, NOT_PLANNED)
-            better = d < best
-            best[better] = d[better]
-            home[better] = k
-            pos[better] = nxt[better]
+        best, home, pos = _nearest_use(active, fids)
         st["_home"][fids] = home
         st["_home_pos"][fids] = pos
         never = st["_never"]
@@ -230,16 +221,7 @@ class PlanPolicy(Policy):
             raise ValueError("PlanPolicy: a plan of 2**31 positions or more, or 2**15 plans (the daemon "
                              "accepts at most 8 Mi ids per plan message and 64 plans)")
         res = np.asarray(res, dtype=np.int64)
-        best = np.full(res.shape, NOT_PLANNED, dtype=np.int64)
-        home = np.full(res.shape, -1, dtype=np.int64)
-        pos = np.zeros(res.shape, dtype=np.int64)
-        for k, plan in enumerate(active):
-            nxt = plan.next_positions(res)
-            d = np.where(nxt >= 0, nxt - plan.pos, NOT_PLANNED)
-            better = d < best
-            best[better] = d[better]
-            home[better] = k
-            pos[better] = nxt[better]
+        best, home, pos = _nearest_use(active, res)
         n = self._home.shape[0]
         if spare is not None:  # the arrays the last swap replaced: reused, not reallocated
             home_arr, pos_arr = spare
@@ -428,3 +410,20 @@ class PlanPolicy(Policy):
             for k, _, v in popped:  # still valid entries: push back (an evicted one turns stale)
                 heapq.heappush(self._heaps[k], _encode(int(self._home_pos[v]), v))
                 self._entries += 1
+
+
+def _nearest_use(active, fids: np.ndarray):
+    """For each file id of ``fids`` (int64, shape (n,)): the distance in positions to its next use in any
+    plan of ``active`` (:data:`NOT_PLANNED` where none), the index in ``active`` of that plan (-1), and
+    the position of that use there (0). Three int64 arrays of shape (n,)."""
+    best = np.full(fids.shape, NOT_PLANNED, dtype=np.int64)
+    home = np.full(fids.shape, -1, dtype=np.int64)
+    pos = np.zeros(fids.shape, dtype=np.int64)
+    for k, plan in enumerate(active):
+        nxt = plan.next_positions(fids)
+        d = np.where(nxt >= 0, nxt - plan.pos, NOT_PLANNED)
+        better = d < best
+        best[better] = d[better]
+        home[better] = k
+        pos[better] = nxt[better]
+    return best, home, pos
