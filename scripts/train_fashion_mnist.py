@@ -122,14 +122,14 @@ def make_loaders(args: argparse.Namespace) -> tuple:
             train_set, batch_size=args.batch_size,
             sampler=ShadeSampler(train_set, seed=args.seed, announce_plan=not getattr(args, "no_plan", False),
                                  lookahead_at=None if getattr(args, "no_lookahead", False) else 0.0,
-                                 draw=getattr(args, "draw", "stable")),
+                                 draw=getattr(args, "draw", "stable"), epochs=args.epochs),
             **common)
     elif getattr(args, "plan", False):
         # clairvoyant mode: the same uniform permutations, announced to the daemon (shadefs.hooks)
         from shadefs.hooks import PlanSampler
         train_loader = DataLoader(
             train_set, batch_size=args.batch_size,
-            sampler=PlanSampler(train_set, seed=args.seed), **common)
+            sampler=PlanSampler(train_set, seed=args.seed, epochs=args.epochs), **common)
     else:
         train_loader = DataLoader(
             train_set, batch_size=args.batch_size, shuffle=True,
