@@ -1,5 +1,5 @@
 """PlanSampler: announce each epoch's sample order to the shadefs daemon, so it prefetches ahead of the
-reader and evicts by the known future (clairvoyant caching; docs/hooks.md, issue 11).
+reader and evicts by the known future (clairvoyant caching; docs/hooks.md).
 
 The one changed line of a training script::
 

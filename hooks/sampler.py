@@ -11,7 +11,7 @@ Never touches global RNG state: every random step is keyed by (seed, epoch[, ran
 hashes per sample with the default ``draw="stable"`` (:func:`race_draw`, :func:`keyed_shuffle`), a
 ``numpy.random.Generator`` with ``draw="cdf"``. Never blocks on the daemon for longer than one residency
 query per epoch. With a daemon it announces each epoch's draw and a provisional draw of the next epoch
-(computed on the announcer's thread; issue 11, docs/hooks.md).
+(computed on the announcer's thread; docs/hooks.md).
 """
 from __future__ import annotations
 
@@ -266,8 +266,8 @@ class ShadeSampler(torch.utils.data.Sampler):
         draw: ``"stable"`` (default): the with-replacement draw and every shuffle use counter-based random
             keys per sample (:func:`race_draw`, :func:`keyed_shuffle`), so a draw from slightly different
             scores or residency keeps almost every pick, which is what makes the provisional lookahead
-            worth announcing; ``"cdf"``: inverse-CDF sampling and Generator permutations (the draw of
-            shadefs before issue 11's provisional lookahead; the same distribution). Both draw exactly
+            worth announcing; ``"cdf"``: inverse-CDF sampling and Generator permutations (the draw
+            without the provisional lookahead; the same distribution). Both draw exactly
             the same distribution: P(i) = (w_i + ls) / sum_j (w_j + ls), uniform shuffles.
         epochs: the number of epochs the job runs (0 .. epochs - 1), or None (unknown): the last one
             announces no provisional draw, so the daemon reads nothing ahead for an epoch that never runs
@@ -510,7 +510,7 @@ class ShadeSampler(torch.utils.data.Sampler):
         order = self.plan.order.tolist()
         if self.announcer is None:
             return iter(order)
-        # the PADS draw, repeats included (issue 11); sent in the background. It replaces whatever this
+        # the PADS draw, repeats included; sent in the background. It replaces whatever this
         # stream announced before, the provisional draw of this epoch included.
         self.announcer.announce(self.epoch, [self.plan.order])
         if self.lookahead_at is None or (self.epochs is not None and self.epoch + 1 >= self.epochs):

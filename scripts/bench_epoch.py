@@ -82,7 +82,7 @@ LABELS = {"direct": "direct S3 (no shadefs)", "local": "local disk (no shadefs)"
           "plan": "shadefs static + PlanSampler", "shade-noplan": "shadefs shade + hook, no plan",
           "lru-fsspec": "shadefs lru, --backend fsspec", "static-fsspec": "shadefs static, --backend fsspec",
           "lru-base": "shadefs lru, --baseline", "static-base": "shadefs static, --baseline"}
-# the mount's --policy per config; "shade" = ShadeSampler announcing its draws (its default, issue 11),
+# the mount's --policy per config; "shade" = ShadeSampler announcing its draws (its default),
 # "shade-noplan" = ShadeSampler(announce_plan=False), "plan" = PlanSampler (uniform permutations, announced)
 POLICY = {"lru": "lru", "static": "static", "shade": "shade", "plan": "static", "shade-noplan": "shade",
           "lru-fsspec": "lru", "static-fsspec": "static", "lru-base": "lru", "static-base": "static"}
@@ -959,8 +959,8 @@ def render_section(results: Dict[str, Any]) -> str:
         "`shadefs.hooks` (as `train_fashion_mnist.py --hook`; no validation, so PADS stays in its "
         "aggressive mode after epoch 0). Epochs draw N samples with replacement, cached ones first and "
         "repeated `rep_factor`=3 times.",
-        "- *shadefs shade + hook* announces each epoch's PADS draw to the daemon (`ShadeSampler`'s default, "
-        "issue 11); *shade + hook, no plan* is the same with `announce_plan=False`.",
+        "- *shadefs shade + hook* announces each epoch's PADS draw to the daemon (`ShadeSampler`'s "
+        "default); *shade + hook, no plan* is the same with `announce_plan=False`.",
         "- *shadefs static + PlanSampler*: `--policy static`, `PlanSampler(dataset, seed=0)` instead of "
         "`shuffle=True` (the same uniform permutations, each epoch announced with one lookahead epoch): "
         "the daemon prefetches in plan order and evicts by the known future (Belady on the plan).",

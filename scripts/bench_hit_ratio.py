@@ -5,7 +5,7 @@ For every cache size (``--sizes``, percent of the training set's bytes) and ever
 
 - sampler ``uniform``: the unmodified ``DataLoader(shuffle=True)`` (transparent mode);
 - sampler ``importance``: ``train_fashion_mnist.py --hook`` (ShadeSampler = SHADE's PADS, cache-aware,
-  plus ScoreReporter sending per-sample losses to the daemon; it announces each epoch's draw, issue 11);
+  plus ScoreReporter sending per-sample losses to the daemon; it announces each epoch's draw);
 - sampler ``importance-noplan``: the same with ``--no-plan`` (no announced draws: the policy alone);
 - sampler ``importance-prev``: ShadeSampler as before its provisional lookahead (``--no-lookahead --draw
   cdf``): each epoch's draw announced at its start, nothing ahead;
@@ -87,7 +87,7 @@ IMG_DIR = os.path.join(REPO, "docs", "img")
 START, END = docsection.markers("bench_hit_ratio")
 SAMPLERS = ("uniform", "importance", "plan", "importance-noplan", "importance-prev")
 POLICIES = ("lru", "static", "shade")
-# "all": both base samplers with every policy, plus the announced-plan modes of issue 11 (PlanSampler +
+# "all": both base samplers with every policy, plus the announced-plan modes (PlanSampler +
 # static; ShadeSampler without its plan + shade, beside "importance", which announces its plan by default)
 ALL_MODES = [(s, p) for s in SAMPLERS[:2] for p in POLICIES] + [("plan", "static"), ("importance-noplan", "shade")]
 SAMPLER_LABEL = {"uniform": "uniform (shuffle=True)", "importance": "ShadeSampler (PADS, announces its plan)",

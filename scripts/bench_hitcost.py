@@ -381,7 +381,7 @@ def report(args, results, labels, load) -> None:
                 + ". The floor is CPython's: a lock round trip plus a "
                 "dict lookup is ~0.2 us.", "",
                 table(results, labels, markdown=True), "",
-                "What changed (issue 9, item 3): `shade` ranks residents in one `OrderedDict` per importance "
+                "What changed: `shade` ranks residents in one `OrderedDict` per importance "
                 "value, so a hit is an O(1) move (deferred to a deque in the daemon) instead of a "
                 "`SortedList` re-key; score batches and hit recency are applied by a background thread in "
                 "slices of 32 ids per lock acquisition; `resident()` reads a uint8 array per file id without "

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Daemon memory with files held open: resident set size (VmRSS of the daemon) before and after.
 
-Two cases, each a real mount of a local source through the CLI (issue 9 item 2):
+Two cases, each a real mount of a local source through the CLI:
 
 - ``stream``: 8 files of 40 MiB that no tier holds (``--ram-cache 0``, no disk tier), all opened, read
   whole and held open at once. The bound: a file no tier admits is streamed by ranges, never read whole

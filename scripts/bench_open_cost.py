@@ -413,7 +413,7 @@ def report(row: dict, procs: int) -> None:
 
 
 def summary(rows: List[dict], procs: int) -> None:
-    """NVMe hit / RAM hit (opens/s) per side and reader-thread count: issue 12's >= 0.8x target."""
+    """NVMe hit / RAM hit (opens/s) per side and reader-thread count, against the >= 0.8x target."""
     by = {(r["side"], r["threads"], r["case"]): r for r in rows}
     for (side, threads, case), r in sorted(by.items()):
         ram = by.get((side, threads, "ram"))

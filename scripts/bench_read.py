@@ -551,8 +551,8 @@ def run_hung(args, pool: ReaderPool, mounts: Mounts, work: str) -> dict:
     return out
 
 
-def issue12_table(results: Dict[str, dict], slow: Optional[dict], hung: Optional[dict], readers: List[int]) -> Table:
-    """The targets of issue 12 for the default front end (kernel, default flags), all from this run."""
+def targets_table(results: Dict[str, dict], slow: Optional[dict], hung: Optional[dict], readers: List[int]) -> Table:
+    """The read-path targets for the default front end (kernel, default flags), all from this run."""
     top = max(readers)
     rows = []
 
@@ -601,7 +601,7 @@ def issue12_table(results: Dict[str, dict], slow: Optional[dict], hung: Optional
             f"{b['hit_ms_p99']:.2f} ms", "normal", d["hit_ms_p99"] <= max(1.0, 2 * b["hit_ms_p99"]))
         row(f"{hung['hung']} hung backend reads: miss p99 during / before", f"{d['miss_ms_p99']:.2f} / "
             f"{b['miss_ms_p99']:.2f} ms", "normal", d["miss_ms_p99"] <= max(2.0, 2 * b["miss_ms_p99"]))
-    return Table("Issue 12 targets, kernel front end with default flags (same run)", ["target", "measured",
+    return Table("Targets, kernel front end with default flags (same run)", ["target", "measured",
                  "target", "meets"], rows)
 
 
@@ -644,7 +644,7 @@ CASES = [
     ("miss-multi", "miss, libfuse multi", "miss", "multi", True, False),
     ("miss-single", "miss, libfuse single", "miss", "single", True, False),
 ]
-#: the cases of the default run (issue 12's targets: the default front end against libfuse's loops)
+#: the cases of the default run (the targets: the default front end against libfuse's loops)
 DEFAULT_CASES = ["ram-kernel", "ram-kernel-r4", "ram-multi", "nvme-kernel", "nvme-kernel-every", "nvme-kernel-nopt",
                  "miss-kernel", "miss-kernel-ram", "miss-multi"]
 LABELS = {"direct": "direct (page cache)", **{c[0]: c[1] for c in CASES}}
@@ -1247,7 +1247,7 @@ def build_report(args, info: dict, results: Dict[str, dict], slow: Optional[dict
                                         ("nvme-kernel", "ram-kernel", "NVMe hit (passthrough) vs RAM hit"),
                                         ("ram-kernel-memfd", "ram-kernel", "RAM hit, memfd passthrough vs keep_cache"),
                                         ("miss-kernel", "miss-multi", "miss, vs libfuse multi")], readers))
-    tables.append(issue12_table(results, slow, getattr(args, "hung_result", None), readers))
+    tables.append(targets_table(results, slow, getattr(args, "hung_result", None), readers))
     t, _ = target_table(results, readers)
     tables.append(t)
     rt = requests_table(results, args.count_requests)

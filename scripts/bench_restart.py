@@ -81,7 +81,7 @@ def timed_mount(src, mnt, cache, log_file) -> dict:
     wall = time.monotonic() - t0
     try:
         log = open(log_file).read()
-        # "scanned SRC: ..." (a fresh scan) or "snapshot of SRC: ..." (the namespace snapshot, issue 12)
+        # "scanned SRC: ..." (a fresh scan) or "snapshot of SRC: ..." (the namespace snapshot)
         scan = float(re.search(r"(?:scanned|snapshot of) .* in ([0-9.]+) s", log).group(1))
         m = re.search(r"disk tier: reloaded (\d+) entries .* in ([0-9.]+) s \(listing ([0-9.]+) s, path hashes "
                       r"([0-9.]+) s, (\d+) from the manifest, (\d+) stat'ed\); dropped (\d+) stale, (\d+) corrupt, "

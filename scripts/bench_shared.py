@@ -371,7 +371,7 @@ def measure(a) -> Dict[str, Any]:
                "redis": redis_v, "partitions": a.partitions, "auth": "insecure" if a.insecure else "secret", "probe_files": min(a.probe_files, a.files),
                "machine": f"{os.cpu_count()} cores, {platform.machine()}, Linux {platform.release()}",
                "load": f"load average {load0[0]:.1f} at the start, {load1[0]:.1f} at the end (shared with other "
-                       f"engineers' work)",
+                       f"jobs)",
                "command": "python scripts/bench_shared.py " + " ".join(sys.argv[1:] if argv_is_cli() else []),
                "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
         return {"env": env, "configs": configs, "cost": cost}

@@ -83,7 +83,7 @@ def _backend_options(pairs: List[str]) -> tuple:
 
 
 def _shared_tier_config(args) -> dict:
-    """The --shared-tier* flags (issue 13), validated; {} without --shared-tier."""
+    """The --shared-tier* flags, validated; {} without --shared-tier."""
     shared_flags = ("shared_tier_size", "shared_tier_password_file", "shared_tier_secret")
     if not args.shared_tier:
         for name in shared_flags + ("shared_tier_insecure",):
@@ -241,7 +241,7 @@ def build_config(args) -> MountConfig:
         kwargs["disk_cache"] = disk_size
     if "disk_min_free" in sizes:
         kwargs["disk_min_free"] = sizes["disk_min_free"]
-    # clairvoyant caching (issue 11)
+    # clairvoyant caching
     if args.prefetch_window is not None:
         try:
             pw = parse_size(args.prefetch_window)
@@ -1084,7 +1084,7 @@ def make_parser() -> argparse.ArgumentParser:
                    "when installed, fsspec for every other URL), obstore, or fsspec (s3fs, gcsfs, ...)")
     m.add_argument("--backend-timeout", type=float, default=60.0, metavar="SECONDS",
                    help="a backend read that takes longer fails with EIO (default 60; 0 = no deadline)")
-    # the shared tier (issue 13; docs/operations.md, "A shared tier across nodes")
+    # the shared tier (docs/operations.md, "A shared tier across nodes")
     m.add_argument("--shared-tier", metavar="URL[,URL...]",
                    help="a Redis Cluster (or one Redis server) shared by the mounts of this source on all "
                    "nodes: redis://[user:password@]host:port or rediss:// (TLS), seed nodes comma-separated")
@@ -1111,7 +1111,7 @@ def make_parser() -> argparse.ArgumentParser:
                         "counted; docs/operations.md, Security)")
     m.add_argument("--rescan", action="store_true",
                    help="scan the source even when a namespace snapshot beside the disk tier is still valid")
-    # clairvoyant caching (issue 11)
+    # clairvoyant caching
     m.add_argument("--prefetch-window", metavar="SIZE",
                    help="RAM for prefetched files not yet opened (default min(256MiB, 5%% of RAM); 0 = off)")
     m.add_argument("--prefetch-concurrency", type=int, default=32, metavar="N",

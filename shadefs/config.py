@@ -129,7 +129,7 @@ class MountConfig:
     backend: str = "auto"                     # --backend: auto (by URL scheme), obstore, fsspec
     scan_workers: Optional[int] = None        # posix listing threads; None: 1 on local filesystems, 16 on others
     backend_timeout_s: float = 60.0           # deadline of one backend read (EIO after); 0 = none
-    # the shared tier (issue 13): None = off
+    # the shared tier: None = off
     shared_tier: Optional[tuple] = dataclasses.field(default=None, repr=False)  # Redis URLs: may hold a password
     shared_tier_size: Size = Size(nbytes=0)   # this mount's contribution to the group's budget
     shared_tier_password_file: Optional[str] = None
@@ -141,7 +141,7 @@ class MountConfig:
     shared_tier_partitions: int = 64
     follow_symlinks: bool = False             # serve symlinks whose target lies outside the source tree
     rescan: bool = False                      # ignore a persisted namespace snapshot: scan the source
-    # clairvoyant caching (issue 11): announced plans, Belady on the plan, the prefetcher
+    # clairvoyant caching: announced plans, Belady on the plan, the prefetcher
     prefetch_window: Optional[Size] = None    # None: min(256 MiB, 5 % of RAM); 0 disables prefetching
     prefetch_concurrency: int = 32            # prefetch reads in flight at most
     plan_window: int = 8192                   # positions ahead of a plan's cursor an open may match

@@ -145,7 +145,7 @@ class Daemon:
         self._check_ram(ram_bytes)
         disk_bytes = cfg.disk_cache.resolve(ns.total_bytes) if cfg.disk_cache_dir else 0
         self.importance = Importance(ns.num_files)
-        # Every tier runs Belady on the announced plans (issue 11), the mount's --policy without one.
+        # Every tier runs Belady on the announced plans, the mount's --policy without one.
         self.plans = PlanRegistry(ns.num_files, window=cfg.plan_window)
         base_cls = get_policy(cfg.policy)
 

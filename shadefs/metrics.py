@@ -65,7 +65,7 @@ NAMESPACE_FILES = "shadefs_namespace_files"
 NAMESPACE_DIRS = "shadefs_namespace_directories"
 NAMESPACE_SKIPPED = "shadefs_namespace_skipped"       # {reason}
 NAMESPACE_SCAN_SECONDS = "shadefs_namespace_scan_seconds"
-# clairvoyant caching (issue 11): announced plans and the prefetcher
+# clairvoyant caching: announced plans and the prefetcher
 PREFETCH_OPENS = "shadefs_prefetch_opens_total"          # {state="ready"|"late"}
 PREFETCH_LATE_SECONDS = "shadefs_prefetch_late_wait_seconds_total"
 PREFETCH_FETCHED_BYTES = "shadefs_prefetch_fetched_bytes_total"

@@ -354,7 +354,7 @@ class TieredCache:
         self._read_whole_once = np.zeros(namespace.num_files, dtype=bool)
 
     def attach_plans(self, plans, prefetcher=None) -> None:
-        """Follow announced plans (issue 11): ``plans`` shares this cache's lock; ``prefetcher`` reads
+        """Follow announced plans: ``plans`` shares this cache's lock; ``prefetcher`` reads
         ahead of them into its window. Call before serving."""
         self.plans = plans
         self.prefetcher = prefetcher

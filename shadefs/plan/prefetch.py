@@ -13,7 +13,7 @@ anything: a window entry only leaves by being opened (its one use) or as waste.
 Single-flight with the read path: each read goes through the cache's one read-ahead entry point,
 :meth:`TieredCache.prefetch(fid, hold=...) <shadefs.cache.core.TieredCache.prefetch>`, which registers it
 in the cache's in-flight table, so an open of a file being prefetched waits for that read and never starts
-another; a file an open is already reading is skipped. With a shared tier (issue 13) the read asks the
+another; a file an open is already reading is skipped. With a shared tier the read asks the
 group first: a file the group holds is prefetched from it (``shared_bytes``), not from the backend. A
 prefetch whose read fails (after the backend's own retries) is logged at a bounded rate and dropped: the
 open that wanted it reads the file itself and is counted a miss. Several plans share the window fairly

@@ -1,4 +1,4 @@
-"""The hooks work with any DataLoader setup (issue 10, items 7 and 8): a relative dataset root, and hook
+"""The hooks work with any DataLoader setup: a relative dataset root, and hook
 objects pickled into DataLoader workers under every multiprocessing start method, over a real mount."""
 from __future__ import annotations
 

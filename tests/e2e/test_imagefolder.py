@@ -53,7 +53,7 @@ def test_every_image_decodes_with_the_right_label(png_tree, mount):
 
 def test_an_empty_class_folder_keeps_the_labels_of_the_source(png_tree, mount):
     """ImageFolder(allow_empty=True) numbers classes by sorted folder name: an empty class folder that
-    vanished from the mount would shift every later label by one (issue 9)."""
+    vanished from the mount would shift every later label by one."""
     train = png_tree / "train"
     (train / "Boot").mkdir()  # sorts between Bag and Coat, holds no image
     src = ImageFolder(str(train), allow_empty=True)

@@ -1,4 +1,4 @@
-"""The CLI as a new user meets it (issue 10, items 1-3 and 5): it never unmounts what it did not mount,
+"""The CLI as a new user meets it: it never unmounts what it did not mount,
 a refused mount changes nothing, every refusal is one line and exit 2, and a hung mount does not hang
 ``stats`` or ``umount``."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A tcp:// control endpoint is CURVE-authenticated by default (issue 10, item 11): a client without the
+"""A tcp:// control endpoint is CURVE-authenticated by default: a client without the
 mount's credentials is ignored, one with them (found in the private registry, or given as a file) works;
 ``--control-insecure`` opts out. A server key of one's own (``--curve-secret-key``) answers only the client
 keys listed in ``--control-authorized-keys``."""

@@ -1,4 +1,4 @@
-"""The control endpoint keeps answering while a warm reads (issue 10, item 10): ``warm`` runs on a worker,
+"""The control endpoint keeps answering while a warm reads: ``warm`` runs on a worker,
 and its reply comes when it is done."""
 from __future__ import annotations
 

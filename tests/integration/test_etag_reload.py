@@ -1,4 +1,4 @@
-"""What a restart detects about a changed source (issue 9 item 4): size and mtime always; on S3 the ETag
+"""What a restart detects about a changed source: size and mtime always; on S3 the ETag
 too, which catches an overwrite that keeps the size and lands in the same second (S3 listings give
 LastModified in whole seconds). A real moto S3 server process, the real fsspec backend, namespace, disk
 tier, checkpointer and reload: everything the daemon runs at a restart, without the FUSE mount.

@@ -204,7 +204,7 @@ def test_a_second_daemon_cannot_share_the_same_cache_namespace(small_tree, mount
     mp2.mkdir()
     r = cli("mount", src, mp2, *disk_args(cache), check=False)
     try:
-        assert r.returncode == 2 and "in use" in r.stderr and r.stderr.count("\n") == 1  # a refusal (issue 10)
+        assert r.returncode == 2 and "in use" in r.stderr and r.stderr.count("\n") == 1  # a refusal: one line, exit 2
         assert not is_mounted(mp2)
     finally:
         force_unmount(mp2)

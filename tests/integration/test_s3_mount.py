@@ -56,7 +56,7 @@ def test_mount_s3_prefix_reads_every_file_byte_exactly(moto_server, mount):
 def test_imagefolder_over_s3_has_the_classes_of_the_source_empty_class_included(moto_server, mount, tmp_path):
     """Object stores have no directories, only keys: an empty S3 "folder" is a 0-byte key ending in "/"
     (a marker). Every marker is a directory of the mount, so ImageFolder numbers the classes as it does
-    over the same tree on a local disk (issue 9 item 5, for S3)."""
+    over the same tree on a local disk, for S3."""
     torchvision = require("torchvision")
     from torchvision.datasets import ImageFolder
 

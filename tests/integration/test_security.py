@@ -53,7 +53,7 @@ def test_tcp_control_on_loopback_and_remote_only_when_asked(small_tree, mount):
     assert os.getxattr(m.path, "user.shadefs.endpoint").decode().startswith("tcp://127.0.0.1:")
     m2 = mount(src, "--control", "tcp://0.0.0.0:0", "--control-allow-remote")
     assert os.getxattr(m2.path, "user.shadefs.endpoint").decode().startswith("tcp://0.0.0.0:")
-    assert "(CURVE: clients need this mount's credentials" in m2.log()  # authenticated by default (issue 10)
+    assert "(CURVE: clients need this mount's credentials" in m2.log()  # authenticated by default
 
 
 def test_the_mount_is_read_only(small_tree, mount):

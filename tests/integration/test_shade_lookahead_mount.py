@@ -1,5 +1,5 @@
 """ShadeSampler's provisional next-epoch draw on a real mount: the files the next epoch reads first are
-kept across the epoch boundary, which they are not without it (issue 11)."""
+kept across the epoch boundary, which they are not without it."""
 import os
 
 import numpy as np

@@ -117,7 +117,7 @@ def test_modes_and_owners_are_the_sources_and_the_kernel_enforces_them(tmp_path,
 
 
 def test_a_symlink_to_a_secret_outside_is_not_readable_by_another_user(tmp_path, public_mount):  # noqa: F811
-    """The leak of issue 9: a symlink in the source to a root-only file outside it."""
+    """A leak to guard against: a symlink in the source to a root-only file outside it."""
     src = tmp_path / "src"
     make_tree(src, {"cls/ok.bin": b"ok"})
     secret = tmp_path / "secret"

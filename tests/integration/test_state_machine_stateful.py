@@ -1,4 +1,4 @@
-"""The read path's per-file state machine driven by hypothesis (issue 9, item 7): a ``RuleBasedStateMachine``
+"""The read path's per-file state machine driven by hypothesis: a ``RuleBasedStateMachine``
 over an in-process :class:`TieredCache` with a real RAM tier and a REAL disk tier on a small tmpfs.
 
 Rules: opens (one at a time, one held open while another is opened, and several threads opening one file

@@ -1,4 +1,4 @@
-"""The read path under stress, on a real mount (issue 9, item 7).
+"""The read path under stress, on a real mount.
 
 16 threads read random files with a hot subset through a mount with tiny RAM and disk tiers (lru; and
 fifo with no RAM tier), so

@@ -303,7 +303,7 @@ def test_first_hit_verification_checks_each_entry_generation_once(small_tree, tm
 def test_every_open_verification_catches_a_flip_after_earlier_hits(small_tree, tmp_path):
     src, spec = small_tree
     cache, ns, backend = build(src, tmp_path, "static", ram=0, disk=100000)
-    assert cache.verify_entries == "every-open"                 # the default (issue 9: every disk hit)
+    assert cache.verify_entries == "every-open"                 # the default: every disk hit
     f = fid(ns, "cat/05.bin")
     want = spec["cat/05.bin"]
     open_read(cache, f)

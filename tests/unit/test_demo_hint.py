@@ -1,4 +1,4 @@
-"""The demo's simulator hint replays a trace at the mount's real RAM + NVMe bytes (issue 10, item 6)."""
+"""The demo's simulator hint replays a trace at the mount's real RAM + NVMe bytes."""
 import importlib.util
 import json
 import subprocess

@@ -91,7 +91,7 @@ def test_build_small_tree(tmp_path):
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
 
-    # the marker lies beside the tree, so a mount of it shows only the two splits (issue 10)
+    # the marker lies beside the tree, so a mount of it shows only the two splits
     assert sorted(os.listdir(out)) == ["test", "train"]
     assert sorted(os.listdir(tmp_path)) == ["fmnist", "fmnist.complete"]
     for split, expected in (("train", 30), ("test", 10)):

@@ -316,7 +316,7 @@ def test_memory_root_that_is_a_file_is_file_not_found():
 
 
 def test_memory_scan_keeps_empty_directories_and_their_parents():
-    """Every directory of the source is a directory of the snapshot, empty ones included (issue 9 item 5):
+    """Every directory of the source is a directory of the snapshot, empty ones included:
     ``walk`` yields files only, ``scan`` also the directories a listing shows without files."""
     from shadefs.namespace import Namespace
 

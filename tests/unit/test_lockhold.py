@@ -1,4 +1,4 @@
-"""Work kept off the read path (issue 9 item 3): the residency array, deferred re-ranking on a background
+"""Work kept off the read path: the residency array, deferred re-ranking on a background
 thread in bounded slices, the threaded trace writer, and the checkpoint's snapshot."""
 import csv
 import os

@@ -1,5 +1,4 @@
-"""Per-open buffers of held-open files are the RAM tier's own bytes or counted against a bound (issue 9
-item 2).
+"""Per-open buffers of held-open files are the RAM tier's own bytes or counted against a bound.
 
 A RAM-hit handle pins the tier's buffer. If the file is evicted while a handle holds it, it leaves the tier
 at once (the policy's victims are exactly what is evicted, as in the simulator) and its bytes are counted

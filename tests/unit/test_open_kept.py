@@ -1,4 +1,4 @@
-"""An NVMe hit on a kept passthrough backing id (issue 12, items 3/6): ``TieredCache.open_kept`` counts the
+"""An NVMe hit on a kept passthrough backing id: ``TieredCache.open_kept`` counts the
 hit without opening the entry only while the generation the caller holds is the resident, verified entry
 (``--verify-entries first-hit``); the kernel front end's ``_Modes`` reuses a backing id only for a disk hit
 of the generation it was registered from. Real disk tier in tmp_path, real posix backend."""

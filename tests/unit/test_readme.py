@@ -1,4 +1,4 @@
-"""README's "Use" section says what a new user needs after the two set-up commands (issue 10, item 4)."""
+"""README's "Use" section says what a new user needs after the two set-up commands."""
 import re
 from pathlib import Path
 

@@ -175,7 +175,7 @@ def test_aggressive_contiguous_blocks_keep_repeats_on_one_rank():
         list(s)
         plans.append(s.plan)
     g = plans[0].global_order
-    # grouped by sample, most-drawn first (ties in a seeded random order, issue 10)
+    # grouped by sample, most-drawn first (ties in a seeded random order)
     starts = np.flatnonzero(np.r_[True, g[1:] != g[:-1]])
     runs = np.diff(np.r_[starts, g.size])
     assert np.unique(g[starts]).size == starts.size and np.all(np.diff(runs) <= 0)

@@ -1,5 +1,5 @@
 """Aggressive mode splits the global draw into contiguous per-rank blocks: ties must not follow index
-order, which in an ImageFolder is class order (issue 10, item 9)."""
+order, which in an ImageFolder is class order."""
 import numpy as np
 
 from shadefs.hooks.sampler import ShadeSampler, pads_sort

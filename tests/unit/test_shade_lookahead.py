@@ -1,4 +1,4 @@
-"""ShadeSampler's provisional next-epoch draw (issue 11): announced as lookahead, replaced by the real draw,
+"""ShadeSampler's provisional next-epoch draw: announced as lookahead, replaced by the real draw,
 never changing what is yielded; the stable draw it relies on.
 
 Against a REAL daemon and control server (:class:`hookfakes.LiveDaemon`), as the other plan tests."""
