@@ -8,6 +8,7 @@ import pytest
 from conftest import is_mounted
 from mountutil import disk_budget, metrics_port, read, scrape
 from shadefs import metrics as M
+from shadefs.testing import wait_for
 
 pytestmark = pytest.mark.usefixtures("fuse")  # skipped without /dev/fuse + fusermount3; failed under CI=true
 
@@ -67,7 +68,10 @@ def test_promotions_demotions_and_evictions_are_counted(small_tree, mount, tmp_p
     # as test_cache's LRU case: a, b, c (c evicts a and b to disk), a (disk hit, promoted; c demoted)
     for rel in ("dog/00.bin", "cat/01.bin", "dog/02.bin", "dog/00.bin"):
         assert read(os.path.join(m.path, rel)) == spec[rel]
-    s = scrape(metrics_port(m))
+    port = metrics_port(m)
+    # the victims are written to disk by the mover thread, after the opens that evicted them returned
+    wait_for(lambda: scrape(port)[(M.DEMOTIONS, ())] == 3, timeout=10)
+    s = scrape(port)
     assert s[(M.EVICTIONS, (("tier", "ram"),))] == 3
     assert s[(M.DEMOTIONS, ())] == 3
     assert s[(M.PROMOTIONS, ())] == 1

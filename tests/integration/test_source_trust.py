@@ -126,7 +126,9 @@ def test_running_out_of_descriptors_deletes_no_entry(tmp_path, monkeypatch, fuse
         "runpy.run_module('shadefs', run_name='__main__', alter_sys=True)"])
     mp = tmp_path / "mp"
     mp.mkdir()
-    m = Mount(src, mp, _disk_tier(tmp_path / "cache"), tmp_path / "mp.log", fuse_impl=fuse_impl)
+    # one entry file per entry (--disk-pack-below 0): each open disk hit holds a descriptor of its own
+    m = Mount(src, mp, (*_disk_tier(tmp_path / "cache"), "--disk-pack-below", "0"), tmp_path / "mp.log",
+              fuse_impl=fuse_impl)
     m.start()
     try:
         with open(f"/proc/{m.pid}/limits") as f:
