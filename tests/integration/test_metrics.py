@@ -65,11 +65,14 @@ def test_promotions_demotions_and_evictions_are_counted(small_tree, mount, tmp_p
     src, spec = small_tree
     m = mount(src, "--ram-cache", "3000", "--disk-cache", tmp_path / "cache", "--disk-cache-size",
               str(disk_budget(10000)), "--policy", "lru", "--no-kernel-cache", "--metrics-port", "0")
-    # as test_cache's LRU case: a, b, c (c evicts a and b to disk), a (disk hit, promoted; c demoted)
-    for rel in ("dog/00.bin", "cat/01.bin", "dog/02.bin", "dog/00.bin"):
-        assert read(os.path.join(m.path, rel)) == spec[rel]
     port = metrics_port(m)
-    # the victims are written to disk by the mover thread, after the opens that evicted them returned
+    # as test_cache's LRU case: a, b, c (c evicts a and b to disk), a (disk hit, promoted; c demoted).
+    # The mover thread writes victims after the open that evicted them returned; until a's write is done,
+    # an open of a is a RAM hit from its bytes in memory (no promotion): wait for both writes first
+    for rel in ("dog/00.bin", "cat/01.bin", "dog/02.bin"):
+        assert read(os.path.join(m.path, rel)) == spec[rel]
+    wait_for(lambda: scrape(port)[(M.DEMOTIONS, ())] == 2, timeout=10)
+    assert read(os.path.join(m.path, "dog/00.bin")) == spec["dog/00.bin"]
     wait_for(lambda: scrape(port)[(M.DEMOTIONS, ())] == 3, timeout=10)
     s = scrape(port)
     assert s[(M.EVICTIONS, (("tier", "ram"),))] == 3
