@@ -203,6 +203,34 @@ class ScanReport:
                                ", ".join(repr(p) for p in self.examples.get(reason, ())))
 
 
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+_US = dt.timedelta(microseconds=1)
+
+
+def mtime_ns(info: Dict[str, Any]) -> int:
+    """Integer nanoseconds since the epoch from an fsspec info dict or an S3 listing entry; 0 if absent.
+
+    A timestamp (``LastModified``, ISO strings) is converted exactly, in integers (a float of seconds
+    would round the sub-second part: ~240 ns steps at today's dates); a number is taken as seconds.
+    """
+    for key in ("LastModified", "mtime", "last_modified", "updated", "modified", "created"):
+        value = info.get(key)
+        if isinstance(value, str):
+            try:
+                value = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+            except ValueError:
+                continue
+        if isinstance(value, dt.datetime):
+            if value.tzinfo is None:
+                value = value.replace(tzinfo=dt.timezone.utc)
+            return ((value - _EPOCH) // _US) * 1000
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value * 1_000_000_000
+        if isinstance(value, float):
+            return round(value * 1e9)
+    return 0
+
+
 class Backend(abc.ABC):
     """One source tree. ``url`` is what the user passed as SOURCE."""
 
@@ -393,31 +421,3 @@ register("https", "shadefs.backends.fsspec:FsspecBackend")
 register("memory", "shadefs.backends.fsspec:FsspecBackend")
 register("*", "shadefs.backends.fsspec:FsspecBackend")  # any other fsspec protocol (abfs, hf, ...)
 for _scheme in ("s3", "s3a", "gs", "gcs", "az", "azure"): register(_scheme, _NAMED["obstore"])  # noqa: E701
-
-
-_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
-_US = dt.timedelta(microseconds=1)
-
-
-def mtime_ns(info: Dict[str, Any]) -> int:
-    """Integer nanoseconds since the epoch from an fsspec info dict or an S3 listing entry; 0 if absent.
-
-    A timestamp (``LastModified``, ISO strings) is converted exactly, in integers (a float of seconds
-    would round the sub-second part: ~240 ns steps at today's dates); a number is taken as seconds.
-    """
-    for key in ("LastModified", "mtime", "last_modified", "updated", "modified", "created"):
-        value = info.get(key)
-        if isinstance(value, str):
-            try:
-                value = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
-            except ValueError:
-                continue
-        if isinstance(value, dt.datetime):
-            if value.tzinfo is None:
-                value = value.replace(tzinfo=dt.timezone.utc)
-            return ((value - _EPOCH) // _US) * 1000
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value * 1_000_000_000
-        if isinstance(value, float):
-            return round(value * 1e9)
-    return 0

@@ -97,7 +97,6 @@ def _secret_values(options: Any, name: str = "") -> List[str]:
     return [options] if _is_secret(name) and isinstance(options, str) else []
 
 
-_mtime_ns = mtime_ns  # the listing's timestamp in integer ns (shadefs.backends.base.mtime_ns)
 
 
 def _is_invalid_range(exc: BaseException) -> bool:
@@ -327,7 +326,7 @@ class FsspecBackend(Backend):
                               f"list {self.describe()} (page {page_no})")
             for obj in page.get("Contents", ()):
                 keys += 1
-                entry = self._entry(obj["Key"][len(prefix):], obj["Size"], _mtime_ns(obj), skipped, dirs,
+                entry = self._entry(obj["Key"][len(prefix):], obj["Size"], mtime_ns(obj), skipped, dirs,
                                     obj.get("ETag"))
                 if entry is not None:
                     yield entry
@@ -355,7 +354,7 @@ class FsspecBackend(Backend):
             size = info.get("size")
             if size is None:  # http servers may not say in a listing: one HEAD for this file
                 size = self._call(lambda: self.fs.info(name)["size"], f"stat {name!r}")
-            entry = self._entry(name[len(self._prefix):], size, _mtime_ns(info), skipped, dirs,
+            entry = self._entry(name[len(self._prefix):], size, mtime_ns(info), skipped, dirs,
                                 info.get("ETag") or info.get("etag"))
             if entry is not None:
                 yield entry
@@ -400,7 +399,7 @@ class FsspecBackend(Backend):
         info = self._call(lambda: self.fs.info(self._full(path)), f"stat {path!r}")
         if info.get("type", "file") != "file":
             raise FileNotFoundError(path)
-        return int(info["size"]), _mtime_ns(info)
+        return int(info["size"]), mtime_ns(info)
 
     def close(self) -> None:
         """Close the implementation's HTTP session (s3fs, gcsfs, http); idempotent."""

@@ -261,6 +261,7 @@ class TieredCache:
         self.ns = namespace
         self.shared = shared
         self.backend = backend
+        self._etags_are_versions = getattr(backend, "etags_are_versions", True)  # shared-tier keys
         self.ram_index, self.ram = ram
         self.disk_index, self.disk = disk if disk is not None else (None, None)
         self.entries = self.disk.table(namespace.num_files) if self.disk is not None else None
@@ -491,7 +492,7 @@ class TieredCache:
 
     def shared_key(self, fid: int) -> str:
         """The group-wide key of file ``fid`` (path, size, mtime and ETag: a changed file never matches)."""
-        etag = int(self.ns.etags[fid]) if getattr(self.backend, "etags_are_versions", True) else 0
+        etag = int(self.ns.etags[fid]) if self._etags_are_versions else 0
         return self.shared.key(self.ns.path(fid), int(self.ns.size(fid)), self._mtime_ns(fid), etag)
 
     def open_nowait(self, fid: int, ticket: bool = False):

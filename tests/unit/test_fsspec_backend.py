@@ -343,7 +343,7 @@ def test_listing_timestamps_become_exact_integer_nanoseconds():
     of a 2001 date to ~240 ns steps); a number is seconds; none is 0."""
     import datetime as dt
 
-    from shadefs.backends.fsspec import _mtime_ns
+    from shadefs.backends.base import mtime_ns as _mtime_ns
 
     t = dt.datetime(2001, 9, 9, 1, 46, 40, 123456, tzinfo=dt.timezone.utc)
     assert _mtime_ns({"LastModified": t}) == 1_000_000_000_123_456_000
