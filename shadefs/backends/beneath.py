@@ -8,6 +8,8 @@ RESOLVE_NO_SYMLINKS`` (kernel >= 5.6), or, where that syscall is missing (``ENOS
 that answers ``EPERM``), one ``openat(O_NOFOLLOW)`` per path component, walking down from the root's
 descriptor. A symlink on the way fails with ``ELOOP``: the caller then resolves the symlink the way the
 scan did (:meth:`~shadefs.backends.posix.PosixBackend.read`) and opens the resolved path the same way.
+``SHADEFS_NO_OPENAT2=1`` in the environment makes a process use the per-component walk even where the
+kernel has ``openat2`` (tests of the fallback through a real mount; the daemon logs which one it uses).
 
 Must never: follow a symlink, or return a descriptor of anything but the final component's own inode.
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import logging
 import os
 import stat as stat_mod
 import threading
@@ -37,6 +40,7 @@ class _OpenHow(ctypes.Structure):
 _lock = threading.Lock()
 _syscall = None        # libc's syscall(), once probed
 _have: Optional[bool] = None
+log = logging.getLogger("shadefs.backends")
 
 
 def _probe() -> bool:
@@ -44,6 +48,9 @@ def _probe() -> bool:
     with _lock:
         if _have is None:
             _have = False
+            if os.environ.get("SHADEFS_NO_OPENAT2", "") == "1":
+                log.info("SHADEFS_NO_OPENAT2=1: source files are opened one O_NOFOLLOW component at a time")
+                return False
             try:
                 lib = ctypes.CDLL(None, use_errno=True)
                 fn = lib.syscall
@@ -57,6 +64,8 @@ def _probe() -> bool:
                     _have = True
             except (OSError, AttributeError):
                 pass
+            if not _have:
+                log.info("openat2 is not available: source files are opened one O_NOFOLLOW component at a time")
     return bool(_have)
 
 

@@ -35,6 +35,24 @@ def shared_base():
 def test_a_symlink_swapped_in_after_the_scan_is_never_followed(shared_base, tmp_path, public_mount):  # noqa: F811
     if os.geteuid() != 0:
         pytest.skip("needs root: a root daemon with --allow-other and a second user")
+    log = _swap_after_the_scan(shared_base, tmp_path, public_mount)
+    assert "O_NOFOLLOW component at a time" not in log
+
+
+def test_without_openat2_a_symlink_swapped_in_after_the_scan_is_never_followed(shared_base, tmp_path,
+                                                                              public_mount,  # noqa: F811
+                                                                              monkeypatch):
+    """The same through the fallback for kernels without openat2: one openat(O_NOFOLLOW) per component."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: a root daemon with --allow-other and a second user")
+    monkeypatch.setenv("SHADEFS_NO_OPENAT2", "1")   # the daemon's posix backend walks the components
+    log = _swap_after_the_scan(shared_base, tmp_path, public_mount)
+    assert "SHADEFS_NO_OPENAT2=1: source files are opened one O_NOFOLLOW component at a time" in log
+
+
+def _swap_after_the_scan(shared_base, tmp_path, public_mount):  # noqa: F811
+    """Mount a tree with a corner another user owns, let that user swap its files and a directory for
+    symlinks to bytes it may not read, and check every open of them fails with ESTALE. Returns the log."""
     size = 1000
     mine, secret, inner = b"m" * size, b"S" * size, b"R" * size
     src = os.path.join(shared_base, "src")
@@ -72,6 +90,7 @@ def test_a_symlink_swapped_in_after_the_scan_is_never_followed(shared_base, tmp_
     log = m.log()
     assert log.count("refused to serve") >= 1 and "outside the source tree" in log
     assert m.stats()["corrupt_entries"] == 0
+    return log
 
 
 def test_a_file_rewritten_in_place_is_read_again_after_a_remount(small_tree, tmp_path, mount):
