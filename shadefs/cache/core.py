@@ -39,7 +39,6 @@ import collections
 import errno
 import logging
 import os
-import queue
 import threading
 import time
 from typing import Dict, Iterator, List, Optional, Tuple
@@ -50,10 +49,15 @@ from ..backends.base import Backend
 from ..logutil import RateLimitedLog
 from ..namespace import Namespace
 from ..policies.base import Importance
+from .counters import COUNTER_NAMES, OpenCounters
 from .index import TierIndex
+from .movers import MOVE_QUEUE, Mover, Victim
+from .state import (JOINER_OUTCOME, LEADER_OUTCOME, PIN_DYING, PIN_LOOSE, PIN_TIER, SOURCE_BACKEND, SOURCE_SHARED,
+                    SOURCE_WINDOW, DyingEntry, Fetch, Move, Pin, StateTable)
 from .tiers import CorruptEntry, DiskFloorReached, DiskTier, MemoryTier
 
-__all__ = ["TieredCache", "Handle", "OpenTicket", "Outcome", "PrefetchFuture"]
+__all__ = ["TieredCache", "Handle", "OpenTicket", "Outcome", "PrefetchFuture", "MOVE_QUEUE", "PIN_TIER",
+           "PIN_DYING", "PIN_LOOSE"]
 
 log = logging.getLogger("shadefs.cache")
 
@@ -71,11 +75,9 @@ LOOSE_BUFFERS = 64 << 20
 # the errnos of opening a disk entry that mean the entry itself is gone or damaged (dropped as corrupt);
 # any other (EMFILE, ENFILE: the daemon is out of descriptors) fails that open and keeps the entry
 ENTRY_GONE_ERRNOS = frozenset({errno.ENOENT, errno.EIO})
-# moves queued for the mover thread (demotions, entry deletes); a demotion beyond it is skipped (the victim
-# is dropped, as when LOOSE_BUFFERS has no room), a delete beyond it is done by the thread that queued it
-MOVE_QUEUE = 1024
-# where the bytes of a RAM buffer record ([refs, bytes, where, fid]) are counted
-PIN_TIER, PIN_DYING, PIN_LOOSE = 0, 1, 2  # resident (the tier's own), the RAM index's dying bytes, loose
+# MOVE_QUEUE (shadefs.cache.movers): submissions with RAM victims that may wait for the mover; the victims of
+# one beyond it are dropped (not demoted), as when LOOSE_BUFFERS has no room; deletes are never dropped
+# PIN_TIER, PIN_DYING, PIN_LOOSE (shadefs.cache.state): where the bytes of a RAM buffer record (Pin) count
 
 
 class Handle:
@@ -108,7 +110,7 @@ class Handle:
                  "keep_pages", "_chunk")
 
     def __init__(self, cache: "TieredCache", fid: int, size: int, outcome: Outcome,
-                 data: Optional[bytes] = None, fd: Optional[int] = None, pin: Optional[list] = None,
+                 data: Optional[bytes] = None, fd: Optional[int] = None, pin: Optional[Pin] = None,
                  loose: int = 0, gen: int = 0, keep_pages: Optional[bool] = None):
         self.fid = fid
         self.gen = gen
@@ -119,7 +121,7 @@ class Handle:
         self._data = data
         self._fd = fd
         self._released = False
-        self._pin = pin      # [refs, bytes, where (PIN_*), fid] of the RAM tier buffer this handle holds
+        self._pin = pin      # the Pin of the RAM tier buffer this handle holds
         self._loose = loose  # bytes of a buffer counted against LOOSE_BUFFERS
         self._chunk = None   # served by ranges: (offset, bytes, lock) of the last whole chunk read (loose)
 
@@ -215,25 +217,6 @@ class OpenTicket:
         self.fid, self.size, self.plan = fid, size, plan
 
 
-class _Flight:
-    """A file in state ``fetching`` (kind ``"fetch"``) or ``moving`` (kind ``"demote"``)."""
-
-    __slots__ = ("kind", "data", "error", "tier", "source", "gen", "csum", "plan", "done", "pin", "loose")
-
-    def __init__(self, kind: str, data: Optional[bytes] = None):
-        self.kind = kind
-        self.data = data               # moving: the bytes; fetching: set only when no tier kept them
-        self.error: Optional[BaseException] = None
-        self.tier: Optional[str] = None  # where the file ended: "ram", "disk" or None
-        self.source = "miss"           # where the bytes came from: "miss" (the backend) or "shared"
-        self.gen = 0
-        self.csum = 0
-        self.plan = None               # fetching into the disk tier: (generation, victims to delete)
-        self.pin = None                # moving: the bytes' record (the flight holds one ref; counted)
-        self.loose = 0                 # fetching into no tier: loose bytes reserved for the first handle
-        self.done = threading.Event()
-
-
 class TieredCache:
     """The cache of one mount.
 
@@ -275,15 +258,17 @@ class TieredCache:
         self.trace = trace
         self.on_backend_read = on_backend_read
         self.lock = threading.Lock()
-        self._flights: Dict[int, _Flight] = {}   # files fetching or moving
-        # RAM tier buffers that open handles hold: fid -> [refs, bytes, PIN_TIER, fid]. Evicted while held
-        # (or moving to the disk tier: the flight holds a ref), a record leaves the tier at once and its
-        # bytes are counted against loose_budget (PIN_LOOSE), or, with no room there, stay in the RAM
-        # index's dying bytes (PIN_DYING), until its last ref goes; self._held has those records
-        self._pins: Dict[int, list] = {}
-        self._held: Dict[int, list] = {}         # id(record) -> record, for records out of the tier
-        self.ram_index.pinned = self._pins
         self._ram_data = self.ram._data          # the RAM store's dict: the hit path reads it directly
+        # the per-file state (shadefs.cache.state): every state change is one of its transitions
+        self.table = StateTable(self.ram_index, self._ram_data, self.disk_index, self.entries, self.verified)
+        self._flights = self.table.flights       # fid -> Fetch | Move: files fetching or moving
+        # RAM tier buffers that open handles hold: fid -> Pin (PIN_TIER). Evicted while held (or moving to
+        # the disk tier: the Move holds a ref), a record leaves the tier at once and its bytes are counted
+        # against loose_budget (PIN_LOOSE), or, with no room there, stay in the RAM index's dying bytes
+        # (PIN_DYING), until its last ref goes; self._held (id -> Pin) has those records
+        self._pins = self.table.pins
+        self._held = self.table.held
+        self.ram_index.pinned = self._pins
         self.ram_index.spill_room = self._loose_room
         self.ram_index.spill = self._spill
         self.loose_bytes = 0                     # bytes held outside the tiers (<= loose_budget)
@@ -291,35 +276,16 @@ class TieredCache:
         # section (deque.append: no lock on release)
         self._orphans: collections.deque = collections.deque()
         self.loose_budget = LOOSE_BUFFERS
-        self.demotions_skipped = 0               # RAM victims not demoted: no loose room for their bytes
-        self.loose_refused = 0                   # opens with bytes in hand served by ranges: no loose room
         # called with a file id right after one of its disk entries is unlinked, before its bytes leave the
         # budget (outside the lock): a front end that pins entry files (passthrough backing ids) lets go
         self.entry_unlinked: List = []
         self.started = time.monotonic()
-        # counters (read under self.lock for a consistent snapshot)
-        self.opens = 0
-        self.hits_ram = 0
-        self.hits_disk = 0
-        self.hits_shared = 0
-        self.misses = 0
-        self.joined = 0                # misses that waited for another open's backend read
-        self.streamed = 0              # misses no tier admitted: served by ranges
-        self.backend_reads = 0         # whole-file backend reads (fills)
-        self.range_reads = 0           # backend reads of one range (streamed files; reported in audit())
-        self.open_bytes = 0
-        self.hit_bytes = 0
-        self.backend_bytes = 0
-        self.backend_errors = 0
-        self.corrupt_entries = 0
+        # the counters (shadefs.cache.counters; read under self.lock for a consistent snapshot; each is also
+        # an attribute of the cache, read-only)
+        self.counts = OpenCounters()
         # files whose disk entry was dropped as corrupt since their last open: the kernel may hold pages
         # read from it, so their next open of the untiered kind does not keep pages (Handle.keep_pages)
         self._stale_pages: set = set()
-        self.disk_write_errors = 0
-        self.disk_writes_refused = 0   # refused by --disk-min-free (not an error)
-        self.promotions = 0
-        self.demotions = 0
-        self.source_changes = 0        # files a reused snapshot described before they changed (recheck)
         # the namespace's not-yet-compared records (a reused snapshot), or None: see recheck()
         self._unchecked = getattr(namespace, "unchecked", None)
         self._write_error_log = RateLimitedLog(log, 10.0)
@@ -336,11 +302,10 @@ class TieredCache:
         self._bg_wake = threading.Event()
         self._bg_stop = threading.Event()
         self._bg_thread: Optional[threading.Thread] = None
-        # the mover (start_background): demotions and entry deletes of the read path, off the thread that
-        # evicted or promoted (a FUSE reader never writes or unlinks for another file); None: done inline
-        self._moves: Optional[queue.Queue] = None
-        self._mover_lock = threading.Lock()      # orders queueing against close()
-        self._mover_thread: Optional[threading.Thread] = None
+        # the mover (shadefs.cache.movers; its thread from start_background): demotions and entry deletes,
+        # off the thread that evicted, promoted or found an entry corrupt (a FUSE reader never writes or
+        # unlinks for another file); done inline before it starts
+        self.mover = Mover(self)
         self.plans = None        # shadefs.plan.plans.PlanRegistry: cursors follow every counted open
         self.prefetcher = None   # shadefs.plan.prefetch.Prefetcher
         self._inflight: Dict[int, object] = {}  # the prefetcher's reads in flight (PrefetchFuture)
@@ -377,15 +342,16 @@ class TieredCache:
         return self.open_ticket(h) if type(h) is OpenTicket else h
 
     def _plan_open(self, fid: int, size: int) -> tuple:
-        """Under self.lock, for an open that is no memory hit: what it waits on (``fl``: a flight, a
-        prefetch ``(kind, x)`` or None), the disk entry it hits (``disk_gen``), whether it leads a new
-        fetch (``leader``, with the RAM victims to demote). A leading plan must be finished."""
+        """Under self.lock, for an open that is no memory hit (so its file is not ``moving``): what it waits
+        on (``fl``: a :class:`Fetch`, a prefetch ``(kind, x)`` or None), the disk entry it hits
+        (``disk_gen``), whether it leads a new fetch (``leader``, with the RAM victims it evicted, already
+        ``moving``). A leading plan must be finished."""
         fl = self._flights.get(fid)
         disk_gen = None
         leader = False
         demote: list = []
         if fl is not None:                           # fetching: wait for that one read
-            pass                                     # (moving: for the disk write, then again)
+            pass
         elif self.disk_index is not None and fid in self.disk_index:
             self.disk_index.hit(fid)
             disk_gen = (int(self.entries.gen[fid]), int(self.entries.csum[fid]))
@@ -400,10 +366,12 @@ class TieredCache:
 
     def _finish_open(self, fid: int, size: int, fl, disk_gen, leader: bool, demote) -> Optional[Handle]:
         """Outside the lock: serve the open :meth:`_plan_open` planned (may block on the backend or on
-        another open's read); None when the file moved meanwhile (nothing counted: plan again)."""
-        if isinstance(fl, _Flight) and fl.kind == "demote":
-            fl.done.wait()  # moving (a plan made before it was; _memory_hit serves a moving file): look again
-            return None
+        another open's read); None when the file moved meanwhile (nothing counted: plan again).
+
+        Every open that returns a handle or raises is counted exactly once: a hit by :meth:`_disk_hit`, a
+        prefetch taken by :meth:`_prefetched`, a wait for one here (``late``), a leader under
+        :data:`LEADER_OUTCOME` of its fetch's source (even when the read fails), an open that joined a
+        fetch under :data:`JOINER_OUTCOME` of it (every source maps to one outcome)."""
         if isinstance(fl, tuple):                        # from the plan prefetcher
             kind, x = fl
             if kind == "late":
@@ -425,24 +393,22 @@ class TieredCache:
                 self._lead(fid, size, fl, demote)
             finally:
                 with self.lock:
-                    self._count(fid, size, fl.source)
-        else:
-            t0 = time.monotonic()
-            fl.done.wait()
-            outcome = fl.source
-            with self.lock:
-                if outcome in ("prefetch", "late"):
-                    # it joined the admission of bytes another open took from the prefetch window: it waited
-                    # for a prefetch (not a miss: it shared no open's backend read), counted late
-                    outcome = "late"
-                    self.prefetcher.count_late(time.monotonic() - t0)
-                else:
-                    self.joined += 1
-                self._count(fid, size, outcome)
-            if fl.error is not None:
-                raise fl.error
-            return self._miss_handle(fid, size, fl, outcome)
-        return self._miss_handle(fid, size, fl)
+                    self._count(fid, size, LEADER_OUTCOME[fl.source])
+            return self._miss_handle(fid, size, fl, LEADER_OUTCOME[fl.source])
+        t0 = time.monotonic()
+        fl.done.wait()
+        outcome = JOINER_OUTCOME[fl.source]
+        with self.lock:
+            if fl.source == SOURCE_WINDOW:
+                # it joined the admission of bytes another open took from the prefetch window: it waited
+                # for a prefetch (not a miss: it shared no open's backend read)
+                self.prefetcher.count_late(time.monotonic() - t0)
+            else:
+                self.counts.joined += 1
+            self._count(fid, size, outcome)
+        if fl.error is not None:
+            raise fl.error
+        return self._miss_handle(fid, size, fl, outcome)
 
     def _prefetched(self, fid: int, size: int):
         # under self.lock, for an absent file: ("prefetch", bytes) counted, ("late", future), or None
@@ -458,28 +424,29 @@ class TieredCache:
         return None
 
     def _admit_data(self, fid: int, size: int, data: bytes, source: str, outcome: Outcome) -> Handle:
-        """Admit bytes already in hand (a prefetch; ``source`` ``"miss"`` or ``"shared"``, where they came
-        from) through the state machine; a Handle counted ``outcome``. Bytes from the backend that no tier
-        of this node keeps are offered to the group, as a miss's are."""
+        """Admit bytes already in hand (a prefetch, its open already counted ``outcome``; ``source``
+        ``"miss"`` or ``"shared"``, where the prefetch got them) through the state machine: a fetch of
+        source ``window``, which an open of the file meanwhile joins (counted ``late``). Bytes from the
+        backend that no tier of this node keeps are offered to the group, as a miss's are."""
         with self.lock:
             fl = None
             absent = self._absent(fid)
             if absent:
-                fl, demote = self._start_fetch(fid, size, transient=True)
+                fl, demote = self._start_fetch(fid, size, transient=True, source=SOURCE_WINDOW)
         if fl is not None:
-            self._lead(fid, size, fl, demote, data=data, source=outcome)
+            self._lead(fid, size, fl, demote, data=data)
         if source == "miss" and absent and (fl is None or fl.tier is None):
             self._offer_shared(fid, data)
         if fl is None:
             return self._loose_handle(fid, size, outcome, data)
-        return self._miss_handle(fid, size, fl)
+        return self._miss_handle(fid, size, fl, outcome)
 
     def _stream_open(self, fid: int, size: int) -> Handle:
         """An open of a file no tier admits: streamed from the backend by ranges; the kernel keeps its
         pages between opens (``keep_pages``), so a re-read reaches neither the daemon nor the backend."""
         with self.lock:
             self._count(fid, size, "miss")
-            self.streamed += 1
+            self.counts.streamed += 1
             keep = not self._stale_pages or self._pages_trusted(fid)
         return Handle(self, fid, size, "miss", keep_pages=keep)
 
@@ -546,19 +513,20 @@ class TieredCache:
         inlined."""
         self.ram_index.policy.on_hit(fid)
         size = len(data)
-        self.opens += 1
-        self.open_bytes += size
-        self.hits_ram += 1
-        self.hit_bytes += size
+        c = self.counts
+        c.opens += 1
+        c.open_bytes += size
+        c.hits_ram += 1
+        c.hit_bytes += size
         if self.plans is not None:
             self.plans.observe(fid)
         if self.trace is not None:
             self.trace.record(self.ns.path(fid), size, "ram")
         rec = self._pins.get(fid)
         if rec is None:
-            rec = self._pins[fid] = [1, size, PIN_TIER, fid]
+            rec = self._pins[fid] = Pin(1, size, PIN_TIER, fid)
         else:
-            rec[0] += 1
+            rec.refs += 1
         return Handle(self, fid, size, "ram", data, None, rec)
 
     def _memory_hit(self, fid: int, size: int) -> Optional[Handle]:
@@ -566,21 +534,21 @@ class TieredCache:
         data = self._ram_data.get(fid)
         if data is not None:
             return self._ram_hit(fid, data)
-        fl = self._flights.get(fid)
-        if fl is not None and fl.kind == "demote":
-            # moving: served from its bytes in memory (the flight's record counts them while any ref holds
-            # them), never waiting for the disk write
+        mv = self._flights.get(fid)
+        if type(mv) is Move:
+            # moving: served from its bytes in memory (its Pin counts them while any ref holds them); a Move
+            # has nothing to wait on
             self._count(fid, size, "ram")
-            fl.pin[0] += 1
-            return Handle(self, fid, size, "ram", data=fl.data, pin=fl.pin)
+            mv.pin.refs += 1
+            return Handle(self, fid, size, "ram", data=mv.data, pin=mv.pin)
         return None
 
-    def _pin_ram(self, fid: int, size: int) -> list:
+    def _pin_ram(self, fid: int, size: int) -> Pin:
         # under self.lock: one more open handle on resident(ram) ``fid``'s buffer
         rec = self._pins.get(fid)
         if rec is None:
-            rec = self._pins[fid] = [0, size, PIN_TIER, fid]
-        rec[0] += 1
+            rec = self._pins[fid] = Pin(0, size, PIN_TIER, fid)
+        rec.refs += 1
         return rec
 
     def _settle(self) -> None:
@@ -590,31 +558,31 @@ class TieredCache:
         orphans, pins = self._orphans, self._pins
         while orphans:
             rec, loose = orphans.popleft()
-            if loose or rec is None or rec[2] != PIN_TIER or rec[0] != 1:
+            if loose or rec is None or rec.where != PIN_TIER or rec.refs != 1:
                 self._unpin_locked(rec, loose)
             else:                                  # the common case, inlined: a RAM hit's last handle
-                rec[0] = 0
-                if pins.get(rec[3]) is rec:
-                    del pins[rec[3]]
+                rec.refs = 0
+                if pins.get(rec.fid) is rec:
+                    del pins[rec.fid]
 
-    def _unpin_locked(self, rec: Optional[list], loose: int) -> None:
+    def _unpin_locked(self, rec: Optional[Pin], loose: int) -> None:
         # under self.lock: one ref on buffer record ``rec`` and/or ``loose`` loose bytes go
         if loose:
             self.loose_bytes -= loose
         if rec is None:
             return
-        rec[0] -= 1
-        if rec[0] == 0:
-            where = rec[2]
+        rec.refs -= 1
+        if rec.refs == 0:
+            where = rec.where
             if where == PIN_TIER:
-                if self._pins.get(rec[3]) is rec:
-                    del self._pins[rec[3]]
+                if self._pins.get(rec.fid) is rec:
+                    del self._pins[rec.fid]
                 return
             del self._held[id(rec)]
             if where == PIN_LOOSE:
-                self.loose_bytes -= rec[1]       # evicted while held or moving: its bytes are free now
+                self.loose_bytes -= rec.size     # evicted while held or moving: its bytes are free now
             else:
-                self.ram_index.unlinked(rec[1])
+                self.ram_index.unlinked(rec.size)
 
     def _loose_room(self) -> int:
         # under self.lock (TierIndex.spill_room): bytes a held RAM victim may take outside the tier
@@ -623,8 +591,7 @@ class TieredCache:
     def _spill(self, fid: int, size: int) -> None:
         # under self.lock (TierIndex.spill): RAM victim ``fid``, held open, leaves the tier; its bytes
         # are counted against loose_budget until its last ref goes
-        rec = self._pins[fid]
-        rec[2] = PIN_LOOSE
+        self._pins[fid].where = PIN_LOOSE
         self.loose_bytes += size
 
     def _loose_handle(self, fid: int, size: int, outcome: Outcome, data: Optional[bytes],
@@ -638,25 +605,13 @@ class TieredCache:
                 if self.loose_bytes + size <= self.loose_budget:
                     self.loose_bytes += size
                     return Handle(self, fid, size, outcome, data=data, loose=size, keep_pages=keep_pages)
-                self.loose_refused += 1
+                self.counts.loose_refused += 1
         return Handle(self, fid, size, outcome, keep_pages=keep_pages)
 
     def _count(self, fid: int, size: int, outcome: Outcome) -> None:
-        # called with self.lock held
-        self.opens += 1
-        self.open_bytes += size
-        if outcome == "ram":
-            self.hits_ram += 1
-            self.hit_bytes += size
-        elif outcome == "disk":
-            self.hits_disk += 1
-            self.hit_bytes += size
-        elif outcome == "shared":
-            self.hits_shared += 1
-            self.hit_bytes += size
-        elif outcome == "miss":
-            self.misses += 1
-        # "prefetch" / "late" are counted by the prefetcher (ready / late)
+        # called with self.lock held: one open of ``fid`` counted ``outcome`` ("prefetch" / "late" are also
+        # counted by the prefetcher: ready / late), and the plans and the trace told
+        self.counts.count(outcome, size)
         if self.plans is not None:
             self.plans.observe(fid)
         if self.trace is not None:
@@ -684,6 +639,7 @@ class TieredCache:
         the backend has one, its version tag). A changed file gets the source's record (its new size and
         mtime are served from now on) and its cached copies are dropped (a reused disk entry is deleted),
         so it is read again. Done once per file after a snapshot is reused; returns True if it changed.
+        The stat runs on the calling thread (the open waits for it); the old entry's unlink is the mover's.
 
         Raises:
             FileNotFoundError: the file is gone from the source (ENOENT; checked again at the next open).
@@ -704,16 +660,15 @@ class TieredCache:
                     self._settle()
                 old = int(ns.sizes[fid])
                 if self.disk_index is not None and fid in self.disk_index and fid not in self._flights:
-                    drop = (int(self.entries.gen[fid]), int(self.entries.csum[fid]), old)
-                    self.disk_index.remove(fid, dying=True)
+                    drop = self.table.drop_entry(fid, old)
                 ns.revise(fid, size, mtime, tag)
-                self.source_changes += 1
+                self.counts.source_changes += 1
             self._unchecked[fid] = False
         if changed:
             log.info("%r changed at the source since the snapshot (now %d bytes, mtime %d ns): its cached "
                      "copies are dropped and it is read again", path, size, mtime)
         if drop is not None:
-            self._unlink(fid, *drop)
+            self.mover.submit([], [drop])
         return changed
 
     # -- disk hits and promotion -------------------------------------------------------------------
@@ -787,8 +742,8 @@ class TieredCache:
                 os.close(fd)
                 self._drop_corrupt(fid, gen, csum, size, f"{e} ({self.ns.path(fid)!r})")
                 return None
-        demote: List[Tuple[int, bytes, _Flight]] = []
-        promoted = None
+        demote: List[Victim] = []
+        promoted = old = None
         loose = 0
         with self.lock:
             if self._current(fid, gen):
@@ -800,10 +755,8 @@ class TieredCache:
                 victims = self.ram_index.reserve(fid, size)
                 if victims is not None:
                     demote = self._evict_ram(victims)
-                    self.ram.put(fid, data)
-                    self.ram_index.commit(fid)
-                    self.disk_index.remove(fid, dying=True)  # resident(ram); the old entry: deleting
-                    self.promotions += 1
+                    old = self.table.promote(fid, size, data, self.ram)  # resident(ram); the old entry: deleting
+                    self.counts.promotions += 1
                     promoted = self._pin_ram(fid, size)
             if packed and promoted is None and self.loose_bytes + size <= self.loose_budget:
                 self.loose_bytes += size  # the record's bytes, held by the handle (LOOSE_BUFFERS)
@@ -811,48 +764,42 @@ class TieredCache:
         if promoted is not None:
             if fd is not None:
                 os.close(fd)
-            self._move(demote, (fid, gen, csum, size))  # the old entry's unlink and the victims' writes
+            self.mover.submit(demote, [old])  # the old entry's unlink and the victims' writes
             return Handle(self, fid, size, "disk", data=data, pin=promoted)
         if packed:  # (no loose room: served by ranges from the backend)
             return Handle(self, fid, size, "disk", data=data if loose else None, loose=loose)
         return Handle(self, fid, size, "disk", fd=fd, gen=gen)
 
     def _drop_corrupt(self, fid: int, gen: int, csum: int, size: int, why: str) -> None:
+        # resident(disk) -> absent; the entry (deleting) is unlinked by the mover, never on this thread
         with self.lock:
-            if not self._current(fid, gen):
+            if not self._current(fid, gen) or fid in self._flights:
                 return  # evicted meanwhile, not corrupt
-            self.disk_index.remove(fid, dying=True)
-            self.corrupt_entries += 1
+            dying = self.table.drop_entry(fid, size)
+            self.counts.corrupt_entries += 1
             self._stale_pages.add(fid)
         log.warning("dropping corrupt disk entry: %s", why)
-        self._unlink(fid, gen, csum, size)
-
-    def _unlink(self, fid: int, gen: int, csum: int, size: int) -> None:
-        # a dying entry (out of the index, still counted): delete it, then stop counting it
-        self.disk.delete(self.ns.path(fid), gen, csum)
-        self._unlinked_hooks(fid)
-        with self.lock:
-            self.disk_index.unlinked(size)
+        self.mover.submit([], [dying])
 
     def _unlinked_hooks(self, fid: int) -> None:
         for hook in self.entry_unlinked:
             hook(fid)
 
     # -- misses: one leader per file, admission decided before the read -----------------------------
-    def _start_fetch(self, fid: int, size: int, memory: bool = True, transient: bool = False):
+    def _start_fetch(self, fid: int, size: int, memory: bool = True, transient: bool = False,
+                     source: str = SOURCE_BACKEND):
         """Under self.lock, for an absent file: reserve it in RAM, else in the disk tier, and enter
-        ``fetching``. Returns (flight, RAM victims to demote) or (None, []) when no tier admits it
-        (``memory``: a flight kept by no tier, to offer to the shared tier, counts as admitted).
+        ``fetching`` (its bytes from ``source``). Returns (:class:`Fetch`, RAM victims, already
+        ``moving``, to hand to the mover before the read) or (None, []) when no tier admits it
+        (``memory``: a fetch kept by no tier, to offer to the shared tier, counts as admitted).
         ``transient`` (an open, whose handle takes the bytes): a file no tier admits of at most
         :attr:`whole_max` bytes is fetched into a transient buffer while :data:`LOOSE_BUFFERS` has room."""
         if self._orphans:
             self._settle()
         victims = self.ram_index.reserve(fid, size)
         if victims is not None:
-            fl = _Flight("fetch")
-            fl.tier = "ram"
-            self._flights[fid] = fl
-            return fl, self._evict_ram(victims)
+            moving = self._evict_ram(victims)
+            return self.table.begin_fetch(fid, "ram", source), moving
         plan = self._reserve_disk(fid, size)
         if plan is None:
             if (transient and size <= self.whole_max and self.loose_bytes + size <= self.loose_budget
@@ -860,40 +807,34 @@ class TieredCache:
                 # no tier: one whole GET into a transient buffer (loose bytes, reserved for the first
                 # handle), served as held-open bytes are; offered to the group when there is one
                 self._read_whole_once[fid] = True
-                fl = _Flight("fetch")
-                fl.tier = "memory"
+                fl = self.table.begin_fetch(fid, "memory", source)
                 fl.loose = size
                 self.loose_bytes += size
-                self._flights[fid] = fl
                 return fl, []
             if memory and self.shared is not None and size <= self.shared.max_file:
                 # no node tier: read it whole (at most --shared-max-file) to serve and offer to the group
-                fl = _Flight("fetch")
-                fl.tier = "memory"
-                self._flights[fid] = fl
-                return fl, []
+                return self.table.begin_fetch(fid, "memory", source), []
             return None, []
-        fl = _Flight("fetch")
-        fl.tier = "disk"
+        fl = self.table.begin_fetch(fid, "disk", source)
         fl.plan = plan
-        self._flights[fid] = fl
         return fl, []
 
     def _reserve_disk(self, fid: int, size: int):
-        # under self.lock: reserve ``fid`` in the disk tier; its victims enter ``deleting``
+        # under self.lock: reserve ``fid`` in the disk tier; its victims leave it (evict_disk), their entries
+        # deleting. Returns (generation, the victims' DyingEntry records) or None (refused)
         if self.disk_index is None:
             return None
         victims = self.disk_index.reserve(fid, size, hold_victims=True)
         if victims is None:
             return None
-        doomed = [(v, int(self.entries.gen[v]), int(self.entries.csum[v])) for v in victims]
-        return self.disk.next_gen(), doomed
+        return self.disk.next_gen(), [self.table.evict_disk(v) for v in victims]
 
-    def _clear_victims(self, fid: int, doomed) -> None:
-        # outside the lock: delete the victims' entries, then let ``fid``'s fill use their bytes
-        for v, gen, csum in doomed:
-            self.disk.delete(self.ns.path(v), gen, csum)
-            self._unlinked_hooks(v)
+    def _clear_victims(self, fid: int, doomed: List[DyingEntry]) -> None:
+        # outside the lock, by the thread that writes ``fid`` (its own fill's admission): delete the victims'
+        # entries, then let the fill use their bytes (credited to it: the budget never counts them twice)
+        for entry in doomed:
+            self.disk.delete(self.ns.path(entry.fid), entry.gen, entry.csum)
+            self._unlinked_hooks(entry.fid)
         with self.lock:
             self.disk_index.release(fid)
 
@@ -928,53 +869,43 @@ class TieredCache:
             failed.append(e)
             raise
 
-    def _lead(self, fid: int, size: int, fl: _Flight, demote, data: Optional[bytes] = None,
-              source: Outcome = "shared") -> None:
-        """The leader's half of a miss: read the bytes (``data`` when given, else the shared tier, else the
-        backend) into the reserved tier, commit, end the flight.
+    def _lead(self, fid: int, size: int, fl: Fetch, demote: List[Victim], data: Optional[bytes] = None) -> None:
+        """The leader's half of a fetch: hand its RAM victims to the mover, read the bytes (``data`` when
+        given: ``fl.source`` says whose, else the shared tier, else the backend) into the reserved tier,
+        then end the fetch (commit_fetch, release_fetch or abort_fetch).
 
         Raises:
             FileNotFoundError, OSError: the backend failed (every joined open gets the same error).
         """
-        self._move(demote)  # the victims move now, never behind this file's read
+        self.mover.submit(demote)  # the victims move now, never behind this file's read
         offer = None
         try:
             shared = self.shared
-            if data is not None:
-                fl.source = source
-            elif shared is not None and size <= shared.max_file:
+            if data is None and shared is not None and size <= shared.max_file:
                 data = shared.get(self.shared_key(fid), size)  # None past its deadline: a miss, never an error
                 if data is not None:
-                    fl.source = "shared"
+                    fl.source = SOURCE_SHARED
             if fl.tier in ("ram", "memory"):
                 fetched = data is None
                 if fetched:
                     data = offer = self._backend_read(fid, size)
                 with self.lock:
                     if fetched:
-                        self.backend_reads += 1
-                        self.backend_bytes += size
+                        self.counts.backend_reads += 1
+                        self.counts.backend_bytes += size
                     if fl.tier == "ram":
-                        self.ram.put(fid, data)
-                        self.ram_index.commit(fid)
+                        self.table.commit_fetch(fid, fl, data, self.ram)
                     else:
-                        fl.tier = None  # served from this buffer, kept by no tier
-                    fl.data = data
-                    del self._flights[fid]
+                        self.table.release_fetch(fid, fl, data)  # served from this buffer, kept by no tier
             else:
                 offer = self._fill_disk(fid, size, fl, data)
         except BaseException as e:
             with self.lock:
-                self.backend_errors += not isinstance(e, FileNotFoundError)
+                self.counts.backend_errors += not isinstance(e, FileNotFoundError)
                 self.loose_bytes -= fl.loose  # the transient buffer's reservation (no handle takes it)
                 fl.loose = 0
-                if fl.tier == "ram":
-                    self.ram_index.abort(fid)
-                elif fl.tier == "disk":
-                    self.disk_index.abort(fid)
-                self._flights.pop(fid, None)
+                self.table.abort_fetch(fid, fl)
             fl.error = e
-            fl.tier = None
             raise
         finally:
             fl.done.set()
@@ -987,7 +918,7 @@ class TieredCache:
         if self.shared is not None and len(data) <= self.shared.max_file:
             self.shared.offer_async(self.shared_key(fid), data, self.importance.get(fid))
 
-    def _fill_disk(self, fid: int, size: int, fl: _Flight, data: Optional[bytes]) -> Optional[bytes]:
+    def _fill_disk(self, fid: int, size: int, fl: Fetch, data: Optional[bytes]) -> Optional[bytes]:
         """Fill the reserved disk entry from ``data`` or the backend. Returns the bytes read from the
         backend when they were read whole (to offer to the group), else None."""
         gen, doomed = fl.plan
@@ -1008,46 +939,37 @@ class TieredCache:
                 raise failed[0]  # the backend failed: _lead aborts and reports it
             whole = data if data is not None else (keep[0] if keep else None)
             with self.lock:
-                self.disk_index.abort(fid)
                 self._count_write_failure(e)
                 if fetched and keep:
-                    self.backend_reads += 1
-                    self.backend_bytes += size
-                fl.tier = None
-                fl.data = whole
-                del self._flights[fid]
+                    self.counts.backend_reads += 1
+                    self.counts.backend_bytes += size
+                self.table.release_fetch(fid, fl, whole)  # its disk reservation is aborted
             return keep[0] if fetched and keep else None
         with self.lock:
             if fetched:
-                self.backend_reads += 1
-                self.backend_bytes += size
-            self.disk_index.commit(fid)
-            self.entries.gen[fid] = gen
-            self.entries.csum[fid] = csum
-            self.verified[fid] = False  # written, not yet read back: its first hit verifies it
-            fl.gen, fl.csum = gen, csum
+                self.counts.backend_reads += 1
+                self.counts.backend_bytes += size
             # the bytes in hand: an open whose entry is evicted before it opens it is served from them,
-            # not read from the backend a second time (they live only as long as the flight's waiters)
-            fl.data = data if data is not None else (keep[0] if keep else None)
-            del self._flights[fid]
+            # not read from the backend a second time (they live only as long as the fetch's waiters)
+            self.table.commit_fetch(fid, fl, data if data is not None else (keep[0] if keep else None),
+                                    gen=gen, csum=csum)
         return keep[0] if fetched and keep else None
 
     def _count_write_failure(self, e: BaseException) -> None:
         # under self.lock
         if isinstance(e, DiskFloorReached):
-            self.disk_writes_refused += 1
+            self.counts.disk_writes_refused += 1
             self._write_error_log(logging.INFO, "disk tier write refused: %s", e)
         else:
-            self.disk_write_errors += 1
+            self.counts.disk_write_errors += 1
             self._write_error_log(logging.WARNING, "disk tier write failed (%s); serving continues without it",
                                   e)
 
     def _mtime_ns(self, fid: int) -> int:
         return int(self.ns.mtimes_ns[fid])
 
-    def _miss_handle(self, fid: int, size: int, fl: _Flight, outcome: Optional[Outcome] = None) -> Handle:
-        """A Handle for an open whose miss ``fl`` completed (counted ``outcome``, by default ``fl.source``)."""
-        outcome = outcome or fl.source
+    def _miss_handle(self, fid: int, size: int, fl: Fetch, outcome: Outcome) -> Handle:
+        """A Handle for an open (counted ``outcome``) whose fetch ``fl`` completed."""
         if fl.tier == "ram":
             with self.lock:
                 if fid in self.ram_index and self.ram.get(fid) is fl.data:
@@ -1079,8 +1001,8 @@ class TieredCache:
             raise OSError(f"backend returned {len(data)} bytes at {offset} of {self.ns.path(fid)!r}, "
                           f"expected {length} (the file changed under the mount)")
         with self.lock:
-            self.backend_bytes += length
-            self.range_reads += 1
+            self.counts.backend_bytes += length
+            self.counts.range_reads += 1
         return data
 
     def _stream_read(self, h: Handle, offset: int, end: int) -> bytes:
@@ -1119,127 +1041,46 @@ class TieredCache:
         length = max(0, min(length, int(self.ns.size(fid)) - offset))
         return self._read_range(fid, offset, length) if length else b""
 
-    # -- demotion ----------------------------------------------------------------------------------
-    def _evict_ram(self, victims: List[int]) -> List[Tuple[int, bytes, Optional[_Flight]]]:
+    # -- RAM victims --------------------------------------------------------------------------------
+    def _evict_ram(self, victims: List[int]) -> List[Victim]:
         """Under self.lock; ``victims`` are already out of the RAM index (``reserve`` credited all of them
-        but the held-open ones it kept dying): they enter ``moving`` (or ``absent``).
+        but the held-open ones it kept dying): each enters ``moving`` (``begin_move``) or ``absent``
+        (``evict_ram``). The caller hands the result to :meth:`Mover.submit` before any other I/O.
 
         A victim's bytes that stay in memory, held open (``reserve`` spilled it: PIN_LOOSE, or kept it:
-        PIN_DYING) or moving to the disk tier (the flight holds a ref), are counted until the last ref
+        PIN_DYING) or moving to the disk tier (the Move holds a ref), are counted until the last ref
         goes. A victim with no handle whose bytes :data:`LOOSE_BUFFERS` has no room for is not demoted
         (counted ``demotions_skipped``; it is only offered to the group, as a victim no disk tier takes)."""
         out = []
         demotes = (self.disk_index is not None and self.disk_index.capacity_bytes > 0) or self.shared is not None
+        table = self.table
         for v in victims:
-            data = self.ram.pop(v)
+            data = self._ram_data.get(v)
             rec = self._pins.pop(v, None)
             if rec is not None:
-                if rec[2] == PIN_TIER:
-                    rec[2] = PIN_DYING  # no loose room: reserve() kept its bytes dying in the tier
+                if rec.where == PIN_TIER:
+                    rec.where = PIN_DYING  # no loose room: reserve() kept its bytes dying in the tier
                 self._held[id(rec)] = rec
-            if data is None or not demotes:
+            if data is not None and demotes and rec is None and \
+                    self.loose_bytes + len(data) > self.loose_budget:
+                self.counts.demotions_skipped += 1
+                demotes_v = False
+            else:
+                demotes_v = data is not None and demotes
+            if not demotes_v:
+                if data is not None:
+                    table.evict_ram(v)
+                    self.ram.pop(v)
+                if data is not None and demotes:
+                    out.append((v, data, None))  # offered to the group only
                 continue
             if rec is None:
-                if self.loose_bytes + len(data) > self.loose_budget:
-                    self.demotions_skipped += 1
-                    out.append((v, data, None))
-                    continue
-                rec = [0, len(data), PIN_LOOSE, v]
+                rec = Pin(0, len(data), PIN_LOOSE, v)
                 self.loose_bytes += len(data)
                 self._held[id(rec)] = rec
-            rec[0] += 1  # the flight's ref, dropped when the disk write is done
-            fl = _Flight("demote", data)
-            fl.pin = rec
-            self._flights[v] = fl
-            out.append((v, data, fl))
+            out.append((v, data, table.begin_move(v, data, rec)))  # the Move's ref: dropped when written
+            self.ram.pop(v)
         return out
-
-    def _move(self, demote: List[Tuple[int, bytes, Optional[_Flight]]],
-              unlink: Optional[Tuple[int, int, int, int]] = None) -> None:
-        """Outside the lock: hand RAM victims (``demote``, as :meth:`_evict_ram` returns them) and a dying
-        disk entry (``unlink``: fid, generation, checksum, size in bytes) to the mover thread; never waits
-        for their I/O. Before :meth:`start_background` and after :meth:`close` they are moved on this
-        thread. With :data:`MOVE_QUEUE` full, the delete is done here and the demotions are skipped."""
-        if not demote and unlink is None:
-            return
-        with self._mover_lock:
-            q = self._moves
-            if q is not None:
-                try:
-                    q.put_nowait((demote, unlink))
-                    return
-                except queue.Full:
-                    pass
-        if q is None:
-            self._run_move(demote, unlink)
-            return
-        if unlink is not None:
-            self._unlink(*unlink)
-        self._skip_demotions(demote)
-
-    def _run_move(self, demote, unlink) -> None:
-        if unlink is not None:
-            self._unlink(*unlink)
-        self._demote(demote)
-
-    def _skip_demotions(self, items: List[Tuple[int, bytes, Optional[_Flight]]]) -> None:
-        # outside the lock: moving victims that will not be written leave ``moving`` (dropped; offered to
-        # the group, as a victim no disk tier takes)
-        for fid, data, fl in items:
-            if fl is not None:
-                with self.lock:
-                    self.demotions_skipped += 1
-                    del self._flights[fid]
-                    self._unpin_locked(fl.pin, 0)
-                fl.done.set()
-            self._offer_shared(fid, data)
-
-    def _mover(self, q: queue.Queue) -> None:
-        while True:
-            job = q.get()
-            if job is None:
-                return
-            try:
-                self._run_move(*job)
-            except Exception:  # a bug must not stop the mover (every later victim would stay moving)
-                log.exception("moving RAM victims / deleting a disk entry failed")
-
-    def _demote(self, items: List[Tuple[int, bytes, Optional[_Flight]]]) -> None:
-        """Outside the lock: write each moving RAM victim to the disk tier if its policy admits it (a
-        victim without a flight was not demoted: it is offered to the group only)."""
-        for fid, data, fl in items:
-            if fl is None:
-                self._offer_shared(fid, data)
-                continue
-            gen = csum = 0
-            with self.lock:
-                plan = self._reserve_disk(fid, len(data))
-            ok = False
-            try:
-                if plan is not None:
-                    gen, doomed = plan
-                    self._clear_victims(fid, doomed)
-                    csum = self.disk.put(self.ns.path(fid), gen, (data,), len(data), mtime_ns=self._mtime_ns(fid))
-                    ok = True
-            except Exception as e:
-                with self.lock:
-                    self._count_write_failure(e)
-            finally:
-                with self.lock:
-                    if ok:
-                        self.disk_index.commit(fid)
-                        self.entries.gen[fid] = gen
-                        self.entries.csum[fid] = csum
-                        self.verified[fid] = False
-                        self.demotions += 1
-                        fl.tier = "disk"
-                    elif plan is not None:
-                        self.disk_index.abort(fid)
-                    del self._flights[fid]
-                    self._unpin_locked(fl.pin, 0)  # the bytes are on disk (or dropped): the flight's ref
-                fl.done.set()
-            if not ok:
-                self._offer_shared(fid, data)  # a RAM victim no disk tier takes goes to the group
 
     # -- reading ahead: warm-up and the plan prefetcher ---------------------------------------------
     def fetchable(self, fid: int) -> bool:
@@ -1282,7 +1123,7 @@ class TieredCache:
             if fid in self.ram_index or (self.disk_index is not None and fid in self.disk_index):
                 return "resident"
             fl = self._flights.get(fid)
-            if fl is not None and fl.kind == "demote":
+            if type(fl) is Move:
                 return "resident"
             leader = fl is None
             if leader:
@@ -1302,8 +1143,8 @@ class TieredCache:
         group or the backend outside the lock, handed to ``hold`` under it."""
         with self.lock:
             fl = self._flights.get(fid)
-            if fid in self.ram_index or (self.disk_index is not None and fid in self.disk_index) or (
-                    fl is not None and fl.kind == "demote"):
+            if fid in self.ram_index or (self.disk_index is not None and fid in self.disk_index) or \
+                    type(fl) is Move:
                 return "resident"
             if fl is not None or fid in self._inflight:
                 return "fetching"
@@ -1326,10 +1167,10 @@ class TieredCache:
                 del self._inflight[fid]
                 if err is None:
                     if source == "miss":
-                        self.backend_bytes += size
+                        self.counts.backend_bytes += size
                     kept = bool(hold(fid, data, source))
                 else:
-                    self.backend_errors += not isinstance(err, FileNotFoundError)
+                    self.counts.backend_errors += not isinstance(err, FileNotFoundError)
         finally:
             fut.set_result(None if err is not None else (data, source))
         if err is not None:
@@ -1338,16 +1179,10 @@ class TieredCache:
 
     # -- inspection ----------------------------------------------------------------------------------
     def state(self, fid: int) -> str:
-        """The file's state: ``"absent"``, ``"fetching"``, ``"moving"``, ``"ram"`` or ``"disk"``."""
+        """The file's state (:class:`~shadefs.cache.state.FileState`'s value): ``"absent"``, ``"fetching"``,
+        ``"moving"``, ``"ram"`` or ``"disk"``."""
         with self.lock:
-            fl = self._flights.get(int(fid))
-            if fl is not None:
-                return "fetching" if fl.kind == "fetch" else "moving"
-            if fid in self.ram_index:
-                return "ram"
-            if self.disk_index is not None and fid in self.disk_index:
-                return "disk"
-            return "absent"
+            return self.table.state(int(fid)).value
 
     def audit(self) -> dict:
         """One consistent view of the state machine at one instant (taken under the lock), for tests and
@@ -1371,14 +1206,13 @@ class TieredCache:
             self._settle()
             ram = sorted(self.ram_index.sizes)
             disk = sorted(self.disk_index.sizes) if self.disk_index is not None else []
-            fetching = sorted(f for f, fl in self._flights.items() if fl.kind == "fetch")
-            moving = sorted(f for f, fl in self._flights.items() if fl.kind == "demote")
-            moving_bytes = sum(len(fl.data) for fl in self._flights.values()
-                               if fl.kind == "demote" and fl.data is not None)
-            held = {"dying": sum(r[1] for r in self._held.values() if r[2] == PIN_DYING),
-                    "loose": sum(r[1] for r in self._held.values() if r[2] == PIN_LOOSE),
-                    "uncounted": sorted(f for f, fl in self._flights.items() if fl.kind == "demote" and (
-                        fl.pin is None or self._held.get(id(fl.pin)) is not fl.pin or fl.pin[0] < 1))}
+            fetching = sorted(f for f, fl in self._flights.items() if type(fl) is Fetch)
+            moving = sorted(f for f, fl in self._flights.items() if type(fl) is Move)
+            moving_bytes = sum(len(fl.data) for fl in self._flights.values() if type(fl) is Move)
+            held = {"dying": sum(r.size for r in self._held.values() if r.where == PIN_DYING),
+                    "loose": sum(r.size for r in self._held.values() if r.where == PIN_LOOSE),
+                    "uncounted": sorted(f for f, fl in self._flights.items() if type(fl) is Move and (
+                        self._held.get(id(fl.pin)) is not fl.pin or fl.pin.refs < 1))}
             loose = {"bytes": self.loose_bytes, "budget": self.loose_budget}
             budget = {}
             for ix in (self.ram_index, self.disk_index):
@@ -1388,7 +1222,7 @@ class TieredCache:
                                        "pending": sorted(ix.pending)}
             gens = [(f, int(self.entries.gen[f]), int(self.entries.csum[f])) for f in disk]
             flags = self.resident_flags.copy()
-            counters = {k: getattr(self, k) for k in (
+            counters = {k: getattr(self.counts, k) for k in (
                 "opens", "hits_ram", "hits_disk", "hits_shared", "misses", "joined", "streamed",
                 "backend_reads", "range_reads", "backend_errors", "corrupt_entries", "disk_write_errors",
                 "disk_writes_refused", "promotions", "demotions", "demotions_skipped", "loose_refused",
@@ -1484,7 +1318,7 @@ class TieredCache:
                 with self.lock:
                     if not self._absent(f):
                         continue
-                    fl, demote = self._start_fetch(f, len(data))
+                    fl, demote = self._start_fetch(f, len(data), source=SOURCE_SHARED)
                 if fl is None:
                     continue
                 self._lead(f, len(data), fl, demote, data=data)
@@ -1495,7 +1329,7 @@ class TieredCache:
     def start_background(self) -> None:
         """Start the threads that keep work off the read path (after the FUSE fork, from the daemon's
         ``on_mounted``): policy bookkeeping in bounded slices, the trace writer, and the mover (RAM
-        victims' disk writes and dying entries' deletes, from a queue of :data:`MOVE_QUEUE`). Idempotent."""
+        victims' disk writes and dying entries' deletes: :class:`~shadefs.cache.movers.Mover`). Idempotent."""
         if self._bg_thread is not None:
             return
         for index in (self.ram_index, self.disk_index):
@@ -1507,11 +1341,7 @@ class TieredCache:
             self.disk.segments.start()  # compaction, off the reader threads
         self._bg_thread = threading.Thread(target=self._background, name="shadefs-rerank", daemon=True)
         self._bg_thread.start()
-        q: queue.Queue = queue.Queue(MOVE_QUEUE)
-        self._mover_thread = threading.Thread(target=self._mover, args=(q,), name="shadefs-mover", daemon=True)
-        self._mover_thread.start()
-        with self._mover_lock:
-            self._moves = q
+        self.mover.start()
 
     def _background(self) -> None:
         while not self._bg_stop.is_set():
@@ -1530,16 +1360,10 @@ class TieredCache:
         trace is closed by its owner). Later moves are done inline. Idempotent."""
         self._bg_stop.set()
         self._bg_wake.set()
-        with self._mover_lock:
-            q, self._moves = self._moves, None
-        if q is not None:
-            try:
-                q.put(None, timeout=10)
-            except queue.Full:
-                pass
-        for t in (self._bg_thread, self._mover_thread):
-            if t is not None and t is not threading.current_thread():
-                t.join(10)
+        self.mover.close(10)
+        t = self._bg_thread
+        if t is not None and t is not threading.current_thread():
+            t.join(10)
 
     def counters(self) -> dict:
         """Every counter and tier figure at one instant (what :mod:`shadefs.metrics` exports)."""
@@ -1606,3 +1430,17 @@ def _tee(chunks: Iterator[bytes], keep: list) -> Iterator[bytes]:
     for c in chunks:
         keep.append(c)
         yield c
+
+
+def _counter(name: str) -> property:
+    def get(self):
+        return getattr(self.counts, name)
+
+    def put(self, value):
+        setattr(self.counts, name, value)
+    return property(get, put, doc=f"``counts.{name}`` (:class:`~shadefs.cache.counters.OpenCounters`).")
+
+
+for _name in COUNTER_NAMES:
+    setattr(TieredCache, _name, _counter(_name))
+del _name

@@ -552,8 +552,8 @@ class ReadPath(RuleBasedStateMachine):
         # RAM buffers of evicted files that handles still hold stay counted until released: against the
         # loose bound (the tier's victims are the policy's), or, with no room there, as the tier's dying bytes
         pins = {id(h._pin): h._pin for _, h in self.held if h._pin is not None}
-        pinned_dying = sum(p[1] for p in pins.values() if p[2] == PIN_DYING)
-        pinned_loose = sum(p[1] for p in pins.values() if p[2] == PIN_LOOSE)
+        pinned_dying = sum(p.size for p in pins.values() if p.where == PIN_DYING)
+        pinned_loose = sum(p.size for p in pins.values() if p.where == PIN_LOOSE)
         assert a["held"] == {"dying": pinned_dying, "loose": pinned_loose, "uncounted": []}
         assert a["loose"]["bytes"] == sum(h._loose for _, h in self.held) + pinned_loose
         assert a["loose"]["bytes"] <= a["loose"]["budget"] == self.cache.loose_budget

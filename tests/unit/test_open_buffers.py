@@ -119,7 +119,7 @@ def test_release_takes_no_lock(small_tree, tmp_path):
         t.start()
         t.join(10)
         assert not t.is_alive(), "Handle.release waited for the cache lock"
-    assert cache._pins[a][0] == 1            # handed back, applied at the next critical section
+    assert cache._pins[a].refs == 1            # handed back, applied at the next critical section
     assert cache.counters()["loose_bytes"] == 0 and cache._pins == {}
 
 
@@ -175,7 +175,7 @@ def test_a_handle_dropped_without_release_gives_its_pin_back(small_tree, tmp_pat
     cache, ns, _ = build(src, tmp_path, "lru", ram=3000)
     a, c = fid(ns, "dog/00.bin"), fid(ns, "dog/02.bin")    # 1000 B, 3000 B
     h = cache.open(a)
-    assert cache._pins[a][0] == 1
+    assert cache._pins[a].refs == 1
     del h                                                 # never released
     assert open_read(cache, c) == (spec["dog/02.bin"], "miss")  # the next open hands the pin back first
     assert cache.state(a) == "absent" and cache.state(c) == "ram"

@@ -1,0 +1,62 @@
+"""The read path's counters: every open counted under exactly one outcome, and the tier and backend figures.
+
+All fields are updated and read under the cache lock (:mod:`shadefs.metrics` and the stats JSON read one
+consistent snapshot). An outcome is one of :data:`OUTCOMES`; :meth:`OpenCounters.count` refuses any other
+string (a ValueError), so no open can be counted under none: ``opens == hits_ram + hits_disk + hits_shared
++ misses + ready + late`` (``ready`` and ``late`` are the prefetcher's own counters of the ``"prefetch"``
+and ``"late"`` outcomes).
+"""
+from __future__ import annotations
+
+__all__ = ["OpenCounters", "OUTCOMES", "COUNTER_NAMES"]
+
+# an open's outcome: a hit of one tier, a miss, a completed prefetch taken ("prefetch", counted ready by the
+# prefetcher) or a prefetch waited for ("late")
+OUTCOMES = ("ram", "disk", "shared", "miss", "prefetch", "late")
+
+COUNTER_NAMES = (
+    "opens", "hits_ram", "hits_disk", "hits_shared", "misses",
+    "joined",               # misses that waited for another open's backend read
+    "streamed",             # misses no tier admitted: served by ranges
+    "backend_reads",        # whole-file backend reads (fills)
+    "range_reads",          # backend reads of one range (streamed files)
+    "open_bytes", "hit_bytes", "backend_bytes", "backend_errors", "corrupt_entries",
+    "disk_write_errors",
+    "disk_writes_refused",  # refused by --disk-min-free (not an error)
+    "promotions", "demotions",
+    "demotions_skipped",    # RAM victims not demoted: no loose room, or no room in the mover's queue
+    "loose_refused",        # opens with bytes in hand served by ranges: no loose room
+    "source_changes",       # files a reused snapshot described before they changed (recheck)
+)
+
+class OpenCounters:
+    """The counters of one mount (:data:`COUNTER_NAMES`, all ints, bytes where named so)."""
+
+    __slots__ = COUNTER_NAMES
+
+    def __init__(self):
+        for name in COUNTER_NAMES:
+            setattr(self, name, 0)
+
+    def count(self, outcome: str, size: int) -> None:
+        """One open of ``size`` bytes counted ``outcome`` (one of :data:`OUTCOMES`; ValueError otherwise,
+        nothing counted). ``"prefetch"`` and ``"late"`` raise only ``opens`` here: the prefetcher counts
+        them (ready, late)."""
+        if outcome == "ram":
+            self.hits_ram += 1
+            self.hit_bytes += size
+        elif outcome == "disk":
+            self.hits_disk += 1
+            self.hit_bytes += size
+        elif outcome == "miss":
+            self.misses += 1
+        elif outcome == "shared":
+            self.hits_shared += 1
+            self.hit_bytes += size
+        elif outcome != "prefetch" and outcome != "late":
+            raise ValueError(f"no such outcome: {outcome!r}")
+        self.opens += 1
+        self.open_bytes += size
+
+    def as_dict(self) -> dict:
+        return {name: getattr(self, name) for name in COUNTER_NAMES}
