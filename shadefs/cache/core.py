@@ -5,17 +5,15 @@ that serves the file's exact bytes and says where they came from (``"ram"``, ``"
 That is also where counting happens: hit = an open served without touching the backend; hit ratio =
 hits / opens; every open counts exactly one outcome.
 
-Each file is in exactly one state (docs/architecture.md, "The per-file state machine"):
-
-- ``absent``: in no tier, nothing in flight;
-- ``fetching``: one leader reads it from the backend into the tier that admitted it *before* the read
-  (RAM: into memory; disk: into a temporary file, then renamed); every other open of it waits for that
-  one read (single-flight), and it leaves this state only once admission is complete;
-- ``resident(ram)`` / ``resident(disk)``: in exactly one tier's index (and store);
-- ``moving``: a RAM victim on its way to the disk tier; its bytes are still served from memory;
-- a file dropped from the disk tier (victim, promotion, corrupt entry) leaves its old entry file
-  ``deleting``: the bytes stay counted in the tier's budget until the file is unlinked, and the file
-  name carries a generation number, so that delete can never remove a newer entry of the same file.
+Each file is in exactly one state (docs/architecture.md, "The per-file state machine"), kept in one table
+of typed records with named transitions (:mod:`shadefs.cache.state`: ``absent``, ``fetching``
+(:class:`~shadefs.cache.state.Fetch`), ``resident(ram)``, ``resident(disk)``, ``moving``
+(:class:`~shadefs.cache.state.Move`), and a dropped disk entry ``deleting``
+(:class:`~shadefs.cache.state.DyingEntry`): its bytes stay counted in the tier's budget until the file is
+unlinked, and the file name carries a generation number, so that delete can never remove a newer entry of
+the same file). This module is the read path over that table; :mod:`shadefs.cache.movers` does the disk
+work of other files' transitions (demotions, deletes) on its own thread, and
+:mod:`shadefs.cache.counters` counts every open under exactly one outcome.
 
 Every transition happens under ``self.lock`` (microseconds: dict and index updates only); all I/O
 (backend reads, disk reads, writes, unlinks) happens outside it. Tiers are exclusive: a file is
@@ -24,9 +22,11 @@ no tier admits is read whole with one GET into a transient buffer when it is at 
 bytes and :data:`LOOSE_BUFFERS` has room for it, else streamed to the reader by ranges of whole
 :data:`FILL_CHUNK` chunks (one chunk held per open), never one request per kernel READ. RAM's victims are
 demoted to the disk tier when the disk policy admits them; a disk hit is promoted to RAM when RAM admits
-it (and leaves the disk tier). Victims' disk writes and a promoted file's old entry's unlink are handed,
-the moment they are decided (before the evicting miss's backend read), to one mover thread
-(:meth:`TieredCache.start_background`; inline before it): no open waits for a victim's disk write.
+it (and leaves the disk tier). Victims' disk writes and the unlinks of entries other than a fill's own
+victims (a promoted file's old entry, a corrupt entry, a changed file's) are handed, the moment they are
+decided (before the evicting miss's backend read), to one mover thread
+(:meth:`TieredCache.start_background`; inline before it): no open waits for a victim's disk write or for
+another entry's unlink.
 
 Must never: serve partial or unverified data, exceed a tier's byte budget (in-flight fills and
 undeleted victims included), read one file twice from the backend for concurrent opens, or let a
