@@ -641,9 +641,12 @@ class Checkpointer:
                         n = len(index.sizes)
                         fids = np.fromiter(index.sizes.keys(), dtype=np.int64, count=n)
                         sizes = np.fromiter(index.sizes.values(), dtype=np.int64, count=n)
-            values = self.importance.values.copy() if version != self._saved_scores else None
+                        files = fids < self.ns.num_files  # chunk entries are not kept across restarts
+                        fids, sizes = fids[files], sizes[files]
+            # the files' scores (a chunk's is its file's)
+            values = self.importance.values[:self.ns.num_files].copy() if version != self._saved_scores else None
             if flags is not None:
-                fids = np.flatnonzero(flags & index.bit)
+                fids = np.flatnonzero(flags[:self.ns.num_files] & index.bit)  # files (chunks: not kept)
                 if index.order is not None:  # oldest first (read racily: only the order of files
                     fids = fids[np.argsort(index.order[fids], kind="stable")]  # changing now may move)
                 sizes = self.ns.sizes[fids]

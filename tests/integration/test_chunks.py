@@ -1,0 +1,117 @@
+"""Files above the chunk size are cached by chunks, through real mounts: only the chunks a reader
+touches are read and admitted, each chunk is its own entry (counted, traced, evicted, verified), and a
+corrupted chunk entry is dropped and read again, never served."""
+import os
+import random
+
+import pytest
+
+from shadefs import sim
+from shadefs.cache.chunks import CHUNK
+
+pytestmark = pytest.mark.usefixtures("fuse")
+
+AUDIT = dict(os.environ, SHADEFS_AUDIT="1")
+BIG = 2 * CHUNK + CHUNK // 2  # chunks of CHUNK, CHUNK and CHUNK / 2 bytes
+
+
+def _tree(tmp_path, n=1):
+    src = tmp_path / "src"
+    src.mkdir()
+    rng = random.Random(5)
+    spec = {}
+    for i in range(n):
+        spec[f"big{i}.bin"] = rng.randbytes(BIG)
+    spec["small.bin"] = rng.randbytes(3000)
+    for rel, data in spec.items():
+        (src / rel).write_bytes(data)
+    return src, spec
+
+
+def _pread(path, offset, length):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return os.pread(fd, length, offset)
+    finally:
+        os.close(fd)
+
+
+def test_a_read_caches_only_the_chunk_it_touches(tmp_path, mount):
+    src, spec = _tree(tmp_path)
+    m = mount(src, "--ram-cache", str(CHUNK + CHUNK // 2), "--no-kernel-cache")
+    p = os.path.join(m.path, "big0.bin")
+    off = CHUNK + 12345
+    assert _pread(p, off, 4096) == spec["big0.bin"][off:off + 4096]
+    s = m.stats()
+    # one entry opened (chunk 1), a miss; read with one request of the chunk, admitted to RAM whole
+    assert (s["opens"], s["misses"], s["hits"]["ram"]) == (1, 1, 0)
+    assert s["backend_bytes"] == CHUNK
+    assert (s["tiers"]["ram"]["files"], s["tiers"]["ram"]["used_bytes"]) == (1, CHUNK)
+    assert _pread(p, off - 100, 200) == spec["big0.bin"][off - 100:off + 100]
+    s = m.stats()
+    assert (s["opens"], s["hits"]["ram"], s["backend_bytes"]) == (2, 1, CHUNK)
+    # a read across chunks 0 and 1: chunk 0 is a miss no tier admits (static: the RAM tier is full)
+    assert _pread(p, CHUNK - 10, 20) == spec["big0.bin"][CHUNK - 10:CHUNK + 10]
+    s = m.stats()
+    assert (s["opens"], s["misses"], s["hits"]["ram"]) == (4, 2, 2)
+    assert (s["tiers"]["ram"]["files"], s["tiers"]["ram"]["used_bytes"]) == (1, CHUNK)
+    assert s["backend_bytes"] == 2 * CHUNK
+    with open(p, "rb") as f:
+        assert f.read() == spec["big0.bin"]
+    with open(os.path.join(m.path, "small.bin"), "rb") as f:
+        assert f.read() == spec["small.bin"]
+
+
+def test_chunks_fill_the_disk_tier_and_a_corrupt_chunk_is_read_again(tmp_path, mount):
+    src, spec = _tree(tmp_path)
+    cache = tmp_path / "cache"
+    m = mount(src, "--ram-cache", "0", "--disk-cache", str(cache), "--disk-cache-size", str(4 * CHUNK),
+              "--no-kernel-cache", env=AUDIT)
+    p = os.path.join(m.path, "big0.bin")
+    with open(p, "rb") as f:
+        assert f.read() == spec["big0.bin"]
+    a = m.full_stats()["audit"]
+    # file ids: big0.bin 0, small.bin 1; chunks 2, 3, 4
+    assert a["disk"] == [2, 3, 4]
+    s = m.stats()
+    assert (s["opens"], s["misses"], s["backend_bytes"]) == (3, 3, BIG)
+    entry = a["entries"]["3"]  # chunk 1
+    assert os.path.getsize(entry) == CHUNK
+    with open(entry, "r+b") as f:
+        f.seek(CHUNK // 3)
+        b = f.read(1)
+        f.seek(CHUNK // 3)
+        f.write(bytes([b[0] ^ 0xFF]))
+    with open(p, "rb") as f:
+        assert f.read() == spec["big0.bin"]
+    s = m.stats()
+    assert s["corrupt_entries"] == 1
+    assert (s["opens"], s["hits"]["disk"], s["misses"]) == (6, 2, 4)
+    assert s["backend_bytes"] == BIG + CHUNK  # the corrupt chunk, read again; nothing else
+    assert m.full_stats()["audit"]["disk"] == [2, 3, 4]  # and written again
+    with open(p, "rb") as f:
+        assert f.read() == spec["big0.bin"]
+    s = m.stats()
+    assert (s["opens"], s["hits"]["disk"], s["corrupt_entries"]) == (9, 5, 1)
+
+
+@pytest.mark.parametrize("policy", ["lru", "static"])
+def test_live_chunk_hits_equal_the_replay(tmp_path, mount, policy):
+    src, spec = _tree(tmp_path, n=3)
+    trace = tmp_path / "trace.csv"
+    cap = 3 * CHUNK
+    m = mount(src, "--ram-cache", str(cap), "--policy", policy, "--trace", trace, "--no-kernel-cache")
+    rng = random.Random(policy)
+    for _ in range(40):  # one reader: the trace's order is the order of the opens
+        rel = rng.choice(sorted(spec))
+        size = len(spec[rel])
+        off = rng.randrange(size)
+        n = rng.choice([100, 5000, CHUNK // 3])
+        assert _pread(os.path.join(m.path, rel), off, n) == spec[rel][off:off + n]
+    live = m.stats()
+    t = sim.read_trace(str(trace))
+    assert t.requests == live["opens"]
+    assert any("/@chunk/" in p for p in t.paths)
+    result = sim.simulate(t, policy, cap)
+    assert result.hits == live["hits"]["ram"]
+    assert result.byte_hit_ratio == pytest.approx(live["byte_hit_ratio"])
