@@ -15,8 +15,9 @@ they work per small file: any part of any file can be cached, and only the chunk
   nothing; each chunk a READ touches is opened through the read path on demand (counted as one open of
   that entry: ``ram``, ``disk`` or ``miss``, and traced as such, so ``shadefs simulate`` replays the
   same entries), held by the handle while it is among the last :data:`HELD_CHUNKS` it read, and a
-  sequential reader has the next chunk opened ahead once it is half-way through one
-  (:data:`READ_AHEAD_FROM`).
+  sequential reader (:data:`SEQUENTIAL_RUN`) has the next chunk opened ahead once it is half-way through
+  one (:data:`READ_AHEAD_FROM`). A chunk no tier holds is read by whole chunks for a sequential reader,
+  and by exactly the bytes a random reader's READ asks for (the kernel keeps the pages it read).
 - Importance: a chunk weighs what its file weighs (:meth:`ChunkMap.follow_importance`, kept in step by
   :class:`~shadefs.policies.base.Importance`).
 
@@ -33,15 +34,21 @@ from typing import Optional, Tuple
 
 import numpy as np
 
-__all__ = ["CHUNK", "HELD_CHUNKS", "READ_AHEAD_FROM", "ChunkMap", "ChunkedNamespace", "ChunkedHandle",
+__all__ = ["CHUNK", "HELD_CHUNKS", "READ_AHEAD_FROM", "SEQUENTIAL_RUN", "ChunkMap", "ChunkedNamespace", "ChunkedHandle",
            "CHUNK_MARK"]
 
 CHUNK = 8 << 20
 """Bytes per chunk; a file larger than this is cached by chunks (equal to the read path's fill piece)."""
-HELD_CHUNKS = 2
-"""Chunk entries one open of a chunked file keeps open (the one being read and the one read ahead)."""
+HELD_CHUNKS = 4
+"""Chunk entries one open of a chunked file keeps open, the most recently read (a RAM pin, an entry's fd,
+or a streamed chunk's buffer each)."""
 READ_AHEAD_FROM = CHUNK // 2
-"""A sequential read past this offset within chunk ``k`` opens chunk ``k + 1`` ahead (not waited for)."""
+"""A sequential reader's read past this offset within chunk ``k`` opens chunk ``k + 1`` ahead (not waited
+for)."""
+SEQUENTIAL_RUN = 1 << 20
+"""Bytes read back to back (each read starting where the last ended) that make a reader sequential: it
+then reads chunks no tier holds by whole chunks and has the next chunk opened ahead; a shorter run (the
+kernel's read-ahead around a random ``pread`` or page fault) reads what it asks."""
 CHUNK_MARK = "/@chunk/"
 """Between a file's path and a chunk number in a chunk's path (trace rows, disk entry keys)."""
 
@@ -228,7 +235,8 @@ class ChunkedHandle:
         self._lock = threading.Lock()
         self._subs: "collections.OrderedDict[int, _Sub]" = collections.OrderedDict()
         self._released = False
-        self._next = 0  # where the last read ended: a read starting there is sequential
+        self._next = 0  # where the last read ended: a read starting there continues a run
+        self._run = 0   # bytes of the current run of back-to-back reads
 
     def backing_fd(self) -> Optional[int]:
         return None  # its bytes come from several entries: never passthrough
@@ -251,20 +259,28 @@ class ChunkedHandle:
         c = self._chunk
         out = []
         pos = offset
+        self._run = self._run + (end - offset) if offset == self._next else end - offset
+        sequential = self._run >= SEQUENTIAL_RUN
         while pos < end:
             k = pos // c
             base = k * c
             stop = min(end, base + c)
             sub = self._take(k)
             try:
-                piece = sub.handle.read(pos - base, stop - pos)
+                h = sub.handle
+                if h.source == "backend" and not sequential:
+                    # a chunk no tier holds, read at random (HDF5, LMDB, an mmap'd array): the bytes asked,
+                    # not the whole chunk per READ (the kernel keeps the pages it read)
+                    piece = self._cache.read_range(self._first + k, pos - base, stop - pos)
+                else:
+                    piece = h.read(pos - base, stop - pos)
             finally:
                 self._untake(sub)
             if len(piece) != stop - pos:
                 raise OSError(errno.EIO, f"chunk {k} of file {self.fid} ended early")
             out.append(piece)
             pos = stop
-        if offset == self._next and (end - 1) % c >= READ_AHEAD_FROM:
+        if sequential and (end - 1) % c >= READ_AHEAD_FROM:
             k = (end - 1) // c + 1
             if k < self._count and k not in self._subs:
                 try:
