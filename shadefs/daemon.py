@@ -21,7 +21,7 @@ import numpy as np
 
 from .backends.base import open_backend
 from .backends.timeout import TimeoutBackend
-from .cache.chunks import ChunkMap
+from .cache.chunks import ChunkMap, EntryIds
 from .cache.core import TieredCache
 from .cache import persist
 from .cache.index import TierIndex
@@ -300,16 +300,19 @@ class Daemon:
         if restored or skipped:
             log.info("importance: restored %d scores from %s (%d no longer in the source) in %.2f s",
                      restored, scores_path, skipped, time.monotonic() - t0)
-        digests = persist.PathDigests(self.namespace.paths, os.path.join(store.dir, persist.DIGESTS_FILE),
-                                      fingerprint=self.namespace.fingerprint)
-        rep = persist.reload_disk_tier(store, index, self.namespace, digests)
+        # the entries: the files, and the chunks of files above CHUNK bytes (cache/chunks.py)
+        ids = EntryIds(self.namespace, self.cache.chunks) if self.cache.chunks is not None else self.namespace
+        digests = persist.PathDigests(ids.paths, os.path.join(store.dir, persist.DIGESTS_FILE),
+                                      fingerprint=ids.fingerprint)
+        rep = persist.reload_disk_tier(store, index, ids, digests)
         store.account(index)  # the metadata the reload wrote (path digests)
         self.reload_report = rep
         self.cache.corrupt_entries += rep.corrupt
         log.info("disk tier: %s", rep.summary())
         self.checkpointer = persist.Checkpointer(store.dir, self.namespace, self.importance, index, digests,
                                                  self.cache.lock, self.cfg.checkpoint_interval_s,
-                                                 entries=self.cache.entries, pack_below=store.pack_below)
+                                                 entries=self.cache.entries, pack_below=store.pack_below,
+                                                 ids=ids)
 
     def _on_backend_read(self, seconds: float) -> None:
         if self.metrics is not None:

@@ -366,3 +366,93 @@ class ChunkedHandle:
             self.release()
         except Exception:
             pass
+
+
+class _Column:
+    """A per-file array read by entry ids (an int or an int array): a chunk reads ``chunk_values`` (its
+    own: the sizes) or, without them, its file's value."""
+
+    __slots__ = ("base", "map", "owners", "chunk_values")
+
+    def __init__(self, base: np.ndarray, cmap: ChunkMap, owners: np.ndarray, chunk_values=None):
+        self.base, self.map, self.owners, self.chunk_values = base, cmap, owners, chunk_values
+
+    def _chunk(self, c):
+        return self.chunk_values[c] if self.chunk_values is not None else self.base[self.owners[c]]
+
+    def __getitem__(self, idx):
+        n = self.map.num_files
+        if np.ndim(idx) == 0:
+            i = int(idx)
+            return self.base[i] if i < n else self._chunk(i - n)
+        idx = np.asarray(idx, dtype=np.int64)
+        out = np.empty(idx.shape, dtype=self.base.dtype)
+        files = idx < n
+        out[files] = self.base[idx[files]]
+        out[~files] = self._chunk(idx[~files] - n)
+        return out
+
+    def __len__(self):
+        return self.map.num_ids
+
+
+class _EntryPaths:
+    """Entry paths by entry id (``Sequence``-like): the files', then the chunks' (``<file>/@chunk/<k>``)."""
+
+    def __init__(self, ns, view: "ChunkedNamespace"):
+        self._ns, self._view = ns, view
+
+    def __len__(self):
+        return self._view.chunks.num_ids
+
+    def __getitem__(self, i):
+        return self._view.path(int(i))
+
+    def __iter__(self):
+        yield from iter(self._ns.paths)
+        for i in range(self._view.chunks.num_files, self._view.chunks.num_ids):
+            yield self._view.path(i)
+
+
+class EntryIds:
+    """What persistence (:mod:`shadefs.cache.persist`: the reload and the manifest) sees of a namespace
+    with chunks: ``num_files`` entry ids, each with a ``path`` (a chunk's: ``<file>/@chunk/<k>``, the key
+    of its disk entry), a size (a chunk's length), an mtime and a version tag (a chunk's: its file's), and
+    a ``fingerprint`` that changes with the chunk layout. Columns are read through, not copied."""
+
+    def __init__(self, ns, cmap: ChunkMap):
+        import hashlib
+
+        view = ChunkedNamespace(ns, cmap)
+        owners = cmap.owners()
+        lengths = np.full(cmap.num_chunks, cmap.chunk, dtype=np.int64)
+        last = cmap.first + cmap.counts - 1 - cmap.num_files
+        lengths[last] = cmap.sizes - (cmap.counts - 1) * cmap.chunk
+        self._view = view
+        self.num_files = cmap.num_ids
+        self.sizes = _Column(ns.sizes, cmap, owners, lengths)
+        self.mtimes_ns = _Column(ns.mtimes_ns, cmap, owners)
+        self.etags = _Column(ns.etags, cmap, owners)
+        self.paths = _EntryPaths(ns, view)
+        fp = getattr(ns, "fingerprint", None)
+        self.fingerprint = None if fp is None else hashlib.sha256(
+            fp.encode() + cmap.files.tobytes() + cmap.sizes.tobytes()).hexdigest()
+
+    def path(self, i: int) -> str:
+        return self._view.path(i)
+
+
+def take_disk_chunks(cache, fid: int) -> list:
+    """Under ``cache.lock``: the chunks of chunked file ``fid`` resident in the disk tier leave it (their
+    entries become dying, still counted in the budget); returns ``(chunk id, generation, checksum,
+    size)`` of each, for ``cache._unlink`` outside the lock. For a file that changed at the source."""
+    ix = cache.disk_index
+    out = []
+    if ix is None:
+        return out
+    first, count = cache.chunks.span(fid)
+    for cid in range(first, first + count):
+        if cid in ix and cid not in cache._flights:
+            out.append((cid, int(cache.entries.gen[cid]), int(cache.entries.csum[cid]), int(cache.ns.size(cid))))
+            ix.remove(cid, dying=True)
+    return out

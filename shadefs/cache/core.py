@@ -50,7 +50,7 @@ from ..backends.base import Backend
 from ..logutil import RateLimitedLog
 from ..namespace import Namespace
 from ..policies.base import Importance
-from .chunks import ChunkedHandle, ChunkedNamespace, ChunkMap
+from .chunks import ChunkedHandle, ChunkedNamespace, ChunkMap, take_disk_chunks
 from .index import TierIndex
 from .tiers import CorruptEntry, DiskFloorReached, DiskTier, MemoryTier
 
@@ -723,6 +723,7 @@ class TieredCache:
         changed = (size != int(ns.sizes[fid]) or mtime != int(ns.mtimes_ns[fid])
                    or (tag != 0 and old_tag != 0 and tag != old_tag))
         drop = None
+        chunk_drops: list = []
         with self.lock:
             if not self._unchecked[fid]:
                 return False  # another open of it checked it meanwhile
@@ -733,9 +734,11 @@ class TieredCache:
                 if self.disk_index is not None and fid in self.disk_index and fid not in self._flights:
                     drop = (int(self.entries.gen[fid]), int(self.entries.csum[fid]), old)
                     self.disk_index.remove(fid, dying=True)
+                if self.chunks is not None and self.chunks.is_chunked(fid):
+                    chunk_drops = take_disk_chunks(self, fid)  # reloaded chunk entries of the old version
+                    if size != old:
+                        self.chunks.retire(fid)  # its chunk layout is the old size's: a whole file now
                 ns.revise(fid, size, mtime, tag)
-                if self.chunks is not None and self.chunks.is_chunked(fid) and size != old:
-                    self.chunks.retire(fid)  # its chunk layout is the old size's: a whole file now
                 self.source_changes += 1
             self._unchecked[fid] = False
         if changed:
@@ -743,6 +746,8 @@ class TieredCache:
                      "copies are dropped and it is read again", path, size, mtime)
         if drop is not None:
             self._unlink(fid, *drop)
+        for d in chunk_drops:
+            self._unlink(*d)
         return changed
 
     # -- disk hits and promotion -------------------------------------------------------------------
