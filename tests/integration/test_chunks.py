@@ -165,3 +165,53 @@ def test_a_chunked_file_changed_at_the_source_is_never_served_from_old_chunks(tm
     assert (s["opens"], s["hits"]["disk"], s["misses"]) == (3, 0, 3)
     assert s["backend_bytes"] == BIG
     assert s["tiers"]["disk"]["files"] == 3
+
+
+def test_a_sequential_reader_has_the_next_chunk_opened_ahead(tmp_path, mount):
+    from mountutil import wait_for
+
+    src, spec = _tree(tmp_path)
+    m = mount(src, "--ram-cache", str(4 * CHUNK), "--no-kernel-cache")
+    fd = os.open(os.path.join(m.path, "big0.bin"), os.O_RDONLY)
+    try:
+        got = b"".join(os.pread(fd, 1 << 20, off) for off in range(0, 5 << 20, 1 << 20))
+        assert got == spec["big0.bin"][:5 << 20]
+        # half-way through chunk 0, read back to back: chunk 1 is opened (a miss, admitted) ahead of the reader
+        s = wait_for(lambda: (lambda s: s if s["opens"] == 2 else None)(m.stats()), what="chunk 1 read ahead")
+        assert (s["misses"], s["tiers"]["ram"]["files"], s["backend_bytes"]) == (2, 2, 2 * CHUNK)
+        assert os.pread(fd, 1 << 20, CHUNK) == spec["big0.bin"][CHUNK:CHUNK + (1 << 20)]
+        s = m.stats()
+        assert (s["opens"], s["misses"], s["backend_bytes"]) == (2, 2, 2 * CHUNK)  # served by the held chunk
+    finally:
+        os.close(fd)
+
+
+def test_first_hit_verifies_each_reloaded_chunk_and_drops_a_corrupt_one(tmp_path, mount):
+    import hashlib
+
+    from shadefs.cache.tiers import DiskTier
+
+    src, spec = _tree(tmp_path)
+    cache = tmp_path / "cache"
+    args = ("--ram-cache", "0", "--disk-cache", str(cache), "--disk-cache-size", str(4 * CHUNK),
+            "--no-kernel-cache", "--verify-entries", "first-hit")
+    m = mount(src, *args)
+    p = os.path.join(m.path, "big0.bin")
+    with open(p, "rb") as f:
+        assert f.read() == spec["big0.bin"]
+    m.umount()
+    ns_dir = os.path.join(str(cache), hashlib.sha256(str(src).encode()).hexdigest()[:16])
+    h = DiskTier.key("big0.bin/@chunk/1")
+    (name,) = [n for n in os.listdir(os.path.join(ns_dir, h[:2])) if n.startswith(h + ".")]
+    with open(os.path.join(ns_dir, h[:2], name), "r+b") as f:
+        f.seek(777)
+        b = f.read(1)
+        f.seek(777)
+        f.write(bytes([b[0] ^ 1]))
+    m.start()
+    assert m.stats()["tiers"]["disk"]["files"] == 3  # the reload reads no data
+    with open(p, "rb") as f:
+        assert f.read() == spec["big0.bin"]
+    s = m.stats()
+    assert (s["opens"], s["hits"]["disk"], s["misses"], s["corrupt_entries"]) == (3, 2, 1, 1)
+    assert s["backend_bytes"] == CHUNK
