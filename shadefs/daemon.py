@@ -153,6 +153,8 @@ class Daemon:
             self.importance.follower = chunks.follow_importance
         # Every tier runs Belady on the announced plans, the mount's --policy without one.
         self.plans = PlanRegistry(chunks.num_ids, window=cfg.plan_window)
+        if chunks:
+            self.plans.aliases = chunks  # a plan's next use of a file is the next use of its chunks
         base_cls = get_policy(cfg.policy)
 
         def policy_cls(capacity, importance):

@@ -101,6 +101,27 @@ class ChunkMap:
         off = k * self.chunk
         return int(self.files[i]), off, min(self.chunk, int(self.sizes[i]) - off)
 
+    def owner_id(self, i: int) -> int:
+        """The file id of entry ``i``: a chunk's file, else ``i`` itself."""
+        return i if i < self.num_files else self.owner(i)[0]
+
+    def owner_ids(self, ids: np.ndarray) -> np.ndarray:
+        """:meth:`owner_id` of each of ``ids`` (int64, shape (n,))."""
+        ids = np.asarray(ids, dtype=np.int64)
+        chunk = ids >= self.num_files
+        if not chunk.any():
+            return ids
+        out = ids.copy()
+        out[chunk] = self.files[np.searchsorted(self.first, ids[chunk], side="right") - 1]
+        return out
+
+    def alias_ids(self, fid: int) -> range:
+        """The chunk ids of file ``fid`` (empty for a file that is not chunked)."""
+        if not self.is_chunked(fid):
+            return range(0)
+        first, count = self.span(fid)
+        return range(first, first + count)
+
     def retire(self, fid: int) -> None:
         """File ``fid`` changed size at the source (a reused snapshot's recheck): its chunk layout no
         longer fits, so it is served as a whole file from now on (its chunk ids stay unused)."""

@@ -36,6 +36,7 @@ def _pread(path, offset, length):
         os.close(fd)
 
 
+@pytest.mark.both_frontends
 def test_a_read_caches_only_the_chunk_it_touches(tmp_path, mount):
     src, spec = _tree(tmp_path)
     m = mount(src, "--ram-cache", str(CHUNK + CHUNK // 2), "--no-kernel-cache")
@@ -62,6 +63,7 @@ def test_a_read_caches_only_the_chunk_it_touches(tmp_path, mount):
         assert f.read() == spec["small.bin"]
 
 
+@pytest.mark.both_frontends
 def test_chunks_fill_the_disk_tier_and_a_corrupt_chunk_is_read_again(tmp_path, mount):
     src, spec = _tree(tmp_path)
     cache = tmp_path / "cache"
@@ -215,3 +217,27 @@ def test_first_hit_verifies_each_reloaded_chunk_and_drops_a_corrupt_one(tmp_path
     s = m.stats()
     assert (s["opens"], s["hits"]["disk"], s["misses"], s["corrupt_entries"]) == (3, 2, 1, 1)
     assert s["backend_bytes"] == CHUNK
+
+
+def test_a_plans_next_use_of_a_file_is_the_next_use_of_its_chunks(tmp_path, mount):
+    import numpy as np
+    from mountutil import wait_for
+
+    from shadefs.control.client import ControlClient, find_endpoint
+
+    src, spec = _tree(tmp_path, n=3)
+    m = mount(src, "--ram-cache", str(2 * CHUNK), "--policy", "lru", "--no-kernel-cache")
+    c = ControlClient(find_endpoint(m.path))
+    try:
+        handle, _ = c.register(["big0.bin", "big1.bin", "big2.bin"])
+        c.send_plan(handle, 0, 0, [6], np.array([0, 1, 2, 0, 1, 2], dtype=np.uint32))
+        wait_for(lambda: m.full_stats()["plans_received"] == 1, what="the plan")
+    finally:
+        c.close()
+    for i in (0, 1, 2, 0, 1, 2):  # chunk 0 of each file, in the plan's order
+        assert _pread(os.path.join(m.path, f"big{i}.bin"), 100, 4096) == spec[f"big{i}.bin"][100:4196]
+    s = m.stats()
+    # Belady on the plan: big2's chunk (next use furthest) is not admitted over big0's and big1's, which
+    # are hits next; LRU without the plan's ranking of chunks would evict each one before its reuse (0 hits)
+    assert (s["opens"], s["hits"]["ram"], s["misses"]) == (6, 2, 4)
+    assert s["prefetch"]["plans_retired"] == 0
