@@ -21,6 +21,7 @@ import numpy as np
 
 from .backends.base import open_backend
 from .backends.timeout import TimeoutBackend
+from .cache.chunks import ChunkMap, EntryIds
 from .cache.core import TieredCache
 from .cache import persist
 from .cache.index import TierIndex
@@ -144,9 +145,16 @@ class Daemon:
         ram_bytes = cfg.ram_cache.resolve(ns.total_bytes)
         self._check_ram(ram_bytes)
         disk_bytes = cfg.disk_cache.resolve(ns.total_bytes) if cfg.disk_cache_dir else 0
-        self.importance = Importance(ns.num_files)
+        # files above CHUNK bytes are cached by chunks, entries with ids above the files' (cache/chunks.py):
+        # importance (a chunk weighs what its file weighs) and the policies' id space cover them
+        chunks = ChunkMap(ns.sizes)
+        self.importance = Importance(chunks.num_ids)
+        if chunks:
+            self.importance.follower = chunks.follow_importance
         # Every tier runs Belady on the announced plans, the mount's --policy without one.
-        self.plans = PlanRegistry(ns.num_files, window=cfg.plan_window)
+        self.plans = PlanRegistry(chunks.num_ids, window=cfg.plan_window)
+        if chunks:
+            self.plans.aliases = chunks  # a plan's next use of a file is the next use of its chunks
         base_cls = get_policy(cfg.policy)
 
         def policy_cls(capacity, importance):
@@ -168,7 +176,7 @@ class Daemon:
             self.trace = TraceWriter(cfg.trace)
         self.shared = self._build_shared(ns)
         self.cache = TieredCache(ns, self.backend, ram, disk, self.importance, trace=self.trace,
-                                 on_backend_read=self._on_backend_read, shared=self.shared)
+                                 on_backend_read=self._on_backend_read, shared=self.shared, chunks=chunks)
         self.cache.verify_entries = cfg.verify_entries
         if disk is not None:
             disk[1].bind(disk[0], self.cache.lock)  # the budget in device bytes
@@ -294,16 +302,19 @@ class Daemon:
         if restored or skipped:
             log.info("importance: restored %d scores from %s (%d no longer in the source) in %.2f s",
                      restored, scores_path, skipped, time.monotonic() - t0)
-        digests = persist.PathDigests(self.namespace.paths, os.path.join(store.dir, persist.DIGESTS_FILE),
-                                      fingerprint=self.namespace.fingerprint)
-        rep = persist.reload_disk_tier(store, index, self.namespace, digests)
+        # the entries: the files, and the chunks of files above CHUNK bytes (cache/chunks.py)
+        ids = EntryIds(self.namespace, self.cache.chunks) if self.cache.chunks is not None else self.namespace
+        digests = persist.PathDigests(ids.paths, os.path.join(store.dir, persist.DIGESTS_FILE),
+                                      fingerprint=ids.fingerprint)
+        rep = persist.reload_disk_tier(store, index, ids, digests)
         store.account(index)  # the metadata the reload wrote (path digests)
         self.reload_report = rep
         self.cache.corrupt_entries += rep.corrupt
         log.info("disk tier: %s", rep.summary())
         self.checkpointer = persist.Checkpointer(store.dir, self.namespace, self.importance, index, digests,
                                                  self.cache.lock, self.cfg.checkpoint_interval_s,
-                                                 entries=self.cache.entries, pack_below=store.pack_below)
+                                                 entries=self.cache.entries, pack_below=store.pack_below,
+                                                 ids=ids)
 
     def _on_backend_read(self, seconds: float) -> None:
         if self.metrics is not None:
@@ -448,8 +459,9 @@ class Daemon:
             from .sim import write_scores
         except ImportError:
             return
-        scored = np.flatnonzero(self.importance.values != self.importance.default)
-        write_scores(path, [self.namespace.path(int(i)) for i in scored], self.importance.values[scored])
+        values = self.importance.values[:self.namespace.num_files]  # the files' (a chunk weighs its file's)
+        scored = np.flatnonzero(values != self.importance.default)
+        write_scores(path, [self.namespace.path(int(i)) for i in scored], values[scored])
 
     # -- control-plane handler -----------------------------------------------------------------------------
     def stats(self) -> dict:

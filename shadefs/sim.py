@@ -27,6 +27,7 @@ from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Un
 
 import numpy as np
 
+from .cache.chunks import CHUNK_MARK
 from .cache.index import TierIndex
 from .cache.trace import HEADER as TRACE_HEADER
 from .config import Size, format_bytes, parse_size
@@ -607,10 +608,13 @@ def load_scores(path: str, trace: Trace) -> Importance:
 
 
 def scores_to_importance(scores: Dict[str, float], trace: Trace) -> Importance:
-    """Importance per trace file id from ``{path: importance}``; unlisted trace paths weigh 1.0."""
+    """Importance per trace file id from ``{path: importance}``; unlisted trace paths weigh 1.0. A
+    chunk of a large file (``<file>/@chunk/<k>``, as the daemon traces it) weighs what its file weighs."""
     imp = Importance(trace.distinct_files)
     for fid, p in enumerate(trace.paths):
         v = scores.get(p)
+        if v is None and CHUNK_MARK in p:
+            v = scores.get(p[:p.rindex(CHUNK_MARK)])
         if v is not None:
             imp.values[fid] = v
     return imp

@@ -50,6 +50,7 @@ from ..logutil import RateLimitedLog
 from ..namespace import Namespace
 from ..policies.base import Importance
 from .counters import COUNTER_NAMES, OpenCounters
+from .chunks import ChunkedHandle, ChunkedNamespace, ChunkMap, take_disk_chunks
 from .index import TierIndex
 from .movers import MOVE_QUEUE, Mover, Victim
 from .state import (JOINER_OUTCOME, LEADER_OUTCOME, PIN_DYING, PIN_LOOSE, PIN_TIER, SOURCE_BACKEND, SOURCE_SHARED,
@@ -236,24 +237,34 @@ class TieredCache:
             backend that no tier of the node admits, and a RAM victim no disk tier takes, is offered to
             the group off the request path (the group is the node's victim cache: it holds what the
             node does not).
+        chunks: a :class:`~shadefs.cache.chunks.ChunkMap` of ``namespace``: its files above the chunk
+            size are cached by chunks (entry ids above the file ids; ``importance`` and the policies'
+            id space must cover its ``num_ids``). None: every file is one entry.
     """
 
     def __init__(self, namespace: Namespace, backend: Backend, ram: Tuple[TierIndex, MemoryTier],
                  disk: Optional[Tuple[TierIndex, DiskTier]], importance: Importance,
-                 trace=None, on_backend_read=None, shared=None):
+                 trace=None, on_backend_read=None, shared=None, chunks: Optional[ChunkMap] = None):
+        # entry ids: the files, then (with chunks) the chunks of the chunked files (shadefs.cache.chunks)
+        self.chunks = chunks if chunks else None
+        self._nfiles = namespace.num_files
+        num_ids = namespace.num_files
+        if self.chunks is not None:
+            namespace = ChunkedNamespace(namespace, self.chunks)
+            num_ids = self.chunks.num_ids
         self.ns = namespace
         self.shared = shared
         self.backend = backend
         self._etags_are_versions = getattr(backend, "etags_are_versions", True)  # shared-tier keys
         self.ram_index, self.ram = ram
         self.disk_index, self.disk = disk if disk is not None else (None, None)
-        self.entries = self.disk.table(namespace.num_files) if self.disk is not None else None
+        self.entries = self.disk.table(num_ids) if self.disk is not None else None
         # entry checksums (docs/architecture.md, "Entry checksums"): "every-open" (the default) verifies an
         # entry on every disk hit; "first-hit" verifies each entry generation at its first hit after it was
         # written or reloaded, then trusts it while it stays resident. verified[fid]: the resident generation
         # passed (kept in both modes; read only by first-hit).
         self.verify_entries = "every-open"
-        self.verified = np.zeros(namespace.num_files if self.disk is not None else 0, dtype=np.bool_)
+        self.verified = np.zeros(num_ids if self.disk is not None else 0, dtype=np.bool_)
         self.importance = importance
         self.trace = trace
         self.on_backend_read = on_backend_read
@@ -291,7 +302,7 @@ class TieredCache:
         self._write_error_log = RateLimitedLog(log, 10.0)
         # residency of every file id, one bit per tier, maintained by the tier indexes on commit/remove:
         # resident() and the checkpoint read it instead of walking the indexes under the lock
-        self.resident_flags = np.zeros(namespace.num_files, dtype=np.uint8)
+        self.resident_flags = np.zeros(num_ids, dtype=np.uint8)
         self.ram_index.track_residency(self.resident_flags, RAM_BIT)
         if self.disk_index is not None:
             self.disk_index.track_residency(self.resident_flags, DISK_BIT, keep_order=True)
@@ -317,7 +328,7 @@ class TieredCache:
         # untiered files an open already read whole: the kernel keeps their pages (Handle.keep_pages), so
         # a later open is streamed instead, by whole chunks at the first READ that reaches the daemon (one
         # request if the pages are gone, none while they serve); 1 byte per file
-        self._read_whole_once = np.zeros(namespace.num_files, dtype=bool)
+        self._read_whole_once = np.zeros(num_ids, dtype=bool)
 
     def attach_plans(self, plans, prefetcher=None) -> None:
         """Follow announced plans: ``plans`` shares this cache's lock; ``prefetcher`` reads
@@ -496,6 +507,8 @@ class TieredCache:
                 return Handle(self, fid, size, "ram", data, None, rec)
         if self._unchecked is not None and self._unchecked[fid]:
             return None  # its record must be compared with the source first (a stat: open() does it)
+        if self.chunks is not None and self.chunks.is_chunked(fid):
+            return self._open_chunked(fid)
         size = int(self.ns.size(fid))
         while True:
             with self.lock:
@@ -511,6 +524,20 @@ class TieredCache:
             h = self._disk_hit(fid, size, gen, csum)
             if h is not None:
                 return h
+
+    def _open_chunked(self, fid: int) -> ChunkedHandle:
+        """An open of a chunked file: counts nothing and waits for nothing (its READs open the chunk
+        entries they touch, each counted as one open: shadefs.cache.chunks); plans follow the file."""
+        first, count = self.chunks.span(fid)
+        with self.lock:
+            if self.plans is not None:
+                self.plans.observe(fid)
+            keep = True
+            if self._stale_pages:  # a chunk of it was dropped as corrupt: its pages go once
+                stale = [c for c in self._stale_pages if first <= c < first + count]
+                keep = not stale
+                self._stale_pages.difference_update(stale)
+        return ChunkedHandle(self, fid, int(self.ns.size(fid)), self.chunks, keep_pages=keep)
 
     def open_ticket(self, t: "OpenTicket") -> Handle:
         """Serve an open :meth:`open_nowait` returned a ticket for (counts one outcome; may block on the
@@ -534,7 +561,7 @@ class TieredCache:
         c.open_bytes += size
         c.hits_ram += 1
         c.hit_bytes += size
-        if self.plans is not None:
+        if self.plans is not None and fid < self._nfiles:  # a chunk's open is its file's, counted once
             self.plans.observe(fid)
         if self.trace is not None:
             self.trace.record(self.ns.path(fid), size, "ram")
@@ -628,7 +655,7 @@ class TieredCache:
         # called with self.lock held: one open of ``fid`` counted ``outcome`` ("prefetch" / "late" are also
         # counted by the prefetcher: ready / late), and the plans and the trace told
         self.counts.count(outcome, size)
-        if self.plans is not None:
+        if self.plans is not None and fid < self._nfiles:  # a chunk's open is its file's, counted once
             self.plans.observe(fid)
         if self.trace is not None:
             self.trace.record(self.ns.path(fid), size, outcome)
@@ -668,6 +695,7 @@ class TieredCache:
         changed = (size != int(ns.sizes[fid]) or mtime != int(ns.mtimes_ns[fid])
                    or (tag != 0 and old_tag != 0 and tag != old_tag))
         drop = None
+        chunk_drops: list = []
         with self.lock:
             if not self._unchecked[fid]:
                 return False  # another open of it checked it meanwhile
@@ -677,14 +705,18 @@ class TieredCache:
                 old = int(ns.sizes[fid])
                 if self.disk_index is not None and fid in self.disk_index and fid not in self._flights:
                     drop = self.table.drop_entry(fid, old)
+                if self.chunks is not None and self.chunks.is_chunked(fid):
+                    chunk_drops = take_disk_chunks(self, fid)  # reloaded chunk entries of the old version
+                    if size != old:
+                        self.chunks.retire(fid)  # its chunk layout is the old size's: a whole file now
                 ns.revise(fid, size, mtime, tag)
                 self.counts.source_changes += 1
             self._unchecked[fid] = False
         if changed:
             log.info("%r changed at the source since the snapshot (now %d bytes, mtime %d ns): its cached "
                      "copies are dropped and it is read again", path, size, mtime)
-        if drop is not None:
-            self.mover.submit([], [drop])
+        if drop is not None or chunk_drops:
+            self.mover.submit([], ([drop] if drop is not None else []) + chunk_drops)
         return changed
 
     # -- disk hits and promotion -------------------------------------------------------------------
@@ -855,9 +887,14 @@ class TieredCache:
             self.disk_index.release(fid)
 
     def _backend_read(self, fid: int, size: int) -> bytes:
-        path = self.ns.path(fid)
-        t0 = time.monotonic()
-        data = self.backend.read(path, size)
+        if fid >= self._nfiles:  # a chunk: a range of its file
+            path, off = self.ns.source(fid)
+            t0 = time.monotonic()
+            data = self.backend.read_range(path, off, size)
+        else:
+            path = self.ns.path(fid)
+            t0 = time.monotonic()
+            data = self.backend.read(path, size)
         if len(data) != size:  # a backend bug must not become a short file
             raise OSError(f"backend returned {len(data)} bytes for {path!r}, expected {size}")
         if self.on_backend_read is not None:
@@ -1010,7 +1047,11 @@ class TieredCache:
 
     def _read_range(self, fid: int, offset: int, length: int) -> bytes:
         t0 = time.monotonic()
-        data = self.backend.read_range(self.ns.path(fid), offset, length)
+        if fid >= self._nfiles:  # a chunk: a range of its file
+            path, base = self.ns.source(fid)
+            data = self.backend.read_range(path, base + offset, length)
+        else:
+            data = self.backend.read_range(self.ns.path(fid), offset, length)
         if self.on_backend_read is not None:
             self.on_backend_read(time.monotonic() - t0)
         if len(data) != length:
@@ -1101,8 +1142,10 @@ class TieredCache:
     # -- reading ahead: warm-up and the plan prefetcher ---------------------------------------------
     def fetchable(self, fid: int) -> bool:
         """Whether a read ahead of ``fid`` would start now: in no tier, not moving, no read of it in flight
-        (an open's or a prefetch's). Caller holds :attr:`lock`."""
-        return self._absent(fid) and fid not in self._inflight
+        (an open's or a prefetch's); never a chunked file (its chunks are read as its READs reach them).
+        Caller holds :attr:`lock`."""
+        return (self._absent(fid) and fid not in self._inflight
+                and (self.chunks is None or not self.chunks.is_chunked(fid)))
 
     def prefetch(self, fid: int, hold=None, keep_only: bool = False) -> str:
         """Read ``fid`` ahead of its open without counting an open, through the same single-flight as
@@ -1132,6 +1175,8 @@ class TieredCache:
         fid = int(fid)
         if self._unchecked is not None and self._unchecked[fid]:
             self.recheck(fid)
+        if self.chunks is not None and self.chunks.is_chunked(fid):
+            return self._prefetch_chunks(fid, hold, keep_only)
         size = int(self.ns.size(fid))
         if hold is not None:
             return self._read_ahead(fid, size, hold)
@@ -1153,6 +1198,16 @@ class TieredCache:
             if fl.error is not None:
                 raise fl.error
         return fl.tier or "rejected"
+
+    def _prefetch_chunks(self, fid: int, hold, keep_only: bool) -> str:
+        """:meth:`prefetch` of a chunked file: warm-up reads each chunk into the tiers (``"ram"`` /
+        ``"disk"`` when one was admitted there, RAM first, else ``"rejected"``); a read ahead into a
+        plan's window (``hold``) reads nothing (``"resident"``: its chunks are read at its READs)."""
+        if hold is not None:
+            return "resident"
+        first, count = self.chunks.span(fid)
+        got = {self.prefetch(first + k, keep_only=keep_only) for k in range(count)}
+        return next((t for t in ("ram", "disk", "resident") if t in got), "rejected")
 
     def _read_ahead(self, fid: int, size: int, hold) -> str:
         """:meth:`prefetch` into ``hold`` (its docstring): registered in the in-flight table, read from the
@@ -1323,7 +1378,8 @@ class TieredCache:
             return 0
         with self.lock:
             todo = [int(f) for f in fids if self._absent(int(f))]
-        todo = [f for f in todo if self._checked(f) and int(self.ns.size(f)) <= self.shared.max_file]
+        todo = [f for f in todo if self._checked(f) and int(self.ns.size(f)) <= self.shared.max_file
+                and (self.chunks is None or not self.chunks.is_chunked(f))]
         n = 0
         for i in range(0, len(todo), 64):
             batch = todo[i:i + 64]
@@ -1374,6 +1430,8 @@ class TieredCache:
     def close(self) -> None:
         """Stop the background threads, the mover once it has done the moves queued (up to 10 s; the
         trace is closed by its owner). Later moves are done inline. Idempotent."""
+        if self.chunks is not None:
+            self.chunks.close()  # the chunks opened ahead of readers
         self._bg_stop.set()
         self._bg_wake.set()
         self.mover.close(10)

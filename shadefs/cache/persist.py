@@ -577,11 +577,17 @@ class Checkpointer:
         pack_below: the disk tier's :attr:`~shadefs.cache.tiers.DiskTier.pack_below`: packed entries are
             left out of the manifest (their record headers carry size, mtime and generation), so it
             holds at most one row per file entry.
+        ids: the entry ids the manifest lists, when they are more than the files (a
+            :class:`~shadefs.cache.chunks.EntryIds`: the chunks of large files too; ``digests`` must be
+            its paths'); default ``ns``.
     """
 
     def __init__(self, directory: str, ns: Namespace, importance: Importance, index: Optional[TierIndex],
                  digests: PathDigests, lock: threading.Lock, interval_s: float = 60.0, entries=None,
-                 pack_below: int = 0):
+                 pack_below: int = 0, ids=None):
+        # the entry ids of the manifest: the namespace's files, or (a namespace with chunks) a
+        # shadefs.cache.chunks.EntryIds over the files and their chunks; scores are the files'
+        self.ids = ns if ids is None else ids
         self.entries = entries       # the disk tier's EntryTable (generations in the manifest)
         self.pack_below = int(pack_below)  # packed entries (size + header below it) carry their own row
         self.scores_path = os.path.join(directory, SCORES_FILE)
@@ -624,8 +630,8 @@ class Checkpointer:
         The cache lock is held only to read two counters and, when the index keeps a residency array
         (:meth:`TierIndex.track_residency`), to copy it: one byte per file id, a memcpy (~50 us per
         million files). Importance is copied without the lock (the version is read first, so an update
-        racing the copy is written again by the next save). Entries are whole files, so their sizes are
-        the snapshot's. Without a residency array the index's dict is walked under the lock.
+        racing the copy is written again by the next save). Entries are whole files or chunks, so their
+        sizes are the snapshot's (``ids``). Without a residency array the index's dict is walked under the lock.
         """
         with self._save_lock:
             wrote = False
@@ -641,12 +647,14 @@ class Checkpointer:
                         n = len(index.sizes)
                         fids = np.fromiter(index.sizes.keys(), dtype=np.int64, count=n)
                         sizes = np.fromiter(index.sizes.values(), dtype=np.int64, count=n)
-            values = self.importance.values.copy() if version != self._saved_scores else None
+            # the files' scores (a chunk's is its file's)
+            values = self.importance.values[:self.ns.num_files].copy() if version != self._saved_scores else None
+            ids = self.ids
             if flags is not None:
-                fids = np.flatnonzero(flags & index.bit)
+                fids = np.flatnonzero(flags[:ids.num_files] & index.bit)
                 if index.order is not None:  # oldest first (read racily: only the order of files
                     fids = fids[np.argsort(index.order[fids], kind="stable")]  # changing now may move)
-                sizes = self.ns.sizes[fids]
+                sizes = ids.sizes[fids]
             if fids is not None and self.pack_below:
                 files = sizes + HEADER >= self.pack_below
                 fids, sizes = fids[files], sizes[files]
@@ -660,9 +668,9 @@ class Checkpointer:
                     self._saved_scores = version
                     wrote = True
                 if fids is not None:
-                    etags = getattr(self.ns, "etags", None)
+                    etags = getattr(ids, "etags", None)
                     write_index(self.index_path, self.digests.rows(fids), sizes,
-                                self.ns.mtimes_ns[fids], gens, None if etags is None else etags[fids])
+                                ids.mtimes_ns[fids], gens, None if etags is None else etags[fids])
                     self._saved_index = changes
                     wrote = True
             except OSError as e:

@@ -312,10 +312,11 @@ class DiskTier:
         return os.path.join(self.dir, h[:2], entry_name(h, gen, csum))
 
     def table(self, num_files: int) -> "EntryTable":
-        """The generation and checksum of every resident entry, by file id (created on first use)."""
+        """The generation and checksum of every resident entry, by entry id (created on first use, for
+        ``num_files`` ids; a table created for more, the chunks' ids above the files', serves too)."""
         if self._table is None:
             self._table = EntryTable(num_files)
-        elif len(self._table.gen) != num_files:
+        elif len(self._table.gen) < num_files:
             raise ValueError(f"entry table has {len(self._table.gen)} files, not {num_files}")
         return self._table
 

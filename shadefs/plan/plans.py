@@ -125,6 +125,9 @@ class Plan:
         self.created = now
         self.prefetch_pos = 0                  # the prefetcher's scan position (>= pos)
         self.moved = None                      # callback(plan, fid): fid's next planned use moved later
+        # entry ids planned as another id (the chunks of a chunked file are used when their file is):
+        # ``owner_ids(ids) -> file ids`` (shadefs.cache.chunks.ChunkMap), or None
+        self.alias = None
 
     def _build_hash(self, uniq: np.ndarray) -> None:
         """File id -> group (index into ptr / gend): linear probing, capacity a power of two >= 2 x files."""
@@ -214,6 +217,8 @@ class Plan:
 
     def next_position(self, fid: int) -> Optional[int]:
         """The position of ``fid``'s next unconsumed planned use, or None."""
+        if self.alias is not None:
+            fid = self.alias.owner_id(fid)
         if not 0 <= fid < 2**31:
             return None
         g = self._group(fid)
@@ -230,6 +235,8 @@ class Plan:
         out = np.full(fids.shape, -1, dtype=np.int64)
         if fids.size == 0:
             return out
+        if self.alias is not None:
+            fids = self.alias.owner_ids(fids)
         g = self.groups(fids)
         has = g >= 0
         p = np.zeros(fids.shape, dtype=np.int64)
@@ -454,6 +461,9 @@ class PlanRegistry:
         self.unmatched_opens = 0               # opens of a plan's file outside its window, over all plans ever
         self.listeners: List = []              # callback(plan, why) when a plan ends (prefetcher waste)
         self.watchers: List = []               # callback((plan, fid)) when fid's next use in plan moved later
+        # entry ids whose planned uses are their file's (the chunks of a chunked file: a
+        # shadefs.cache.chunks.ChunkMap, with owner_id, owner_ids and alias_ids), or None
+        self.aliases = None
         self.preparers: List = []              # prepare(plans) -> install(): off the lock, for a new plan set
         self._owned = False                    # some plan has an owner: opens are matched to jobs
         self._jobs: Dict[int, tuple] = {}      # opener pid -> (expires, ancestry, version, owner pid)
@@ -564,6 +574,7 @@ class PlanRegistry:
         fids = flat[ids.astype(np.int64, copy=False)]
         segs = [(int(first_epoch) + i, int(n)) for i, n in enumerate(segments)]
         plan = Plan(key, fids, segs, self.num_files, max(self.window, int(window)), now, owner)
+        plan.alias = self.aliases
         with self._installing:  # one announcement prepares and installs at a time (not the cache lock)
             return self._install(plan, key, t, chunks, flat, int(first_epoch))
 
@@ -721,6 +732,11 @@ class PlanRegistry:
             item = (plan, fid)
             for cb in self.watchers:
                 cb(item)
+            if self.aliases is not None:  # the file's chunks: their next use is the file's
+                for cid in self.aliases.alias_ids(fid):
+                    item = (plan, cid)
+                    for cb in self.watchers:
+                        cb(item)
 
     def _remove(self, plan: Plan, why: str) -> None:
         if self.plans.get(plan.key) is plan:

@@ -39,6 +39,9 @@ class Importance:
         self.values = np.full(int(num_files), default, dtype=np.float32)
         self.default = float(default)
         self._listeners: List = []
+        # ids whose value follows others' (the chunks of a chunked file: shadefs.cache.chunks):
+        # ``follower(fids, values) -> (ids, their values)``, applied by every update
+        self.follower = None
 
     def __len__(self) -> int:
         return len(self.values)
@@ -69,6 +72,11 @@ class Importance:
         if not np.all(np.isfinite(values)):
             raise ValueError("importance update: values must be finite")
         self.values[fids] = values
+        if self.follower is not None:
+            ids, vals = self.follower(fids, values)
+            if len(ids):
+                self.values[ids] = vals
+                fids = np.concatenate([fids, ids])
         for cb in self._listeners:
             cb(fids)
 
