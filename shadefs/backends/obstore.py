@@ -131,6 +131,9 @@ class ObstoreBackend(Backend):
         connect_timeout, read_timeout (float seconds): set those per-attempt timeouts explicitly.
         listing (str): ``auto`` (through the fsspec implementation when installed, else obstore),
             ``fsspec`` or ``obstore``.
+        allow_http (bool): allow a plain ``http://`` store URL (an emulator on loopback: a GCS
+            service-account file whose ``gcs_base_url`` is ``http://...``, Azurite); an S3
+            ``endpoint_url`` starting with ``http://`` allows it by itself.
         pool_connections (int): idle connections kept per host (the daemon passes the prefetch
             concurrency plus its read concurrency); connections in flight are never capped, so a
             stalled request never makes another wait. ``max_pool_connections`` is read as the same.
@@ -190,6 +193,8 @@ class ObstoreBackend(Backend):
         for name in ("connect_timeout", "read_timeout"):
             if name in options:
                 client[name] = f"{_seconds(options.pop(name), name)}s"
+        if "allow_http" in options:
+            client["allow_http"] = _bool(options.pop("allow_http"))
         for name in ("pool_connections", "max_pool_connections"):
             if name in options:
                 value = options.pop(name)
