@@ -67,6 +67,9 @@ _S3_KEYS = {"endpoint_url": "endpoint", "endpoint": "endpoint", "region": "regio
 _SECRET_NAME = re.compile(r"key|secret|token|password|passwd|credential|signature|sas", re.IGNORECASE)
 _STATUS = re.compile(r"status code: (\d{3})")
 _CODE = re.compile(r"<Code>([A-Za-z]+)</Code>")
+# object_store's answer to a range past the end where the store itself does not answer HTTP 416 (Azure
+# Blob Storage serves such a range as the whole object; object_store then checks it against the length)
+_PAST_END = re.compile(r"Wanted range starting at \d+, but object was only \d+ bytes long")
 
 
 def _seconds(value: Any, name: str) -> float:
@@ -108,6 +111,8 @@ def obstore_transient(exc: BaseException) -> bool:
         return False
     if isinstance(exc, _obx.GenericError):
         text = str(exc)
+        if _PAST_END.search(text):
+            return False
         code = _CODE.search(text)
         if code and code.group(1) in TRANSIENT_CODES:
             return True
@@ -401,7 +406,8 @@ class ObstoreBackend(Backend):
             try:
                 result = _obs.get(self._store, key, options=opts)
             except _obx.GenericError as e:
-                if "416" in str(e) and _STATUS.search(str(e)):
+                text = str(e)
+                if ("416" in text and _STATUS.search(text)) or _PAST_END.search(text):
                     return b""  # the range starts at or past the end
                 raise
             if etag is None:
