@@ -88,3 +88,11 @@ def test_a_range_at_or_past_the_end_is_empty_where_the_store_answers_no_416(monk
         obstore.get(b._store, "ds/a.bin", options={"range": (10, 20)})
     assert obstore_transient(e.value) is False
     b.close()
+
+
+def test_deadline_bounds_each_attempt_to_half_of_it():
+    b = open_backend("s3://bkt/p", region="us-east-1", timeout_s="60", deadline_s="4")
+    assert b.bounds_own_reads and b.deadline_s == 4.0
+    assert b._store.client_options == {"pool_max_idle_per_host": "64", "connect_timeout": "2.0s",
+                                       "read_timeout": "2.0s", "timeout": "2.0s"}
+    b.close()
