@@ -8,6 +8,8 @@ What runs (each a fresh training process, the same model, seed, batch size and s
   sample with ONE GET (s3fs ``cat_file``, ``max_concurrency=1``, the call shadefs's fsspec backend makes
   on a miss; the default obstore backend makes the same one GET), decoded like ImageFolder (``PIL.Image.open(...).convert("RGB")``). Each DataLoader
   worker opens its own s3fs client after the fork.
+- ``direct S3, obstore`` (``--configs direct-obstore``): the same reader with obstore's ``get`` on an
+  ``S3Store`` per worker instead of s3fs (the client shadefs's default backend uses).
 - ``shadefs lru`` / ``shadefs static``: ``shadefs mount s3://... --policy P --ram-cache C%`` and an
   unmodified ImageFolder on the mount, ``shuffle=True``.
 - ``shadefs shade + hook``: ``--policy shade`` and the training hook (``ShadeSampler`` +
@@ -33,6 +35,7 @@ Usage::
 
     bench_epoch.py [--quick] [--train-limit N] [--epochs E] [--sizes 10,20,40]
                    [--configs direct,local,lru,static,shade] [--delay-ms 1] [--rate 1gbit]
+                   [--repeat N] [--no-limit] [--baseline REV]
                    [--workdir DIR] [--json OUT.json] [--write-doc]
     bench_epoch.py --results OUT.json --write-doc      # re-render the doc from a saved run
 
