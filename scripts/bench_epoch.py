@@ -8,6 +8,8 @@ What runs (each a fresh training process, the same model, seed, batch size and s
   sample with ONE GET (s3fs ``cat_file``, ``max_concurrency=1``, the call shadefs's fsspec backend makes
   on a miss; the default obstore backend makes the same one GET), decoded like ImageFolder (``PIL.Image.open(...).convert("RGB")``). Each DataLoader
   worker opens its own s3fs client after the fork.
+- ``direct S3, obstore`` (``--configs direct-obstore``): the same reader with obstore's ``get`` on an
+  ``S3Store`` per worker instead of s3fs (the client shadefs's default backend uses).
 - ``shadefs lru`` / ``shadefs static``: ``shadefs mount s3://... --policy P --ram-cache C%`` and an
   unmodified ImageFolder on the mount, ``shuffle=True``.
 - ``shadefs shade + hook``: ``--policy shade`` and the training hook (``ShadeSampler`` +
@@ -33,6 +35,7 @@ Usage::
 
     bench_epoch.py [--quick] [--train-limit N] [--epochs E] [--sizes 10,20,40]
                    [--configs direct,local,lru,static,shade] [--delay-ms 1] [--rate 1gbit]
+                   [--repeat N] [--no-limit] [--baseline REV]
                    [--workdir DIR] [--json OUT.json] [--write-doc]
     bench_epoch.py --results OUT.json --write-doc      # re-render the doc from a saved run
 
@@ -73,11 +76,12 @@ DOC = os.path.join(REPO, "docs", "performance.md")
 PLOT = os.path.join(REPO, "docs", "img", "bench_epoch.png")
 START, END = docsection.markers("bench_epoch")
 MEAN, STD = (0.2860,) * 3, (0.3530,) * 3
-CONFIG_ORDER = ("direct", "local", "lru", "static", "shade", "plan", "shade-noplan",
+CONFIG_ORDER = ("direct", "direct-obstore", "local", "lru", "static", "shade", "plan", "shade-noplan",
                 "lru-fsspec", "static-fsspec", "lru-base", "static-base")
-DEFAULT_CONFIGS = CONFIG_ORDER[:7]
-MOUNTED = CONFIG_ORDER[2:]
-LABELS = {"direct": "direct S3 (no shadefs)", "local": "local disk (no shadefs)",
+DEFAULT_CONFIGS = ("direct",) + CONFIG_ORDER[2:8]
+MOUNTED = CONFIG_ORDER[3:]
+DIRECT = ("direct", "direct-obstore")  # the FUSE-less readers: s3fs or obstore in each DataLoader worker
+LABELS = {"direct": "direct S3 (no shadefs)", "direct-obstore": "direct S3, obstore (no shadefs)", "local": "local disk (no shadefs)",
           "lru": "shadefs lru", "static": "shadefs static", "shade": "shadefs shade + hook",
           "plan": "shadefs static + PlanSampler", "shade-noplan": "shadefs shade + hook, no plan",
           "lru-fsspec": "shadefs lru, --backend fsspec", "static-fsspec": "shadefs static, --backend fsspec",
@@ -252,8 +256,9 @@ def child_main(cfg: Dict[str, Any]) -> int:
     torch.manual_seed(cfg["seed"])
     transform = transforms.Compose([transforms.Resize(cfg["image_size"]), transforms.ToTensor(),
                                     transforms.Normalize(MEAN, STD)])
-    if cfg["config"] == "direct":
-        dataset = S3ImageFolder(cfg["endpoint"], cfg["s3_root"], transform)
+    if cfg["config"] in DIRECT:
+        dataset = S3ImageFolder(cfg["endpoint"], cfg["s3_root"], transform,
+                                client="obstore" if cfg["config"] == "direct-obstore" else "s3fs")
     else:
         dataset = datasets.ImageFolder(cfg["data"], transform=transform)
     common = dict(batch_size=cfg["batch_size"], num_workers=cfg["workers"],
@@ -417,10 +422,14 @@ def parse_args(argv=None) -> argparse.Namespace:
                                                  "--quick: 20)")
     p.add_argument("--configs", default=",".join(DEFAULT_CONFIGS),
                    help="which runs: direct,local,lru,static,shade,plan,shade-noplan (default), and "
+                   "direct-obstore (the direct reader on obstore instead of s3fs), "
                    "lru-fsspec,static-fsspec (--backend fsspec), lru-base,static-base (--baseline REV)")
     p.add_argument("--baseline", default=None, metavar="REV",
                    help="git revision whose shadefs package the -base configs mount (e.g. c9061c1)")
     p.add_argument("--quick", action="store_true", help="a ~2 minute validation run")
+    p.add_argument("--repeat", type=int, default=1, metavar="N",
+                   help="run the whole list of configs N times, round after round (load swings hit all)")
+    p.add_argument("--no-limit", action="store_true", help="skip the physical-limit probe (about a minute)")
     p.add_argument("--delay-ms", type=float, default=1.0, help="proxy: one-way delay per direction")
     p.add_argument("--rate", default="1gbit", help="proxy: rate per direction (0 = unlimited)")
     p.add_argument("--proxy-mode", choices=("http", "tcp"), default="http",
@@ -476,10 +485,10 @@ def merge_results(paths: List[str]) -> Dict[str, Any]:
     runs: Dict[tuple, Dict[str, Any]] = {}
     for i, c in enumerate(chunks):
         for r in c["runs"]:
-            runs[(r["config"], r["size_pct"])] = dict(r, chunk=i, summary=summarize(r))
+            runs[(r["config"], r["size_pct"], r.get("round", 0))] = dict(r, chunk=i, summary=summarize(r))
     order = {c: i for i, c in enumerate(CONFIG_ORDER)}
-    base["runs"] = sorted(runs.values(), key=lambda r: (r["size_pct"] is not None, r["size_pct"] or 0,
-                                                        order[r["config"]]))
+    base["runs"] = sorted(runs.values(), key=lambda r: (r.get("round", 0), r["size_pct"] is not None,
+                                                        r["size_pct"] or 0, order[r["config"]]))
     base["chunks"] = [{k: c.get(k) for k in ("command", "started", "load_start", "load_end", "total_s",
                                              "limit", "probe")} for c in chunks]
     base["limits"] = {i: c.get("limit") for i, c in enumerate(chunks)}
@@ -557,30 +566,33 @@ def run_benchmark(a: argparse.Namespace) -> Dict[str, Any]:
         c = a.limit_clients
         log(f"physical limit: GETs/s with {c} clients (1 process; 4 processes), moto alone and through "
             "the proxy")
-        L = {"load": list(os.getloadavg()), "concurrency": c,
-             "moto_alone": limit_gets(moto.endpoint, keys, 4, max(1, c // 4)),
-             "proxy_1proc": limit_gets(proxy.endpoint, keys, 1, c),
-             "proxy_4proc": limit_gets(proxy.endpoint, keys, 4, max(1, c // 4))}
-        L["proxy_c"] = max(L["proxy_1proc"], L["proxy_4proc"])
-        L["link_Bps"] = parse_rate(a.rate) / 8 if parse_rate(a.rate) else None
-        results["limit"] = L
-        log(f"  moto alone {L['moto_alone']:.0f}/s; through the proxy {L['proxy_1proc']:.0f}/s "
-            f"(1 process), {L['proxy_4proc']:.0f}/s (4 processes)")
-        plan = [(c, None) for c in ("direct", "local") if c in a.configs]
-        plan += [(c, s) for s in a.sizes for c in MOUNTED if c in a.configs]
+        if not a.no_limit:
+            L = {"load": list(os.getloadavg()), "concurrency": c,
+                 "moto_alone": limit_gets(moto.endpoint, keys, 4, max(1, c // 4)),
+                 "proxy_1proc": limit_gets(proxy.endpoint, keys, 1, c),
+                 "proxy_4proc": limit_gets(proxy.endpoint, keys, 4, max(1, c // 4))}
+            L["proxy_c"] = max(L["proxy_1proc"], L["proxy_4proc"])
+            L["link_Bps"] = parse_rate(a.rate) / 8 if parse_rate(a.rate) else None
+            results["limit"] = L
+            log(f"  moto alone {L['moto_alone']:.0f}/s; through the proxy {L['proxy_1proc']:.0f}/s "
+                f"(1 process), {L['proxy_4proc']:.0f}/s (4 processes)")
+        one = [(c, None) for c in ("direct", "direct-obstore", "local") if c in a.configs]
+        one += [(c, s) for s in a.sizes for c in MOUNTED if c in a.configs]
+        plan = [(c, s, k) for k in range(a.repeat) for c, s in one]
         base = {"epochs": a.epochs, "batch_size": a.batch_size, "workers": a.workers,
                 "image_size": a.image_size, "seed": a.seed}
-        for i, (config, size) in enumerate(plan):
+        for i, (config, size, rnd) in enumerate(plan):
             name = config if size is None else f"{config}-{size}"
             cfg = dict(base, config=config)
             load = os.getloadavg()
             log(f"run {i + 1}/{len(plan)}: {LABELS[config]}" + (f", cache {size} %" if size else "")
+                + (f", round {rnd + 1}" if a.repeat > 1 else "")
                 + f"  (load average {load[0]:.2f})")
             t_run = time.monotonic()
             cpu_moto, cpu_proxy = proc_cpu(moto.pid), proc_cpu(proxy.pid)
             gets0 = proxy.snapshot()
             daemon_cpu = None
-            if config == "direct":
+            if config in DIRECT:
                 cfg.update(endpoint=proxy.endpoint, s3_root=f"{BUCKET}/{prefix}/train")
                 run = run_child(cfg, a.run_timeout, proxy.snapshot)
             elif config == "local":
@@ -600,8 +612,10 @@ def run_benchmark(a: argparse.Namespace) -> Dict[str, Any]:
                                 ["--backend", "fsspec"] if config.endswith("-fsspec") else (),
                                 base_code if config.endswith("-base") else None)
                     cfg.update(data=os.path.join(mnt, "train"), mnt=mnt)
+                    mount_cpu = proc_cpu(pid)  # start-up: imports, the listing, the scan
                     run = run_child(cfg, a.run_timeout, proxy.snapshot)
-                    daemon_cpu = proc_cpu(pid)
+                    daemon_cpu = proc_cpu(pid) - mount_cpu  # the training run's: the reads
+                    run["daemon_mount_cpu_s"] = mount_cpu
                     run["backend_read"] = backend_read_latency(metrics_port)
                 finally:
                     unmount(mnt, pid, exit_timeout=20, log=log)
@@ -617,7 +631,7 @@ def run_benchmark(a: argparse.Namespace) -> Dict[str, Any]:
             gets1 = proxy.snapshot()  # backend GETs and object bytes of the whole run, counted by the proxy
             run["proxy_gets"] = gets1["gets"] - gets0["gets"]
             run["proxy_get_bytes"] = gets1["get_body_bytes"] - gets0["get_body_bytes"]
-            run.update(config=config, size_pct=size, load_before=list(load),
+            run.update(config=config, size_pct=size, round=rnd, load_before=list(load),
                        wall_s=time.monotonic() - t_run, daemon_cpu_s=daemon_cpu,
                        moto_cpu_s=proc_cpu(moto.pid) - cpu_moto,
                        proxy_cpu_s=proc_cpu(proxy.pid) - cpu_proxy)
@@ -664,10 +678,19 @@ def limit_of(results: Dict[str, Any], run: Dict[str, Any]) -> Optional[Dict[str,
     return {"cold": lims[0], "warm": statistics.mean(lims[1:] or lims)}
 
 
+def _label(r: Dict[str, Any], results: Dict[str, Any]) -> str:
+    rounds = results["args"].get("repeat", 1)
+    return LABELS[r["config"]] + (f", round {r.get('round', 0) + 1}" if rounds > 1 else "")
+
+
+def _direct_of(r: Dict[str, Any], runs: List[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+    """The s3fs direct reader's run of ``r``'s round (the reference of "vs direct S3")."""
+    return next((d for d in runs if d["config"] == "direct" and d.get("round", 0) == r.get("round", 0)),
+                next((d for d in runs if d["config"] == "direct"), None))
+
+
 def table(results: Dict[str, Any]) -> str:
     runs = results["runs"]
-    direct = next((r for r in runs if r["config"] == "direct"), None)
-    ref = direct["summary"]["warm_s"] if direct else None
     e = results["args"]["epochs"]
     warm_label = f"epochs 2..{e} (mean)" if e > 2 else ("epoch 2" if e == 2 else "epoch 1")
     head = ["run", "cache", "load", "epoch 1 (cold)", warm_label, "warm img/s", "warm vs direct S3",
@@ -676,10 +699,12 @@ def table(results: Dict[str, Any]) -> str:
     rows = []
     for r in runs:
         s = r["summary"]
+        direct = _direct_of(r, runs)
+        ref = direct["summary"]["warm_s"] if direct else None
         lim = limit_of(results, r)
         two = lambda a, b, f: (f"{format(s[a], f)} / {format(s[b], f)}" if a in s else "")  # noqa: E731
         rows.append([
-            LABELS[r["config"]], "" if r["size_pct"] is None else f"{r['size_pct']} %",
+            _label(r, results), "" if r["size_pct"] is None else f"{r['size_pct']} %",
             f"{r['load_before'][0]:.1f}",
             f"{s['cold_s']:.1f} s", f"{s['warm_s']:.1f} s", f"{s['warm_img_s']:.0f}",
             f"{ref / s['warm_s']:.2f}x" if ref else "",
@@ -705,7 +730,7 @@ def cpu_table(results: Dict[str, Any]) -> str:
         images = sum(e["samples"] for e in r["epochs"])
         parts = [r["train_cpu_s"], r.get("daemon_cpu_s") or 0.0, r["moto_cpu_s"], r["proxy_cpu_s"]]
         rows.append([
-            LABELS[r["config"]], "" if r["size_pct"] is None else f"{r['size_pct']} %",
+            _label(r, results), "" if r["size_pct"] is None else f"{r['size_pct']} %",
             f"{epoch_s:.1f} s", f"{parts[0]:.1f} s",
             "" if r.get("daemon_cpu_s") is None else f"{parts[1]:.1f} s",
             f"{parts[2]:.1f} s", f"{parts[3]:.1f} s", f"{1e3 * sum(parts) / max(images, 1):.1f} ms",
@@ -723,19 +748,19 @@ def plot(results: Dict[str, Any], path: str) -> None:
     sizes = sorted({r["size_pct"] for r in runs if r["size_pct"] is not None})
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.4))
     axes[1].sharey(axes[0])  # cold and warm on one scale
-    colors = {"direct": "tab:red", "local": "tab:gray", "lru": "tab:orange", "static": "tab:blue",
+    colors = {"direct": "tab:red", "direct-obstore": "tab:pink", "local": "tab:gray", "lru": "tab:orange", "static": "tab:blue",
               "shade": "tab:green", "plan": "tab:purple", "shade-noplan": "tab:olive"}
     e = results["args"]["epochs"]
     for ax, key, title in ((axes[0], "cold_s", "epoch 1 (cold cache)"),
                            (axes[1], "warm_s", f"epochs 2..{e}, mean (warm)" if e > 2 else "epoch 2")):
         for r in runs:
             if r["size_pct"] is None:
-                ax.axhline(r["summary"][key], color=colors[r["config"]], linestyle="--",
+                ax.axhline(r["summary"][key], color=colors.get(r["config"]), linestyle="--",
                            label=LABELS[r["config"]])
         for c in MOUNTED:
             pts = [(r["size_pct"], r["summary"][key]) for r in runs if r["config"] == c]
             if pts:
-                ax.plot(*zip(*pts), marker="o", color=colors[c], label=LABELS[c])
+                ax.plot(*zip(*pts), marker="o", color=colors.get(c), label=LABELS[c])
         ax.set_title(title)
         ax.set_xlabel("RAM tier, % of dataset bytes")
         ax.set_ylabel("epoch time, s")
@@ -747,7 +772,7 @@ def plot(results: Dict[str, Any], path: str) -> None:
     for c in MOUNTED:
         pts = [(r["size_pct"], 100 * r["summary"]["warm_hit"]) for r in runs if r["config"] == c]
         if pts:
-            ax.plot(*zip(*pts), marker="o", color=colors[c], label=LABELS[c])
+            ax.plot(*zip(*pts), marker="o", color=colors.get(c), label=LABELS[c])
     if sizes:
         ax.plot(sizes, sizes, color="black", linestyle=":", label="cache fraction")
     ax.set_title("hit ratio, warm epochs")

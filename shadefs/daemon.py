@@ -19,7 +19,7 @@ from typing import Optional
 
 import numpy as np
 
-from .backends.base import open_backend
+from .backends.base import backend_for
 from .backends.timeout import TimeoutBackend
 from .cache.chunks import ChunkMap, EntryIds
 from .cache.core import TieredCache
@@ -130,8 +130,15 @@ class Daemon:
             options.setdefault("timeout_s", cfg.backend_timeout_s)  # fsspec: connect/read timeouts
         if "://" in cfg.source:  # pools sized so no read waits for a connection: prefetches + misses
             options.setdefault("pool_connections", cfg.prefetch_concurrency + MISS_WORKERS)
-        self.backend = open_backend(cfg.source, cfg.backend, **options)
-        if cfg.backend_timeout_s > 0:  # the deadline of every read, whatever the backend does
+        cls = backend_for(cfg.source, cfg.backend)
+        # the deadline of every read, whatever the backend does: kept by the backend itself where it can
+        # (obstore: the request is bounded in Rust), else each read is handed to a deadline thread (two
+        # thread hand-offs per miss)
+        own = cfg.backend_timeout_s > 0 and cls.bounds_own_reads
+        if own:
+            options.setdefault("deadline_s", cfg.backend_timeout_s)
+        self.backend = cls(cfg.source, **options)
+        if cfg.backend_timeout_s > 0 and not own:
             self.backend = TimeoutBackend(self.backend, cfg.backend_timeout_s)
         self.namespace = self._namespace()
         ns = self.namespace

@@ -239,6 +239,10 @@ class Backend(abc.ABC):
     #: object store's ETag) rather than the file's identity (a posix inode number, the same for every
     #: version): only a version goes into the shared tier's keys, which nodes with their own copies share
     etags_are_versions: bool = True
+    #: whether the backend takes a ``deadline_s`` option (seconds) and then returns or raises within it
+    #: on every read and stat by itself: the daemon passes ``--backend-timeout`` that way instead of
+    #: handing each read to a deadline thread (:class:`~shadefs.backends.timeout.TimeoutBackend`)
+    bounds_own_reads: bool = False
 
     def __init__(self, url: str, **options):
         self.url = url

@@ -28,6 +28,7 @@ import datetime as dt
 import logging
 import re
 import threading
+import time
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, TypeVar
 
 from .base import Backend, BackendError, DirChunk, Entry, ScanReport, chunks_from_entries, mtime_ns
@@ -67,6 +68,9 @@ _S3_KEYS = {"endpoint_url": "endpoint", "endpoint": "endpoint", "region": "regio
 _SECRET_NAME = re.compile(r"key|secret|token|password|passwd|credential|signature|sas", re.IGNORECASE)
 _STATUS = re.compile(r"status code: (\d{3})")
 _CODE = re.compile(r"<Code>([A-Za-z]+)</Code>")
+# object_store's answer to a range past the end where the store itself does not answer HTTP 416 (Azure
+# Blob Storage serves such a range as the whole object; object_store then checks it against the length)
+_PAST_END = re.compile(r"Wanted range starting at \d+, but object was only \d+ bytes long")
 
 
 def _seconds(value: Any, name: str) -> float:
@@ -108,6 +112,8 @@ def obstore_transient(exc: BaseException) -> bool:
         return False
     if isinstance(exc, _obx.GenericError):
         text = str(exc)
+        if _PAST_END.search(text):
+            return False
         code = _CODE.search(text)
         if code and code.group(1) in TRANSIENT_CODES:
             return True
@@ -126,11 +132,18 @@ class ObstoreBackend(Backend):
     Options (strings from ``--backend-opt KEY=VALUE``):
         retries, retry_base_s, retry_max_s, retry_seed: the retry policy, as the fsspec backend's.
         timeout_s (float): caps the connect timeout (5 s) and the read timeout (15 s without a byte)
-            of one attempt (the daemon passes ``--backend-timeout``); the whole read, retries included,
-            is bounded by the daemon's per-read deadline.
+            of one attempt.
+        deadline_s (float): every read and stat returns or raises within this many seconds, retries
+            included (the daemon passes ``--backend-timeout``; :attr:`bounds_own_reads`): one attempt
+            lasts at most half of it (obstore's request timeout) and a retry starts only if it can end
+            in time, so a stalled GET is EIO after half the deadline. The request is bounded inside
+            obstore (Rust, the GIL released), so no deadline thread is needed per read.
         connect_timeout, read_timeout (float seconds): set those per-attempt timeouts explicitly.
         listing (str): ``auto`` (through the fsspec implementation when installed, else obstore),
             ``fsspec`` or ``obstore``.
+        allow_http (bool): allow a plain ``http://`` store URL (an emulator on loopback: a GCS
+            service-account file whose ``gcs_base_url`` is ``http://...``, Azurite); an S3
+            ``endpoint_url`` starting with ``http://`` allows it by itself.
         pool_connections (int): idle connections kept per host (the daemon passes the prefetch
             concurrency plus its read concurrency); connections in flight are never capped, so a
             stalled request never makes another wait. ``max_pool_connections`` is read as the same.
@@ -150,9 +163,11 @@ class ObstoreBackend(Backend):
     """
 
     scheme = "obstore"
+    bounds_own_reads = True
 
     def __init__(self, url: str, retries: Any = 5, retry_base_s: Any = 0.1, retry_max_s: Any = 5.0,
-                 retry_seed: Any = None, timeout_s: Any = None, listing: Any = "auto", **options: Any):
+                 retry_seed: Any = None, timeout_s: Any = None, listing: Any = "auto",
+                 deadline_s: Any = None, **options: Any):
         if listing not in ("auto", "fsspec", "obstore"):
             raise BackendError(f"backend option listing={listing!r}: choose auto, fsspec or obstore")
         self.listing = listing
@@ -190,6 +205,14 @@ class ObstoreBackend(Backend):
         for name in ("connect_timeout", "read_timeout"):
             if name in options:
                 client[name] = f"{_seconds(options.pop(name), name)}s"
+        self.deadline_s = None if deadline_s in (None, "") else _seconds(deadline_s, "deadline_s")
+        if self.deadline_s is not None:  # one attempt at most half the deadline: a retry can follow
+            half = self.deadline_s / 2
+            client["timeout"] = f"{half}s"
+            for name in ("connect_timeout", "read_timeout"):
+                client[name] = f"{min(float(client[name][:-1]), half)}s"
+        if "allow_http" in options:
+            client["allow_http"] = _bool(options.pop("allow_http"))
         for name in ("pool_connections", "max_pool_connections"):
             if name in options:
                 value = options.pop(name)
@@ -262,7 +285,10 @@ class ObstoreBackend(Backend):
             except _obx.BaseError as e:  # obstore's text ends in pages of debug output: the first line
                 raise ObjectStoreError(_short(e), obstore_transient(e)) from e
 
-        return self.retry.call(run, what, secrets=self._secrets)
+        if self.deadline_s is None:
+            return self.retry.call(run, what, secrets=self._secrets)
+        return self.retry.call(run, what, secrets=self._secrets, deadline=time.monotonic() + self.deadline_s,
+                               attempt_s=self.deadline_s / 2)
 
     def _key(self, path: str) -> str:
         return self._key_prefix + path
@@ -396,7 +422,8 @@ class ObstoreBackend(Backend):
             try:
                 result = _obs.get(self._store, key, options=opts)
             except _obx.GenericError as e:
-                if "416" in str(e) and _STATUS.search(str(e)):
+                text = str(e)
+                if ("416" in text and _STATUS.search(text)) or _PAST_END.search(text):
                     return b""  # the range starts at or past the end
                 raise
             if etag is None:

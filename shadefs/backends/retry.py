@@ -182,13 +182,17 @@ class RetryPolicy:
         with self._rng_lock:
             return self._rng.uniform(d / 2, d)
 
-    def call(self, fn: Callable[[], T], what: str, secrets: Iterable[str] = ()) -> T:
+    def call(self, fn: Callable[[], T], what: str, secrets: Iterable[str] = (),
+             deadline: Optional[float] = None, attempt_s: float = 0.0) -> T:
         """Return ``fn()``, retrying transient failures.
 
         Args:
             fn: the call; it is repeated whole, so it must have no side effects beyond the request.
             what: names the operation in messages, e.g. ``"read 'a/b.jpg'"`` (no secrets).
             secrets: strings masked in messages.
+            deadline: ``time.monotonic()`` by which the call must have returned or raised, or None: a
+                retry is started only if its backoff plus ``attempt_s`` (the longest one attempt can
+                take, in seconds) still ends by then.
 
         Raises:
             FileNotFoundError: as raised by ``fn`` (never retried).
@@ -203,8 +207,13 @@ class RetryPolicy:
                 raise
             except Exception as e:  # noqa: BLE001 - classified below, re-raised as BackendError
                 transient = self._classify(e)
-                if transient and attempt < self.retries:
-                    delay = self.backoff(attempt)
+                delay = self.backoff(attempt) if transient and attempt < self.retries else 0.0
+                if delay and deadline is not None and time.monotonic() + delay + attempt_s > deadline:
+                    msg = redact(f"{what}: failed after {attempt + 1} attempts, no time left for another "
+                                 f"within the deadline: {_describe(e)}", secrets)
+                    log.error("%s", msg)
+                    raise BackendError(msg) from e
+                if delay:
                     log.debug("%s: transient failure (attempt %d of %d), retrying in %.2f s: %s",
                               what, attempt + 1, self.retries + 1, delay,
                               redact(_describe(e), secrets))

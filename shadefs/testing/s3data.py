@@ -4,7 +4,7 @@
 - :func:`s3fs_client`: an s3fs client configured like shadefs's fsspec backend (one GET per object).
 - :func:`probe`: the whole-object GET latency seen at one or more endpoints.
 - :class:`S3ImageFolder`: the FUSE-less reader, a torch-style Dataset with ImageFolder's semantics over
-  ``bucket/prefix``, one GET per sample, one s3fs client per DataLoader worker.
+  ``bucket/prefix``, one GET per sample, one client (s3fs, or obstore's ``S3Store``) per DataLoader worker.
 
 Needs the ``test`` extra (boto3, s3fs; torchvision and Pillow for :class:`S3ImageFolder`).
 """
@@ -17,7 +17,7 @@ import statistics
 import time
 from typing import Dict, List, Sequence
 
-__all__ = ["upload", "s3fs_client", "probe", "S3ImageFolder"]
+__all__ = ["upload", "s3fs_client", "obstore_client", "probe", "S3ImageFolder"]
 
 
 def upload(endpoint: str, bucket: str, prefix: str, root: str, splits: Sequence[str] = ("train",),
@@ -57,6 +57,18 @@ def s3fs_client(endpoint: str):
                              client_kwargs={"endpoint_url": endpoint, "region_name": "us-east-1"})
 
 
+def obstore_client(endpoint: str, bucket: str):
+    """A fresh obstore ``S3Store`` of ``bucket`` at ``endpoint`` (plain http allowed, region us-east-1,
+    credentials from the environment), retries off as in shadefs's obstore backend."""
+    import datetime
+
+    from obstore.store import S3Store
+
+    return S3Store(bucket, config={"endpoint": endpoint, "region": "us-east-1"},
+                   client_options={"allow_http": True},
+                   retry_config={"max_retries": 0, "retry_timeout": datetime.timedelta(seconds=1)})
+
+
 def probe(endpoints: Dict[str, str], key: str, n: int = 60, warmup: int = 5) -> Dict[str, Dict[str, float]]:
     """Latency of whole-object GETs of ``key`` (``bucket/path``; s3fs ``cat_file``) at each endpoint: ``n``
     rounds, one sequential GET per endpoint per round (interleaved, so load swings hit all alike), after
@@ -82,7 +94,8 @@ class S3ImageFolder:
     """The FUSE-less reader: ImageFolder semantics over ``s3://bucket/prefix`` with one GET per sample.
 
     ``endpoint``: the S3 endpoint URL; ``root``: ``bucket/prefix`` (the folder holding one directory per
-    class). Classes are the sorted first-level "directories", samples sorted by key within a class, exactly
+    class); ``client``: ``"s3fs"`` (``cat_file``, as a reader written with fsspec does) or ``"obstore"``
+    (``obstore.get`` on an ``S3Store``, the client shadefs's default backend uses); the listing is s3fs's. Classes are the sorted first-level "directories", samples sorted by key within a class, exactly
     ImageFolder's order, so a seeded shuffle visits the same files in the same order as on a mount. An
     item is ``(transform(PIL RGB image), class index)``, as ImageFolder's.
 
@@ -92,13 +105,15 @@ class S3ImageFolder:
             (``multiprocessing.Value``; read ``.value``).
     """
 
-    def __init__(self, endpoint: str, root: str, transform=None):
+    def __init__(self, endpoint: str, root: str, transform=None, client: str = "s3fs"):
         import gc
         import multiprocessing
 
         from torchvision.datasets.folder import IMG_EXTENSIONS
 
-        self.endpoint, self.root, self.transform = endpoint, root.rstrip("/"), transform
+        if client not in ("s3fs", "obstore"):
+            raise ValueError(f"client {client!r}: choose s3fs or obstore")
+        self.endpoint, self.root, self.transform, self.client = endpoint, root.rstrip("/"), transform, client
         lister = s3fs_client(endpoint)
         keys = sorted(k for k in lister.find(self.root) if k.lower().endswith(IMG_EXTENSIONS))
         # Close the listing client here, before the DataLoader forks: else each worker inherits it
@@ -122,10 +137,19 @@ class S3ImageFolder:
         from PIL import Image
 
         if self._pid != os.getpid():  # one client per DataLoader worker, made after the fork
-            self._fs, self._pid = s3fs_client(self.endpoint), os.getpid()
+            if self.client == "obstore":
+                self._fs = obstore_client(self.endpoint, self.root.split("/", 1)[0])
+            else:
+                self._fs = s3fs_client(self.endpoint)
+            self._pid = os.getpid()
         key, target = self.samples[index]
         t0 = time.perf_counter()
-        data = self._fs.cat_file(key)
+        if self.client == "obstore":
+            import obstore
+
+            data = bytes(obstore.get(self._fs, key.split("/", 1)[1]).bytes())
+        else:
+            data = self._fs.cat_file(key)
         seconds = time.perf_counter() - t0
         with self.gets.get_lock():
             self.gets.value += 1

@@ -123,6 +123,28 @@ def test_stalled_get_is_eio_in_about_the_read_timeout_per_attempt(proxy, caplog)
         b.close()
 
 
+def test_a_deadline_is_kept_by_the_backend_itself_with_no_attempt_past_it(proxy, caplog):  # noqa: F811
+    """deadline_s (the daemon passes --backend-timeout; no deadline thread then): a stalled attempt ends at
+    half the deadline and no retry starts that could not end by it, so the stalled GET is the only one;
+    a fast transient failure is still retried."""
+    b = make_backend(proxy.endpoint, retries="5", deadline_s="2")
+    try:
+        assert b.bounds_own_reads
+        assert b.read("README", 6) == FILES["README"]
+        proxy.clear()
+        proxy.inject("stall", 10)
+        with caplog.at_level(logging.ERROR):
+            with pytest.raises(BackendError, match=r"read 'README': failed after 1 attempts, no time left"):
+                b.read("README", 6)
+        assert proxy.count("GET", "README") == 1
+        proxy.clear()
+        proxy.inject("503", 1)
+        assert b.read("README", 6) == FILES["README"]
+        assert proxy.count("GET", "README") == 2
+    finally:
+        b.close()
+
+
 def test_sixteen_stalled_gets_never_hold_up_another_read(proxy):  # noqa: F811
     b = make_backend(proxy.endpoint, retries="0", timeout_s="30", pool_connections="4")
     try:

@@ -58,3 +58,41 @@ def test_bad_options_are_one_line_backend_errors(url, options, message):
 def test_other_schemes_are_refused_with_the_fsspec_hint():
     with pytest.raises(BackendError, match=r"not 'memory://x' \(use --backend fsspec\)"):
         open_backend("memory://x", "obstore")
+
+
+def test_allow_http_reaches_the_client_of_every_store_kind():
+    for url, opts in (("gs://bkt/p", {}), ("az://ctr/p", {"account_name": "acct"})):
+        b = open_backend(url, allow_http="true", **opts)
+        assert b._store.client_options["allow_http"] == "true", url
+        assert "allow_http" not in b._store.config, url  # a client option, not a store key
+        b.close()
+
+
+def test_a_range_at_or_past_the_end_is_empty_where_the_store_answers_no_416(monkeypatch):
+    """Azure Blob Storage (Azurite checked) answers a range past the end with the whole object and
+    object_store then raises "Wanted range starting at N, but object was only N bytes long", with no
+    HTTP status: it must read as the end of the file, not as a transient failure retried into EIO.
+    obstore's memory store raises the same error, so it stands in for the store here."""
+    import obstore
+    from obstore.store import MemoryStore
+
+    from shadefs.backends.obstore import ObstoreBackend, obstore_transient
+
+    monkeypatch.setattr(ObstoreBackend, "_make_store", lambda self, kind, options, client: MemoryStore())
+    b = open_backend("az://ctr/ds", account_name="acct", retries="2", retry_base_s="0.01", retry_max_s="0.02")
+    obstore.put(b._store, "ds/a.bin", b"0123456789")
+    assert b.read_range("a.bin", 10, 5) == b""
+    assert b.read_range("a.bin", 12, 5) == b""
+    assert b.read_range("a.bin", 5, 30) == b"56789"
+    with pytest.raises(obstore.exceptions.GenericError) as e:
+        obstore.get(b._store, "ds/a.bin", options={"range": (10, 20)})
+    assert obstore_transient(e.value) is False
+    b.close()
+
+
+def test_deadline_bounds_each_attempt_to_half_of_it():
+    b = open_backend("s3://bkt/p", region="us-east-1", timeout_s="60", deadline_s="4")
+    assert b.bounds_own_reads and b.deadline_s == 4.0
+    assert b._store.client_options == {"pool_max_idle_per_host": "64", "connect_timeout": "2.0s",
+                                       "read_timeout": "2.0s", "timeout": "2.0s"}
+    b.close()
