@@ -13,10 +13,11 @@ draws that were resident (repeats included).
 
 Configurations (``--configs``): ``uniform`` (a fresh permutation per epoch, ``shuffle=True``);
 ``shade`` (ShadeSampler's defaults); ``shade:KEY=VALUE,...`` (ShadeSampler keyword arguments, e.g.
-``shade:rep_factor=1``, ``shade:unscored_weight=max``); ``shade-nocache`` (importance sampling only).
+``shade:rep_factor=1``, ``shade:unscored_weight=max``); ``shade-nocache`` (importance sampling only, no cache: nothing repeated). Separate configurations with
+``;`` when one has several keyword arguments.
 
     python scripts/bench_shade_accuracy.py --data /tmp/fm3k [--epochs 8] [--seeds 0,1,2] [--cache 0.1]
-        [--configs uniform,shade,shade:rep_factor=1] [--json out.json]
+        [--configs "uniform;shade;shade:rep_factor=1;shade-nocache"] [--json out.json]
 """
 from __future__ import annotations
 
@@ -169,7 +170,7 @@ def main(argv=None) -> int:
                   + "; resident draws " + ", ".join(str(e["resident_draws"]) for e in r["epochs"])
                   + f"; seen by the end {r['epochs'][-1]['seen']}", flush=True)
     print(f"\nmean (min..max) over seeds; load {os.getloadavg()[0]:.2f}, {time.monotonic() - t0:.0f} s in all")
-    print("config | final acc | distinct per epoch (mean over epochs 2+) | resident draws per epoch (2+) | "
+    print("config | final acc | mean acc of the last 3 epochs | distinct per epoch (mean over epochs 2+) | resident draws per epoch (2+) | "
           "seen by the end")
     cfgs = list(dict.fromkeys(r["config"] for r in results))
     for cfg in cfgs:
@@ -178,7 +179,9 @@ def main(argv=None) -> int:
         dist = [e["distinct"] for r in rs for e in r["epochs"][1:]]
         res = [e["resident_draws"] for r in rs for e in r["epochs"][1:]]
         seen = [r["epochs"][-1]["seen"] for r in rs]
+        last3 = [statistics.mean(e["test_acc"] for e in r["epochs"][-3:]) for r in rs]
         print(f"{cfg} | {statistics.mean(fin):.2f} ({min(fin):.2f}..{max(fin):.2f}) | "
+              f"{statistics.mean(last3):.2f} ({min(last3):.2f}..{max(last3):.2f}) | "
               f"{statistics.mean(dist) / len(ytr):.1%} | {statistics.mean(res) / len(ytr):.1%} | "
               f"{statistics.mean(seen) / len(ytr):.1%}")
     if a.json:
