@@ -255,7 +255,7 @@ def report(saved: dict, target: list, png: str, traces: str = None) -> None:
     uniform = statistics.mean(r["epochs"][-1]["test_acc"] for r in uni_runs) if uni_runs else None
     print(f"uniform's final accuracy (shuffle, epoch {n_ep}, mean): "
           + (f"{uniform:.2f} %" if uniform is not None else "-"))
-    print("mode | seeds | epoch 1 s | epochs 2+ s | hit ratio 2+ | GETs per run | final acc | "
+    print("mode | seeds | epoch 1 s | epochs 2+ s | all epochs s | hit ratio 2+ | GETs per run | final acc | "
           + " | ".join(f"time to {t:g} % (s)" for t in target) + " | time to uniform's final (s)")
     for m in modes:
         rs = [r for r in runs if r["mode"] == m]
@@ -270,7 +270,8 @@ def report(saved: dict, target: list, png: str, traces: str = None) -> None:
             ok = [x for x in got if x is not None]
             return (f"{statistics.mean(ok):.0f} ({min(ok):.0f}..{max(ok):.0f}), {len(ok)}/{len(full)} seeds"
                     if ok else f"not reached (0/{len(full)})")
-        print(f"{MODES[m][0]} | {len(full)} | {spread(e1)} | {spread(later)} | "
+        totals = [sum(e["epoch_time_s"] for e in r["epochs"]) for r in full]
+        print(f"{MODES[m][0]} | {len(full)} | {spread(e1)} | {spread(later)} | {spread(totals)} | "
               f"{100 * hits / opens if opens else 0:.1f}% | "
               f"{statistics.mean(r['gets'] for r in full) if full else 0:,.0f} | "
               f"{spread([r['epochs'][-1]['test_acc'] for r in full])} | "
