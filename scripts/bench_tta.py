@@ -44,8 +44,9 @@ MODES = {
     "shuffle": ("shuffle=True + static", "static", []),
     "plan": ("PlanSampler + static", "static", ["--plan"]),
     "shade": ("ShadeSampler + shade", "shade", ["--hook"]),
+    "shade-rep1": ("ShadeSampler(rep_factor=1) + shade", "shade", ["--hook", "--rep-factor", "1"]),
 }
-COLORS = {"shuffle": "tab:blue", "plan": "tab:purple", "shade": "tab:green"}
+COLORS = {"shuffle": "tab:blue", "plan": "tab:purple", "shade": "tab:green", "shade-rep1": "tab:olive"}
 
 
 class Stop(BaseException):

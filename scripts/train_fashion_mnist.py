@@ -122,7 +122,8 @@ def make_loaders(args: argparse.Namespace) -> tuple:
             train_set, batch_size=args.batch_size,
             sampler=ShadeSampler(train_set, seed=args.seed, announce_plan=not getattr(args, "no_plan", False),
                                  lookahead_at=None if getattr(args, "no_lookahead", False) else 0.0,
-                                 draw=getattr(args, "draw", "stable"), epochs=args.epochs),
+                                 draw=getattr(args, "draw", "stable"), epochs=args.epochs,
+                                 rep_factor=getattr(args, "rep_factor", 3.0)),
             **common)
     elif getattr(args, "plan", False):
         # clairvoyant mode: the same uniform permutations, announced to the daemon (shadefs.hooks)
@@ -347,6 +348,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--draw", choices=("stable", "cdf"), default="stable",
                         help="with --hook: ShadeSampler's draw (default stable; cdf = the draw before the "
                              "provisional lookahead)")
+    parser.add_argument("--rep-factor", type=float, default=3.0,
+                        help="with --hook: ShadeSampler's rep_factor, how many times each cached draw is "
+                             "repeated (default 3, SHADE's; docs/hooks.md: fewer repeats, more distinct "
+                             "samples per epoch)")
     parser.add_argument("--json", metavar="OUT.json",
                         help="write per-epoch results as JSON")
     parser.add_argument("--eval-last", action="store_true",
