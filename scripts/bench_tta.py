@@ -22,7 +22,11 @@ the picture from a saved JSON without training.
 
     python scripts/bench_tta.py --data data/fmnist [--epochs 8] [--seeds 0,1,2] [--delay-ms 1]
         [--pct 10%] [--workers 2] [--json tta.json] [--png docs/img/tta.png] [--modes shuffle,plan,shade]
-    python scripts/bench_tta.py --report tta.json [--png docs/img/tta.png]
+        [--target 85 [--target 75]]
+    python scripts/bench_tta.py --report tta.json [--traces WORKDIR] [--png docs/img/tta.png]
+
+Modes: ``shuffle`` (shuffle=True + static), ``plan`` (PlanSampler + static), ``shade`` (ShadeSampler +
+ScoreReporter + shade, its defaults), ``shade-rep1`` (the same with ``rep_factor=1``: docs/hooks.md).
 """
 from __future__ import annotations
 
