@@ -204,6 +204,7 @@ def mounted_run(args, name, policy, cmd) -> tuple:
                               "--disk-cache-size", args.disk_cache_size, "--policy", policy, "--trace", trace,
                               "--trace-overwrite", "--log-file", log, *backend], interruptible=False)
         _run_child(cmd + ["--data", mnt])
+        print(STATS_NOTE, flush=True)
         _run_child(SHADEFS + ["stats", mnt])
         stats = json.loads(subprocess.run(SHADEFS + ["stats", mnt, "--json"], check=True, capture_output=True,
                                           text=True).stdout)
@@ -441,7 +442,11 @@ def summary_rows(runs) -> list:
     return rows
 
 
-HEADERS = ["mode", "sampler", "policy", "epoch times (s)", "hit ratio", "prefetched", "GETs", "test acc",
+#: printed above each mode's ``shadefs stats``: its hit ratio is not the table's
+STATS_NOTE = ("the daemon's counters since the mount (shadefs stats): its \"hit ratio\" counts every open, the "
+              "test set's too; the summary's \"train hit ratio\" and the progress bars count the training "
+              "reads only")
+HEADERS = ["mode", "sampler", "policy", "epoch times (s)", "train hit ratio", "prefetched", "GETs", "test acc",
            "speed-up"]
 
 
@@ -454,7 +459,7 @@ def print_summary(args, runs) -> None:
              f"{args.epochs} epochs ({time.monotonic() - args.t0:.0f} s, load {os.getloadavg()[0]:.2f}) ===")
     print()
     print(Table(title, HEADERS, summary_rows(runs),
-                "hit ratio, prefetched = of the training reads: served by the RAM/NVMe tiers; served from a "
+                "train hit ratio, prefetched = of the training reads: served by the RAM/NVMe tiers; served from a "
                 "prefetch (read ahead, not waited for)\nGETs = requests the proxy forwarded to the S3 "
                 "server (training and test reads, listings); speed-up = the direct reader's training time "
                 "(all epochs) / this mode's").text())

@@ -32,7 +32,7 @@ Usage::
     train_fashion_mnist.py --data DIR [--epochs 2] [--batch-size 64]
         [--workers min(4, cores)] [--lr 0.01] [--limit N] [--device auto|cpu|cuda]
         [--seed 0] [--hook] [--plan] [--progress] [--eval-last]
-        [--json OUT.json] [--endpoint-url URL]
+        [--json OUT.json] [--endpoint-url URL] [--test-data DIR]
 """
 from __future__ import annotations
 
@@ -102,7 +102,7 @@ def make_loaders(args: argparse.Namespace) -> tuple:
     else:
         train_set = datasets.ImageFolder(os.path.join(args.data, "train"),
                                          transform=transform)
-        test_set = datasets.ImageFolder(os.path.join(args.data, "test"),
+        test_set = datasets.ImageFolder(os.path.join(getattr(args, "test_data", None) or args.data, "test"),
                                         transform=transform)
     if train_set.classes != test_set.classes:
         raise ValueError(f"{args.data}: train and test class folders differ")
@@ -122,7 +122,8 @@ def make_loaders(args: argparse.Namespace) -> tuple:
             train_set, batch_size=args.batch_size,
             sampler=ShadeSampler(train_set, seed=args.seed, announce_plan=not getattr(args, "no_plan", False),
                                  lookahead_at=None if getattr(args, "no_lookahead", False) else 0.0,
-                                 draw=getattr(args, "draw", "stable"), epochs=args.epochs),
+                                 draw=getattr(args, "draw", "stable"), epochs=args.epochs,
+                                 rep_factor=getattr(args, "rep_factor", 3.0)),
             **common)
     elif getattr(args, "plan", False):
         # clairvoyant mode: the same uniform permutations, announced to the daemon (shadefs.hooks)
@@ -219,17 +220,27 @@ class EpochBar:
     """A tqdm bar over one epoch's samples (images/s), with a live postfix:
     the epoch's hit ratio and prefetched share on a shadefs mount (``counters``
     polled at most every ``interval_s`` seconds), or the GETs of an
-    ``S3ImageFolder`` (``dataset.gets``)."""
+    ``S3ImageFolder`` (``dataset.gets``).
+
+    ``start``: the counters at the epoch's start (default: read now). Give
+    the snapshot the epoch's record is computed from, and the record's delta
+    to :meth:`close`, and the bar's last figures are the record's (the JSON,
+    the demo's table and picture): the live polls lag by up to
+    ``interval_s``, which in a short epoch is a few points of hit ratio.
+    """
 
     def __init__(self, desc: str, total: int, counters: Optional[CacheCounters],
-                 dataset=None, interval_s: float = 0.5):
+                 dataset=None, interval_s: float = 0.5, start: Optional[dict] = None,
+                 file=None):
         from tqdm import tqdm
         self.bar = tqdm(total=total, desc=desc, unit="img", mininterval=interval_s,
-                        dynamic_ncols=True, file=sys.stderr)
+                        dynamic_ncols=True, file=file or sys.stderr)
         self.counters, self.interval_s = counters, interval_s
         self.gets = getattr(dataset, "gets", None)
         self.gets0 = self.gets.value if self.gets is not None else 0
-        self.start = counters.read() if counters is not None else None
+        if start is None and counters is not None:
+            start = counters.read()
+        self.start = start
         self.polled = 0.0
 
     def update(self, n: int) -> None:
@@ -239,14 +250,28 @@ class EpochBar:
             return
         self.polled = now
         d = CacheCounters.delta(self.counters.read(), self.start) if self.counters is not None else None
-        if d is not None and d["opens"]:
-            self.bar.set_postfix_str(f"hit ratio {100 * d['hit_ratio']:.1f}%, prefetched "
-                                     f"{100 * d['prefetched'] / d['opens']:.1f}%", refresh=False)
-        elif self.gets is not None:
-            self.bar.set_postfix_str(f"GETs {self.gets.value - self.gets0:.0f}", refresh=False)
+        self._show(d)
 
-    def close(self) -> None:
+    def _show(self, d: Optional[dict], refresh: bool = False) -> None:
+        if d is not None and d["opens"]:
+            self.bar.set_postfix_str(postfix(d), refresh=refresh)
+        elif self.gets is not None:
+            self.bar.set_postfix_str(f"GETs {self.gets.value - self.gets0:.0f}", refresh=refresh)
+
+    def close(self, final: Optional[dict] = None) -> None:
+        """Close the bar; ``final`` (a :meth:`CacheCounters.delta`): the
+        epoch's figures, drawn last."""
+        if final is not None or self.gets is not None:
+            self._show(final)
         self.bar.close()
+
+
+def postfix(d: dict) -> str:
+    """The bar's cache figures of a :meth:`CacheCounters.delta` ``d`` (opens > 0):
+    ``hit ratio H%, prefetched P%`` (of the epoch's training reads), the same
+    rounding as the demo's table."""
+    return (f"hit ratio {100 * d['hit_ratio']:.1f}%, prefetched "
+            f"{100 * d['prefetched'] / d['opens']:.1f}%")
 
 
 @torch.no_grad()
@@ -323,12 +348,21 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--draw", choices=("stable", "cdf"), default="stable",
                         help="with --hook: ShadeSampler's draw (default stable; cdf = the draw before the "
                              "provisional lookahead)")
+    parser.add_argument("--rep-factor", type=float, default=3.0,
+                        help="with --hook: ShadeSampler's rep_factor, how many times each cached draw is "
+                             "repeated (default 3, SHADE's; docs/hooks.md: fewer repeats, more distinct "
+                             "samples per epoch)")
     parser.add_argument("--json", metavar="OUT.json",
                         help="write per-epoch results as JSON")
     parser.add_argument("--eval-last", action="store_true",
                         help="test only after the last epoch (the other epochs' "
                              "test_acc is null): over slow storage the test set's "
                              "reads cost time too")
+    parser.add_argument("--test-data", metavar="DIR",
+                        help="read the test set from DIR/test instead of the "
+                             "--data tree (e.g. a local copy, so that evaluating "
+                             "after every epoch neither costs slow reads nor "
+                             "passes through the cache under test)")
     parser.add_argument("--progress", action="store_true",
                         help="a progress bar per epoch (images/s; the live hit "
                              "ratio on a shadefs mount, GETs over S3)")
@@ -385,17 +419,19 @@ def main(argv=None) -> int:
         bar = None
         if args.progress:
             bar = EpochBar(f"epoch {epoch}/{args.epochs}", len(train_loader.sampler), counters,
-                           train_loader.dataset)
+                           train_loader.dataset, start=before)
         t0 = time.perf_counter()
+        cache = None
         try:
             loss = train_one_epoch(model, train_loader, opt, args.device,
                                    on_batch_loss=reporter and reporter.report,
                                    on_batch_end=bar and bar.update)
             epoch_time = time.perf_counter() - t0
+            # the epoch's record; the bar's last frame shows the same figures
+            cache = CacheCounters.delta(counters.read() if counters is not None else None, before)
         finally:
             if bar is not None:
-                bar.close()
-        cache = CacheCounters.delta(counters.read() if counters is not None else None, before)
+                bar.close(cache)
         t1 = time.perf_counter()
         acc = None
         if epoch == args.epochs or not args.eval_last:
@@ -409,6 +445,8 @@ def main(argv=None) -> int:
                         "eval_time_s": eval_time, "test_acc": acc,
                         **(cache or {}),
                         **({"gets": int(gets.value - gets0)} if gets is not None else {})})
+        if args.json:  # after every epoch: a run stopped part-way keeps the epochs it finished
+            write_json(args.json, results, n_train, time.perf_counter() - t_start)
         print(f"epoch {epoch}/{args.epochs}: train_loss {loss:.4f}  "
               f"time {epoch_time:.1f} s  {rate:.0f} img/s  "
               + (f"test_acc {acc:.2f}% (eval {eval_time:.1f} s)" if acc is not None else "(no eval)"),
@@ -419,12 +457,17 @@ def main(argv=None) -> int:
           f"{results[-1]['train_loss']:.4f}, final test_acc {final_acc:.2f}%")
 
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"epochs": results, "final_test_acc": final_acc,
-                       "n_train": n_train, "total_time_s": total}, f,
-                      indent=2)
-            f.write("\n")
+        write_json(args.json, results, n_train, total)
     return 0
+
+
+def write_json(path: str, results: list, n_train: int, total: float) -> None:
+    """Write the per-epoch ``results`` so far (``final_test_acc``: the last epoch's), atomically."""
+    with open(path + ".tmp", "w") as f:
+        json.dump({"epochs": results, "final_test_acc": results[-1]["test_acc"],
+                   "n_train": n_train, "total_time_s": total}, f, indent=2)
+        f.write("\n")
+    os.replace(path + ".tmp", path)
 
 
 if __name__ == "__main__":

@@ -42,6 +42,31 @@ def _expand(mountpoint: str, items: List[str]) -> Iterator[str]:
             raise ValueError(f"{item!r}: no such file or directory in the mount")
 
 
+#: the warm bar: bytes done, total and rate in binary units (KiB, MiB) like every other figure shadefs
+#: prints; tqdm's own unit_scale writes the counts with a bare "k" and the rate in decimal kB/s
+BAR_FORMAT = ("{desc}: {percentage:3.0f}%|{bar}| {n_iec}/{total_iec} [{elapsed}<{remaining}, "
+              "{rate_iec}{postfix}]")
+
+
+def _iec_bar(tqdm):
+    """A subclass of ``tqdm`` whose format dict also has ``n_iec``, ``total_iec`` and ``rate_iec`` (bytes,
+    bytes and bytes per second through :func:`~shadefs.config.format_bytes`), for :data:`BAR_FORMAT`."""
+
+    class IECBar(tqdm):
+        @property
+        def format_dict(self):
+            d = super().format_dict
+            rate = d.get("rate")
+            if rate is None and d.get("elapsed"):
+                rate = d["n"] / d["elapsed"]
+            d["n_iec"] = format_bytes(d["n"])
+            d["total_iec"] = format_bytes(d["total"]) if d.get("total") is not None else "?"
+            d["rate_iec"] = f"{format_bytes(rate)}/s" if rate else "? B/s"
+            return d
+
+    return IECBar
+
+
 def main_warm(args) -> int:
     from tqdm import tqdm
 
@@ -65,8 +90,8 @@ def main_warm(args) -> int:
     sizes = {p: os.stat(os.path.join(mp, p)).st_size for p in paths}
     client = mount_client(mp)
     total = {"resident": 0, "ram": 0, "disk": 0, "rejected": 0, "failed": 0, "bytes": 0}
-    bar = tqdm(total=sum(sizes.values()), unit="B", unit_scale=True, unit_divisor=1024, desc="warm",
-               disable=args.quiet, file=sys.stderr)
+    bar = _iec_bar(tqdm)(total=sum(sizes.values()), desc="warm", bar_format=BAR_FORMAT, disable=args.quiet,
+                         file=sys.stderr)
     try:
         for i in range(0, len(paths), CHUNK):
             chunk = paths[i:i + CHUNK]

@@ -22,7 +22,7 @@ require(f"{SOURCE}/train-images-idx3-ubyte.gz", f"{SOURCE}/t10k-images-idx3-ubyt
 from shadefs import registry  # noqa: E402
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
-HEADER = ["mode", "sampler", "policy", "epoch times (s)", "hit ratio", "prefetched", "GETs", "test acc",
+HEADER = ["mode", "sampler", "policy", "epoch times (s)", "train hit ratio", "prefetched", "GETs", "test acc",
           "speed-up"]
 
 
@@ -104,6 +104,9 @@ def test_the_default_demo_reads_s3_behind_the_proxy_in_every_mode(tmp_path):
     assert re.search(r"slow storage: moto's S3 server behind a latency proxy at http://127\.0\.0\.1:\d+, "
                      r"2 ms each way: it stands in for a remote object store", out)
     assert out.count("--- mounting s3://shadefs-demo/fmnist at ") == 3
+    # two hit ratios, each named for what it counts: the daemon's (every open) and the table's (training)
+    assert out.count("the daemon's counters since the mount (shadefs stats): its \"hit ratio\" counts every "
+                     "open, the test set's too; the summary's \"train hit ratio\"") == 3
     assert "img/s" in r.stderr and "hit ratio" in r.stderr and "GETs" in r.stderr  # the epochs' bars
     rows = table(out)
     assert list(rows) == ["direct", "transparent", "plan", "importance"]
@@ -111,13 +114,13 @@ def test_the_default_demo_reads_s3_behind_the_proxy_in_every_mode(tmp_path):
         ("shuffle=True", "(no shadefs)"), ("shuffle=True", "static"), ("PlanSampler", "static"),
         ("ShadeSampler", "shade")]
     direct = rows["direct"]
-    assert direct["hit ratio"] == direct["prefetched"] == "-" and direct["speed-up"] == "1.00x"
+    assert direct["train hit ratio"] == direct["prefetched"] == "-" and direct["speed-up"] == "1.00x"
     assert int(direct["GETs"]) >= 2 * 60 + 20       # one GET per sample read: 2 epochs and the test set
     for mode, row in rows.items():
         assert len(row["epoch times (s)"].split(", ")) == 2
         assert re.fullmatch(r"\d+\.\d\dx", row["speed-up"]) and re.fullmatch(r"\d+\.\d\d%", row["test acc"])
         if mode != "direct":
-            hit, pre = (float(row[k].rstrip("%")) for k in ("hit ratio", "prefetched"))
+            hit, pre = (float(row[k].rstrip("%")) for k in ("train hit ratio", "prefetched"))
             assert 0 <= hit <= 100 and 0 <= pre <= 100 - hit and int(row["GETs"]) > 0
     assert rows["transparent"]["prefetched"] == "0.0%"  # nothing announced: nothing prefetched
     assert float(rows["plan"]["prefetched"].rstrip("%")) > 0

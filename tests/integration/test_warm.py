@@ -42,7 +42,7 @@ def _frames(stderr: str):
     """The progress bar's successive states: (bytes done as drawn, files done) per redraw."""
     out = []
     for frame in re.split(r"[\r\n]", stderr):
-        m = re.search(r"\| *(\S+)/\S+ \[.*files=(\d+)/\d+", frame)
+        m = re.search(r"\| *([\d.]+ \w+)/[\d.]+ \w+ \[.*files=(\d+)/\d+", frame)
         if m:
             out.append((m[1], int(m[2])))
     return out
@@ -56,7 +56,8 @@ def test_warm_progress_bar_draws_each_state_once(tmp_path, mount, cli):
     r = cli("warm", m.path)
     assert r.stdout.startswith("warm: 300 files: 300 admitted to RAM")
     frames = _frames(r.stderr)
-    assert frames and frames[-1] == ("73.1k", 300), r.stderr  # 73,050 bytes
+    assert frames and frames[-1] == ("73.1 KiB", 300), r.stderr  # 74,850 bytes
+    assert re.search(r"[\d.]+ (B|KiB|MiB)/s", r.stderr) and "kB" not in r.stderr, r.stderr  # binary units only
     assert [f for _, f in frames].count(300) == 1, r.stderr  # the last state is not drawn again at close
     files = [f for _, f in frames]
     assert files == sorted(set(files)), r.stderr  # no redraw shows a stale file count
