@@ -339,8 +339,9 @@ class Plan:
                 f"{self.matched} matched, {self.unmatched} unmatched, {self.skipped} skipped)")
 
 
-def _fresh_gil() -> None:
-    """Give the GIL up and take it back before a short critical section under the cache lock. CPython
+def fresh_gil() -> None:
+    """Give the GIL up and take it back before a short critical section under the cache lock (announcing,
+    registering, preparing: the threads that run next to the FUSE threads' opens). CPython
     forces the holder of the GIL to hand it over when another thread has waited a switch interval (5 ms)
     without the GIL changing hands; a thread that has just taken the GIL has that long before anyone may
     force it out, so a section of pure Python shorter than that is not preempted while it holds the lock
@@ -545,6 +546,7 @@ class PlanRegistry:
         announcement does for its own set), unless they are current. Returns whether it installed."""
         with self._installing:
             for _ in range(3):
+                fresh_gil()
                 with self.lock:
                     if self.version == self._installed_version and not self._install_wanted:
                         return False
@@ -552,7 +554,7 @@ class PlanRegistry:
                     current = list(self.plans.values())
                     version = self.version
                 installs = [prep(current) for prep in self.preparers]
-                _fresh_gil()
+                fresh_gil()
                 with self.lock:
                     t0 = time.perf_counter()
                     if self.version != version:
@@ -585,6 +587,7 @@ class PlanRegistry:
         what it holds).
         """
         fids = np.array(np.asarray(fids).reshape(-1), dtype=np.int32)
+        fresh_gil()
         with self.lock:
             now = self.clock()
             if handle is None:
@@ -641,6 +644,7 @@ class PlanRegistry:
         ids = np.asarray(ids)
         key = (bytes(handle), int(stream))
         top = int(ids.max()) if ids.size else -1
+        fresh_gil()
         with self.lock:  # the checks and a snapshot of the table: O(1)
             now = self.clock()
             t = self.tables.get(key[0])
@@ -677,6 +681,7 @@ class PlanRegistry:
         """Prepare the tiers for ``plan`` and swap it in (under :attr:`_installing`): a few tries when a
         plan ends meanwhile; the last installs without preparations (the next search rebuilds)."""
         for attempt in range(3):
+            fresh_gil()
             with self.lock:
                 old = self.plans.get(key)
                 current = list(self.plans.values())
@@ -692,7 +697,7 @@ class PlanRegistry:
                 self._carry(old, plan, seg[0], 0, n)
             prospective = [plan if p.key == key else p for p in current] + ([] if old is not None else [plan])
             installs = [] if attempt == 2 else [prep(prospective) for prep in self.preparers]
-            _fresh_gil()
+            fresh_gil()
             with self.lock:
                 t0 = time.perf_counter()
                 if self.version != version and attempt < 2:

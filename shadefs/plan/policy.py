@@ -44,7 +44,7 @@ from typing import Dict, List, Optional, Set
 import numpy as np
 
 from ..policies.base import Policy
-from .plans import NOT_PLANNED, STRIDE_SHIFT, PlanRegistry
+from .plans import NOT_PLANNED, STRIDE_SHIFT, PlanRegistry, fresh_gil
 
 __all__ = ["PlanPolicy"]
 
@@ -321,20 +321,25 @@ class PlanPolicy(Policy):
         by then, ``install`` does nothing and the next search rebuilds under the lock as before."""
         lock = self.plans.lock
         changed: Set[int] = set()
+        fresh_gil()
         with lock:  # (the list is read under the lock by every change)
             self._tracking.append(changed)  # before the snapshot: a change after it is noted
             spare, self._spare = self._spare, None  # this build's arrays: a rebuild meanwhile allocates its own
         try:
-            built = self._compute(active, np.flatnonzero(self._resident), spare)
+            # one copy first: np.flatnonzero counts, then fills, and the array may change in between
+            # (opens insert and remove under the lock meanwhile); the tracking notes what changes after
+            built = self._compute(active, np.flatnonzero(self._resident.copy()), spare)
             for _ in range(8):  # catch up without the lock while many changed meanwhile
                 if len(changed) <= self.CATCH_UP:
                     break
                 batch, changed = changed, set()
+                fresh_gil()
                 with lock:
                     self._tracking.append(changed)
                     self._tracking.remove(batch)
                 self._fixup(built, np.fromiter(batch, dtype=np.int64, count=len(batch)))
         except BaseException:
+            fresh_gil()
             with lock:
                 self._tracking.remove(changed)
             raise
