@@ -171,11 +171,12 @@ class Prefetcher:
         self._opened_at[fid] = self._open_clock
 
     def kernel_holds(self, fid: int) -> bool:
-        """Whether the kernel is taken to keep ``fid``'s pages: it was opened through the mount within the
-        last ``kernel_pages_bytes`` bytes of opens (module docstring). Caller holds the lock."""
+        """Whether the kernel is taken to keep ``fid``'s pages while a plan is active: it was opened
+        through the mount within the last ``kernel_pages_bytes`` bytes of opens (module docstring). Caller
+        holds the lock."""
         at = self._opened_at
-        if at is None:
-            return False
+        if at is None or not self.plans.plans:
+            return False  # without a plan the tiers decide as the mount's --policy always did
         t = int(at[fid])
         return t > 0 and self._open_clock - t < self.kernel_pages_bytes
 
