@@ -233,7 +233,8 @@ JOB = textwrap.dedent("""
     assert sampler.flush()
     print("announced", flush=True)
     assert sys.stdin.readline() == "go\\n"
-    loader = DataLoader(ds, batch_size=32, sampler=sampler, num_workers=workers, multiprocessing_context="fork")
+    kw = {"multiprocessing_context": "fork"} if workers else {}
+    loader = DataLoader(ds, batch_size=32, sampler=sampler, num_workers=workers, **kw)
     total = 0
     for epoch in range(epochs):
         sampler.set_epoch(epoch)
@@ -289,8 +290,19 @@ def mount(args) -> dict:
             while m.full_stats()["prefetch"]["plans_announced"] < args.jobs:
                 assert time.monotonic() < deadline, "the plans did not arrive"
                 time.sleep(0.05)
-            reader = subprocess.Popen([sys.executable, "-c", READER if args.reader else "print(0)", mnt],
-                                      stdout=subprocess.PIPE, text=True)
+            if args.reader and args.reader_plan:  # the reader announces its one pass (seed 7, no workers)
+                reader = subprocess.Popen([sys.executable, "-c", JOB, mnt, "7", "1", "0"], stdin=subprocess.PIPE,
+                                          stdout=subprocess.PIPE, text=True, env=env)
+                assert reader.stdout.readline() == "announced\n"
+                deadline = time.monotonic() + 60
+                while m.full_stats()["prefetch"]["plans_announced"] < args.jobs + 1:
+                    assert time.monotonic() < deadline, "the reader's plan did not arrive"
+                    time.sleep(0.05)
+                reader.stdin.write("go\n")
+                reader.stdin.flush()
+            else:
+                reader = subprocess.Popen([sys.executable, "-c", READER if args.reader else "print(0)", mnt],
+                                          stdout=subprocess.PIPE, text=True)
             for j in jobs:
                 j.stdin.write("go\n")
                 j.stdin.flush()
@@ -301,7 +313,7 @@ def mount(args) -> dict:
             log = m.log()
         assert outs == [[str(args.epochs * total)]] * args.jobs and got == [str(total if args.reader else 0)], (outs, got)
         p = s["prefetch"]
-        planned_opens = args.jobs * args.epochs * args.files
+        planned_opens = args.jobs * args.epochs * args.files + (args.files if args.reader and args.reader_plan else 0)
         if "plans_matched" in p:
             matched = p["plans_matched"]
         else:  # plans retired before: their matches are in the retirement lines; finished ones matched all
@@ -309,7 +321,8 @@ def mount(args) -> dict:
         t = sim.read_trace(trace)
         opt = sim.belady(t, ram)
         opt_miss = t.request_bytes - opt.hit_bytes if hasattr(t, "request_bytes") else opt.request_bytes - opt.hit_bytes
-        return {"files": args.files, "jobs": args.jobs, "reader": args.reader, "bytes": total, "ram_bytes": ram, "epochs": args.epochs,
+        return {"files": args.files, "jobs": args.jobs, "reader": args.reader,
+                "reader_plan": bool(args.reader and args.reader_plan), "bytes": total, "ram_bytes": ram, "epochs": args.epochs,
                 "workers": args.workers, "opens": s["opens"], "planned_opens": planned_opens,
                 "plans_retired": p["plans_retired"], "plans_finished": p["plans_finished"],
                 "plans_withdrawn": p["plans_withdrawn"], "matched": matched,
@@ -408,6 +421,8 @@ def main(argv=None):
     b.add_argument("--timeout", type=float, default=600)
     b.add_argument("--jobs", type=int, default=2, help="planned jobs (default 2)")
     b.add_argument("--no-reader", dest="reader", action="store_false", help="no unplanned reader")
+    b.add_argument("--reader-plan", action="store_true",
+                   help="the reader announces its pass (PlanSampler + DataLoader without workers) instead")
     c = sub.add_parser("split")
     c.add_argument("--files", type=int, default=60_000)
     c.add_argument("--min", type=int, default=200)
