@@ -315,4 +315,4 @@ class Prefetcher:
                 "fetched_bytes": self.fetched_bytes, "shared_bytes": self.shared_bytes,
                 "wasted_bytes": self.wasted_bytes,
                 "window_bytes": self.window_bytes, "window_used_bytes": self.reserved_bytes,
-                "window_peak_bytes": self.peak_bytes, "errors": self.errors}
+                "window_peak_bytes": self.peak_bytes, "errors": self.errors, "kernel_kept": self.kernel_kept}
