@@ -493,6 +493,7 @@ class PlanRegistry:
         self._install_due = threading.Event()  # wakes the installer thread (start())
         self._installer: Optional[threading.Thread] = None
         self._installer_stop = threading.Event()
+        self._installer_failed = False
         self.reinstalls = 0                    # structures the installer thread built and installed
 
     # -- the installer thread -----------------------------------------------------------------------
@@ -500,8 +501,9 @@ class PlanRegistry:
     def installs_off_lock(self) -> bool:
         """Whether the installer thread runs (:meth:`start`): a plan set that changed without an
         announcement (a plan finished, was retired or withdrawn) gets its tier structures built off the
-        lock, and the tiers keep deciding with the ones they have until then."""
-        return self._installer is not None
+        lock, and the tiers keep deciding with the ones they have until then. False again once a
+        preparation failed: the tiers then rebuild under the lock, as without the thread."""
+        return self._installer is not None and not self._installer_failed
 
     def start(self) -> None:
         """Start the installer thread (``shadefs-plan-install``): whenever the set of plans changes without
@@ -538,8 +540,10 @@ class PlanRegistry:
                 return
             try:
                 self.reinstall()
-            except Exception:  # a bug must not end the thread: the tiers then rebuild under the lock
-                log.exception("preparing the tiers for the plans failed")
+            except Exception:  # a bug must not leave stale structures: the tiers rebuild under the lock
+                self._installer_failed = True
+                log.exception("preparing the tiers for the plans failed; they rebuild at their next search")
+                return
 
     def reinstall(self) -> bool:
         """Build the tiers' structures for the current plan set without the lock and swap them in (what an
