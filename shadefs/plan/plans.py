@@ -838,15 +838,16 @@ class PlanRegistry:
 
     def _measure_strides(self) -> None:
         """Each active plan's stride: the mount's opens per position it consumed over the last period. A
-        plan that consumed nothing (its job has not started, or pauses) advances slower than one position
-        per period: its stride is at least the period's opens, and doubles while it stays idle, so the
-        files it names count as far (in time) as they are; at most 4096 opens per position."""
+        plan that consumed nothing (its job has not started yet, or pauses between epochs) gets its stride
+        doubled for each such period, so the files of a plan whose reader has not come count as far away
+        after a few periods, while a short pause (a DataLoader starting its workers) changes little; at
+        most 4096 opens per position."""
         opens = self._opens - self._opens_mark
         self._opens_mark = self._opens
         for plan in self.plans.values():
             done = plan.matched + plan.skipped - plan._matched_mark
             plan._matched_mark = plan.matched + plan.skipped
-            stride = STRIDE_ONE * opens // done if done > 0 else max(2 * plan.stride, STRIDE_ONE * opens)
+            stride = STRIDE_ONE * opens // done if done > 0 else 2 * plan.stride
             plan.stride = max(STRIDE_ONE, min(STRIDE_ONE * 4096, stride))
 
     def expire(self) -> None:

@@ -293,7 +293,7 @@ def test_plans_that_advance_at_different_speeds_compare_distances_in_opens():
             ia += 1
     A, B = plans.plans[(h, 0)], plans.plans[(h, 1)]
     assert (A.pos, B.pos) == (1536, 512)
-    assert plans.distance(4001) == 2048       # C consumed nothing: at least the period's opens per position
+    assert plans.distance(4001) == 2          # C consumed nothing in the period: its stride doubled
     a, b = int(a_order[A.pos + 300]), int(b_order[B.pos + 200])
     assert idx.admit(a, 1) == [] and idx.admit(b, 1) == []
     newcomer = int(a_order[A.pos + 10])
