@@ -23,6 +23,11 @@ Run it with the interpreter whose shadefs is measured (a worktree's venv, or the
 
     .venv/bin/python scripts/bench_plan_jobs.py announce --files 1281167 --samples 1281167 --ranks 8 --shard
     .venv/bin/python scripts/bench_plan_jobs.py mount --files 60000 --workers 2 --epochs 2
+    .venv/bin/python scripts/bench_plan_jobs.py split --files 60000
+
+``split`` (in this process, no FUSE): the mount case's three readers replayed against the daemon's policy
+classes, the reader unplanned and announced, to tell which part of backend reads over OPT comes from the
+reader's unknown future (function ``split``).
 """
 from __future__ import annotations
 
@@ -228,7 +233,8 @@ JOB = textwrap.dedent("""
     assert sampler.flush()
     print("announced", flush=True)
     assert sys.stdin.readline() == "go\\n"
-    loader = DataLoader(ds, batch_size=32, sampler=sampler, num_workers=workers, multiprocessing_context="fork")
+    kw = {"multiprocessing_context": "fork"} if workers else {}
+    loader = DataLoader(ds, batch_size=32, sampler=sampler, num_workers=workers, **kw)
     total = 0
     for epoch in range(epochs):
         sampler.set_epoch(epoch)
@@ -284,8 +290,19 @@ def mount(args) -> dict:
             while m.full_stats()["prefetch"]["plans_announced"] < args.jobs:
                 assert time.monotonic() < deadline, "the plans did not arrive"
                 time.sleep(0.05)
-            reader = subprocess.Popen([sys.executable, "-c", READER if args.reader else "print(0)", mnt],
-                                      stdout=subprocess.PIPE, text=True)
+            if args.reader and args.reader_plan:  # the reader announces its one pass (seed 7, no workers)
+                reader = subprocess.Popen([sys.executable, "-c", JOB, mnt, "7", "1", "0"], stdin=subprocess.PIPE,
+                                          stdout=subprocess.PIPE, text=True, env=env)
+                assert reader.stdout.readline() == "announced\n"
+                deadline = time.monotonic() + 60
+                while m.full_stats()["prefetch"]["plans_announced"] < args.jobs + 1:
+                    assert time.monotonic() < deadline, "the reader's plan did not arrive"
+                    time.sleep(0.05)
+                reader.stdin.write("go\n")
+                reader.stdin.flush()
+            else:
+                reader = subprocess.Popen([sys.executable, "-c", READER if args.reader else "print(0)", mnt],
+                                          stdout=subprocess.PIPE, text=True)
             for j in jobs:
                 j.stdin.write("go\n")
                 j.stdin.flush()
@@ -296,7 +313,7 @@ def mount(args) -> dict:
             log = m.log()
         assert outs == [[str(args.epochs * total)]] * args.jobs and got == [str(total if args.reader else 0)], (outs, got)
         p = s["prefetch"]
-        planned_opens = args.jobs * args.epochs * args.files
+        planned_opens = args.jobs * args.epochs * args.files + (args.files if args.reader and args.reader_plan else 0)
         if "plans_matched" in p:
             matched = p["plans_matched"]
         else:  # plans retired before: their matches are in the retirement lines; finished ones matched all
@@ -304,7 +321,8 @@ def mount(args) -> dict:
         t = sim.read_trace(trace)
         opt = sim.belady(t, ram)
         opt_miss = t.request_bytes - opt.hit_bytes if hasattr(t, "request_bytes") else opt.request_bytes - opt.hit_bytes
-        return {"files": args.files, "jobs": args.jobs, "reader": args.reader, "bytes": total, "ram_bytes": ram, "epochs": args.epochs,
+        return {"files": args.files, "jobs": args.jobs, "reader": args.reader,
+                "reader_plan": bool(args.reader and args.reader_plan), "bytes": total, "ram_bytes": ram, "epochs": args.epochs,
                 "workers": args.workers, "opens": s["opens"], "planned_opens": planned_opens,
                 "plans_retired": p["plans_retired"], "plans_finished": p["plans_finished"],
                 "plans_withdrawn": p["plans_withdrawn"], "matched": matched,
@@ -316,6 +334,71 @@ def mount(args) -> dict:
                 "misses": s["misses"], "wall_s": round(wall, 1)}
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def split(args) -> dict:
+    """The mount case replayed in process, to split backend reads over OPT by cause: two planned jobs
+    (``--epochs`` permutations each, one plan per job) and one reader of every file once (shuffled), their
+    opens interleaved at random in the ratio 1 : 1 : ``--reader-speed``, a RAM tier of ``--ram`` % under
+    Belady-on-plan (``static`` inner policy), files of ``--min``..``--max`` bytes. Misses (bytes) of the
+    daemon's policy, the reader unplanned and with its order announced as a third plan, against OPT of the
+    merged trace (``sim.belady``). No prefetching: it does not change the tier's decisions."""
+    import numpy as np
+
+    from shadefs import sim
+    from shadefs.cache.index import TierIndex
+    from shadefs.plan.plans import PlanRegistry, proc_start_time, set_opener
+    from shadefs.plan.policy import PlanPolicy
+    from shadefs.policies.base import Importance, get_policy
+
+    n, epochs = args.files, args.epochs
+    rng = np.random.default_rng(args.seed)
+    sizes = rng.integers(args.min, args.max + 1, n)
+    cap = int(sizes.sum() * args.ram / 100)
+    streams = [np.concatenate([np.random.default_rng(100 * s + e).permutation(n) for e in range(epochs)])
+               for s in (1, 2)] + [rng.permutation(n)]
+    weights = np.array([1.0, 1.0, args.reader_speed])
+    ptr, order, who = [0, 0, 0], [], []
+    draws = rng.random(sum(len(x) for x in streams))
+    for u in draws.tolist():
+        live = [i for i in range(3) if ptr[i] < len(streams[i])]
+        w = np.cumsum(weights[live]) / weights[live].sum()
+        i = live[int(np.searchsorted(w, u, side="right"))] if len(live) > 1 else live[0]
+        order.append(int(streams[i][ptr[i]]))
+        who.append(i)
+        ptr[i] += 1
+    trace = sim.Trace(ids=np.array(order, dtype=np.int64), sizes=sizes.astype(np.int64),
+                      paths=[str(i) for i in range(n)])
+    opt = trace.request_bytes - sim.belady(trace, cap).hit_bytes
+    procs = [subprocess.Popen(["sleep", "600"]) for _ in range(3)]  # one process per job (plan owner)
+    out = {"files": n, "epochs": epochs, "reader_speed": args.reader_speed, "ram_bytes": cap,
+           "opens": len(order), "opt_miss_bytes": int(opt)}
+    try:
+        for case, planned in (("reader_unplanned", 2), ("reader_planned", 3)):
+            plans = PlanRegistry(n)
+            pol = PlanPolicy(get_policy("static")(cap, Importance(n)), plans)
+            idx = TierIndex("ram", cap, pol)
+            h, _ = plans.register(None, np.arange(n))
+            for j in range(planned):
+                segs = [n] * (epochs if j < 2 else 1)
+                plans.announce(h, j, 0, segs, streams[j].astype(np.uint32),
+                               job=(procs[j].pid, proc_start_time(procs[j].pid)))
+            miss = [0, 0, 0]
+            for f, i in zip(order, who):
+                set_opener(procs[i].pid)
+                plans.observe(f)          # the daemon follows the open, then serves it
+                if f in idx:
+                    idx.hit(f)
+                else:
+                    miss[i] += int(sizes[f])
+                    idx.admit(f, int(sizes[f]))
+            out[case] = {"miss_bytes": sum(miss), "over_opt": round(sum(miss) / opt, 4),
+                         "miss_bytes_by_stream": miss, "retired": plans.retired}
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    return out
 
 
 def main(argv=None):
@@ -338,8 +421,19 @@ def main(argv=None):
     b.add_argument("--timeout", type=float, default=600)
     b.add_argument("--jobs", type=int, default=2, help="planned jobs (default 2)")
     b.add_argument("--no-reader", dest="reader", action="store_false", help="no unplanned reader")
+    b.add_argument("--reader-plan", action="store_true",
+                   help="the reader announces its pass (PlanSampler + DataLoader without workers) instead")
+    c = sub.add_parser("split")
+    c.add_argument("--files", type=int, default=60_000)
+    c.add_argument("--min", type=int, default=200)
+    c.add_argument("--max", type=int, default=1200)
+    c.add_argument("--ram", type=float, default=20.0, help="RAM tier, %% of the dataset")
+    c.add_argument("--epochs", type=int, default=2)
+    c.add_argument("--reader-speed", type=float, default=1 / 3,
+                   help="the reader's opens per open of one job (default 1/3, as in the mount run)")
+    c.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
-    out = announce(args) if args.cmd == "announce" else mount(args)
+    out = {"announce": announce, "mount": mount, "split": split}[args.cmd](args)
     with open("/proc/loadavg") as f:
         out["loadavg"] = f.read().split()[:3]
     print(json.dumps(out))

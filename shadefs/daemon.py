@@ -35,6 +35,7 @@ from .plan.prefetch import Prefetcher
 from .policies.base import Importance, get_policy
 from .policies.shade import get_transform
 from .procutil import raise_nofile
+from .sysinfo import memory_limit
 
 __all__ = ["Daemon"]
 
@@ -193,7 +194,11 @@ class Daemon:
         window = (cfg.prefetch_window.resolve(0) if cfg.prefetch_window is not None else default_prefetch_window())
         if cfg.prefetch_concurrency <= 0:
             window = 0
-        self.prefetcher = Prefetcher(self.cache, self.plans, window, cfg.prefetch_concurrency)
+        # the kernel keeps the pages of files opened through the mount (a snapshot): the prefetcher and
+        # the tiers leave the most recent quarter of the memory limit's worth of opened bytes to it
+        kernel_pages = memory_limit()[0] // 4 if cfg.kernel_cache else 0
+        self.prefetcher = Prefetcher(self.cache, self.plans, window, cfg.prefetch_concurrency,
+                                     kernel_pages_bytes=kernel_pages)
         self.cache.attach_plans(self.plans, self.prefetcher)
         self._transform = get_transform(cfg.score_transform)
         log.info("mount %s -> %s: policy %s, RAM tier %s, disk tier %s%s, kernel cache %s, FUSE front end %s",
@@ -395,6 +400,7 @@ class Daemon:
         self.control.start()
         self.endpoint = self.control.endpoint
         self.cache.start_background()  # threads only now: after the FUSE fork
+        self.plans.start()  # a plan set that changes without an announcement: tiers prepared off the lock
         self.prefetcher.start()
         self._register()
         if self.checkpointer is not None:
@@ -445,6 +451,7 @@ class Daemon:
         if self.control is not None:
             self.control.stop()
         self.prefetcher.stop()
+        self.plans.stop()
         if self.metrics is not None:
             self.metrics.stop()
         if self.checkpointer is not None:

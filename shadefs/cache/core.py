@@ -369,6 +369,8 @@ class TieredCache:
         else:                                        # absent: a prefetch has it, or this open leads
             pf = self._prefetched(fid, size)
             if pf is None:
+                if self.prefetcher is not None and self.prefetcher.kernel_holds(fid):
+                    return None, None, False, demote  # the kernel keeps its pages: no tier fill, no read now
                 fl, demote = self._start_fetch(fid, size, transient=True)
                 leader = True
             else:

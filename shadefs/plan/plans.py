@@ -36,12 +36,19 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-__all__ = ["Plan", "PlanRegistry", "PlanError", "NOT_PLANNED", "JobKey", "set_opener", "ancestry", "proc_start_time"]
+__all__ = ["Plan", "PlanRegistry", "PlanError", "NOT_PLANNED", "STRIDE_SHIFT", "JobKey", "set_opener", "ancestry", "proc_start_time"]
 
 log = logging.getLogger("shadefs.plan")
 
 NOT_PLANNED = np.iinfo(np.int64).max
 """Distance of a file with no planned use ("never": infinitely far, as Belady's MIN has it)."""
+
+STRIDE_SHIFT = 8
+STRIDE_ONE = 1 << STRIDE_SHIFT
+"""A plan's :attr:`Plan.stride` when the plan gets every open of the mount (one open per position)."""
+
+#: opens of the mount between two measurements of the plans' strides
+STRIDE_PERIOD = 2048
 
 
 class PlanError(ValueError):
@@ -124,6 +131,11 @@ class Plan:
         self.last_match = now
         self.created = now
         self.prefetch_pos = 0                  # the prefetcher's scan position (>= pos)
+        # opens of the mount per position of this plan, in 1/STRIDE_ONE units (the registry measures it):
+        # distances in this plan's positions times the stride are distances in the mount's opens, so
+        # plans that advance at different speeds compare their next uses in one unit
+        self.stride = STRIDE_ONE
+        self._matched_mark = 0
         self.moved = None                      # callback(plan, fid): fid's next planned use moved later
         # entry ids planned as another id (the chunks of a chunked file are used when their file is):
         # ``owner_ids(ids) -> file ids`` (shadefs.cache.chunks.ChunkMap), or None
@@ -246,10 +258,11 @@ class Plan:
         return out
 
     def distances(self, fids: np.ndarray) -> np.ndarray:
-        """Positions from the cursor to each file's next planned use (int64, shape like ``fids``);
+        """Distance to each file's next planned use: positions from the cursor times :attr:`stride` (the
+        mount's opens per position, in 1/:data:`STRIDE_ONE` units; int64, shape like ``fids``);
         :data:`NOT_PLANNED` where there is none."""
         nxt = self.next_positions(fids)
-        return np.where(nxt >= 0, nxt - self.pos, NOT_PLANNED)
+        return np.where(nxt >= 0, (nxt - self.pos) * self.stride >> STRIDE_SHIFT, NOT_PLANNED)
 
     def observe(self, fid: int, now: float) -> Optional[bool]:
         """An open of ``fid``: consume its earliest unconsumed position if within the window.
@@ -331,6 +344,17 @@ class Plan:
         who = f", job {self.owner.pid}" if self.owner is not None else ""
         return (f"plan {self.key[0].hex()}/{self.key[1]} (epochs {epochs}, {len(self)} positions{who}, at {self.pos}, "
                 f"{self.matched} matched, {self.unmatched} unmatched, {self.skipped} skipped)")
+
+
+def fresh_gil() -> None:
+    """Give the GIL up and take it back before a short critical section under the cache lock (announcing,
+    registering, preparing: the threads that run next to the FUSE threads' opens). CPython
+    forces the holder of the GIL to hand it over when another thread has waited a switch interval (5 ms)
+    without the GIL changing hands; a thread that has just taken the GIL has that long before anyone may
+    force it out, so a section of pure Python shorter than that is not preempted while it holds the lock
+    (preempted, it holds the lock one switch interval longer while threads building plans in numpy
+    run)."""
+    time.sleep(0)
 
 
 _OPENER = threading.local()
@@ -465,12 +489,99 @@ class PlanRegistry:
         # shadefs.cache.chunks.ChunkMap, with owner_id, owner_ids and alias_ids), or None
         self.aliases = None
         self.preparers: List = []              # prepare(plans) -> install(): off the lock, for a new plan set
+        self.on_open = None                    # callback(fid) on every open observe() sees, plans or not
+        self._opens = 0                        # opens observe() saw while plans were active
+        self._opens_mark = 0
         self._owned = False                    # some plan has an owner: opens are matched to jobs
         self._jobs: Dict[int, tuple] = {}      # opener pid -> (expires, ancestry, version, owner pid)
         self._owners: Dict[int, List[Plan]] = {}  # owner pid -> its plans (rebuilt with the version)
         self._free: List[Plan] = []            # plans without an owner: they follow every open
         self.install_hold_s: List[float] = []  # lock holds of the last announcements' installs (seconds)
         self._installing = threading.Lock()    # serialises announcements' preparations and installs
+        self._installed_version = 0            # the plan set whose tier structures were last installed
+        self._install_wanted = False           # a tier asked for a fresh structure (its heaps need compacting)
+        self._install_due = threading.Event()  # wakes the installer thread (start())
+        self._installer: Optional[threading.Thread] = None
+        self._installer_stop = threading.Event()
+        self._installer_failed = False
+        self.reinstalls = 0                    # structures the installer thread built and installed
+
+    # -- the installer thread -----------------------------------------------------------------------
+    @property
+    def installs_off_lock(self) -> bool:
+        """Whether the installer thread runs (:meth:`start`): a plan set that changed without an
+        announcement (a plan finished, was retired or withdrawn) gets its tier structures built off the
+        lock, and the tiers keep deciding with the ones they have until then. False again once a
+        preparation failed: the tiers then rebuild under the lock, as without the thread."""
+        return self._installer is not None and not self._installer_failed
+
+    def start(self) -> None:
+        """Start the installer thread (``shadefs-plan-install``): whenever the set of plans changes without
+        an announcement installing structures for it, it prepares them without the lock and swaps them in
+        (:meth:`reinstall`). Without it, the tiers rebuild under the lock at their next victim search.
+        Idempotent."""
+        if self._installer is not None:
+            return
+        self._installer_stop.clear()
+        t = threading.Thread(target=self._install_loop, name="shadefs-plan-install", daemon=True)
+        self._installer = t
+        t.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop the installer thread (after the preparation it may be running). Idempotent."""
+        t, self._installer = self._installer, None
+        if t is None:
+            return
+        self._installer_stop.set()
+        self._install_due.set()
+        t.join(timeout)
+
+    def request_install(self) -> None:
+        """A tier wants its structure rebuilt for the current plan set (its heaps hold many stale entries):
+        the installer thread does it off the lock. Caller holds :attr:`lock`."""
+        self._install_wanted = True
+        self._install_due.set()
+
+    def _install_loop(self) -> None:
+        while not self._installer_stop.is_set():
+            self._install_due.wait()
+            self._install_due.clear()
+            if self._installer_stop.is_set():
+                return
+            try:
+                self.reinstall()
+            except Exception:  # a bug must not leave stale structures: the tiers rebuild under the lock
+                self._installer_failed = True
+                log.exception("preparing the tiers for the plans failed; they rebuild at their next search")
+                return
+
+    def reinstall(self) -> bool:
+        """Build the tiers' structures for the current plan set without the lock and swap them in (what an
+        announcement does for its own set), unless they are current. Returns whether it installed."""
+        with self._installing:
+            for _ in range(3):
+                fresh_gil()
+                with self.lock:
+                    if self.version == self._installed_version and not self._install_wanted:
+                        return False
+                    self._install_wanted = False
+                    current = list(self.plans.values())
+                    version = self.version
+                installs = [prep(current) for prep in self.preparers]
+                fresh_gil()
+                with self.lock:
+                    t0 = time.perf_counter()
+                    if self.version != version:
+                        replaced = [install(-1) for install in installs]  # ends their tracking
+                        continue
+                    replaced = [install(version) for install in installs]
+                    self._installed_version = version
+                    self.reinstalls += 1
+                    self.install_hold_s.append(time.perf_counter() - t0)
+                del replaced  # freed after the lock
+                return True
+            self._install_due.set()  # the set kept changing: look again
+            return False
 
     # -- tables ----------------------------------------------------------------------------------
     def register(self, handle: Optional[bytes], fids: np.ndarray) -> Tuple[bytes, int]:
@@ -490,6 +601,7 @@ class PlanRegistry:
         what it holds).
         """
         fids = np.array(np.asarray(fids).reshape(-1), dtype=np.int32)
+        fresh_gil()
         with self.lock:
             now = self.clock()
             if handle is None:
@@ -546,6 +658,7 @@ class PlanRegistry:
         ids = np.asarray(ids)
         key = (bytes(handle), int(stream))
         top = int(ids.max()) if ids.size else -1
+        fresh_gil()
         with self.lock:  # the checks and a snapshot of the table: O(1)
             now = self.clock()
             t = self.tables.get(key[0])
@@ -583,6 +696,7 @@ class PlanRegistry:
         """Prepare the tiers for ``plan`` and swap it in (under :attr:`_installing`): a few tries when a
         plan ends meanwhile; the last installs without preparations (the next search rebuilds)."""
         for attempt in range(3):
+            fresh_gil()
             with self.lock:
                 old = self.plans.get(key)
                 current = list(self.plans.values())
@@ -598,6 +712,7 @@ class PlanRegistry:
                 self._carry(old, plan, seg[0], 0, n)
             prospective = [plan if p.key == key else p for p in current] + ([] if old is not None else [plan])
             installs = [] if attempt == 2 else [prep(prospective) for prep in self.preparers]
+            fresh_gil()
             with self.lock:
                 t0 = time.perf_counter()
                 if self.version != version and attempt < 2:
@@ -610,12 +725,16 @@ class PlanRegistry:
                     moved = self._carry(old, plan, seg[0], snap_pos - seg[0], min(n, old.pos - seg[0] + old.window))
                 old = self.plans.get(key)
                 if old is not None:
+                    if not same:
+                        plan.stride = old.stride  # the stream's speed so far
                     self._end(old, "replaced")
                 plan.moved = self._moved
                 self.plans[key] = plan
                 self._changed()
                 self.announced += 1
                 replaced = [install(self.version) for install in installs]  # freed after the lock
+                if installs and all(r is not None for r in replaced) or not self.preparers:
+                    self._installed_version = self.version
                 for fid in moved:
                     self._moved(plan, fid)
                 self.install_hold_s.append(time.perf_counter() - t0)
@@ -644,14 +763,18 @@ class PlanRegistry:
             # per file, the consumed positions of the epoch are a prefix of its positions: count them
             np.add.at(new.ptr, new.groups(new.ids[done].astype(np.int64)), 1)
         new.matched += int(done.size)
+        new.stride = old.stride
+        new._matched_mark = new.matched + new.skipped
         new.last_match = old.last_match
         new._advance()
         new.prefetch_pos = max(new.pos, old.prefetch_pos - start)
         return new.ids[done].tolist()
 
     def _changed(self) -> None:
-        """The set of plans changed: bump the version, re-index the plans by owner."""
+        """The set of plans changed: bump the version, re-index the plans by owner, wake the installer."""
         self.version += 1
+        if self._installer is not None:
+            self._install_due.set()
         owners: Dict[int, List[Plan]] = {}
         free: List[Plan] = []
         for plan in self.plans.values():
@@ -688,8 +811,13 @@ class PlanRegistry:
 
         Returns the number of plans whose position it consumed. Caller holds :attr:`lock`.
         """
+        if self.on_open is not None:
+            self.on_open(fid)
         if not self.plans:
             return 0
+        self._opens += 1
+        if self._opens - self._opens_mark >= STRIDE_PERIOD:
+            self._measure_strides()
         now = self.clock()
         plans = self.plans.values()
         if self._owned:
@@ -718,6 +846,20 @@ class PlanRegistry:
             for plan, why in ended:
                 self._remove(plan, why)
         return matched
+
+    def _measure_strides(self) -> None:
+        """Each active plan's stride: the mount's opens per position it consumed over the last period. A
+        plan that consumed nothing (its job has not started yet, or pauses between epochs) gets its stride
+        doubled for each such period, so the files of a plan whose reader has not come count as far away
+        after a few periods, while a short pause (a DataLoader starting its workers) changes little; at
+        most 4096 opens per position."""
+        opens = self._opens - self._opens_mark
+        self._opens_mark = self._opens
+        for plan in self.plans.values():
+            done = plan.matched + plan.skipped - plan._matched_mark
+            plan._matched_mark = plan.matched + plan.skipped
+            stride = STRIDE_ONE * opens // done if done > 0 else 2 * plan.stride
+            plan.stride = max(STRIDE_ONE, min(STRIDE_ONE * 4096, stride))
 
     def expire(self) -> None:
         """Retire plans without a match for ``idle_s`` seconds. Caller holds :attr:`lock`."""
@@ -790,8 +932,8 @@ class PlanRegistry:
         best = NOT_PLANNED
         for plan in self.plans.values():
             p = plan.next_position(fid)
-            if p is not None and p - plan.pos < best:
-                best = p - plan.pos
+            if p is not None and ((p - plan.pos) * plan.stride >> STRIDE_SHIFT) < best:
+                best = ((p - plan.pos) * plan.stride >> STRIDE_SHIFT)
         return best
 
     def counters(self) -> dict:

@@ -44,7 +44,7 @@ from typing import Dict, List, Optional, Set
 import numpy as np
 
 from ..policies.base import Policy
-from .plans import NOT_PLANNED, PlanRegistry
+from .plans import NOT_PLANNED, STRIDE_SHIFT, PlanRegistry, fresh_gil
 
 __all__ = ["PlanPolicy"]
 
@@ -90,6 +90,13 @@ class PlanPolicy(Policy):
         # not yet re-keyed: at most one entry per resident. A tier without capacity never evicts: it
         # does not watch.
         self._dirty: Set[int] = set()
+        # files that changed while an installed structure was being prepared: re-keyed at the next victim
+        # search (vectorised there), not in the install under the lock
+        self._catch_up: Set[int] = set()
+        # while the set of plans changed and the registry's installer builds the next structure: the
+        # slots of _active whose plan has ended (their heaps are passed over; nothing is homed there)
+        self._dead: Set[int] = set()
+        self._dead_version = -1
         if inner.capacity_bytes > 0:
             plans.watchers.append(self._moved)       # O(1) on the hit path; applied at the next victim search
             plans.preparers.append(self.prepare)     # a new plan set's structure, built off the lock
@@ -104,9 +111,23 @@ class PlanPolicy(Policy):
         plan, fid = item
         for changed in self._tracking:
             changed.add(fid)
-        if self._home[fid] < 0 or self._version != self.plans.version:
+        if self._home[fid] < 0 or not self._usable():
             return  # not in a heap (absent, or never used again), or the next search rebuilds anyway
         self._dirty.add(fid)
+
+    def _usable(self) -> bool:
+        """Whether the live structure stays in use: it reflects the registry's plan set, or the set changed
+        and the registry's installer is building the next one off the lock (meanwhile the slots of plans
+        that ended are passed over, :attr:`_dead`)."""
+        if self._version == self.plans.version:
+            return True
+        if not self.plans.installs_off_lock or self._version < 0:
+            return False
+        if self._dead_version != self.plans.version:
+            live = {id(p) for p in self.plans.plans.values()}
+            self._dead = {k for k, p in enumerate(self._active) if id(p) not in live}
+            self._dead_version = self.plans.version
+        return True
 
     def on_insert(self, fid: int, size: int) -> None:
         self._sizes[fid] = size
@@ -114,7 +135,7 @@ class PlanPolicy(Policy):
         for changed in self._tracking:
             changed.add(fid)
         self.inner.on_insert(fid, size)
-        if self._version == self.plans.version and self._active:
+        if self._active and self._usable():
             self._rehome(fid)
 
     def on_remove(self, fid: int) -> None:
@@ -138,6 +159,10 @@ class PlanPolicy(Policy):
     def _apply_moves(self) -> None:
         """Re-key the files whose next use moved later since the last search (an open consumed it, the
         cursor skipped it), vectorised (:meth:`_rehome_many`)."""
+        if self._catch_up:
+            todo, self._catch_up = self._catch_up, set()
+            self._dirty.difference_update(todo)
+            self._fixup(self.__dict__, np.fromiter(todo, dtype=np.int64, count=len(todo)))
         dirty = self._dirty
         if not dirty:
             return
@@ -157,6 +182,8 @@ class PlanPolicy(Policy):
         if fids.size == 0:
             return
         active = st["_active"]
+        if st is self.__dict__ and self._dead:
+            active = [None if k in self._dead else p for k, p in enumerate(active)]
         best, home, pos = _nearest_use(active, fids)
         st["_home"][fids] = home
         st["_home_pos"][fids] = pos
@@ -188,10 +215,13 @@ class PlanPolicy(Policy):
     def _rehome(self, fid: int) -> None:
         """File ``fid`` (resident) goes to the plan that gives its least distance, or to the unplanned."""
         best, slot, pos = NOT_PLANNED, -1, -1
+        dead = self._dead
         for k, plan in enumerate(self._active):
+            if dead and k in dead:
+                continue
             p = plan.next_position(fid)
-            if p is not None and p - plan.pos < best:
-                best, slot, pos = p - plan.pos, k, p
+            if p is not None and ((p - plan.pos) * plan.stride >> STRIDE_SHIFT) < best:
+                best, slot, pos = ((p - plan.pos) * plan.stride >> STRIDE_SHIFT), k, p
         if slot < 0:
             if self._home[fid] >= 0 or fid not in self._never:
                 self._home[fid] = -1
@@ -202,6 +232,17 @@ class PlanPolicy(Policy):
         self._home_pos[fid] = pos
         heapq.heappush(self._heaps[slot], _encode(pos, fid))
         self._entries += 1
+
+    def _distance(self, fid: int) -> int:
+        """``fid``'s least distance over the structure's live plans (the registry's, once it is current)."""
+        best, dead = NOT_PLANNED, self._dead
+        for k, plan in enumerate(self._active):
+            if dead and k in dead:
+                continue
+            p = plan.next_position(fid)
+            if p is not None and ((p - plan.pos) * plan.stride >> STRIDE_SHIFT) < best:
+                best = ((p - plan.pos) * plan.stride >> STRIDE_SHIFT)
+        return best
 
     def _to_never(self, fid: int) -> None:
         self._never.add(fid)
@@ -251,6 +292,8 @@ class PlanPolicy(Policy):
         self._spare = (old.pop("_home"), old.pop("_home_pos"))  # nothing else refers to them now
         self._slot = {id(p): k for k, p in enumerate(self._active)}
         old["_dirty"], self._dirty = self._dirty, set()
+        self._catch_up = set()
+        self._dead = set()
         self._version = version
         return old
 
@@ -263,9 +306,10 @@ class PlanPolicy(Policy):
         st["_never"].difference_update(gone.tolist())
         self._rehome_many(fids[here], st)
 
-    #: files changed during a preparation that its install re-keys under the lock at most (beyond it, the
-    #: preparation catches up without the lock first)
-    CATCH_UP = 512
+    #: files changed during a preparation that are left for the next victim search to re-key (beyond
+    #: it, the preparation catches up without the lock first, a few rounds); the install under the lock
+    #: only swaps the structure in and hands those files over
+    CATCH_UP = 64
 
     def prepare(self, active: list):
         """Build the structure for plan set ``active`` (the registry's next :meth:`PlanRegistry.active`)
@@ -277,20 +321,25 @@ class PlanPolicy(Policy):
         by then, ``install`` does nothing and the next search rebuilds under the lock as before."""
         lock = self.plans.lock
         changed: Set[int] = set()
+        fresh_gil()
         with lock:  # (the list is read under the lock by every change)
             self._tracking.append(changed)  # before the snapshot: a change after it is noted
             spare, self._spare = self._spare, None  # this build's arrays: a rebuild meanwhile allocates its own
         try:
-            built = self._compute(active, np.flatnonzero(self._resident), spare)
-            for _ in range(4):  # catch up without the lock while many changed meanwhile
+            # one copy first: np.flatnonzero counts, then fills, and the array may change in between
+            # (opens insert and remove under the lock meanwhile); the tracking notes what changes after
+            built = self._compute(active, np.flatnonzero(self._resident.copy()), spare)
+            for _ in range(8):  # catch up without the lock while many changed meanwhile
                 if len(changed) <= self.CATCH_UP:
                     break
                 batch, changed = changed, set()
+                fresh_gil()
                 with lock:
                     self._tracking.append(changed)
                     self._tracking.remove(batch)
                 self._fixup(built, np.fromiter(batch, dtype=np.int64, count=len(batch)))
         except BaseException:
+            fresh_gil()
             with lock:
                 self._tracking.remove(changed)
             raise
@@ -302,14 +351,20 @@ class PlanPolicy(Policy):
                 return None
             old = self._swap(built, version)
             self.prepared += 1
-            if changed:
-                self._fixup(self.__dict__, np.fromiter(changed, dtype=np.int64, count=len(changed)))
+            self._catch_up = changed  # re-keyed at the next victim search (_apply_moves), not here
             return old
         return install
 
     def _current(self) -> None:
-        if self._version != self.plans.version or self._entries > 2 * len(self._sizes) + 1024 \
-                or len(self._never_heap) > 2 * len(self._never) + 1024:
+        bloated = (self._entries > 2 * len(self._sizes) + 1024
+                   or len(self._never_heap) > 2 * len(self._never) + 1024)
+        if self.plans.installs_off_lock and self._usable():
+            # a changed plan set or heaps full of stale entries: the registry's installer builds the next
+            # structure without the lock; this one decides until it is swapped in
+            if bloated and self._version == self.plans.version:
+                self.plans.request_install()
+            self._apply_moves()
+        elif self._version != self.plans.version or bloated:
             self._rebuild()
         else:
             self._apply_moves()
@@ -320,7 +375,10 @@ class PlanPolicy(Policy):
         heaps, active, home, home_pos = self._heaps, self._active, self._home, self._home_pos
         while True:
             top, top_k = None, -1
+            dead = self._dead
             for k, h in enumerate(heaps):
+                if dead and k in dead:
+                    continue  # its plan ended: the installer's next structure re-homes these residents
                 while h:
                     e = h[0]
                     fid = _LOW - (e & _LOW)
@@ -330,13 +388,13 @@ class PlanPolicy(Policy):
                     heapq.heappop(h)  # stale (re-keyed, re-homed, removed) or a duplicate of a taken one
                     self._entries -= 1
                 if h:
-                    d = p - active[k].pos
+                    d = (p - active[k].pos) * active[k].stride >> STRIDE_SHIFT
                     if top is None or (d, fid) > top:
                         top, top_k = (d, fid), k
             if top is None:
                 return None
             d, fid = top
-            if len(active) > 1 and self.plans.distance(fid) < d:
+            if len(active) > 1 and self._distance(fid) < d:
                 self._rehome(fid)  # its home's bound is above its true distance: move it, look again
                 continue
             heapq.heappop(heaps[top_k])
@@ -420,8 +478,10 @@ def _nearest_use(active, fids: np.ndarray):
     home = np.full(fids.shape, -1, dtype=np.int64)
     pos = np.zeros(fids.shape, dtype=np.int64)
     for k, plan in enumerate(active):
+        if plan is None:  # a slot whose plan ended
+            continue
         nxt = plan.next_positions(fids)
-        d = np.where(nxt >= 0, nxt - plan.pos, NOT_PLANNED)
+        d = np.where(nxt >= 0, (nxt - plan.pos) * plan.stride >> STRIDE_SHIFT, NOT_PLANNED)
         better = d < best
         best[better] = d[better]
         home[better] = k

@@ -21,6 +21,14 @@ open that wanted it reads the file itself and is counted a miss. Several plans s
 epoch's first :attr:`Prefetcher.BOUNDARY_OPENS` positions until the cursor enters that epoch: enough to
 take the cold burst off the epoch's start, and no more bytes than that if the epoch never runs.
 
+With the kernel's page cache on (``kernel_pages_bytes`` > 0), a file opened through the mount within the
+last ``kernel_pages_bytes`` bytes of opens is taken to be in the kernel's pages (the mount is a snapshot,
+so its open keeps them: ``Handle.keep_pages``): it is not prefetched, and its open fills no tier
+(:meth:`Prefetcher.kernel_holds`, asked by the cache), so it costs the backend nothing while the pages
+serve it, and one read by ranges if the kernel dropped them. ``kernel_pages_bytes`` is an estimate of the
+page cache this mount's files get (the daemon's: a quarter of the memory limit), an LRU by bytes of opens
+over the files: files opened longer ago are prefetched as before.
+
 ``wasted_bytes`` counts prefetched bytes that left the window without being opened (their plan was
 retired, replaced or finished, or the cursor passed them). Threads start with :meth:`Prefetcher.start`
 (from FUSE ``init()``, like every daemon thread).
@@ -29,6 +37,8 @@ from __future__ import annotations
 
 import logging
 import threading
+
+import numpy as np
 import time
 from typing import Dict, List, Optional, Tuple
 
@@ -48,6 +58,8 @@ class Prefetcher:
         plans: the :class:`~shadefs.plan.plans.PlanRegistry` (sharing the cache's lock).
         window_bytes: the window (bytes); 0 disables prefetching.
         concurrency: backend reads in flight at most (threads).
+        kernel_pages_bytes: bytes of recently opened files the kernel is taken to keep the pages of (0:
+            none, the kernel cache is off); module docstring.
     """
 
     #: positions of a plan's next epoch read ahead while its cursor is still in the one before: the
@@ -56,7 +68,7 @@ class Prefetcher:
     BOUNDARY_OPENS = 800
 
     def __init__(self, cache, plans, window_bytes: int, concurrency: int = 32,
-                 boundary_opens: Optional[int] = None):
+                 boundary_opens: Optional[int] = None, kernel_pages_bytes: int = 0):
         self.cache = cache
         self.plans = plans
         self.window_bytes = int(window_bytes)
@@ -80,6 +92,13 @@ class Prefetcher:
         self._stop = threading.Event()
         self._threads: List[threading.Thread] = []
         self._log_error = RateLimitedLog(log, 10.0)
+        self.kernel_pages_bytes = max(0, int(kernel_pages_bytes))
+        self.kernel_kept = 0                                 # files not prefetched: the kernel keeps their pages
+        # per file: the byte clock (bytes of opens so far) at its last open; 0: never opened
+        self._opened_at = np.zeros(plans.num_files, dtype=np.int64) if self.kernel_pages_bytes else None
+        self._open_clock = 0
+        if self._opened_at is not None:
+            plans.on_open = self._opened
         plans.listeners.append(self._plan_ended)
 
     # -- lifecycle --------------------------------------------------------------------------------
@@ -146,6 +165,21 @@ class Prefetcher:
         else:
             self.owned.pop(owner, None)
 
+    def _opened(self, fid: int) -> None:
+        # under the lock, every counted open: advance the byte clock, stamp the file
+        self._open_clock += int(self.cache.ns.size(fid))
+        self._opened_at[fid] = self._open_clock
+
+    def kernel_holds(self, fid: int) -> bool:
+        """Whether the kernel is taken to keep ``fid``'s pages while a plan is active: it was opened
+        through the mount within the last ``kernel_pages_bytes`` bytes of opens (module docstring). Caller
+        holds the lock."""
+        at = self._opened_at
+        if at is None or not self.plans.plans:
+            return False  # without a plan the tiers decide as the mount's --policy always did
+        t = int(at[fid])
+        return t > 0 and self._open_clock - t < self.kernel_pages_bytes
+
     # -- choosing what to read -------------------------------------------------------------------------
     def _claim(self) -> Optional[Tuple[int, int, tuple]]:
         """The next file to prefetch, reserved in the window (its read is registered in flight by
@@ -179,6 +213,10 @@ class Prefetcher:
                     q += 1
                     continue
                 if not cache.fetchable(fid):
+                    q += 1
+                    continue
+                if self._opened_at is not None and self.kernel_holds(fid):
+                    self.kernel_kept += 1  # its open is served by the kernel's pages (or reads it by ranges)
                     q += 1
                     continue
                 size = int(ns.size(fid))
@@ -277,4 +315,4 @@ class Prefetcher:
                 "fetched_bytes": self.fetched_bytes, "shared_bytes": self.shared_bytes,
                 "wasted_bytes": self.wasted_bytes,
                 "window_bytes": self.window_bytes, "window_used_bytes": self.reserved_bytes,
-                "window_peak_bytes": self.peak_bytes, "errors": self.errors}
+                "window_peak_bytes": self.peak_bytes, "errors": self.errors, "kernel_kept": self.kernel_kept}

@@ -266,3 +266,37 @@ def test_a_hit_reaches_the_inner_policy_in_its_current_mode(inner):
         assert pol.apply_pending(64) is False and pol.inner.ranking() == [2, 3, 1]
     elif inner == "lru":
         assert list(pol.inner._order) == [2, 3, 1]                             # applied at once
+
+
+def test_plans_that_advance_at_different_speeds_compare_distances_in_opens():
+    """Plan A (files 0..1999) gets three opens for each of plan B's (files 2000..3999). Resident a is 300
+    positions ahead of A's cursor, b 200 ahead of B's: by positions a is used last, but B advances at a
+    third of A's speed, so b's next use is the later one in opens (about 200 x 4 = 800 against 300 x 4/3
+    = 400): Belady evicts b for a newcomer A needs next."""
+    n = 4100
+    plans = PlanRegistry(n)
+    h, _ = plans.register(None, np.arange(n, dtype=np.int64))
+    rng = np.random.default_rng(9)
+    a_order, b_order = rng.permutation(2000), 2000 + rng.permutation(2000)
+    plans.announce(h, 0, 0, [2000], a_order.astype(np.uint32))
+    plans.announce(h, 1, 0, [2000], b_order.astype(np.uint32))
+    plans.announce(h, 2, 0, [100], np.arange(4000, 4100, dtype=np.uint32))  # C: its reader never starts
+    pol = PlanPolicy(get_policy("static")(2, Importance(n)), plans)
+    idx = TierIndex("ram", 2, pol)
+    ia = ib = 0
+    for k in range(2048):                     # one measuring period: A, A, A, B, ...
+        if k % 4 == 3:
+            plans.observe(int(b_order[ib]))
+            ib += 1
+        else:
+            plans.observe(int(a_order[ia]))
+            ia += 1
+    A, B = plans.plans[(h, 0)], plans.plans[(h, 1)]
+    assert (A.pos, B.pos) == (1536, 512)
+    assert plans.distance(4001) == 2          # C consumed nothing in the period: its stride doubled
+    a, b = int(a_order[A.pos + 300]), int(b_order[B.pos + 200])
+    assert idx.admit(a, 1) == [] and idx.admit(b, 1) == []
+    newcomer = int(a_order[A.pos + 10])
+    assert plans.distance(b) > plans.distance(a) > plans.distance(newcomer)
+    assert idx.admit(newcomer, 1) == [b]
+    assert sorted(idx.sizes) == sorted([a, newcomer])

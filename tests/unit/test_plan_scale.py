@@ -1,6 +1,7 @@
 """Plans at scale: bounded bookkeeping with tiers that never evict, announcements built off the lock,
 plan state that follows the plan's length, registration that does not copy the table under the lock."""
 import gc
+import time
 import sys
 import tracemalloc
 import threading
@@ -138,3 +139,102 @@ def test_plan_memory_follows_the_plan_not_the_namespace():
     assert len(plans.plans) == 16
     assert grown < 256 * 1024                          # 16 one-position plans; not 16 x 4 bytes x 2M files
     assert sum(p.nbytes() for p in plans.plans.values()) < 16 * 1024
+
+
+def belady_victim(plans, idx):
+    """The resident Belady evicts first: the furthest next use over the plans, ties to the highest id."""
+    return max((plans.distance(f), f) for f in idx.policy._sizes)[1]
+
+
+def test_an_install_only_swaps_under_the_lock_and_what_changed_meanwhile_is_rekeyed_at_the_next_search():
+    n = 4000
+    lock = SpyLock()
+    plans = PlanRegistry(n, lock)
+    pol = PlanPolicy(get_policy("lru")(n // 2, Importance(n)), plans)
+    idx = TierIndex("ram", n // 2, pol)
+    for f in range(n // 2):
+        idx.admit(f, 1)
+    h, _ = plans.register(None, np.arange(n))
+    rng = np.random.default_rng(3)
+    e0, e1 = rng.permutation(n).astype(np.uint32), rng.permutation(n).astype(np.uint32)
+    plans.announce(h, 0, 0, [n], e0)
+    mine = [False]
+
+    def meanwhile(active):
+        # runs after the policy took its snapshot for stream 1's plan: 40 opens of stream 0's files move
+        # their next uses, 10 residents leave and 10 files come in, all before the install
+        mine[0] = True
+        with lock:
+            for f in e0[:40].tolist():
+                plans.observe(f)
+            for f in range(10):
+                idx.remove(f)
+            for f in range(n // 2, n // 2 + 10):
+                idx.admit(f, 1)
+        mine[0] = False
+        return lambda version: {}
+
+    plans.preparers.append(meanwhile)
+    heavy = {"_nearest_use", "Plan.next_positions", "Plan.next_position", "PlanPolicy._rehome_many",
+             "PlanPolicy._rehome", "PlanPolicy._fixup", "PlanPolicy._compute"}
+    under = []
+
+    def profile(frame, event, arg):
+        if event == "call" and lock.held and not mine[0] and frame.f_code.co_qualname in heavy:
+            under.append(frame.f_code.co_qualname)
+
+    sys.setprofile(profile)
+    try:
+        plans.announce(h, 1, 0, [n], e1)
+    finally:
+        sys.setprofile(None)
+    assert under == []                                # no file re-keyed, no next use looked up under the lock
+    assert pol.prepared == 2 and len(pol._catch_up) >= 40
+    expect = belady_victim(plans, idx)
+    newcomer = next(f for f in e1.tolist() if f not in idx and plans.distance(f) < n)
+    with lock:                                        # (a planned newcomer, its open not yet followed)
+        assert idx.admit(newcomer, 1) == [expect]     # the next search re-keyed them: Belady's victim
+    assert pol.rebuilds == 0 and len(pol._catch_up) == 0
+
+
+def test_a_plan_that_ends_gets_the_next_structure_built_off_the_lock():
+    n = 4000
+    lock = SpyLock()
+    plans = PlanRegistry(n, lock)
+    pol = PlanPolicy(get_policy("lru")(n // 2, Importance(n)), plans)
+    idx = TierIndex("ram", n // 2, pol)
+    for f in range(n // 2):
+        idx.admit(f, 1)
+    h, _ = plans.register(None, np.arange(n))
+    rng = np.random.default_rng(4)
+    short = rng.permutation(n)[:300].astype(np.uint32)          # stream 0: 300 positions, read to the end
+    long_ = rng.permutation(n).astype(np.uint32)                # stream 1: a whole epoch
+    plans.start()
+    try:
+        plans.announce(h, 0, 0, [len(short)], short)
+        plans.announce(h, 1, 0, [n], long_)
+        assert plans.version == plans._installed_version       # both installed by their announcements
+
+        def search(newcomer):  # a planned newcomer (its open not yet followed): Belady decides
+            with lock:
+                return idx.admit(newcomer, 1)
+
+        for f in short.tolist():                                # stream 0 finishes: the plan set changes
+            with lock:
+                plans.observe(f)
+                if f not in idx:
+                    idx.admit(f, 1)
+        assert (h, 0) not in plans.plans and plans.finished == 1
+        seen = calls_by_lock(lock, lambda: search(next(f for f in long_.tolist() if f not in idx and plans.distance(f) < n)))
+        assert {name for name, held in seen if held} == set()  # no rebuild at the search after the end
+        deadline = time.monotonic() + 30
+        while plans.reinstalls < 1:                             # the installer thread swaps the next one in
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert plans.version == plans._installed_version and pol._version == plans.version
+        for _ in range(3):
+            expect = belady_victim(plans, idx)
+            assert search(next(f for f in long_.tolist() if f not in idx and plans.distance(f) < n)) == [expect]
+        assert pol.rebuilds == 0 and pol.prepared == 3
+    finally:
+        plans.stop()

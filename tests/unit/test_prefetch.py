@@ -52,7 +52,7 @@ def tree(tmp_path_factory):
     return src, spec
 
 
-def build(src, ram, window, policy="static", gate=None, fail=()):
+def build(src, ram, window, policy="static", gate=None, fail=(), kernel_pages=0):
     backend = CountingBackend(str(src), gate, fail)
     ns = Namespace(backend.walk())
     imp = Importance(ns.num_files)
@@ -60,7 +60,7 @@ def build(src, ram, window, policy="static", gate=None, fail=()):
     index = TierIndex("ram", ram, PlanPolicy(get_policy(policy)(ram, imp), plans))
     cache = TieredCache(ns, backend, (index, MemoryTier()), None, imp)
     plans.lock = cache.lock  # as the daemon wires it
-    pf = Prefetcher(cache, plans, window, concurrency=0)
+    pf = Prefetcher(cache, plans, window, concurrency=0, kernel_pages_bytes=kernel_pages)
     cache.attach_plans(plans, pf)
     handle, _ = plans.register(None, np.arange(ns.num_files, dtype=np.int64))
     return cache, ns, plans, pf, handle, backend
@@ -269,3 +269,32 @@ def test_across_an_epoch_boundary_only_the_next_epochs_first_burst_is_read_ahead
     while pf.step():                                     # the cursor is in epoch 1: the rest of it
         pass
     assert sorted(backend.reads) == sorted(ns.path(f) for f in e0)
+
+
+def test_files_the_kernel_keeps_are_neither_prefetched_nor_filled_into_a_tier(tree):
+    """Before any plan, files 0-4, then 5-9, then 10-14 are opened (one backend read each) through an LRU
+    RAM tier that ends up holding 10-14 only. The kernel-pages budget covers the bytes of 5-14, so the
+    kernel is taken to keep 5-9 but no longer 0-4. A plan names 5-9 and 0-4: the prefetcher reads 0-4
+    (once each), not 5-9, and an open of 5-9 reads nothing now and fills no tier (Belady would have
+    evicted the unplanned 10-14 for it)."""
+    src, spec = tree
+    first, last, other = list(range(0, 5)), list(range(5, 10)), list(range(10, 15))
+    ns = Namespace(PosixBackend(str(src)).walk())
+    size = lambda fs: sum(int(ns.size(f)) for f in fs)  # noqa: E731
+    cache, ns, plans, pf, h, backend = build(src, ram=size(other), window=10**6, policy="lru",
+                                             kernel_pages=size(last) + size(other))
+    for f in first + last + other:
+        open_read(cache, f)
+    assert len(backend.reads) == 15 and sorted(cache.ram_index.sizes) == other
+    plans.announce(h, 0, 0, [10], np.array(last + first, dtype=np.uint32))
+    assert [pf.kernel_holds(f) for f in last + first] == [True] * 5 + [False] * 5
+    while pf.step():
+        pass
+    assert sorted(backend.reads[15:]) == sorted(ns.path(f) for f in first)   # 0-4, once each
+    assert pf.kernel_kept == 5
+    for f in last:
+        hd = cache.open(f)
+        assert (hd.outcome, hd.keep_pages) == ("miss", True)
+        hd.release()
+    assert len(backend.reads) == 20 and sorted(cache.ram_index.sizes) == other
+    assert [open_read(cache, f)[1] for f in first] == ["prefetch"] * 5
