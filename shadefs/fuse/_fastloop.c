@@ -1,14 +1,15 @@
 /* The kernel front end's reader loop in C (optional: built by `pip install` when a C compiler and the
  * Python headers are there; shadefs/fuse/kernel.py falls back to its Python loop otherwise).
  *
- * serve(fd, buf, dispatch, release, stop) reads FUSE requests from `fd` (a clone of /dev/fuse, or a
+ * serve(fd, buf, dispatch, release, stop, open=None) reads FUSE requests from `fd` (a clone of /dev/fuse, or a
  * SOCK_SEQPACKET socket in the tests) into the bytearray `buf` without holding the GIL and:
  *
  * - answers RELEASE itself, without the GIL (the reply is the bare out header, whatever the handle), and
  *   keeps the released file handle numbers; `release(list_of_fh)` drops them in one Python call the next
  *   time this loop takes the GIL: before it dispatches any other request (an OPEN pays for the RELEASEs
  *   before it), when 256 are kept, and when no request came for 2 ms (the fd is non-blocking; a read that
- *   finds no request polls). A released handle is therefore dropped at most ~2 ms after its RELEASE.
+ *   finds no request polls). A released handle therefore never outlives its thread's next dispatch, 255
+ *   more RELEASEs, or 2 ms without a request.
  * - hands OPEN to `open(fd, unique, nodeid, flags, pid)` with the GIL: it returns (fh, open_flags,
  *   backing_id) for the reply this loop writes (a reply the kernel refuses, its opener interrupted, puts
  *   fh with the released ones), or None when it replied itself or handed the open to a worker;
