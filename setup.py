@@ -1,5 +1,24 @@
 """shadefs: a read-only caching FUSE filesystem for deep-learning training data."""
-from setuptools import setup
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+
+class OptionalBuildExt(build_ext):
+    """Build the compiled FUSE reader loop where a C compiler and the Python headers are found; without
+    them shadefs installs all the same and serves with its Python loop (shadefs/fuse/kernel.py)."""
+
+    def run(self):
+        try:
+            super().run()
+        except Exception as e:  # no compiler (distutils' CCompilerError, PlatformError, ...)
+            print(f"shadefs: the compiled FUSE reader loop was not built ({e}); the Python loop serves instead")
+
+    def build_extension(self, ext):
+        try:
+            super().build_extension(ext)
+        except Exception as e:
+            print(f"shadefs: {ext.name} was not built ({e}); the Python loop serves instead")
+
 
 setup(
     name="shadefs",
@@ -18,6 +37,9 @@ setup(
         "shadefs.fuse",
     ],
     package_dir={"shadefs.hooks": "hooks"},
+    # the kernel front end's reader loop in C (optional; no libfuse: it speaks /dev/fuse itself)
+    ext_modules=[Extension("shadefs.fuse._fastloop", ["shadefs/fuse/_fastloop.c"], optional=True)],
+    cmdclass={"build_ext": OptionalBuildExt},
     install_requires=[
         "mfusepy>=3.1",
         "numpy>=1.22",

@@ -23,7 +23,8 @@ One reader process opens, reads to EOF and closes every file of a dataset in a l
 
 Cases (``--cases``): ``ram`` (``--ram-cache 100%``), ``nvme-first`` (``--ram-cache 0 --disk-cache DIR
 --verify-entries first-hit``, passthrough), ``nvme-every`` (the default ``every-open``), ``nvme-nopt``
-(first-hit, ``--no-passthrough``). Every case uses ``--policy static``, every mount's counters are
+(first-hit, ``--no-passthrough``), ``miss`` (``--ram-cache 0``, no disk tier: every open a miss of the
+source, whose files sit in the page cache). Every case uses ``--policy static``, every mount's counters are
 checked to show the outcome named for every timed open, and each pass must return the exact bytes.
 
 ``--baseline REV`` mounts the same cases with the ``shadefs`` package of git revision REV as well (its
@@ -58,8 +59,9 @@ CASES = {
     "nvme-first": ["--ram-cache", "0", "--verify-entries", "first-hit"],
     "nvme-every": ["--ram-cache", "0", "--verify-entries", "every-open"],
     "nvme-nopt": ["--ram-cache", "0", "--verify-entries", "first-hit", "--no-passthrough"],
+    "miss": ["--ram-cache", "0"],
 }
-OUTCOME = {"ram": "ram", "nvme-first": "disk", "nvme-every": "disk", "nvme-nopt": "disk"}
+OUTCOME = {"ram": "ram", "nvme-first": "disk", "nvme-every": "disk", "nvme-nopt": "disk", "miss": "miss"}
 
 
 def cpu(pid: int) -> Tuple[float, float]:
@@ -386,7 +388,8 @@ def timed_run(case: str, mnt: str, pid: int, files, seconds: float, procs: int) 
     u1, s1 = cpu(pid)
     c1 = ctx_switches(pid)
     after = stats(mnt)
-    got = after["hits"][OUTCOME[case]] - before["hits"][OUTCOME[case]]
+    count = (lambda st: st["misses"]) if OUTCOME[case] == "miss" else (lambda st: st["hits"][OUTCOME[case]])
+    got = count(after) - count(before)
     if got != n or after["opens"] - before["opens"] != n:
         raise SystemExit(f"{case}: {n} opens timed, {got} counted as {OUTCOME[case]}")
     return {"opens": n, "opens_s": n / wall, "user_us": (u1 - u0) / n * 1e6, "sys_us": (s1 - s0) / n * 1e6,
@@ -441,6 +444,8 @@ def main(argv=None) -> int:
     ap.add_argument("--workdir")
     ap.add_argument("--baseline", metavar="REV", help="also run every case against the shadefs package of git "
                     "revision REV (its daemon started with it on PYTHONPATH), side by side, interleaved")
+    ap.add_argument("--python-loop", action="store_true", help="also this tree with SHADEFS_FUSE_PYTHON_LOOP=1 "
+                    "(the Python reader loop where the compiled one is built), side by side")
     ap.add_argument("--rounds", type=int, default=1, help="timed passes per case and side, interleaved "
                     "(the median is reported)")
     a = ap.parse_args(argv)
@@ -461,6 +466,8 @@ def main(argv=None) -> int:
     if a.baseline:
         tmp, rev = baseline.extract(ROOT, a.baseline, prefix="shadefs-opencost-baseline-")
         sides = [(f"baseline {rev}", {**os.environ, "PYTHONPATH": tmp}), ("this tree", dict(os.environ))]
+    if a.python_loop:
+        sides.append(("this tree, Python loop", {**os.environ, "SHADEFS_FUSE_PYTHON_LOOP": "1"}))
     os.chdir(work)  # ``python -m shadefs`` puts the cwd first on sys.path: never this tree's package by accident
     try:
         for case, nthreads in [(c, r) for r in a.fuse_readers for c in a.cases]:
@@ -471,7 +478,7 @@ def main(argv=None) -> int:
                     cache = os.path.join(work, f"cache-{case}-{k}")
                     shutil.rmtree(cache, ignore_errors=True)
                     opts = ["--policy", "static", "--fuse-impl", "kernel", "--fuse-readers", str(nthreads)] + CASES[case]
-                    if case != "ram":
+                    if case not in ("ram", "miss"):
                         opts += ["--disk-cache", cache, "--disk-cache-size", "100%"]
                     m = Mount(src, mnt, opts, log_file=os.path.join(work, f"{case}-{k}.log"), env=env).start()
                     mounted.append((label, mnt, m))

@@ -1,0 +1,171 @@
+#!/usr/bin/env python3
+"""RAM hits against the page cache and a native FUSE server, side by side in one run.
+
+Cases, all mounted at once and timed in interleaved rounds (every case once per round; the median of
+``--rounds`` reported), 8 reader processes (``--procs``) reading every file ``--reps`` times (``os.open``,
+``os.read(256 KiB)`` to EOF, ``os.close``), ~110 KB and ~300 B files (+-30 %):
+
+- ``direct``: the source tree through the page cache;
+- ``native ...``: a native libfuse3 low-level server holding the tree in RAM with keep_cache (``--ramfs``:
+  the binary of an anchor such as ``ramfs.c``; ``mt`` its multi-threaded loop, ``single`` its
+  single-threaded loop, ``single, no-open`` OPEN answered ENOSYS so the kernel sends neither OPEN nor
+  RELEASE); skipped without ``--ramfs``;
+- ``shadefs``: this tree's daemon with default flags and ``--ram-cache 100%`` (the compiled reader loop
+  where it is built), ``shadefs, Python loop`` the same with ``SHADEFS_FUSE_PYTHON_LOOP=1``, and with
+  ``--baseline REV`` the daemon of git revision REV (its package on PYTHONPATH).
+
+For each server (native or shadefs) the CPU (user + system, ``/proc/PID/stat``) per open over the timed
+passes is reported, and each shadefs daemon's counters must show every timed open as a RAM hit.
+
+    python scripts/bench_hit_native.py --ramfs /tmp/ramfs [--baseline main] [--rounds 3]
+"""
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import random
+import shutil
+import subprocess
+import tempfile
+import time
+from typing import Dict, List
+
+from shadefs.testing import Mount, baseline, proc_cpu_s, unmount, wait_for
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SIZES = (("~110 KB", 2000, 110_000), ("~300 B", 4000, 300))
+
+
+def make_tree(root: str, n: int, size: int, classes: int = 10, seed: int = 5) -> List[str]:
+    """``n`` incompressible files of about ``size`` bytes (+-30 %) in ``classes`` folders; their paths."""
+    rnd = random.Random(seed)
+    rel = []
+    for i in range(n):
+        d = os.path.join(root, f"c{i % classes:02d}")
+        os.makedirs(d, exist_ok=True)
+        p = os.path.join(d, f"{i:06d}.png")
+        if not os.path.exists(p):
+            with open(p, "wb") as f:
+                f.write(rnd.randbytes(int(size * rnd.uniform(0.7, 1.3))))
+        rel.append(os.path.relpath(p, root))
+    return sorted(rel)
+
+
+def _reader(args) -> int:
+    root, part = args
+    for p in part:
+        fd = os.open(os.path.join(root, p), os.O_RDONLY)
+        while os.read(fd, 262144):
+            pass
+        os.close(fd)
+    return len(part)
+
+
+def timed(pool, root: str, rel: List[str], procs: int, reps: int) -> float:
+    """Files per second of one pass of ``procs`` readers over ``rel`` x ``reps``."""
+    allp = rel * reps
+    parts = [allp[i::procs] for i in range(procs)]
+    t0 = time.monotonic()
+    n = sum(pool.map(_reader, [(root, p) for p in parts]))
+    return n / (time.monotonic() - t0)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--ramfs", help="the native anchor's binary (ramfs.c built with libfuse3)")
+    ap.add_argument("--baseline", metavar="REV", help="also the daemon of git revision REV")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=3, help="passes over the files per timed round")
+    ap.add_argument("--procs", type=int, default=8)
+    ap.add_argument("--sizes", nargs="*", default=[s[0] for s in SIZES], choices=[s[0] for s in SIZES])
+    ap.add_argument("--workdir")
+    ap.add_argument("--no-python-loop", action="store_true", help="skip the 'shadefs, Python loop' case")
+    a = ap.parse_args(argv)
+    work = os.path.abspath(a.workdir or tempfile.mkdtemp(prefix="shadefs-hitnative-"))
+    os.makedirs(work, exist_ok=True)
+    tmp = None
+    shadefs_cases = [("shadefs", dict(os.environ, SHADEFS_FUSE_PYTHON_LOOP="0"))]
+    if not a.no_python_loop:
+        shadefs_cases.append(("shadefs, Python loop", dict(os.environ, SHADEFS_FUSE_PYTHON_LOOP="1")))
+    if a.baseline:
+        tmp, rev = baseline.extract(ROOT, a.baseline, prefix="shadefs-hitnative-baseline-")
+        shadefs_cases.append((f"shadefs {rev} (baseline)", dict(os.environ, PYTHONPATH=tmp)))
+    print(f"load at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
+    os.chdir(work)  # ``python -m shadefs`` puts the cwd first on sys.path: never this tree's package by accident
+    try:
+        for label, nfiles, size in SIZES:
+            if label not in a.sizes:
+                continue
+            src = os.path.join(work, f"src{size}")
+            rel = make_tree(src, nfiles, size)
+            mnts: Dict[str, str] = {}
+            natives, daemons, pids = [], {}, {}
+            try:
+                if a.ramfs:
+                    for name, flags in (("native libfuse3 (mt)", []), ("native libfuse3 (single)", ["-s"]),
+                                        ("native libfuse3 (single, no-open)", ["-s", "-n"])):
+                        m = os.path.join(work, f"m{len(mnts)}-{size}")
+                        os.makedirs(m, exist_ok=True)
+                        natives.append((m, subprocess.Popen([a.ramfs, src, m] + flags, stdout=subprocess.DEVNULL,
+                                                            stderr=subprocess.DEVNULL)))
+                        if not wait_for(lambda: os.path.ismount(m), timeout=20):
+                            raise RuntimeError(f"{a.ramfs} did not mount {m}")
+                        mnts[name] = m
+                        pids[name] = natives[-1][1].pid
+                for name, env in shadefs_cases:
+                    m = os.path.join(work, f"m{len(mnts)}-{size}")
+                    daemons[name] = Mount(src, m, ["--ram-cache", "100%"], env=env,
+                                          log_file=os.path.join(work, f"m{len(mnts)}-{size}.log")).start()
+                    mnts[name] = m
+                    pids[name] = daemons[name].pid
+                res: Dict[str, list] = {k: [] for k in ["direct"] + list(mnts)}
+                cpu = {k: 0.0 for k in pids}
+                opens = {k: 0 for k in pids}
+                with mp.get_context("fork").Pool(a.procs) as pool:
+                    for m in mnts.values():
+                        timed(pool, m, rel, a.procs, 1)  # warm: every file resident, kernel caches filled
+                    timed(pool, src, rel, a.procs, 1)
+                    before = {k: d.stats() for k, d in daemons.items()}
+                    for _ in range(a.rounds):
+                        res["direct"].append(timed(pool, src, rel, a.procs, a.reps))
+                        for k, m in mnts.items():
+                            c0 = proc_cpu_s(pids[k])
+                            res[k].append(timed(pool, m, rel, a.procs, a.reps))
+                            if k in pids:
+                                cpu[k] += proc_cpu_s(pids[k]) - c0
+                                opens[k] += len(rel) * a.reps
+                    for k, d in daemons.items():
+                        s = d.stats()
+                        got = s["hits"]["ram"] - before[k]["hits"]["ram"]
+                        if got != opens[k] or s["opens"] - before[k]["opens"] != opens[k]:
+                            raise RuntimeError(f"{k}: {got} RAM hits for {opens[k]} timed opens ({s})")
+            finally:
+                for k, d in daemons.items():
+                    d.umount(exit_timeout=15)
+                for m, p in natives:
+                    subprocess.run(["fusermount3", "-u", m], capture_output=True)
+                    try:
+                        p.wait(10)
+                    except subprocess.TimeoutExpired:
+                        p.kill()
+            d = sorted(res["direct"])[a.rounds // 2]
+            print(f"\n{label} files, {a.procs} readers, median of {a.rounds} rounds "
+                  f"(load {' '.join(f'{x:.2f}' for x in os.getloadavg())})")
+            print("| case | files/s | x direct | server CPU us per open |\n|---|--:|--:|--:|")
+            print(f"| direct (page cache) | {d:,.0f} | 1.00 | |")
+            for k in mnts:
+                v = sorted(res[k])[a.rounds // 2]
+                c = f"{cpu[k] / opens[k] * 1e6:.1f}"
+                print(f"| {k} | {v:,.0f} | {v / d:.2f} | {c} |", flush=True)
+    finally:
+        if tmp:
+            shutil.rmtree(tmp, ignore_errors=True)
+        if not a.workdir:
+            shutil.rmtree(work, ignore_errors=True)
+    print(f"\nload at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
