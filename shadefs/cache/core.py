@@ -73,6 +73,9 @@ FILL_CHUNK = 8 << 20
 # failed, a RAM victim evicted while held open) and RAM victims on their way to the disk tier. An open
 # beyond it is served by ranges from the backend; a demotion beyond it is skipped (the victim is dropped)
 LOOSE_BUFFERS = 64 << 20
+# seconds an open of a file whose corrupt disk entry is being deleted waits for that delete (the mover's)
+# when the tier cannot take the refill without those bytes; past it the refill is decided as things stand
+UNLINK_WAIT = 5.0
 # the errnos of opening a disk entry that mean the entry itself is gone or damaged (dropped as corrupt);
 # any other (EMFILE, ENFILE: the daemon is out of descriptors) fails that open and keeps the entry
 ENTRY_GONE_ERRNOS = frozenset({errno.ENOENT, errno.EIO})
@@ -297,6 +300,8 @@ class TieredCache:
         # files whose disk entry was dropped as corrupt since their last open: the kernel may hold pages
         # read from it, so their next open of the untiered kind does not keep pages (Handle.keep_pages)
         self._stale_pages: set = set()
+        # files whose corrupt entry's delete is queued on the mover: fid -> set once it is done
+        self._unlinking: Dict[int, threading.Event] = {}
         # the namespace's not-yet-compared records (a reused snapshot), or None: see recheck()
         self._unchecked = getattr(namespace, "unchecked", None)
         self._write_error_log = RateLimitedLog(log, 10.0)
@@ -348,8 +353,19 @@ class TieredCache:
         """
         if self._unchecked is not None and self._unchecked[fid]:
             self.recheck(fid)
-        # one lookup path: a hit is served by open_nowait, anything else by its ticket
-        h = self.open_nowait(fid, ticket=True)
+        while True:
+            done = self._unlinking.get(fid)
+            if done is not None:  # its corrupt entry's delete, queued on the mover (_drop_corrupt)
+                ix = self.disk_index
+                if ix is not None and ix.needs_dying(int(self.ns.size(fid))):
+                    done.wait(UNLINK_WAIT)  # the refill needs the old entry's bytes back in the budget
+                with self.lock:
+                    if self._unlinking.get(fid) is done:
+                        del self._unlinking[fid]
+            # one lookup path: a hit is served by open_nowait, anything else by its ticket
+            h = self.open_nowait(fid, ticket=True)
+            if h is not None:
+                break
         return self.open_ticket(h) if type(h) is OpenTicket else h
 
     def _plan_open(self, fid: int, size: int) -> tuple:
@@ -520,6 +536,8 @@ class TieredCache:
                 if h is not None:
                     return h
                 if fid in self._flights or self.disk_index is None or fid not in self.disk_index:
+                    if fid in self._unlinking:
+                        return None  # open() waits for its corrupt entry's delete first
                     return OpenTicket(fid, size, self._plan_open(fid, size)) if ticket else None
                 self.disk_index.hit(fid)
                 gen, csum = int(self.entries.gen[fid]), int(self.entries.csum[fid])
@@ -828,8 +846,11 @@ class TieredCache:
             dying = self.table.drop_entry(fid, size)
             self.counts.corrupt_entries += 1
             self._stale_pages.add(fid)
+            # the file's next open waits for this delete (on a thread that may block: open(), never
+            # open_nowait) when its refill needs the entry's bytes back in the budget
+            done = self._unlinking[fid] = threading.Event()
         log.warning("dropping corrupt disk entry: %s", why)
-        self.mover.submit([], [dying])
+        self.mover.submit([], [dying], done)
 
     def _unlinked_hooks(self, fid: int) -> None:
         for hook in self.entry_unlinked:

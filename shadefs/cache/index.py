@@ -101,6 +101,14 @@ class TierIndex:
         return (self.capacity_bytes - self.used_bytes - self.reserved_bytes - self.dying_bytes
                 - self.overhead_bytes - self.headroom_bytes)
 
+    def needs_dying(self, size: int) -> bool:
+        """Whether a fill of ``size`` source bytes could not fit even with every resident file evicted,
+        until bytes now dying are deleted (the refill of a file whose own entry is being deleted)."""
+        if self.charge is not None:
+            size = self.charge(size)
+        room = self.capacity_bytes - self.overhead_bytes - self.headroom_bytes
+        return self.dying_bytes > 0 and size <= room and size > room - self.dying_bytes - self.reserved_bytes
+
     def hold(self, nbytes: int) -> bool:
         """Reserve ``nbytes`` for the store's own use (a compaction's copy) when free, the headroom
         included; False otherwise. Given back by subtracting them from ``reserved_bytes``."""

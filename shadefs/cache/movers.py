@@ -55,10 +55,14 @@ class Mover:
         self._thread: Optional[threading.Thread] = None
 
     # -- submitting --------------------------------------------------------------------------------------
-    def submit(self, victims: List[Victim], dying: List[DyingEntry] = ()) -> None:
+    def submit(self, victims: List[Victim], dying: List[DyingEntry] = (),
+               done: Optional[threading.Event] = None) -> None:
         """Outside the cache lock: hand RAM victims (as :meth:`TieredCache._evict_ram` returns them) and
-        dying disk entries to the mover; never waits for their I/O (inline before :meth:`start`)."""
+        dying disk entries to the mover; never waits for their I/O (inline before :meth:`start`).
+        ``done``: set once this job's deletes and writes are done."""
         if not victims and not dying:
+            if done is not None:
+                done.set()
             return
         skipped: List[Victim] = []
         with self._cond:
@@ -67,13 +71,18 @@ class Mover:
                 if victims and self._queued_victims >= self.capacity:
                     skipped, victims = victims, []
                 if victims or dying:
-                    self._jobs.append((victims, list(dying)))
+                    self._jobs.append((victims, list(dying), done))
+                    done = None
                     self._queued_victims += bool(victims)
                     self._cond.notify()
-        if inline:
-            self.run(victims, dying)
-        elif skipped:
-            self.skip(skipped)
+        try:
+            if inline:
+                self.run(victims, dying)
+            elif skipped:
+                self.skip(skipped)
+        finally:
+            if done is not None:  # not queued: done here
+                done.set()
 
     def start(self) -> None:
         """Start the mover thread (idempotent)."""
@@ -112,7 +121,7 @@ class Mover:
                     cond.wait()
                 if not self._jobs:
                     return
-                victims, dying = self._jobs.popleft()
+                victims, dying, done = self._jobs.popleft()
                 self._queued_victims -= bool(victims)
                 self._running += 1
             try:
@@ -120,6 +129,8 @@ class Mover:
             except Exception:  # a bug must not stop the mover (every later victim would stay moving)
                 log.exception("moving RAM victims / deleting a disk entry failed")
             finally:
+                if done is not None:
+                    done.set()
                 with cond:
                     self._running -= 1
                     cond.notify_all()
