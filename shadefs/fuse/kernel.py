@@ -491,7 +491,7 @@ class KernelFrontend:
             self._reader_compiled(fd)
             return
         buf = bytearray(BUFSIZE)
-        ops = self._ops
+        dispatch = self._dispatch  # the same per-request handling as the compiled loop's
         unpack = P.IN_HEADER.unpack_from
         stop = self._stop
         while not stop.stopped:
@@ -509,18 +509,7 @@ class KernelFrontend:
                 log.error("short FUSE request (%d bytes) ignored", n)
                 continue
             _, opcode, unique, nodeid, _, _, _, _, _ = unpack(buf, 0)
-            op = ops.get(opcode)
-            try:
-                if op is not None:
-                    op(fd, unique, nodeid, buf, n)
-                elif opcode in P.WRITE_OPS:
-                    self._send(fd, unique, opcode, errno.EROFS, ())
-                else:
-                    self._send(fd, unique, opcode, errno.ENOSYS, ())
-            except KeyError:
-                self._send(fd, unique, opcode, errno.ENOENT, ())
-            except Exception as e:
-                self._fail(fd, unique, opcode, nodeid, e)
+            dispatch(fd, buf, opcode, unique, nodeid, n)
 
     def _reader_compiled(self, fd: int) -> None:
         """The reader loop of :mod:`shadefs.fuse._fastloop`: requests are read and RELEASE answered in C
