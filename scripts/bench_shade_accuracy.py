@@ -16,8 +16,15 @@ Configurations (``--configs``): ``uniform`` (a fresh permutation per epoch, ``sh
 ``shade:rep_factor=1``, ``shade:unscored_weight=max``); ``shade-nocache`` (importance sampling only, no cache: nothing repeated). Separate configurations with
 ``;`` when one has several keyword arguments.
 
-    python scripts/bench_shade_accuracy.py --data /tmp/fm3k [--epochs 8] [--seeds 0,1,2] [--cache 0.1]
-        [--configs "uniform;shade;shade:rep_factor=1;shade-nocache"] [--json out.json]
+``--data`` is a ``make_fashion_mnist.py`` tree or the directory of the gzip'd IDX files (the full
+60,000 training and 10,000 test images). Per epoch the JSON also keeps the CNN's compute alone
+(forward, backward, step; s), the epoch's wall time with the sampler and the emulated cache, and the
+evaluation's; the tables give the first epoch at each ``--target`` accuracy per seed.
+
+    python scripts/bench_shade_accuracy.py --data /usr/share/datasets/fashion-mnist [--epochs 8]
+        [--seeds 0,1,2] [--cache 0.1] [--configs "uniform;shade;shade:rep_factor=1;shade-nocache"]
+        [--json out.json] [--target 85 ...] [--png acc.png]
+    python scripts/bench_shade_accuracy.py --report out.json [--target 85 ...] [--png acc.png]
 """
 from __future__ import annotations
 
@@ -33,16 +40,35 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def load(data: str, split: str):
-    """(images float32 (n, 1, 28, 28) normalised, labels int64 (n,)) of DATA/split, decoded once."""
+def _module(name: str):
     import importlib.util
 
+    spec = importlib.util.spec_from_file_location(name, os.path.join(HERE, name + ".py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+IDX_FILES = {"train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
+             "test": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")}
+
+
+def load(data: str, split: str):
+    """(images float32 (n, 1, 28, 28) normalised, labels int64 (n,), train_fashion_mnist module) of
+    ``split`` ("train" or "test"), decoded once. ``data``: a ``make_fashion_mnist.py`` tree (DATA/split,
+    an ImageFolder) or a directory of the gzip'd IDX files (``/usr/share/datasets/fashion-mnist``: all
+    60,000 / 10,000 images, the same pixels and normalisation, labels as in the IDX files)."""
     import torch
+
+    tfm = _module("train_fashion_mnist")
+    images, labels = IDX_FILES[split]
+    if os.path.exists(os.path.join(data, images)):
+        read_idx = _module("make_fashion_mnist").read_idx
+        raw = read_idx(os.path.join(data, images)).astype(np.float32) / 255.0
+        x = (torch.from_numpy(raw).unsqueeze(1) - tfm.MEAN[0]) / tfm.STD[0]
+        return x.contiguous(), torch.from_numpy(read_idx(os.path.join(data, labels)).astype(np.int64)), tfm
     from torchvision import datasets
 
-    spec = importlib.util.spec_from_file_location("train_fashion_mnist", os.path.join(HERE, "train_fashion_mnist.py"))
-    tfm = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tfm)
     ds = datasets.ImageFolder(os.path.join(data, split), transform=tfm.make_transform())
     xs, ys = zip(*(ds[i] for i in range(len(ds))))
     return torch.stack(xs), torch.tensor(ys), tfm
@@ -50,22 +76,29 @@ def load(data: str, split: str):
 
 class EmulatedCache:
     """SHADE's cache over sample indices: admit while room, else evict the least important if the
-    newcomer is more important (``importance``: the sampler's weights array, read at each decision)."""
+    newcomer is more important (``importance``: the sampler's weights array, read at each decision;
+    among equally unimportant members the one in the lowest slot goes)."""
 
     def __init__(self, capacity: int, importance: np.ndarray):
         self.capacity, self.importance = capacity, importance
-        self.members: set = set()
+        self.resident = np.zeros(len(importance), dtype=bool)  # membership by sample index
+        self.slots = np.empty(max(capacity, 0), dtype=np.int64)  # the members, slots[:size]
+        self.size = 0
 
     def access(self, i: int) -> None:
-        if i in self.members or self.capacity <= 0:
+        if self.resident[i] or self.capacity <= 0:
             return
-        if len(self.members) < self.capacity:
-            self.members.add(i)
+        if self.size < self.capacity:
+            self.slots[self.size] = i
+            self.size += 1
+            self.resident[i] = True
             return
-        victim = min(self.members, key=lambda j: self.importance[j])
+        k = int(np.argmin(self.importance[self.slots]))
+        victim = int(self.slots[k])
         if self.importance[i] > self.importance[victim]:
-            self.members.discard(victim)
-            self.members.add(i)
+            self.resident[victim] = False
+            self.slots[k] = i
+            self.resident[i] = True
 
 
 def make_sampler(n, seed, kwargs, cache_frac):
@@ -77,7 +110,7 @@ def make_sampler(n, seed, kwargs, cache_frac):
         def _resident(self, shard, resident=None):
             if self.cache is None:
                 return None
-            return np.fromiter((int(i) in self.cache.members for i in shard), dtype=bool, count=len(shard))
+            return self.cache.resident[np.asarray(shard, dtype=np.int64)]
 
     s = EmulatedShadeSampler(range(n), seed=seed, client=False, announce_plan=False, **kwargs)
     s.cache = EmulatedCache(int(cache_frac * n), s.weights) if cache_frac > 0 else None
@@ -112,6 +145,7 @@ def run(cfg: str, seed: int, a, train, test, tfm) -> dict:
     epochs = []
     seen = np.zeros(n, dtype=bool)
     for epoch in range(a.epochs):
+        t_start = time.monotonic()
         if sampler is None:
             order = torch.randperm(n, generator=gen).numpy()
             resident = 0
@@ -121,37 +155,143 @@ def run(cfg: str, seed: int, a, train, test, tfm) -> dict:
             resident = sampler.plan.hits
         seen[order] = True
         model.train()
+        compute = 0.0  # forward, backward and step only (the CNN's compute)
         for b in range(0, len(order), 64):
             idx = order[b:b + 64]
+            t0 = time.monotonic()
             losses = F.cross_entropy(model(x[idx]), y[idx], reduction="none")
+            compute += time.monotonic() - t0
             if sampler is not None:
                 sampler.update_scores(idx, losses.detach().numpy())
                 if sampler.cache is not None:
                     for i in idx.tolist():
                         sampler.cache.access(i)
+            t0 = time.monotonic()
             opt.zero_grad(set_to_none=True)
             losses.mean().backward()
             opt.step()
+            compute += time.monotonic() - t0
+        t_train = time.monotonic()
         model.eval()
         with torch.no_grad():
-            acc = 100.0 * float((model(test[0]).argmax(1) == test[1]).float().mean())
+            correct = sum(int((model(test[0][i:i + 1000]).argmax(1) == test[1][i:i + 1000]).sum())
+                          for i in range(0, len(test[1]), 1000))
+            acc = 100.0 * correct / len(test[1])
         if sampler is not None:
             sampler.report_accuracy(acc)
         epochs.append({"epoch": epoch + 1, "test_acc": acc, "distinct": int(np.unique(order).size),
                        "seen": int(seen.sum()),
-                       "resident_draws": int(resident)})
+                       "resident_draws": int(resident),
+                       "compute_s": round(compute, 3),
+                       "train_s": round(t_train - t_start, 3),
+                       "eval_s": round(time.monotonic() - t_train, 3),
+                       "load1": os.getloadavg()[0]})
+        print(f"  {cfg} seed {seed} epoch {epoch + 1}: acc {acc:.2f}, distinct {epochs[-1]['distinct']}, "
+              f"compute {compute:.1f} s, epoch {t_train - t_start:.1f} s, load {os.getloadavg()[0]:.2f}",
+              flush=True)
     return {"config": cfg, "seed": seed, "epochs": epochs}
+
+
+def _stat(vals) -> str:
+    return f"{statistics.mean(vals):.2f} ({min(vals):.2f}..{max(vals):.2f})"
+
+
+def first_epoch_at(run: dict, target: float):
+    """The first epoch (1-based) whose test accuracy is >= target %, or None."""
+    return next((e["epoch"] for e in run["epochs"] if e["test_acc"] >= target), None)
+
+
+def summarize(results: list, n_train: int, targets) -> None:
+    """Print the per-epoch accuracy table and the per-configuration summary (markdown tables)."""
+    cfgs = list(dict.fromkeys(r["config"] for r in results))
+    by = {c: [r for r in results if r["config"] == c] for c in cfgs}
+    seeds = sorted({r["seed"] for r in results})
+    n_ep = min(len(r["epochs"]) for r in results)
+    print(f"\nTest accuracy per epoch, % (mean (min..max) over seeds {', '.join(map(str, seeds))}):\n")
+    print("| epoch | " + " | ".join(cfgs) + " |")
+    print("|---" * (len(cfgs) + 1) + "|")
+    for k in range(n_ep):
+        print(f"| {k + 1} | " + " | ".join(_stat([r["epochs"][k]["test_acc"] for r in by[c]]) for c in cfgs) + " |")
+    ref = statistics.mean(r["epochs"][n_ep - 1]["test_acc"] for r in by[cfgs[0]])
+    targets = list(targets) + [round(ref, 2)]
+    print(f"\nEpochs to a test accuracy: the first epoch that reached it, per seed ('-': not in {n_ep}); "
+          f"the last target is {cfgs[0]}'s final mean. Distinct / resident draws: mean over epochs 2+, "
+          f"% of the {n_train:,} training samples. Compute: forward + backward + step, s per epoch "
+          "(mean over all epochs).\n")
+    print("| config | final acc | mean of the last 3 epochs | "
+          + " | ".join(f"epochs to {t:g} %" for t in targets)
+          + " | distinct per epoch | resident draws per epoch | seen by the end | compute s/epoch | epoch s |")
+    print("|---" * (8 + len(targets)) + "|")
+    for c in cfgs:
+        rs = by[c]
+        fin = [r["epochs"][n_ep - 1]["test_acc"] for r in rs]
+        last3 = [statistics.mean(e["test_acc"] for e in r["epochs"][n_ep - 3:n_ep]) for r in rs]
+        later = [e for r in rs for e in r["epochs"][1:n_ep]] or [e for r in rs for e in r["epochs"][:n_ep]]
+        reach = []
+        for t in targets:
+            eps = [first_epoch_at(r, t) for r in rs]
+            reach.append(", ".join("-" if e is None else str(e) for e in eps))
+        comp = [e.get("compute_s") for r in rs for e in r["epochs"][:n_ep] if e.get("compute_s") is not None]
+        wall = [e.get("train_s") for r in rs for e in r["epochs"][:n_ep] if e.get("train_s") is not None]
+        print(f"| {c} | {_stat(fin)} | {_stat(last3)} | " + " | ".join(reach)
+              + f" | {statistics.mean(e['distinct'] for e in later) / n_train:.1%}"
+              f" | {statistics.mean(e['resident_draws'] for e in later) / n_train:.1%}"
+              f" | {statistics.mean(r['epochs'][n_ep - 1]['seen'] for r in rs) / n_train:.1%}"
+              f" | {statistics.mean(comp) if comp else float('nan'):.1f}"
+              f" | {statistics.mean(wall) if wall else float('nan'):.1f} |")
+
+
+def plot(results: list, path: str, title: str) -> None:
+    """Test accuracy against the epoch: mean over seeds per configuration, min..max shaded."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for c in dict.fromkeys(r["config"] for r in results):
+        rs = [r for r in results if r["config"] == c]
+        n_ep = min(len(r["epochs"]) for r in rs)
+        accs = np.array([[e["test_acc"] for e in r["epochs"][:n_ep]] for r in rs])
+        ep = np.arange(1, n_ep + 1)
+        line, = ax.plot(ep, accs.mean(0), marker="o", ms=3, label=c)
+        ax.fill_between(ep, accs.min(0), accs.max(0), color=line.get_color(), alpha=0.2)
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("test accuracy, % (mean; min..max over seeds shaded)")
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"plot: {path}")
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data", required=True)
+    ap.add_argument("--data", help="a make_fashion_mnist.py tree, or a directory of the gzip'd IDX files "
+                    "(/usr/share/datasets/fashion-mnist: the full 60,000 / 10,000 images)")
     ap.add_argument("--epochs", type=int, default=8)
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--cache", type=float, default=0.1, help="cache, fraction of the training samples")
     ap.add_argument("--configs", default="uniform,shade,shade:rep_factor=1,shade-nocache")
-    ap.add_argument("--json")
+    ap.add_argument("--json", help="write the raw results here (after every run)")
+    ap.add_argument("--target", type=float, action="append",
+                    help="test accuracy %% whose first epoch is reported (repeatable; default 85)")
+    ap.add_argument("--report", metavar="JSON", help="print the tables of an earlier --json, train nothing")
+    ap.add_argument("--png", help="plot test accuracy per epoch and configuration to this PNG")
     a = ap.parse_args(argv)
+    targets = a.target or [85.0]
+    if a.report:
+        with open(a.report) as f:
+            doc = json.load(f)
+        results = doc["results"]
+        n_train = doc.get("n_train") or max(e["seen"] for r in results for e in r["epochs"])
+        summarize(results, n_train, targets)
+        if a.png:
+            plot(results, a.png, f"{n_train:,} training images, cache {doc['args']['cache']:.0%} emulated")
+        return 0
+    if not a.data:
+        ap.error("--data is required (or --report)")
     import torch
 
     torch.set_num_threads(1)
@@ -160,33 +300,25 @@ def main(argv=None) -> int:
     xte, yte, _ = load(a.data, "test")
     print(f"{len(ytr):,} training and {len(yte):,} test images in memory ({time.monotonic() - t0:.0f} s); "
           f"cache {a.cache:.0%} of the training samples; load {os.getloadavg()[0]:.2f}", flush=True)
-    results = []
+    doc = {"args": vars(a), "n_train": len(ytr), "n_test": len(yte),
+           "load_start": os.getloadavg(), "results": []}
+    results = doc["results"]
     for cfg in a.configs.split(";" if ";" in a.configs else ","):
         for seed in (int(s) for s in a.seeds.split(",")):
             r = run(cfg, seed, a, (xtr, ytr), (xte, yte), tfm)
             results.append(r)
+            doc["load_end"] = os.getloadavg()
+            if a.json:  # after every run, so that an interrupted grid keeps what it finished
+                with open(a.json, "w") as f:
+                    json.dump(doc, f, indent=1)
             print(f"{cfg} seed {seed}: acc " + ", ".join(f"{e['test_acc']:.2f}" for e in r["epochs"])
                   + "; distinct " + ", ".join(str(e["distinct"]) for e in r["epochs"])
                   + "; resident draws " + ", ".join(str(e["resident_draws"]) for e in r["epochs"])
                   + f"; seen by the end {r['epochs'][-1]['seen']}", flush=True)
-    print(f"\nmean (min..max) over seeds; load {os.getloadavg()[0]:.2f}, {time.monotonic() - t0:.0f} s in all")
-    print("config | final acc | mean acc of the last 3 epochs | distinct per epoch (mean over epochs 2+) | resident draws per epoch (2+) | "
-          "seen by the end")
-    cfgs = list(dict.fromkeys(r["config"] for r in results))
-    for cfg in cfgs:
-        rs = [r for r in results if r["config"] == cfg]
-        fin = [r["epochs"][-1]["test_acc"] for r in rs]
-        dist = [e["distinct"] for r in rs for e in r["epochs"][1:]]
-        res = [e["resident_draws"] for r in rs for e in r["epochs"][1:]]
-        seen = [r["epochs"][-1]["seen"] for r in rs]
-        last3 = [statistics.mean(e["test_acc"] for e in r["epochs"][-3:]) for r in rs]
-        print(f"{cfg} | {statistics.mean(fin):.2f} ({min(fin):.2f}..{max(fin):.2f}) | "
-              f"{statistics.mean(last3):.2f} ({min(last3):.2f}..{max(last3):.2f}) | "
-              f"{statistics.mean(dist) / len(ytr):.1%} | {statistics.mean(res) / len(ytr):.1%} | "
-              f"{statistics.mean(seen) / len(ytr):.1%}")
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"args": vars(a), "results": results}, f, indent=1)
+    print(f"\nload {os.getloadavg()[0]:.2f}, {time.monotonic() - t0:.0f} s in all")
+    summarize(results, len(ytr), targets)
+    if a.png:
+        plot(results, a.png, f"{len(ytr):,} training images, cache {a.cache:.0%} emulated")
     return 0
 
 
