@@ -7,9 +7,11 @@
  * - answers RELEASE itself, without the GIL (the reply is the bare out header, whatever the handle), and
  *   keeps the released file handle numbers; `release(list_of_fh)` drops them in one Python call the next
  *   time this loop takes the GIL: before it dispatches any other request (an OPEN pays for the RELEASEs
- *   before it), when 256 are kept, and when no request came for 2 ms (the fd is non-blocking; a read that
- *   finds no request polls). A released handle therefore never outlives its thread's next dispatch, 255
- *   more RELEASEs, or 2 ms without a request.
+ *   before it), when 256 are kept, and 2 ms after the first of them was answered (the fd is non-blocking;
+ *   a read that finds no request polls until then; a run of RELEASEs checks the clock after each). A
+ *   released handle therefore never outlives its thread's next dispatch, 255 more RELEASEs, or ~2 ms (and
+ *   the wait for the GIL): an OPEN of the same file on another thread that must see the release (a
+ *   passthrough backing file of a dropped entry generation) waits that long, not for the next request.
  * - hands OPEN to `open(fd, unique, nodeid, flags, pid)` with the GIL: it returns (fh, open_flags,
  *   backing_id) for the reply this loop writes (a reply the kernel refuses, its opener interrupted, puts
  *   fh with the released ones), or None when it replied itself or handed the open to a worker;
@@ -26,6 +28,7 @@
 #include <poll.h>
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #define FUSE_RELEASE 18
@@ -37,6 +40,12 @@
 
 struct in_header { uint32_t len, opcode; uint64_t unique, nodeid; uint32_t uid, gid, pid; uint16_t total_extlen, padding; };
 struct out_header { uint32_t len; int32_t error; uint64_t unique; };
+
+static long long now_us(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
 
 static long long release_replies;   /* RELEASEs answered here (read under the GIL by released()) */
 
@@ -78,6 +87,7 @@ static PyObject *serve(PyObject *self, PyObject *args) {
     char *p = PyByteArray_AS_STRING(buf);
     uint64_t kept[KEPT_MAX];
     int nkept = 0;
+    long long kept_since = 0;  /* now_us() when the first kept handle was answered */
     long result = -1;
     for (;;) {
         ssize_t n;
@@ -90,10 +100,17 @@ static PyObject *serve(PyObject *self, PyObject *args) {
                 if (err == EINTR || err == ENOENT)   /* ENOENT: interrupted before we got it */
                     continue;
                 if (err == EAGAIN) {
-                    /* no request: wait for one; with handles kept, at most IDLE_FLUSH_MS, then hand them
-                       back (so a busy loop gives them back with its next dispatch, an idle one soon) */
+                    /* no request: wait for one; with handles kept, until IDLE_FLUSH_MS after the first,
+                       then hand them back (a busy loop gives them back with its next dispatch) */
+                    int wait_ms = -1;
+                    if (nkept) {
+                        long long left = kept_since + IDLE_FLUSH_MS * 1000 - now_us();
+                        if (left <= 0)
+                            break;
+                        wait_ms = (int)((left + 999) / 1000);
+                    }
                     struct pollfd pf = {fd, POLLIN, 0};
-                    if (poll(&pf, 1, nkept ? IDLE_FLUSH_MS : -1) == 0)
+                    if (poll(&pf, 1, wait_ms) == 0)
                         break;
                     continue;
                 }
@@ -103,9 +120,12 @@ static PyObject *serve(PyObject *self, PyObject *args) {
                 struct out_header out = {sizeof out, 0, ((struct in_header *)p)->unique};
                 uint64_t fh;
                 memcpy(&fh, p + IN_HEADER, sizeof fh);
-                kept[nkept++] = fh;
                 (void)!write(fd, &out, sizeof out);  /* ENOENT: the kernel no longer waits; nothing to undo */
-                if (nkept == KEPT_MAX)
+                long long t = now_us();
+                if (nkept == 0)
+                    kept_since = t;
+                kept[nkept++] = fh;
+                if (nkept == KEPT_MAX || t - kept_since >= IDLE_FLUSH_MS * 1000)
                     break;
                 continue;
             }
@@ -150,8 +170,11 @@ static PyObject *serve(PyObject *self, PyObject *args) {
                 Py_BEGIN_ALLOW_THREADS
                 w = write(fd, &rep, sizeof rep);
                 Py_END_ALLOW_THREADS
-                if (w != (ssize_t)sizeof rep)
+                if (w != (ssize_t)sizeof rep) {
+                    if (nkept == 0)
+                        kept_since = now_us();
                     kept[nkept++] = fh;  /* the opener was interrupted: no RELEASE will come for this fh */
+                }
             }
         } else if (n < IN_HEADER)
             r = PyObject_CallFunction(dispatch, "iOiKKn", fd, buf, 0, 0ULL, 0ULL, (Py_ssize_t)n);
