@@ -461,11 +461,11 @@ def main(argv=None) -> int:
     if a.miss_inprocess:
         for k, v in inprocess_miss(src).items():
             print(f"in process, per miss: {k}: {v:.1f} us CPU (load {os.getloadavg()[0]:.1f})", flush=True)
-    sides = [("this tree", dict(os.environ, SHADEFS_FUSE_COMPILED_LOOP="1"))]
+    sides = [("this tree", dict(os.environ, SHADEFS_FUSE_PYTHON_LOOP="0"))]
     tmp = None
     if a.baseline:
         tmp, rev = baseline.extract(ROOT, a.baseline, prefix="shadefs-opencost-baseline-")
-        sides = [(f"baseline {rev}", {**os.environ, "PYTHONPATH": tmp}), ("this tree", dict(os.environ, SHADEFS_FUSE_COMPILED_LOOP="1"))]
+        sides = [(f"baseline {rev}", {**os.environ, "PYTHONPATH": tmp}), ("this tree", dict(os.environ, SHADEFS_FUSE_PYTHON_LOOP="0"))]
     if a.python_loop:
         sides.append(("this tree, Python loop", {**os.environ, "SHADEFS_FUSE_PYTHON_LOOP": "1"}))
     os.chdir(work)  # ``python -m shadefs`` puts the cwd first on sys.path: never this tree's package by accident

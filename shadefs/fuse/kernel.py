@@ -9,9 +9,10 @@ Threads and the path of one request (docs/architecture.md, "The front ends"):
   that must wait leaves the reader with its lookup done (an ``OpenTicket``: the worker's
   ``cache.open_ticket`` does not look the file up again).
 - **The compiled loop** (:mod:`shadefs.fuse._fastloop`, built by ``pip install`` where a C compiler is
-  found; opt-in with ``SHADEFS_FUSE_COMPILED_LOOP=1``, see :data:`COMPILED_LOOP_ENV`): the readers' loop in C. It reads requests without
-  the GIL, answers RELEASE itself and drops the released handles in batches (:meth:`_release_many`,
-  before its next dispatch, at 256, or ~2 ms after the first RELEASE of the batch), writes a hit's OPEN reply from the triple
+  found; the default where it is built, ``SHADEFS_FUSE_PYTHON_LOOP=1`` selects the Python loop, see
+  :data:`PURE_LOOP_ENV`): the readers' loop in C. It reads requests without the GIL, answers RELEASE
+  itself and drops the released handles in batches (:meth:`_release_many`, before its next dispatch, at
+  256, or ~2 ms after the first RELEASE of the batch), writes a hit's OPEN reply from the triple
   :meth:`_open_compiled` returns, and hands every other request to the same Python handlers. A
   kernel-cached open takes the GIL once (OPEN), not twice.
 - **Workers** take what may block: an OPEN that is a miss (``cache.open`` waits on the backend) and a READ
@@ -102,9 +103,6 @@ RELEASE_WAIT_S = 2.0
 READERS = 2      # measured: 2 reader threads cost less CPU per open than 4 (GIL handoffs), same throughput
 CHECK_REPLIES_ENV = "SHADEFS_FUSE_CHECK_REPLIES"
 PURE_LOOP_ENV = "SHADEFS_FUSE_PYTHON_LOOP"       # 1: the Python reader loop even where the C one is built
-# 1: serve with the compiled reader loop where it is built (opt-in: a RELEASE it keeps on one reader thread is
-# not yet seen by an OPEN of the same file on another reader, which can then take a stale open mode)
-COMPILED_LOOP_ENV = "SHADEFS_FUSE_COMPILED_LOOP"
 RAM_MEMFD_ENV = "SHADEFS_EXPERIMENT_RAM_MEMFD"   # measured, not a feature: RAM hits by passthrough from a memfd
 
 
@@ -405,8 +403,7 @@ class KernelFrontend:
         self.check_replies = os.environ.get(CHECK_REPLIES_ENV, "") not in ("", "0")
         self.ram_memfd = os.environ.get(RAM_MEMFD_ENV, "") not in ("", "0")
         # the reader loop in C (shadefs.fuse._fastloop) where it was built
-        self.compiled_loop = (_fastloop is not None and os.environ.get(COMPILED_LOOP_ENV, "") == "1"
-                              and os.environ.get(PURE_LOOP_ENV, "") in ("", "0"))
+        self.compiled_loop = _fastloop is not None and os.environ.get(PURE_LOOP_ENV, "") in ("", "0")
         self.fd: Optional[int] = None
         self._fds: List[int] = []
         self._stop = _StopFlag()

@@ -173,8 +173,7 @@ def test_an_open_never_reads_a_corrupt_generation_through_the_backing_file_of_an
     other reader thread) and is served the refill; so is every open after."""
     src, spec = small_tree
     cache_dir = tmp_path / "cache"
-    env = dict(os.environ, SHADEFS_FUSE_PYTHON_LOOP="1" if loop == "Python loop" else "0",
-               SHADEFS_FUSE_COMPILED_LOOP="1")
+    env = dict(os.environ, SHADEFS_FUSE_PYTHON_LOOP="1" if loop == "Python loop" else "0")
     m = mount(src, "--fuse-impl", "kernel", "--ram-cache", "0", "--disk-cache", cache_dir, "--disk-cache-size",
               "100%", "--verify-entries", "first-hit", "--disk-pack-below", "0", env=env)
     x = "cat/09.bin"
