@@ -12,6 +12,9 @@
  *   released handle therefore never outlives its thread's next dispatch, 255 more RELEASEs, or ~2 ms (and
  *   the wait for the GIL): an OPEN of the same file on another thread that must see the release (a
  *   passthrough backing file of a dropped entry generation) waits that long, not for the next request.
+ * - answers IOCTL itself, without the GIL: ENOTTY (shadefs implements no ioctl; the kernel sends one per
+ *   isatty() of an open file, e.g. Python's buffered open(), and has no way to be told to stop: it turns
+ *   an ENOSYS reply into ENOTTY for that call only, fs/fuse/ioctl.c);
  * - hands OPEN to `open(fd, unique, nodeid, flags, pid)` with the GIL: it returns (fh, open_flags,
  *   backing_id) for the reply this loop writes (a reply the kernel refuses, its opener interrupted, puts
  *   fh with the released ones), or None when it replied itself or handed the open to a worker;
@@ -37,6 +40,7 @@
 #define KEPT_MAX 256
 #define IDLE_FLUSH_MS 2
 #define FUSE_OPEN 14
+#define FUSE_IOCTL 39
 
 struct in_header { uint32_t len, opcode; uint64_t unique, nodeid; uint32_t uid, gid, pid; uint16_t total_extlen, padding; };
 struct out_header { uint32_t len; int32_t error; uint64_t unique; };
@@ -48,6 +52,7 @@ static long long now_us(void) {
 }
 
 static long long release_replies;   /* RELEASEs answered here (read under the GIL by released()) */
+static long long ioctl_replies;     /* IOCTLs answered here (atomic: counted without the GIL) */
 
 static int flush(PyObject *release, uint64_t *kept, int *nkept) {
     if (*nkept == 0)
@@ -129,6 +134,14 @@ static PyObject *serve(PyObject *self, PyObject *args) {
                     break;
                 continue;
             }
+            if (n >= IN_HEADER && ((struct in_header *)p)->opcode == FUSE_IOCTL) {
+                struct out_header out = {sizeof out, -ENOTTY, ((struct in_header *)p)->unique};
+                (void)!write(fd, &out, sizeof out);
+                __atomic_add_fetch(&ioctl_replies, 1, __ATOMIC_RELAXED);
+                if (nkept && now_us() - kept_since >= IDLE_FLUSH_MS * 1000)
+                    break;
+                continue;
+            }
             break;
         }
         Py_END_ALLOW_THREADS
@@ -144,8 +157,9 @@ static PyObject *serve(PyObject *self, PyObject *args) {
             result = 0;
             break;
         }
-        if (n >= IN_HEADER + 8 && ((struct in_header *)p)->opcode == FUSE_RELEASE)
-            continue;  /* answered above: it filled the kept list */
+        if ((n >= IN_HEADER + 8 && ((struct in_header *)p)->opcode == FUSE_RELEASE) ||
+            (n >= IN_HEADER && ((struct in_header *)p)->opcode == FUSE_IOCTL))
+            continue;  /* answered above (a RELEASE filled the kept list) */
         struct in_header *h = (struct in_header *)p;
         PyObject *r;
         if (n >= IN_HEADER + 8 && h->opcode == FUSE_OPEN && open_cb != Py_None) {
@@ -208,9 +222,14 @@ static PyObject *released(PyObject *self, PyObject *unused) {
     return PyLong_FromLongLong(release_replies);
 }
 
+static PyObject *ioctls(PyObject *self, PyObject *unused) {
+    return PyLong_FromLongLong(__atomic_load_n(&ioctl_replies, __ATOMIC_RELAXED));
+}
+
 static PyMethodDef methods[] = {
     {"serve", serve, METH_VARARGS, "serve(fd, buf, dispatch, release, stop, open=None) -> 0 or errno: the reader loop"},
     {"released", released, METH_NOARGS, "RELEASE requests answered by the compiled loop so far"},
+    {"ioctls", ioctls, METH_NOARGS, "IOCTL requests answered (ENOTTY) by the compiled loop so far"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -12,7 +12,8 @@ Threads and the path of one request (docs/architecture.md, "The front ends"):
   found; the default where it is built, ``SHADEFS_FUSE_PYTHON_LOOP=1`` selects the Python loop, see
   :data:`PURE_LOOP_ENV`): the readers' loop in C. It reads requests without the GIL, answers RELEASE
   itself and drops the released handles in batches (:meth:`_release_many`, before its next dispatch, at
-  256, or ~2 ms after the first RELEASE of the batch), writes a hit's OPEN reply from the triple
+  256, or ~2 ms after the first RELEASE of the batch), answers IOCTL (ENOTTY) itself, writes a hit's
+  OPEN reply from the triple
   :meth:`_open_compiled` returns, and hands every other request to the same Python handlers. A
   kernel-cached open takes the GIL once (OPEN), not twice.
 - **Workers** take what may block: an OPEN that is a miss (``cache.open`` waits on the backend) and a READ
@@ -421,6 +422,7 @@ class KernelFrontend:
         self.passthrough_opens = 0
         self.kept_opens = 0       # NVMe hits counted on a backing id we hold, without opening the entry
         self.reply_errors = 0
+        self.ioctls = 0           # IOCTL requests answered by the Python handlers (the compiled loop counts its own)
         nf = self.ns.num_files
         self._root = self.ns.root
         self._num_files = nf
@@ -430,7 +432,7 @@ class KernelFrontend:
             P.READDIRPLUS: self._readdirplus, P.RELEASEDIR: self._reply_ok, P.STATFS: self._statfs,
             P.GETXATTR: self._getxattr, P.LISTXATTR: self._listxattr, P.INTERRUPT: self._interrupt,
             P.FORGET: self._noreply, P.BATCH_FORGET: self._noreply, P.DESTROY: self._destroy,
-            P.INIT: self._reinit, P.FLUSH: self._enosys, P.ACCESS: self._enosys,
+            P.INIT: self._reinit, P.FLUSH: self._enosys, P.ACCESS: self._enosys, P.IOCTL: self._enotty,
         }
 
     # -- node ids -------------------------------------------------------------------------------------
@@ -498,6 +500,8 @@ class KernelFrontend:
                      "waited for the release of a corrupt entry's backing file, %d of them refused (still open)",
                      self.passthrough_opens, self.kept_opens, self.interrupted, self.workers.peak,
                      self.modes.waits if self.modes else 0, self.modes.conflicts if self.modes else 0)
+            ioctls = self.ioctls + (getattr(_fastloop, "ioctls", int)() if self.compiled_loop else 0)
+            log.info("kernel front end: %d IOCTL requests answered ENOTTY", ioctls)
             for fd in self._fds:
                 try:
                     os.close(fd)
@@ -999,6 +1003,13 @@ class KernelFrontend:
     def _enosys(self, fd, unique, nodeid, buf, n) -> None:
         # FLUSH, ACCESS: ENOSYS tells the kernel to stop sending them (one round trip less per close)
         self._send(fd, unique, P.decode_in_header(buf).opcode, errno.ENOSYS, ())
+
+    def _enotty(self, fd, unique, nodeid, buf, n) -> None:
+        # IOCTL (one per isatty() of an open file: Python's buffered open() makes one): no ioctl is
+        # implemented, and no reply stops the kernel sending them (it turns ENOSYS into ENOTTY for that
+        # call only); the compiled loop answers them itself, without the GIL
+        self.ioctls += 1
+        self._send(fd, unique, P.IOCTL, errno.ENOTTY, ())
 
     def _noreply(self, fd, unique, nodeid, buf, n) -> None:
         pass  # FORGET, BATCH_FORGET: node ids are static, nothing to forget

@@ -214,6 +214,30 @@ def test_an_open_never_reads_a_corrupt_generation_through_the_backing_file_of_an
                       r"refused", log)[-1] == ("2", "1")
 
 
+@pytest.mark.parametrize("loop", ["compiled loop", "Python loop"])
+def test_an_isatty_per_buffered_open_is_one_ioctl_answered_enotty(small_tree, mount, loop):
+    """Python's buffered open() asks isatty() (TCGETS): the kernel sends FUSE_IOCTL for it at every open,
+    whatever was answered before; each is answered ENOTTY (the compiled loop: without Python)."""
+    src, spec = small_tree
+    env = dict(os.environ, SHADEFS_FUSE_PYTHON_LOOP="1" if loop == "Python loop" else "0")
+    m = mount(src, "--fuse-impl", "kernel", env=env)
+    if loop == "compiled loop" and "(compiled loop)" not in m.log():
+        pytest.skip("shadefs.fuse._fastloop is not built")
+    rel = "dog/00.bin"
+    p = os.path.join(m.path, rel)
+    for _ in range(5):
+        with open(p, "rb") as f:               # buffered: one isatty()
+            assert not f.isatty()              # one more
+            assert f.read() == spec[rel]
+    for _ in range(3):
+        assert read(p) == spec[rel]            # os.open/os.read: none
+    with open(p, "rb", buffering=0) as f:      # unbuffered: none
+        assert f.read() == spec[rel]
+    assert m.stats()["opens"] == 9
+    m.umount()
+    assert re.findall(r"kernel front end: (\d+) IOCTL requests answered ENOTTY", m.log()) == ["10"]
+
+
 @pytest.fixture
 def dev_fuse_for_everyone():
     """/dev/fuse usable by other users for the test (Debian's udev makes it 0666; a container's may be
