@@ -84,6 +84,16 @@ def _entry_files(cache_dir, rel: str):
     return glob.glob(os.path.join(str(cache_dir), "*", h[:2], h + ".*"))
 
 
+def _damage_entry(cache_dir, rel: str) -> None:
+    """Flip one bit at offset 100 of ``rel``'s one disk entry file (its checksum no longer matches)."""
+    (entry,) = _entry_files(cache_dir, rel)
+    with open(entry, "r+b") as f:
+        f.seek(100)
+        b = f.read(1)
+        f.seek(100)
+        f.write(bytes([b[0] ^ 1]))
+
+
 def _needs_passthrough(log: str) -> None:
     if "passthrough on" not in log:
         pytest.skip("this kernel does not offer FUSE passthrough: " + log[log.find("passthrough"):][:120])
@@ -145,12 +155,7 @@ def test_a_kept_backing_id_never_serves_an_evicted_replaced_or_corrupt_entry(sma
     # damage the resident entry, then evict and re-admit x: the new entry's first hit checks it
     assert read(py) == spec[y]                 # evicts x
     assert read(px) == new                     # miss: written again (not yet verified)
-    (entry,) = _entry_files(cache_dir, x)
-    with open(entry, "r+b") as f:
-        f.seek(100)
-        b = f.read(1)
-        f.seek(100)
-        f.write(bytes([b[0] ^ 1]))
+    _damage_entry(cache_dir, x)
     assert read(px) == new                     # first hit: corrupt, dropped, read again (a miss)
     assert read(px) == new                     # first hit of the rewritten entry: verified
     assert read(px) == new                     # on the kept id
@@ -185,12 +190,7 @@ def test_an_open_never_reads_a_corrupt_generation_through_the_backing_file_of_an
         if loop == "compiled loop" and "(compiled loop)" not in m.log():
             pytest.skip("shadefs.fuse._fastloop is not built")
         assert f"({loop})" in m.log()
-        (entry,) = _entry_files(cache_dir, x)
-        with open(entry, "r+b") as f:
-            f.seek(100)
-            b = f.read(1)
-            f.seek(100)
-            f.write(bytes([b[0] ^ 1]))
+        _damage_entry(cache_dir, x)
         with pytest.raises(OSError) as e:     # first hit: corrupt, dropped, refilled (a miss), refused
             read(px)
         assert e.value.errno == errno.EIO
