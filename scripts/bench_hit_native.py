@@ -85,7 +85,7 @@ def main(argv=None) -> int:
     work = os.path.abspath(a.workdir or tempfile.mkdtemp(prefix="shadefs-hitnative-"))
     os.makedirs(work, exist_ok=True)
     tmp = None
-    shadefs_cases = [("shadefs", dict(os.environ, SHADEFS_FUSE_PYTHON_LOOP="0", SHADEFS_FUSE_COMPILED_LOOP="1"))]
+    shadefs_cases = [("shadefs", dict(os.environ, SHADEFS_FUSE_PYTHON_LOOP="0"))]
     if not a.no_python_loop:
         shadefs_cases.append(("shadefs, Python loop", dict(os.environ, SHADEFS_FUSE_PYTHON_LOOP="1")))
     if a.baseline:

@@ -89,6 +89,22 @@ def stats(mnt: str) -> dict:
     return json.loads(shadefs("stats", mnt, "--json").stdout)
 
 
+# how a reader reads one file: os.open/os.read/os.close (no isatty), or Python's buffered open() as
+# torchvision's default loader does (one isatty() per open: a FUSE_IOCTL request)
+_RAW_READ = (
+    "        fd = os.open(p, os.O_RDONLY)\n"
+    "        got = 0\n"
+    "        while True:\n"
+    "            b = os.read(fd, 262144)\n"
+    "            if not b: break\n"
+    "            got += len(b)\n"
+    "        os.close(fd)\n")
+_BUFFERED_READ = (
+    "        with open(p, 'rb') as f:\n"
+    "            got = len(f.read())\n")
+BUFFERED = False  # --buffered-open
+
+
 def read_loop(mnt: str, files: List[Tuple[str, int]], seconds: float, procs: int = 1) -> int:
     """``procs`` reader processes (disjoint shards) open, read whole and close their files in order until
     ``seconds`` passed; returns the opens done."""
@@ -100,13 +116,7 @@ def read_loop(mnt: str, files: List[Tuple[str, int]], seconds: float, procs: int
         "n = 0; end = time.monotonic() + seconds\n"
         "while time.monotonic() < end:\n"
         "    for p, s in paths:\n"
-        "        fd = os.open(p, os.O_RDONLY)\n"
-        "        got = 0\n"
-        "        while True:\n"
-        "            b = os.read(fd, 262144)\n"
-        "            if not b: break\n"
-        "            got += len(b)\n"
-        "        os.close(fd)\n"
+        + (_BUFFERED_READ if BUFFERED else _RAW_READ) +
         "        assert got == s, (p, got, s)\n"
         "        n += 1\n"
         "print(n)\n")
@@ -446,9 +456,13 @@ def main(argv=None) -> int:
                     "revision REV (its daemon started with it on PYTHONPATH), side by side, interleaved")
     ap.add_argument("--python-loop", action="store_true", help="also this tree with SHADEFS_FUSE_PYTHON_LOOP=1 "
                     "(the Python reader loop where the compiled one is built), side by side")
+    ap.add_argument("--buffered-open", action="store_true", help="readers use Python's buffered open(p, 'rb') "
+                    "(one isatty(), i.e. one FUSE_IOCTL, per open) instead of os.open/os.read")
     ap.add_argument("--rounds", type=int, default=1, help="timed passes per case and side, interleaved "
                     "(the median is reported)")
     a = ap.parse_args(argv)
+    global BUFFERED
+    BUFFERED = a.buffered_open
     work = os.path.abspath(a.workdir or tempfile.mkdtemp(prefix="shadefs-opencost-"))
     os.makedirs(work, exist_ok=True)
     src = os.path.join(work, f"src-{a.size}")
@@ -461,11 +475,11 @@ def main(argv=None) -> int:
     if a.miss_inprocess:
         for k, v in inprocess_miss(src).items():
             print(f"in process, per miss: {k}: {v:.1f} us CPU (load {os.getloadavg()[0]:.1f})", flush=True)
-    sides = [("this tree", dict(os.environ, SHADEFS_FUSE_COMPILED_LOOP="1"))]
+    sides = [("this tree", dict(os.environ, SHADEFS_FUSE_PYTHON_LOOP="0"))]
     tmp = None
     if a.baseline:
         tmp, rev = baseline.extract(ROOT, a.baseline, prefix="shadefs-opencost-baseline-")
-        sides = [(f"baseline {rev}", {**os.environ, "PYTHONPATH": tmp}), ("this tree", dict(os.environ, SHADEFS_FUSE_COMPILED_LOOP="1"))]
+        sides = [(f"baseline {rev}", {**os.environ, "PYTHONPATH": tmp}), ("this tree", dict(os.environ, SHADEFS_FUSE_PYTHON_LOOP="0"))]
     if a.python_loop:
         sides.append(("this tree, Python loop", {**os.environ, "SHADEFS_FUSE_PYTHON_LOOP": "1"}))
     os.chdir(work)  # ``python -m shadefs`` puts the cwd first on sys.path: never this tree's package by accident

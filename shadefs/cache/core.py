@@ -293,6 +293,9 @@ class TieredCache:
         # called with a file id right after one of its disk entries is unlinked, before its bytes leave the
         # budget (outside the lock): a front end that pins entry files (passthrough backing ids) lets go
         self.entry_unlinked: List = []
+        # called with (file id, entry generation) right after a disk entry is dropped as corrupt (outside the
+        # lock): a front end that serves entry files itself (passthrough) never serves that generation again
+        self.entry_dropped: List = []
         self.started = time.monotonic()
         # the counters (shadefs.cache.counters; read under self.lock for a consistent snapshot; each is also
         # an attribute of the cache, read-only)
@@ -850,6 +853,8 @@ class TieredCache:
             # open_nowait) when its refill needs the entry's bytes back in the budget
             done = self._unlinking[fid] = threading.Event()
         log.warning("dropping corrupt disk entry: %s", why)
+        for hook in self.entry_dropped:
+            hook(fid, gen)
         self.mover.submit([], [dying], done)
 
     def _unlinked_hooks(self, fid: int) -> None:

@@ -7,9 +7,14 @@
  * - answers RELEASE itself, without the GIL (the reply is the bare out header, whatever the handle), and
  *   keeps the released file handle numbers; `release(list_of_fh)` drops them in one Python call the next
  *   time this loop takes the GIL: before it dispatches any other request (an OPEN pays for the RELEASEs
- *   before it), when 256 are kept, and when no request came for 2 ms (the fd is non-blocking; a read that
- *   finds no request polls). A released handle therefore never outlives its thread's next dispatch, 255
- *   more RELEASEs, or 2 ms without a request.
+ *   before it), when 256 are kept, and 2 ms after the first of them was answered (the fd is non-blocking;
+ *   a read that finds no request polls until then; a run of RELEASEs checks the clock after each). A
+ *   released handle therefore never outlives its thread's next dispatch, 255 more RELEASEs, or ~2 ms (and
+ *   the wait for the GIL): an OPEN of the same file on another thread that must see the release (a
+ *   passthrough backing file of a dropped entry generation) waits that long, not for the next request.
+ * - answers IOCTL itself, without the GIL: ENOTTY (shadefs implements no ioctl; the kernel sends one per
+ *   isatty() of an open file, e.g. Python's buffered open(), and has no way to be told to stop: it turns
+ *   an ENOSYS reply into ENOTTY for that call only, fs/fuse/ioctl.c);
  * - hands OPEN to `open(fd, unique, nodeid, flags, pid)` with the GIL: it returns (fh, open_flags,
  *   backing_id) for the reply this loop writes (a reply the kernel refuses, its opener interrupted, puts
  *   fh with the released ones), or None when it replied itself or handed the open to a worker;
@@ -26,6 +31,7 @@
 #include <poll.h>
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #define FUSE_RELEASE 18
@@ -34,11 +40,19 @@
 #define KEPT_MAX 256
 #define IDLE_FLUSH_MS 2
 #define FUSE_OPEN 14
+#define FUSE_IOCTL 39
 
 struct in_header { uint32_t len, opcode; uint64_t unique, nodeid; uint32_t uid, gid, pid; uint16_t total_extlen, padding; };
 struct out_header { uint32_t len; int32_t error; uint64_t unique; };
 
+static long long now_us(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
 static long long release_replies;   /* RELEASEs answered here (read under the GIL by released()) */
+static long long ioctl_replies;     /* IOCTLs answered here (atomic: counted without the GIL) */
 
 static int flush(PyObject *release, uint64_t *kept, int *nkept) {
     if (*nkept == 0)
@@ -78,6 +92,7 @@ static PyObject *serve(PyObject *self, PyObject *args) {
     char *p = PyByteArray_AS_STRING(buf);
     uint64_t kept[KEPT_MAX];
     int nkept = 0;
+    long long kept_since = 0;  /* now_us() when the first kept handle was answered */
     long result = -1;
     for (;;) {
         ssize_t n;
@@ -90,10 +105,17 @@ static PyObject *serve(PyObject *self, PyObject *args) {
                 if (err == EINTR || err == ENOENT)   /* ENOENT: interrupted before we got it */
                     continue;
                 if (err == EAGAIN) {
-                    /* no request: wait for one; with handles kept, at most IDLE_FLUSH_MS, then hand them
-                       back (so a busy loop gives them back with its next dispatch, an idle one soon) */
+                    /* no request: wait for one; with handles kept, until IDLE_FLUSH_MS after the first,
+                       then hand them back (a busy loop gives them back with its next dispatch) */
+                    int wait_ms = -1;
+                    if (nkept) {
+                        long long left = kept_since + IDLE_FLUSH_MS * 1000 - now_us();
+                        if (left <= 0)
+                            break;
+                        wait_ms = (int)((left + 999) / 1000);
+                    }
                     struct pollfd pf = {fd, POLLIN, 0};
-                    if (poll(&pf, 1, nkept ? IDLE_FLUSH_MS : -1) == 0)
+                    if (poll(&pf, 1, wait_ms) == 0)
                         break;
                     continue;
                 }
@@ -103,9 +125,20 @@ static PyObject *serve(PyObject *self, PyObject *args) {
                 struct out_header out = {sizeof out, 0, ((struct in_header *)p)->unique};
                 uint64_t fh;
                 memcpy(&fh, p + IN_HEADER, sizeof fh);
-                kept[nkept++] = fh;
                 (void)!write(fd, &out, sizeof out);  /* ENOENT: the kernel no longer waits; nothing to undo */
-                if (nkept == KEPT_MAX)
+                long long t = now_us();
+                if (nkept == 0)
+                    kept_since = t;
+                kept[nkept++] = fh;
+                if (nkept == KEPT_MAX || t - kept_since >= IDLE_FLUSH_MS * 1000)
+                    break;
+                continue;
+            }
+            if (n >= IN_HEADER && ((struct in_header *)p)->opcode == FUSE_IOCTL) {
+                struct out_header out = {sizeof out, -ENOTTY, ((struct in_header *)p)->unique};
+                (void)!write(fd, &out, sizeof out);
+                __atomic_add_fetch(&ioctl_replies, 1, __ATOMIC_RELAXED);
+                if (nkept && now_us() - kept_since >= IDLE_FLUSH_MS * 1000)
                     break;
                 continue;
             }
@@ -124,8 +157,9 @@ static PyObject *serve(PyObject *self, PyObject *args) {
             result = 0;
             break;
         }
-        if (n >= IN_HEADER + 8 && ((struct in_header *)p)->opcode == FUSE_RELEASE)
-            continue;  /* answered above: it filled the kept list */
+        if ((n >= IN_HEADER + 8 && ((struct in_header *)p)->opcode == FUSE_RELEASE) ||
+            (n >= IN_HEADER && ((struct in_header *)p)->opcode == FUSE_IOCTL))
+            continue;  /* answered above (a RELEASE filled the kept list) */
         struct in_header *h = (struct in_header *)p;
         PyObject *r;
         if (n >= IN_HEADER + 8 && h->opcode == FUSE_OPEN && open_cb != Py_None) {
@@ -150,8 +184,11 @@ static PyObject *serve(PyObject *self, PyObject *args) {
                 Py_BEGIN_ALLOW_THREADS
                 w = write(fd, &rep, sizeof rep);
                 Py_END_ALLOW_THREADS
-                if (w != (ssize_t)sizeof rep)
+                if (w != (ssize_t)sizeof rep) {
+                    if (nkept == 0)
+                        kept_since = now_us();
                     kept[nkept++] = fh;  /* the opener was interrupted: no RELEASE will come for this fh */
+                }
             }
         } else if (n < IN_HEADER)
             r = PyObject_CallFunction(dispatch, "iOiKKn", fd, buf, 0, 0ULL, 0ULL, (Py_ssize_t)n);
@@ -185,9 +222,14 @@ static PyObject *released(PyObject *self, PyObject *unused) {
     return PyLong_FromLongLong(release_replies);
 }
 
+static PyObject *ioctls(PyObject *self, PyObject *unused) {
+    return PyLong_FromLongLong(__atomic_load_n(&ioctl_replies, __ATOMIC_RELAXED));
+}
+
 static PyMethodDef methods[] = {
     {"serve", serve, METH_VARARGS, "serve(fd, buf, dispatch, release, stop, open=None) -> 0 or errno: the reader loop"},
     {"released", released, METH_NOARGS, "RELEASE requests answered by the compiled loop so far"},
+    {"ioctls", ioctls, METH_NOARGS, "IOCTL requests answered (ENOTTY) by the compiled loop so far"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -9,9 +9,11 @@ Threads and the path of one request (docs/architecture.md, "The front ends"):
   that must wait leaves the reader with its lookup done (an ``OpenTicket``: the worker's
   ``cache.open_ticket`` does not look the file up again).
 - **The compiled loop** (:mod:`shadefs.fuse._fastloop`, built by ``pip install`` where a C compiler is
-  found; opt-in with ``SHADEFS_FUSE_COMPILED_LOOP=1``, see :data:`COMPILED_LOOP_ENV`): the readers' loop in C. It reads requests without
-  the GIL, answers RELEASE itself and drops the released handles in batches (:meth:`_release_many`,
-  before its next dispatch, at 256, or after 2 ms idle), writes a hit's OPEN reply from the triple
+  found; the default where it is built, ``SHADEFS_FUSE_PYTHON_LOOP=1`` selects the Python loop, see
+  :data:`PURE_LOOP_ENV`): the readers' loop in C. It reads requests without the GIL, answers RELEASE
+  itself and drops the released handles in batches (:meth:`_release_many`, before its next dispatch, at
+  256, or ~2 ms after the first RELEASE of the batch), answers IOCTL (ENOTTY) itself, writes a hit's
+  OPEN reply from the triple
   :meth:`_open_compiled` returns, and hands every other request to the same Python handlers. A
   kernel-cached open takes the GIL once (OPEN), not twice.
 - **Workers** take what may block: an OPEN that is a miss (``cache.open`` waits on the backend) and a READ
@@ -35,7 +37,13 @@ outlive the last release (at most ``KEEP_BACKING_IDS``), tied to the entry gener
 registered from: under ``--verify-entries first-hit`` an NVMe hit of a file with a backing id in use or
 kept is counted by ``cache.open_kept(fid, gen)`` (one critical section) and answered with that id, without
 opening the entry, as long as that generation is still the resident, verified entry; an evicted,
-replaced or corrupt entry's id is never reused (the open takes the usual path, and a new id).
+replaced or corrupt entry's id is never reused by a hit (the open takes the usual path, and a new id).
+While opens of a file are on a backing id, every new open of it must use that id too: that is correct
+for an evicted or promoted generation (same bytes), never for one dropped as corrupt
+(``cache.entry_dropped``). The kernel lets go of an inode's backing file before it sends the RELEASE of
+its last open, so a daemon-side count still held only by RELEASEs in flight on another reader thread
+is waited for (up to :data:`RELEASE_WAIT_S`); an open while the corrupt generation is really still open
+is refused with EIO (logged once, counted at unmount), never served that generation's bytes.
 
 Set ``SHADEFS_FUSE_CHECK_REPLIES=1`` to check every reply's length against its opcode (the test suite
 does); a bad reply is logged as ``FUSE reply check failed`` with a traceback.
@@ -52,6 +60,7 @@ import signal
 import struct
 import sys
 import threading
+import time
 from collections import OrderedDict
 from typing import Dict, List, Optional, Tuple
 
@@ -89,12 +98,12 @@ KEEP_BACKING_IDS = 65536
 # CPython hands the GIL to a waiting thread only after the holder ran this long (default 5 ms): a reader
 # thread woken by a hit then waits behind a worker busy with a miss. At 0.25 ms a hit waits at most that.
 SWITCH_INTERVAL_S = 0.00025
+# seconds an open of a file waits for the RELEASEs of opens of a dropped (corrupt) disk entry generation that
+# hold its passthrough backing id (another reader thread is handling them), before it is refused with EIO
+RELEASE_WAIT_S = 2.0
 READERS = 2      # measured: 2 reader threads cost less CPU per open than 4 (GIL handoffs), same throughput
 CHECK_REPLIES_ENV = "SHADEFS_FUSE_CHECK_REPLIES"
 PURE_LOOP_ENV = "SHADEFS_FUSE_PYTHON_LOOP"       # 1: the Python reader loop even where the C one is built
-# 1: serve with the compiled reader loop where it is built (opt-in: a RELEASE it keeps on one reader thread is
-# not yet seen by an OPEN of the same file on another reader, which can then take a stale open mode)
-COMPILED_LOOP_ENV = "SHADEFS_FUSE_COMPILED_LOOP"
 RAM_MEMFD_ENV = "SHADEFS_EXPERIMENT_RAM_MEMFD"   # measured, not a feature: RAM hits by passthrough from a memfd
 
 
@@ -156,6 +165,16 @@ class _Workers:
                 self._idle += 1
 
 
+class BackingConflict(OSError):
+    """An open of a file while opens of a dropped generation of its disk entry hold the kernel's backing file
+    for it (:meth:`_Modes.acquire`): answered EIO. ``first``: the first of the mount (logged)."""
+
+    def __init__(self, fid: int, gen: int, opens: int, first: bool):
+        super().__init__(errno.EIO, f"{opens} open(s) of the dropped disk entry generation {gen} still hold its "
+                                    "passthrough backing file")
+        self.fid, self.first = fid, first
+
+
 class _Modes:
     """Per file: the io mode the kernel holds for its open files (passthrough on one backing id, or cached)
     and how many of our handles are open in it. Only used when passthrough was negotiated.
@@ -169,6 +188,8 @@ class _Modes:
         self.dev_fd = dev_fd
         self.ram_memfd = ram_memfd
         self.lock = threading.Lock()
+        # notified when the last open of a dropped generation is released (acquire may wait for it)
+        self.cond = threading.Condition(self.lock)
         self.files: Dict[int, List] = {}   # fid -> [backing_id or None, open count, bytes, keep at release, gen]
         # backing ids kept registered after the last release of an NVMe hit, so that the next NVMe hit of
         # the file opens nothing and makes no ioctl (cache.open_kept); at most keep_ids (least recently
@@ -177,6 +198,11 @@ class _Modes:
         self.kept: "OrderedDict[int, Tuple[int, int, int]]" = OrderedDict()   # fid -> (backing id, bytes, gen)
         self.kept_bytes = 0                # entry bytes of the kept ids (a figure, not a bound)
         self.keep_ids = keep_ids
+        # fid -> generation of its disk entry dropped as corrupt, while a state or kept id may hold it
+        self.bad: Dict[int, int] = {}
+        self.release_wait_s = RELEASE_WAIT_S
+        self.conflicts = 0                 # opens refused: a dropped generation was still open (EIO)
+        self.waits = 0                     # opens that waited for the release of a dropped generation's opens
         self.backing_errors = 0
         self.first_error: Optional[str] = None
 
@@ -189,12 +215,39 @@ class _Modes:
         kept = self.kept.get(fid)
         return kept[2] if kept is not None else None
 
-    def acquire(self, fid: int, h) -> Optional[int]:
-        """Count one open of ``fid``; returns the backing id to answer it with (None: cached mode)."""
+    def acquire(self, fid: int, h, may_wait: bool = True) -> Optional[int]:
+        """Count one open of ``fid`` served by ``h``; returns the backing id to answer it with (None: cached
+        mode).
+
+        While opens of ``fid`` are counted on a backing id of a disk entry generation that was dropped as
+        corrupt (:meth:`dropped`) and ``h`` is not of that generation, the kernel would read the dropped
+        entry's bytes through that id: this waits up to :data:`RELEASE_WAIT_S` for their RELEASEs (handled on
+        another reader thread; ``may_wait`` False: on the only one, so none can come meanwhile), then
+        registers ``h``'s own backing file. Any other generation's id is reused (an evicted or promoted
+        entry holds the same bytes: the snapshot does not change).
+
+        Raises:
+            BackingConflict: those opens are still open (the file's holders read the dropped entry until
+                they close it; a new open cannot be given another backing file meanwhile).
+        """
         stale = None
         gen = getattr(h, "gen", 0)
-        with self.lock:
+        with self.cond:
             st = self.files.get(fid)
+            if st is not None and st[0] is not None and st[4] != gen and self.bad.get(fid) == st[4]:
+                if may_wait:
+                    self.waits += 1
+                    deadline = time.monotonic() + self.release_wait_s
+                    while st is not None and self.bad.get(fid) == st[4] and st[4] != gen:
+                        left = deadline - time.monotonic()
+                        if left <= 0:
+                            break
+                        self.cond.wait(left)
+                        st = self.files.get(fid)
+                if st is not None and st[0] is not None and self.bad.get(fid) == st[4] and st[4] != gen:
+                    self.conflicts += 1
+                    first = self.conflicts == 1
+                    raise BackingConflict(fid, st[4], st[1], first)
             if st is None:
                 bid = None
                 kept = self.kept.pop(fid, None)
@@ -212,6 +265,8 @@ class _Modes:
                         keep = os.fstat(bfd).st_nlink > 0
                     elif self.ram_memfd and h.outcome == "ram":
                         bid = self._memfd_backing(h)
+                if self.bad.get(fid, gen) != gen:
+                    del self.bad[fid]  # a newer generation is open: the dropped one is never opened again
                 st = self.files[fid] = [bid, 0, h.size, keep, gen]
             st[1] += 1
             bid = st[0]
@@ -219,8 +274,25 @@ class _Modes:
             self._backing_close(stale[0])
         return bid
 
+    def dropped(self, fid: int, gen: int) -> None:
+        """Generation ``gen`` of ``fid``'s disk entry was dropped as corrupt (``cache.entry_dropped``): a
+        backing id of it is never given to an open of another generation (:meth:`acquire`)."""
+        with self.cond:
+            self.bad[fid] = gen
+            st = self.files.get(fid)
+            if st is not None and st[4] == gen:
+                st[3] = False  # closed at its last release, never kept
+            kept = self.kept.get(fid)
+            if kept is not None and kept[2] == gen:
+                del self.kept[fid]
+                self.kept_bytes -= kept[1]
+            else:
+                kept = None
+        if kept is not None:
+            self._backing_close(kept[0])
+
     def release(self, fid: int) -> None:
-        with self.lock:
+        with self.cond:
             st = self.files.get(fid)
             if st is None:
                 return
@@ -228,6 +300,9 @@ class _Modes:
             if st[1] > 0:
                 return
             del self.files[fid]
+            if fid in self.bad:
+                # an open of a newer generation may wait for the last open of a dropped one (acquire)
+                self.cond.notify_all()
             drop = []
             if st[0] is not None:
                 if st[3] and self.keep_ids > 0 and not self.ram_memfd:
@@ -329,8 +404,7 @@ class KernelFrontend:
         self.check_replies = os.environ.get(CHECK_REPLIES_ENV, "") not in ("", "0")
         self.ram_memfd = os.environ.get(RAM_MEMFD_ENV, "") not in ("", "0")
         # the reader loop in C (shadefs.fuse._fastloop) where it was built
-        self.compiled_loop = (_fastloop is not None and os.environ.get(COMPILED_LOOP_ENV, "") == "1"
-                              and os.environ.get(PURE_LOOP_ENV, "") in ("", "0"))
+        self.compiled_loop = _fastloop is not None and os.environ.get(PURE_LOOP_ENV, "") in ("", "0")
         self.fd: Optional[int] = None
         self._fds: List[int] = []
         self._stop = _StopFlag()
@@ -348,6 +422,7 @@ class KernelFrontend:
         self.passthrough_opens = 0
         self.kept_opens = 0       # NVMe hits counted on a backing id we hold, without opening the entry
         self.reply_errors = 0
+        self.ioctls = 0           # IOCTL requests answered by the Python handlers (the compiled loop counts its own)
         nf = self.ns.num_files
         self._root = self.ns.root
         self._num_files = nf
@@ -357,7 +432,7 @@ class KernelFrontend:
             P.READDIRPLUS: self._readdirplus, P.RELEASEDIR: self._reply_ok, P.STATFS: self._statfs,
             P.GETXATTR: self._getxattr, P.LISTXATTR: self._listxattr, P.INTERRUPT: self._interrupt,
             P.FORGET: self._noreply, P.BATCH_FORGET: self._noreply, P.DESTROY: self._destroy,
-            P.INIT: self._reinit, P.FLUSH: self._enosys, P.ACCESS: self._enosys,
+            P.INIT: self._reinit, P.FLUSH: self._enosys, P.ACCESS: self._enosys, P.IOCTL: self._enotty,
         }
 
     # -- node ids -------------------------------------------------------------------------------------
@@ -421,8 +496,12 @@ class KernelFrontend:
                 log.info("signal %d: unmounting %s", signalled[0], self.mountpoint)
             unmount_fuse(self.mountpoint)   # a no-op when the kernel already unmounted us
             log.info("kernel front end: %d opens answered by passthrough (%d of them NVMe hits on a kept backing "
-                     "id, without opening the entry), %d requests interrupted, %d worker threads at most",
-                     self.passthrough_opens, self.kept_opens, self.interrupted, self.workers.peak)
+                     "id, without opening the entry), %d requests interrupted, %d worker threads at most; %d opens "
+                     "waited for the release of a corrupt entry's backing file, %d of them refused (still open)",
+                     self.passthrough_opens, self.kept_opens, self.interrupted, self.workers.peak,
+                     self.modes.waits if self.modes else 0, self.modes.conflicts if self.modes else 0)
+            ioctls = self.ioctls + (getattr(_fastloop, "ioctls", int)() if self.compiled_loop else 0)
+            log.info("kernel front end: %d IOCTL requests answered ENOTTY", ioctls)
             for fd in self._fds:
                 try:
                     os.close(fd)
@@ -475,6 +554,9 @@ class KernelFrontend:
             hooks = getattr(self.cache, "entry_unlinked", None)
             if hooks is not None:  # an evicted entry must not stay pinned outside --disk-cache-size
                 hooks.append(self.modes.forget)
+            hooks = getattr(self.cache, "entry_dropped", None)
+            if hooks is not None:  # a corrupt entry's backing id is never given to another generation's open
+                hooks.append(self.modes.dropped)
         body = P.encode_init_out(minor, init.max_readahead, flags, max_background=64, congestion_threshold=48,
                                  max_write=MAX_WRITE, time_gran=1, max_pages=MAX_PAGES,
                                  max_stack_depth=1 if self.passthrough else 0)
@@ -482,8 +564,9 @@ class KernelFrontend:
             raise OSError(errno.ENODEV, "the kernel dropped the INIT reply")
         names = [name for bit, name in P.INIT_FLAG_NAMES.items() if flags & bit and bit != P.INIT_EXT]
         log.info("FUSE kernel protocol 7.%d (kernel offers 7.%d): %s; max_pages %d, max_readahead %d KiB, "
-                 "%d reader threads; passthrough %s", minor, init.minor, ", ".join(names), MAX_PAGES,
-                 init.max_readahead // 1024, self.nreaders, self.passthrough_reason)
+                 "%d reader threads (%s loop); passthrough %s", minor, init.minor, ", ".join(names), MAX_PAGES,
+                 init.max_readahead // 1024, self.nreaders, "compiled" if self.compiled_loop else "Python",
+                 self.passthrough_reason)
 
     # -- the reader loop ---------------------------------------------------------------------------------
     def _reader(self, fd: int) -> None:
@@ -803,7 +886,11 @@ class KernelFrontend:
             # opens of the file wait on (its handle is then released)
             self._defer(fd, unique, self._open_slow, node, h, pid, always=True)
         else:
-            return self._open_handle(node, h)
+            try:
+                # on a reader thread: it may wait for a RELEASE only where another reader can handle it
+                return self._open_handle(node, h, self.nreaders > 1)
+            except BackingConflict as e:
+                self._refuse(fd, unique, node, e)
         return None
 
     def _open_slow(self, fd: int, unique: int, fid: int, ticket, pid: Optional[int] = None) -> None:
@@ -822,15 +909,39 @@ class KernelFrontend:
         self._opened(fd, unique, fid, h)
 
     def _opened(self, fd: int, unique: int, fid: int, h) -> None:
-        self._reply_open(fd, unique, self._open_handle(fid, h))
+        try:
+            reply = self._open_handle(fid, h)
+        except BackingConflict as e:
+            self._refuse(fd, unique, fid, e)
+            return
+        self._reply_open(fd, unique, reply)
+
+    def _refuse(self, fd: int, unique: int, fid: int, e: BackingConflict) -> None:
+        """An open that would read a dropped (corrupt) entry through the kernel's backing file: EIO."""
+        if e.first:
+            log.warning("open of %r refused (EIO): %s; it is served again once they are closed (logged once, "
+                        "counted at unmount)", self.ns.path(fid), e.strerror)
+        self._send(fd, unique, P.OPEN, errno.EIO, ())
 
     def _reply_open(self, fd: int, unique: int, reply: Tuple[int, int, int]) -> None:
         if not self._send(fd, unique, P.OPEN, 0, (P.encode_open_out(*reply),)):
             self._drop(reply[0])  # the opener was interrupted: no RELEASE will come for this fh
 
-    def _open_handle(self, fid: int, h) -> Tuple[int, int, int]:
-        """A new file handle for ``h``: its ``(fh, open_flags, backing_id)``."""
-        backing_id = self.modes.acquire(fid, h) if self.modes is not None else None
+    def _open_handle(self, fid: int, h, may_wait: bool = True) -> Tuple[int, int, int]:
+        """A new file handle for ``h``: its ``(fh, open_flags, backing_id)`` (``may_wait``: see
+        :meth:`_Modes.acquire`).
+
+        Raises:
+            BackingConflict: opens of a dropped generation of the file hold its backing file (``h`` is
+                released).
+        """
+        backing_id = None
+        if self.modes is not None:
+            try:
+                backing_id = self.modes.acquire(fid, h, may_wait)
+            except BackingConflict:
+                h.release()
+                raise
         if backing_id is not None:
             flags = P.FOPEN_PASSTHROUGH
             self.passthrough_opens += 1
@@ -892,6 +1003,13 @@ class KernelFrontend:
     def _enosys(self, fd, unique, nodeid, buf, n) -> None:
         # FLUSH, ACCESS: ENOSYS tells the kernel to stop sending them (one round trip less per close)
         self._send(fd, unique, P.decode_in_header(buf).opcode, errno.ENOSYS, ())
+
+    def _enotty(self, fd, unique, nodeid, buf, n) -> None:
+        # IOCTL (one per isatty() of an open file: Python's buffered open() makes one): no ioctl is
+        # implemented, and no reply stops the kernel sending them (it turns ENOSYS into ENOTTY for that
+        # call only); the compiled loop answers them itself, without the GIL
+        self.ioctls += 1
+        self._send(fd, unique, P.IOCTL, errno.ENOTTY, ())
 
     def _noreply(self, fd, unique, nodeid, buf, n) -> None:
         pass  # FORGET, BATCH_FORGET: node ids are static, nothing to forget

@@ -1,11 +1,13 @@
 """What only the kernel front end does: FUSE passthrough for NVMe hits (with opens of one file in one io
 mode), INIT negotiation logged once, mounting as a non-root user through fusermount3's fd passing."""
+import errno
 import os
 import re
 import shutil
 import signal
 import stat
 import tempfile
+import threading
 
 import pytest
 
@@ -82,6 +84,16 @@ def _entry_files(cache_dir, rel: str):
     return glob.glob(os.path.join(str(cache_dir), "*", h[:2], h + ".*"))
 
 
+def _damage_entry(cache_dir, rel: str) -> None:
+    """Flip one bit at offset 100 of ``rel``'s one disk entry file (its checksum no longer matches)."""
+    (entry,) = _entry_files(cache_dir, rel)
+    with open(entry, "r+b") as f:
+        f.seek(100)
+        b = f.read(1)
+        f.seek(100)
+        f.write(bytes([b[0] ^ 1]))
+
+
 def _needs_passthrough(log: str) -> None:
     if "passthrough on" not in log:
         pytest.skip("this kernel does not offer FUSE passthrough: " + log[log.find("passthrough"):][:120])
@@ -143,12 +155,7 @@ def test_a_kept_backing_id_never_serves_an_evicted_replaced_or_corrupt_entry(sma
     # damage the resident entry, then evict and re-admit x: the new entry's first hit checks it
     assert read(py) == spec[y]                 # evicts x
     assert read(px) == new                     # miss: written again (not yet verified)
-    (entry,) = _entry_files(cache_dir, x)
-    with open(entry, "r+b") as f:
-        f.seek(100)
-        b = f.read(1)
-        f.seek(100)
-        f.write(bytes([b[0] ^ 1]))
+    _damage_entry(cache_dir, x)
     assert read(px) == new                     # first hit: corrupt, dropped, read again (a miss)
     assert read(px) == new                     # first hit of the rewritten entry: verified
     assert read(px) == new                     # on the kept id
@@ -159,6 +166,76 @@ def test_a_kept_backing_id_never_serves_an_evicted_replaced_or_corrupt_entry(sma
     _needs_passthrough(log)
     assert _kept_opens(log) == 4
     assert "dropping corrupt disk entry" in log
+
+
+@pytest.mark.parametrize("loop", ["compiled loop", "Python loop"])
+def test_an_open_never_reads_a_corrupt_generation_through_the_backing_file_of_an_open_still_on_it(
+        small_tree, mount, tmp_path, loop):
+    """A file stays open by passthrough on the entry its miss wrote; that entry is damaged, found corrupt at
+    the next open's first hit, dropped and refilled. The kernel allows one backing file per inode while
+    opens are on it: the new open is refused (EIO), never answered on the corrupt generation's backing id.
+    An open that arrives while the last one on it is being closed waits for its RELEASE (handled on the
+    other reader thread) and is served the refill; so is every open after."""
+    src, spec = small_tree
+    cache_dir = tmp_path / "cache"
+    env = dict(os.environ, SHADEFS_FUSE_PYTHON_LOOP="1" if loop == "Python loop" else "0")
+    m = mount(src, "--fuse-impl", "kernel", "--ram-cache", "0", "--disk-cache", cache_dir, "--disk-cache-size",
+              "100%", "--verify-entries", "first-hit", "--disk-pack-below", "0", env=env)
+    x = "cat/09.bin"
+    px = os.path.join(m.path, x)
+    held = os.open(px, os.O_RDONLY)           # miss: written to the NVMe tier, open on that entry file
+    try:
+        if "passthrough on" not in m.log():
+            pytest.skip("this kernel does not offer FUSE passthrough")
+        if loop == "compiled loop" and "(compiled loop)" not in m.log():
+            pytest.skip("shadefs.fuse._fastloop is not built")
+        assert f"({loop})" in m.log()
+        _damage_entry(cache_dir, x)
+        with pytest.raises(OSError) as e:     # first hit: corrupt, dropped, refilled (a miss), refused
+            read(px)
+        assert e.value.errno == errno.EIO
+        s = m.stats()
+        assert (s["opens"], s["misses"], s["hits"]["disk"], s["corrupt_entries"]) == (2, 2, 0, 1)
+        got = []
+        t = threading.Thread(target=lambda: got.append(read(px)))
+        t.start()                             # first hit of the refill (verified), waits for `held`
+        assert wait_for(lambda: m.stats()["hits"]["disk"] == 1, timeout=30)
+    finally:
+        os.close(held)
+    t.join(30)
+    assert got == [spec[x]]
+    assert read(px) == spec[x]                # on the refill's kept backing id
+    s = m.stats()
+    assert (s["opens"], s["misses"], s["hits"]["disk"], s["corrupt_entries"]) == (4, 2, 2, 1)
+    m.umount()
+    log = m.log()
+    assert len(re.findall(r"open of '?/?cat/09\.bin'? refused \(EIO\)", log)) == 1, log
+    assert re.findall(r"(\d+) opens waited for the release of a corrupt entry's backing file, (\d+) of them "
+                      r"refused", log)[-1] == ("2", "1")
+
+
+@pytest.mark.parametrize("loop", ["compiled loop", "Python loop"])
+def test_an_isatty_per_buffered_open_is_one_ioctl_answered_enotty(small_tree, mount, loop):
+    """Python's buffered open() asks isatty() (TCGETS): the kernel sends FUSE_IOCTL for it at every open,
+    whatever was answered before; each is answered ENOTTY (the compiled loop: without Python)."""
+    src, spec = small_tree
+    env = dict(os.environ, SHADEFS_FUSE_PYTHON_LOOP="1" if loop == "Python loop" else "0")
+    m = mount(src, "--fuse-impl", "kernel", env=env)
+    if loop == "compiled loop" and "(compiled loop)" not in m.log():
+        pytest.skip("shadefs.fuse._fastloop is not built")
+    rel = "dog/00.bin"
+    p = os.path.join(m.path, rel)
+    for _ in range(5):
+        with open(p, "rb") as f:               # buffered: one isatty()
+            assert not f.isatty()              # one more
+            assert f.read() == spec[rel]
+    for _ in range(3):
+        assert read(p) == spec[rel]            # os.open/os.read: none
+    with open(p, "rb", buffering=0) as f:      # unbuffered: none
+        assert f.read() == spec[rel]
+    assert m.stats()["opens"] == 9
+    m.umount()
+    assert re.findall(r"kernel front end: (\d+) IOCTL requests answered ENOTTY", m.log()) == ["10"]
 
 
 @pytest.fixture

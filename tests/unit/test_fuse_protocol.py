@@ -251,12 +251,33 @@ def test_access_flush_enosys_writes_erofs_unknown_enosys_destroy(wire):
     assert wire.call(P.FLUSH, 81, 2, struct.pack("<QIIQ", 1, 0, 0, 0)) == out_header(16, -errno.ENOSYS, 81)
     for op in (P.MKDIR, P.UNLINK, P.SETATTR, P.CREATE, P.WRITE, P.SETXATTR, P.RENAME2):
         assert wire.call(op, 82, 1, bytes(16)) == out_header(16, -errno.EROFS, 82)
-    for op in (P.GETLK, P.IOCTL, P.LSEEK, P.STATX, 4095):
+    for op in (P.GETLK, P.LSEEK, P.STATX, 4095):
         assert wire.call(op, 83, 1, bytes(16)) == out_header(16, -errno.ENOSYS, 83)
     assert wire.call(P.INIT, 84, 0, bytes(64)) == out_header(16, -errno.EPROTO, 84)  # a second INIT
     assert wire.call(P.DESTROY, 85, 0) == out_header(16, 0, 85)
     wire.thread.join(5)
     assert not wire.thread.is_alive() and wire.fe._stop.is_set()
+
+
+def test_ioctl_is_answered_enotty_and_by_the_compiled_loop_without_python(wire):
+    # FUSE_IOCTL: one per isatty() of an open file (Python's buffered open() makes one); no reply stops the
+    # kernel sending them, so each is answered at the least cost: ENOTTY (what the kernel would turn an
+    # ENOSYS into), by the compiled loop itself
+    from shadefs.fuse import _fastloop
+    calls = []
+    dispatch = wire.fe._dispatch
+    wire.fe._dispatch = lambda *a: (calls.append(a[2]), dispatch(*a))
+    before = _fastloop.ioctls()
+    wire.start()
+    # struct fuse_ioctl_in: u64 fh; u32 flags cmd; u64 arg; u32 in_size out_size (TCGETS, 60 bytes out)
+    body = struct.pack("<QIIQII", 1, 0, 0x5401, 0x7FFC0000, 0, 60)
+    for u in (86, 87):
+        assert wire.call(P.IOCTL, u, 2, body) == out_header(16, -errno.ENOTTY, u)
+    assert wire.call(P.GETATTR, 88, 2, bytes(16))[:16] == out_header(120, 0, 88)  # the loop goes on
+    if wire.fe.compiled_loop:
+        assert (_fastloop.ioctls() - before, wire.fe.ioctls, calls) == (2, 0, [P.GETATTR])
+    else:
+        assert (_fastloop.ioctls() - before, wire.fe.ioctls, calls) == (0, 2, [P.IOCTL, P.IOCTL, P.GETATTR])
 
 
 def test_interrupt_answers_a_waiting_miss_eintr_and_drops_the_late_open(wire, monkeypatch):
