@@ -10,7 +10,11 @@ announces the whole dataset). Meanwhile an opener thread takes the lock as the d
 (``observe`` + the tier's hit) in a loop. Reported: every hold of the lock by an announcing thread (max,
 p99), the first victim search after the announcements (under the lock, as the cache calls it), the
 opener's latency (lock wait + hold; p99) during the announcements and without them, and the process's
-RSS growth per plan. The lock is the registry's ``lock`` attribute, replaced by a timing lock.
+RSS growth per plan. The lock is the registry's ``lock`` attribute, replaced by a timing lock. With
+``--confirm``, every rank then announces the same epochs again (a lookahead confirmed: the new plan carries
+what the old one consumed of its first epoch) while the opener reads on as rank 0 for ``--confirm-after``
+seconds before and during it: the holds of those announcements (``confirm_*``; rank 0's carries the
+opens) and how many positions the new rank-0 plan holds as consumed.
 
 ``mount``: a real mount of ``--files`` files (``--min``..``--max`` bytes) with a RAM tier of ``--ram``
 (% of the dataset) and ``--trace``; two jobs (``PlanSampler`` + a DataLoader with ``--workers`` forked
@@ -22,6 +26,7 @@ trace at the same RAM size.
 Run it with the interpreter whose shadefs is measured (a worktree's venv, or the main checkout's), e.g.
 
     .venv/bin/python scripts/bench_plan_jobs.py announce --files 1281167 --samples 1281167 --ranks 8 --shard
+    .venv/bin/python scripts/bench_plan_jobs.py announce --ranks 8 --confirm
     .venv/bin/python scripts/bench_plan_jobs.py mount --files 60000 --workers 2 --epochs 2
     .venv/bin/python scripts/bench_plan_jobs.py split --files 60000
 
@@ -59,6 +64,7 @@ class TimingLock:
         self.holds = []
         self.cpu = []  # the holder's CPU time during each hold (no GIL waits, no descheduling)
         self.watch = set()
+        self.by_thread = {}  # thread ident -> its holds: (seconds, CPU seconds)
         self._t0 = self._c0 = 0.0
 
     def acquire(self, *a, **k):
@@ -72,6 +78,7 @@ class TimingLock:
         if threading.get_ident() in self.watch:
             self.holds.append(dt)
             self.cpu.append(time.thread_time() - self._c0)
+            self.by_thread.setdefault(threading.get_ident(), []).append((dt, self.cpu[-1]))
         self._lock.release()
 
     __enter__ = acquire
@@ -123,14 +130,16 @@ def announce(args) -> dict:
     reads = np.concatenate(orders[0]).tolist()
     res_list = residents.tolist()
 
+    read_at = [0]  # rank 0's next position to open (the opener goes on where the last one left off)
+
     def opener(stop, lat):
         if has_job:
             set_opener(owners[0].pid)
-        k = j = 0
-        while not stop.is_set() and k < len(reads):
+        j = 0
+        while not stop.is_set() and read_at[0] < len(reads):
             if (h, 0) in plans.plans:  # rank 0 reads its plan once it is there
-                f = reads[k]
-                k += 1
+                f = reads[read_at[0]]
+                read_at[0] += 1
             else:                      # before: hits of residents
                 f = res_list[j % len(res_list)]
                 j += 1
@@ -142,7 +151,7 @@ def announce(args) -> dict:
                 else:
                     idx.admit(f, 1)
             lat.append(time.perf_counter() - t0)
-            if k % 64 == 0:
+            if (read_at[0] + j) % 64 == 0:
                 time.sleep(0)
 
     def run_openers(seconds):
@@ -193,10 +202,44 @@ def announce(args) -> dict:
     else:  # every file of the plan is resident: a search for an unplanned newcomer
         lock.holds.append(0.0)
         lock.cpu.append(0.0)
+    first_search, first_search_cpu = (lock.holds[-1], lock.cpu[-1]) if newcomer is not None else (None, None)
+    confirm = {}
+    if args.confirm:
+        # every rank announces the same epochs again (a lookahead confirmed) while rank 0's job reads its
+        # plan: what rank 0 consumed of the epoch is carried into the new plan
+        stop, during_confirm = threading.Event(), []
+        op = threading.Thread(target=opener, args=(stop, during_confirm))
+        op.start()
+        time.sleep(args.confirm_after)
+        before = plans.plans[(h, 0)].matched
+        lock.watch, lock.holds, lock.cpu, lock.by_thread = set(), [], [], {}
+        idents = {}
+
+        def confirm_rank(r):
+            idents[r] = threading.get_ident()
+            rank(r)
+
+        threads = [threading.Thread(target=confirm_rank, args=(r,)) for r in range(ranks)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        stop.set()
+        op.join()
+        p0 = plans.plans.get((h, 0))
+        mine = lock.by_thread.get(idents[0], [(0.0, 0.0)])
+        confirm = {"confirm_hold_max_ms": round(1e3 * max(lock.holds), 3),
+                   "confirm_hold_p99_ms": round(1e3 * pct(lock.holds, 0.99), 3),
+                   "confirm_hold_cpu_max_ms": round(1e3 * max(lock.cpu), 3),
+                   "confirm_rank0_hold_max_ms": round(1e3 * max(dt for dt, _ in mine), 3),
+                   "confirm_rank0_hold_cpu_max_ms": round(1e3 * max(c for _, c in mine), 3),
+                   "confirm_rank0_holds": len(mine),
+                   "confirm_carried": None if p0 is None else p0.matched, "matched_before_confirm": before,
+                   "open_p99_during_confirm_us": round(1e6 * pct(during_confirm, 0.99), 1),
+                   "open_max_during_confirm_ms": round(1e3 * max(during_confirm), 3) if during_confirm else None}
     for o in owners:
         o.kill()
         o.wait()
-    first_search, first_search_cpu = (lock.holds[-1], lock.cpu[-1]) if newcomer is not None else (None, None)
     gc.collect()
     rss1 = rss_bytes()
     arrays = {id(v): v.nbytes for p in plans.plans.values() for v in vars(p).values() if isinstance(v, np.ndarray)}
@@ -216,7 +259,7 @@ def announce(args) -> dict:
             "opens_during": len(during),
             "rss_per_plan_mib": round((rss1 - rss0) / ranks / 2**20, 1),
             "plan_arrays_mib": round(sum(arrays.values()) / len(plans.plans) / 2**20, 1),
-            "rebuilds": pol.rebuilds, "plans_active": len(plans.plans)}
+            "rebuilds": pol.rebuilds, "plans_active": len(plans.plans), **confirm}
 
 
 JOB = textwrap.dedent("""
@@ -411,6 +454,9 @@ def main(argv=None):
     a.add_argument("--ranks", type=int, default=8)
     a.add_argument("--shard", action="store_true", help="each rank announces its DistributedSampler shard")
     a.add_argument("--residents", type=int, default=200_000)
+    a.add_argument("--confirm", action="store_true",
+                   help="then every rank announces its epochs again while rank 0's job reads (a confirmation)")
+    a.add_argument("--confirm-after", type=float, default=1.0, help="seconds of reading before it (default 1)")
     b = sub.add_parser("mount")
     b.add_argument("--files", type=int, default=60_000)
     b.add_argument("--min", type=int, default=200)
