@@ -32,7 +32,8 @@ Run it with the interpreter whose shadefs is measured (a worktree's venv, or the
 
 ``split`` (in this process, no FUSE): the mount case's three readers replayed against the daemon's policy
 classes, the reader unplanned and announced, to tell which part of backend reads over OPT comes from the
-reader's unknown future (function ``split``).
+reader's unknown future (function ``split``); ``--references`` adds Belady with the jobs' future exact
+and the reader's known, unknown, or modelled as a random scan (function ``reference``).
 """
 from __future__ import annotations
 
@@ -379,13 +380,85 @@ def mount(args) -> dict:
         shutil.rmtree(work, ignore_errors=True)
 
 
+def reference(ids, who, sizes, cap, rule, alpha=1.0):
+    """Misses (bytes per stream: job 1, job 2, reader) of Belady with bypass on the merged trace (the
+    jobs' next uses exact, in opens) when the reader's future is: ``"known"`` (OPT itself), ``"unknown"``
+    (a file's next use is its next job use), or ``"scan"`` (a file the reader has not read yet is also
+    used at ``alpha`` x the expected next read of a random pass over the files it has left: now + alpha x
+    remaining / 2 x the mount's opens per reader open so far; one it read, only by the jobs)."""
+    import heapq
+
+    ids, wl, sz = list(ids), list(who), [int(x) for x in sizes]
+    n, nf, inf = len(ids), len(sz), 1 << 60
+    jn, rn = [0] * n, [0] * n
+    lastj, lastr = [inf] * nf, [inf] * nf
+    for i in range(n - 1, -1, -1):
+        f = ids[i]
+        jn[i], rn[i] = lastj[f], lastr[f]
+        if wl[i] == 2:
+            lastr[f] = i
+        else:
+            lastj[f] = i
+    unread = [rule == "scan"] * nf
+    left, ropens, live, free = nf, 0, {}, cap
+    heaps = ([], [])  # residents the reader has read / not read: (-next job use, fid)
+    miss = [0, 0, 0]
+    for i in range(n):
+        f, w = ids[i], wl[i]
+        size = sz[f]
+        if w == 2:
+            ropens += 1
+            if unread[f]:
+                unread[f] = False
+                left -= 1
+        key = min(jn[i], rn[i]) if rule == "known" else jn[i]
+        key = key if key < inf else inf + f
+        c = i + alpha * left * (i + 1) / max(1, ropens) / 2 if rule == "scan" else inf
+        if f in live:
+            live[f] = key
+            heapq.heappush(heaps[unread[f]], (-key, f))
+            continue
+        miss[w] += size
+        mine = min(key, c) if unread[f] else key
+        if size > free:
+            if mine >= inf or size > cap:
+                continue
+            victims, taken, freed = [], set(), 0
+            while free + freed < size:
+                for u, h in enumerate(heaps):
+                    while h and not (live.get(h[0][1]) == -h[0][0] and unread[h[0][1]] == bool(u)):
+                        heapq.heappop(h)
+                far = [(-h[0][0] if not u else min(-h[0][0], c), -u) for u, h in enumerate(heaps) if h]
+                if not far or max(far)[0] < mine:
+                    break
+                h = heaps[-max(far)[1]]  # the furthest (a tie: one the reader has read)
+                item = heapq.heappop(h)
+                if item[1] not in taken:
+                    taken.add(item[1])
+                    victims.append((h, item))
+                    freed += sz[item[1]]
+            if free + freed < size:
+                for h, item in victims:
+                    heapq.heappush(h, item)
+                continue
+            for _, item in victims:
+                del live[item[1]]
+            free += freed
+        live[f] = key
+        heapq.heappush(heaps[unread[f]], (-key, f))
+        free -= size
+    return miss
+
+
 def split(args) -> dict:
     """The mount case replayed in process, to split backend reads over OPT by cause: two planned jobs
     (``--epochs`` permutations each, one plan per job) and one reader of every file once (shuffled), their
     opens interleaved at random in the ratio 1 : 1 : ``--reader-speed``, a RAM tier of ``--ram`` % under
     Belady-on-plan (``static`` inner policy), files of ``--min``..``--max`` bytes. Misses (bytes) of the
     daemon's policy, the reader unplanned and with its order announced as a third plan, against OPT of the
-    merged trace (``sim.belady``). No prefetching: it does not change the tier's decisions."""
+    merged trace (``sim.belady``). No prefetching: it does not change the tier's decisions. Where the
+    registry follows readers of no plan as scans, the unplanned case runs also with that off
+    (``reader_unplanned_scan_off``)."""
     import numpy as np
 
     from shadefs import sim
@@ -416,9 +489,19 @@ def split(args) -> dict:
     procs = [subprocess.Popen(["sleep", "600"]) for _ in range(3)]  # one process per job (plan owner)
     out = {"files": n, "epochs": epochs, "reader_speed": args.reader_speed, "ram_bytes": cap,
            "opens": len(order), "opt_miss_bytes": int(opt)}
+    if args.references:  # what an online rule for the reader could gain, the jobs' future exact
+        rules = [("known", 1.0), ("unknown", 1.0)] + [("scan", float(a)) for a in args.alphas.split(",")]
+        for rule, alpha in rules:
+            m = reference(order, who, sizes, cap, rule, alpha)
+            out[f"reference_{rule}" + (f"_{alpha:g}" if rule == "scan" else "")] = {
+                "over_opt": round(sum(m) / opt, 4), "miss_bytes_by_stream": m}
     try:
-        for case, planned in (("reader_unplanned", 2), ("reader_planned", 3)):
-            plans = PlanRegistry(n)
+        scans = "max_scans" in inspect.signature(PlanRegistry).parameters
+        cases = [("reader_unplanned", 2, {}), ("reader_planned", 3, {})]
+        if scans:  # the reader's scan not followed (the daemon's rule for a reader of no plan off)
+            cases.insert(1, ("reader_unplanned_scan_off", 2, {"max_scans": 0}))
+        for case, planned, kw in cases:
+            plans = PlanRegistry(n, **kw)
             pol = PlanPolicy(get_policy("static")(cap, Importance(n)), plans)
             idx = TierIndex("ram", cap, pol)
             h, _ = plans.register(None, np.arange(n))
@@ -478,6 +561,11 @@ def main(argv=None):
     c.add_argument("--reader-speed", type=float, default=1 / 3,
                    help="the reader's opens per open of one job (default 1/3, as in the mount run)")
     c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--references", action="store_true",
+                   help="also Belady with the jobs' future exact and the reader's known / unknown / modelled "
+                        "as a random scan (function reference)")
+    c.add_argument("--alphas", default="0.25,0.5,1,1000",
+                   help="with --references: scales of the scan model's expected next read (comma-separated)")
     args = ap.parse_args(argv)
     out = {"announce": announce, "mount": mount, "split": split}[args.cmd](args)
     with open("/proc/loadavg") as f:

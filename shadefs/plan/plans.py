@@ -18,6 +18,10 @@ for ``idle_s`` seconds, is **retired** (its reader stopped following it: the job
 crashed or ended), logged once and counted. A plan whose every position was consumed is *finished*. A
 job that ends cleanly **withdraws** its plans (``withdraw``, docs/protocol.md), which drops them at once;
 the retirement after ``idle_s`` remains for a job that crashed.
+A process of no plan's job that opens files while plans have owners is followed as a **scan** (a pass
+over distinct files; a repeat starts its next pass): a file every scan followed has read in its current
+pass is *spent* (:meth:`PlanRegistry.spent`), which the tiers use among their files with no planned use
+(:mod:`shadefs.plan.policy`). At most ``max_scans`` at once, one byte per namespace file each.
 Neither state pins cache space: a plan only ranks files (Belady on the known future,
 :mod:`shadefs.plan.policy`) and lends the prefetcher its order (:mod:`shadefs.plan.prefetch`).
 
@@ -447,6 +451,16 @@ class _Table:
         return np.concatenate(chunks) if len(chunks) != 1 else chunks[0]
 
 
+class _Scan:
+    """A reader of no plan's job followed as a scan: the files it read in its current pass."""
+
+    __slots__ = ("seen", "last")
+
+    def __init__(self, num_files: int, now: float):
+        self.seen = memoryview(np.zeros(num_files, dtype=np.uint8))  # per file: read in this pass (0/1)
+        self.last = now
+
+
 class PlanRegistry:
     """Path tables and plans of one mount.
 
@@ -460,12 +474,14 @@ class PlanRegistry:
         announce_burst, announce_rate: per-stream token bucket on plan announcements (burst, per second).
         clock: monotonic seconds.
         job_ttl_s: how long an opener's ancestry (``/proc``) is trusted before it is read again (seconds).
+        max_scans: readers of no plan followed as scans at once (each costs 1 byte per namespace file);
+            0: none.
     """
 
     def __init__(self, num_files: int, lock: Optional[threading.Lock] = None, *, window: int = 8192,
                  unmatched_limit: Optional[int] = None, idle_s: float = 300.0, max_tables: int = 64,
                  max_table_paths: int = 1 << 27, max_plans: int = 64, announce_burst: int = 32,
-                 announce_rate: float = 4.0, clock=time.monotonic, job_ttl_s: float = 5.0):
+                 announce_rate: float = 4.0, clock=time.monotonic, job_ttl_s: float = 5.0, max_scans: int = 4):
         if not 0 <= int(num_files) < 2**31:
             raise ValueError(f"plans need fewer than 2**31 files, got {num_files}")
         self.num_files = int(num_files)
@@ -513,6 +529,12 @@ class PlanRegistry:
         self._installer_stop = threading.Event()
         self._installer_failed = False
         self.reinstalls = 0                    # structures the installer thread built and installed
+        # readers of no plan's job, each taken for a scan (distinct files in a random order, one pass):
+        # tgid -> _Scan. A file every scan has read has no future the daemon can guess ("spent"): the
+        # tiers evict those first among their files with no planned use (callbacks(fid), None: forget)
+        self.max_scans = int(max_scans)
+        self._scans: Dict[int, "_Scan"] = {}
+        self.spent_watchers: List = []
 
     # -- the installer thread -----------------------------------------------------------------------
     @property
@@ -892,6 +914,10 @@ class PlanRegistry:
         if self.on_open is not None:
             self.on_open(fid)
         if not self.plans:
+            if self._scans:  # the scans followed while plans were active go on being followed
+                pid = getattr(_OPENER, "pid", None)
+                if pid is not None and 0 <= fid < self.num_files:
+                    self._scanned(pid, fid, self.clock(), create=False)
             return 0
         self._opens += 1
         if self._opens - self._opens_mark >= STRIDE_PERIOD:
@@ -907,6 +933,8 @@ class PlanRegistry:
                 else:
                     self.foreign_opens += 1
                     plans = self._free
+                    if self.spent_watchers and 0 <= fid < self.num_files:
+                        self._scanned(pid, fid, now)
         matched = 0
         ended = None
         for plan in plans:
@@ -942,6 +970,43 @@ class PlanRegistry:
     def expire(self) -> None:
         """Retire plans without a match for ``idle_s`` seconds. Caller holds :attr:`lock`."""
         self._expire(self.clock())
+
+    def _scanned(self, pid: int, fid: int, now: float, create: bool = True) -> None:
+        """An open of ``fid`` by ``pid``, a process of no plan's job: follow it as a scan (a new one only
+        if ``create``). A scan reads distinct files; a repeat starts its next pass. Once every scan
+        followed has read ``fid``, the watchers hear that it is spent. Scans without an open for
+        ``idle_s`` are forgotten."""
+        e = self._jobs.get(pid)
+        proc = e[1][0] if e is not None and e[1] else pid
+        scan = self._scans.get(proc)
+        if scan is None:
+            idle = [k for k, sc in self._scans.items() if now - sc.last > self.idle_s]
+            for k in idle:
+                del self._scans[k]
+            if idle:
+                self._spent_reset()
+            if not create or len(self._scans) >= self.max_scans:
+                return
+            scan = self._scans[proc] = _Scan(self.num_files, now)
+            self._spent_reset()  # a new reader: what the others read may be read again
+        scan.last = now
+        if scan.seen[fid]:
+            scan.seen.obj.fill(0)  # a repeat: its next pass (or not a scan at all); forget what it read
+            self._spent_reset()
+        scan.seen[fid] = 1
+        if self.spent(fid):
+            for cb in self.spent_watchers:
+                cb(fid)
+
+    def _spent_reset(self) -> None:
+        for cb in self.spent_watchers:
+            cb(None)
+
+    def spent(self, fid: int) -> bool:
+        """Whether every reader of no plan followed as a scan has read ``fid`` (False without any)."""
+        if not self._scans or not 0 <= fid < self.num_files:
+            return False
+        return all(sc.seen[fid] for sc in self._scans.values())
 
     def _expire(self, now: float) -> None:
         for plan in [p for p in self.plans.values() if now - p.last_match > self.idle_s]:
