@@ -10,7 +10,11 @@ announces the whole dataset). Meanwhile an opener thread takes the lock as the d
 (``observe`` + the tier's hit) in a loop. Reported: every hold of the lock by an announcing thread (max,
 p99), the first victim search after the announcements (under the lock, as the cache calls it), the
 opener's latency (lock wait + hold; p99) during the announcements and without them, and the process's
-RSS growth per plan. The lock is the registry's ``lock`` attribute, replaced by a timing lock.
+RSS growth per plan. The lock is the registry's ``lock`` attribute, replaced by a timing lock. With
+``--confirm``, every rank then announces the same epochs again (a lookahead confirmed: the new plan carries
+what the old one consumed of its first epoch) while the opener reads on as rank 0 for ``--confirm-after``
+seconds before and during it: the holds of those announcements (``confirm_*``; rank 0's carries the
+opens) and how many positions the new rank-0 plan holds as consumed.
 
 ``mount``: a real mount of ``--files`` files (``--min``..``--max`` bytes) with a RAM tier of ``--ram``
 (% of the dataset) and ``--trace``; two jobs (``PlanSampler`` + a DataLoader with ``--workers`` forked
@@ -22,12 +26,14 @@ trace at the same RAM size.
 Run it with the interpreter whose shadefs is measured (a worktree's venv, or the main checkout's), e.g.
 
     .venv/bin/python scripts/bench_plan_jobs.py announce --files 1281167 --samples 1281167 --ranks 8 --shard
+    .venv/bin/python scripts/bench_plan_jobs.py announce --ranks 8 --confirm
     .venv/bin/python scripts/bench_plan_jobs.py mount --files 60000 --workers 2 --epochs 2
     .venv/bin/python scripts/bench_plan_jobs.py split --files 60000
 
 ``split`` (in this process, no FUSE): the mount case's three readers replayed against the daemon's policy
 classes, the reader unplanned and announced, to tell which part of backend reads over OPT comes from the
-reader's unknown future (function ``split``).
+reader's unknown future (function ``split``); ``--references`` adds Belady with the jobs' future exact
+and the reader's known, unknown, or modelled as a random scan (function ``reference``).
 """
 from __future__ import annotations
 
@@ -59,6 +65,7 @@ class TimingLock:
         self.holds = []
         self.cpu = []  # the holder's CPU time during each hold (no GIL waits, no descheduling)
         self.watch = set()
+        self.by_thread = {}  # thread ident -> its holds: (seconds, CPU seconds)
         self._t0 = self._c0 = 0.0
 
     def acquire(self, *a, **k):
@@ -72,6 +79,7 @@ class TimingLock:
         if threading.get_ident() in self.watch:
             self.holds.append(dt)
             self.cpu.append(time.thread_time() - self._c0)
+            self.by_thread.setdefault(threading.get_ident(), []).append((dt, self.cpu[-1]))
         self._lock.release()
 
     __enter__ = acquire
@@ -123,14 +131,16 @@ def announce(args) -> dict:
     reads = np.concatenate(orders[0]).tolist()
     res_list = residents.tolist()
 
+    read_at = [0]  # rank 0's next position to open (the opener goes on where the last one left off)
+
     def opener(stop, lat):
         if has_job:
             set_opener(owners[0].pid)
-        k = j = 0
-        while not stop.is_set() and k < len(reads):
+        j = 0
+        while not stop.is_set() and read_at[0] < len(reads):
             if (h, 0) in plans.plans:  # rank 0 reads its plan once it is there
-                f = reads[k]
-                k += 1
+                f = reads[read_at[0]]
+                read_at[0] += 1
             else:                      # before: hits of residents
                 f = res_list[j % len(res_list)]
                 j += 1
@@ -142,7 +152,7 @@ def announce(args) -> dict:
                 else:
                     idx.admit(f, 1)
             lat.append(time.perf_counter() - t0)
-            if k % 64 == 0:
+            if (read_at[0] + j) % 64 == 0:
                 time.sleep(0)
 
     def run_openers(seconds):
@@ -193,10 +203,44 @@ def announce(args) -> dict:
     else:  # every file of the plan is resident: a search for an unplanned newcomer
         lock.holds.append(0.0)
         lock.cpu.append(0.0)
+    first_search, first_search_cpu = (lock.holds[-1], lock.cpu[-1]) if newcomer is not None else (None, None)
+    confirm = {}
+    if args.confirm:
+        # every rank announces the same epochs again (a lookahead confirmed) while rank 0's job reads its
+        # plan: what rank 0 consumed of the epoch is carried into the new plan
+        stop, during_confirm = threading.Event(), []
+        op = threading.Thread(target=opener, args=(stop, during_confirm))
+        op.start()
+        time.sleep(args.confirm_after)
+        before = plans.plans[(h, 0)].matched
+        lock.watch, lock.holds, lock.cpu, lock.by_thread = set(), [], [], {}
+        idents = {}
+
+        def confirm_rank(r):
+            idents[r] = threading.get_ident()
+            rank(r)
+
+        threads = [threading.Thread(target=confirm_rank, args=(r,)) for r in range(ranks)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        stop.set()
+        op.join()
+        p0 = plans.plans.get((h, 0))
+        mine = lock.by_thread.get(idents[0], [(0.0, 0.0)])
+        confirm = {"confirm_hold_max_ms": round(1e3 * max(lock.holds), 3),
+                   "confirm_hold_p99_ms": round(1e3 * pct(lock.holds, 0.99), 3),
+                   "confirm_hold_cpu_max_ms": round(1e3 * max(lock.cpu), 3),
+                   "confirm_rank0_hold_max_ms": round(1e3 * max(dt for dt, _ in mine), 3),
+                   "confirm_rank0_hold_cpu_max_ms": round(1e3 * max(c for _, c in mine), 3),
+                   "confirm_rank0_holds": len(mine),
+                   "confirm_carried": None if p0 is None else p0.matched, "matched_before_confirm": before,
+                   "open_p99_during_confirm_us": round(1e6 * pct(during_confirm, 0.99), 1),
+                   "open_max_during_confirm_ms": round(1e3 * max(during_confirm), 3) if during_confirm else None}
     for o in owners:
         o.kill()
         o.wait()
-    first_search, first_search_cpu = (lock.holds[-1], lock.cpu[-1]) if newcomer is not None else (None, None)
     gc.collect()
     rss1 = rss_bytes()
     arrays = {id(v): v.nbytes for p in plans.plans.values() for v in vars(p).values() if isinstance(v, np.ndarray)}
@@ -216,7 +260,7 @@ def announce(args) -> dict:
             "opens_during": len(during),
             "rss_per_plan_mib": round((rss1 - rss0) / ranks / 2**20, 1),
             "plan_arrays_mib": round(sum(arrays.values()) / len(plans.plans) / 2**20, 1),
-            "rebuilds": pol.rebuilds, "plans_active": len(plans.plans)}
+            "rebuilds": pol.rebuilds, "plans_active": len(plans.plans), **confirm}
 
 
 JOB = textwrap.dedent("""
@@ -336,13 +380,85 @@ def mount(args) -> dict:
         shutil.rmtree(work, ignore_errors=True)
 
 
+def reference(ids, who, sizes, cap, rule, alpha=1.0):
+    """Misses (bytes per stream: job 1, job 2, reader) of Belady with bypass on the merged trace (the
+    jobs' next uses exact, in opens) when the reader's future is: ``"known"`` (OPT itself), ``"unknown"``
+    (a file's next use is its next job use), or ``"scan"`` (a file the reader has not read yet is also
+    used at ``alpha`` x the expected next read of a random pass over the files it has left: now + alpha x
+    remaining / 2 x the mount's opens per reader open so far; one it read, only by the jobs)."""
+    import heapq
+
+    ids, wl, sz = list(ids), list(who), [int(x) for x in sizes]
+    n, nf, inf = len(ids), len(sz), 1 << 60
+    jn, rn = [0] * n, [0] * n
+    lastj, lastr = [inf] * nf, [inf] * nf
+    for i in range(n - 1, -1, -1):
+        f = ids[i]
+        jn[i], rn[i] = lastj[f], lastr[f]
+        if wl[i] == 2:
+            lastr[f] = i
+        else:
+            lastj[f] = i
+    unread = [rule == "scan"] * nf
+    left, ropens, live, free = nf, 0, {}, cap
+    heaps = ([], [])  # residents the reader has read / not read: (-next job use, fid)
+    miss = [0, 0, 0]
+    for i in range(n):
+        f, w = ids[i], wl[i]
+        size = sz[f]
+        if w == 2:
+            ropens += 1
+            if unread[f]:
+                unread[f] = False
+                left -= 1
+        key = min(jn[i], rn[i]) if rule == "known" else jn[i]
+        key = key if key < inf else inf + f
+        c = i + alpha * left * (i + 1) / max(1, ropens) / 2 if rule == "scan" else inf
+        if f in live:
+            live[f] = key
+            heapq.heappush(heaps[unread[f]], (-key, f))
+            continue
+        miss[w] += size
+        mine = min(key, c) if unread[f] else key
+        if size > free:
+            if mine >= inf or size > cap:
+                continue
+            victims, taken, freed = [], set(), 0
+            while free + freed < size:
+                for u, h in enumerate(heaps):
+                    while h and not (live.get(h[0][1]) == -h[0][0] and unread[h[0][1]] == bool(u)):
+                        heapq.heappop(h)
+                far = [(-h[0][0] if not u else min(-h[0][0], c), -u) for u, h in enumerate(heaps) if h]
+                if not far or max(far)[0] < mine:
+                    break
+                h = heaps[-max(far)[1]]  # the furthest (a tie: one the reader has read)
+                item = heapq.heappop(h)
+                if item[1] not in taken:
+                    taken.add(item[1])
+                    victims.append((h, item))
+                    freed += sz[item[1]]
+            if free + freed < size:
+                for h, item in victims:
+                    heapq.heappush(h, item)
+                continue
+            for _, item in victims:
+                del live[item[1]]
+            free += freed
+        live[f] = key
+        heapq.heappush(heaps[unread[f]], (-key, f))
+        free -= size
+    return miss
+
+
 def split(args) -> dict:
     """The mount case replayed in process, to split backend reads over OPT by cause: two planned jobs
     (``--epochs`` permutations each, one plan per job) and one reader of every file once (shuffled), their
     opens interleaved at random in the ratio 1 : 1 : ``--reader-speed``, a RAM tier of ``--ram`` % under
     Belady-on-plan (``static`` inner policy), files of ``--min``..``--max`` bytes. Misses (bytes) of the
     daemon's policy, the reader unplanned and with its order announced as a third plan, against OPT of the
-    merged trace (``sim.belady``). No prefetching: it does not change the tier's decisions."""
+    merged trace (``sim.belady``). No prefetching: it does not change the tier's decisions. Where the
+    registry follows readers of no plan as scans, the unplanned case runs also with that off
+    (``reader_unplanned_scan_off``)."""
     import numpy as np
 
     from shadefs import sim
@@ -373,9 +489,19 @@ def split(args) -> dict:
     procs = [subprocess.Popen(["sleep", "600"]) for _ in range(3)]  # one process per job (plan owner)
     out = {"files": n, "epochs": epochs, "reader_speed": args.reader_speed, "ram_bytes": cap,
            "opens": len(order), "opt_miss_bytes": int(opt)}
+    if args.references:  # what an online rule for the reader could gain, the jobs' future exact
+        rules = [("known", 1.0), ("unknown", 1.0)] + [("scan", float(a)) for a in args.alphas.split(",")]
+        for rule, alpha in rules:
+            m = reference(order, who, sizes, cap, rule, alpha)
+            out[f"reference_{rule}" + (f"_{alpha:g}" if rule == "scan" else "")] = {
+                "over_opt": round(sum(m) / opt, 4), "miss_bytes_by_stream": m}
     try:
-        for case, planned in (("reader_unplanned", 2), ("reader_planned", 3)):
-            plans = PlanRegistry(n)
+        scans = "max_scans" in inspect.signature(PlanRegistry).parameters
+        cases = [("reader_unplanned", 2, {}), ("reader_planned", 3, {})]
+        if scans:  # the reader's scan not followed (the daemon's rule for a reader of no plan off)
+            cases.insert(1, ("reader_unplanned_scan_off", 2, {"max_scans": 0}))
+        for case, planned, kw in cases:
+            plans = PlanRegistry(n, **kw)
             pol = PlanPolicy(get_policy("static")(cap, Importance(n)), plans)
             idx = TierIndex("ram", cap, pol)
             h, _ = plans.register(None, np.arange(n))
@@ -411,6 +537,9 @@ def main(argv=None):
     a.add_argument("--ranks", type=int, default=8)
     a.add_argument("--shard", action="store_true", help="each rank announces its DistributedSampler shard")
     a.add_argument("--residents", type=int, default=200_000)
+    a.add_argument("--confirm", action="store_true",
+                   help="then every rank announces its epochs again while rank 0's job reads (a confirmation)")
+    a.add_argument("--confirm-after", type=float, default=1.0, help="seconds of reading before it (default 1)")
     b = sub.add_parser("mount")
     b.add_argument("--files", type=int, default=60_000)
     b.add_argument("--min", type=int, default=200)
@@ -432,6 +561,11 @@ def main(argv=None):
     c.add_argument("--reader-speed", type=float, default=1 / 3,
                    help="the reader's opens per open of one job (default 1/3, as in the mount run)")
     c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--references", action="store_true",
+                   help="also Belady with the jobs' future exact and the reader's known / unknown / modelled "
+                        "as a random scan (function reference)")
+    c.add_argument("--alphas", default="0.25,0.5,1,1000",
+                   help="with --references: scales of the scan model's expected next read (comma-separated)")
     args = ap.parse_args(argv)
     out = {"announce": announce, "mount": mount, "split": split}[args.cmd](args)
     with open("/proc/loadavg") as f:

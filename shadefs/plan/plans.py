@@ -18,6 +18,10 @@ for ``idle_s`` seconds, is **retired** (its reader stopped following it: the job
 crashed or ended), logged once and counted. A plan whose every position was consumed is *finished*. A
 job that ends cleanly **withdraws** its plans (``withdraw``, docs/protocol.md), which drops them at once;
 the retirement after ``idle_s`` remains for a job that crashed.
+A process of no plan's job that opens files while plans have owners is followed as a **scan** (a pass
+over distinct files; a repeat starts its next pass): a file every scan followed has read in its current
+pass is *spent* (:meth:`PlanRegistry.spent`), which the tiers use among their files with no planned use
+(:mod:`shadefs.plan.policy`). At most ``max_scans`` at once, one byte per namespace file each.
 Neither state pins cache space: a plan only ranks files (Belady on the known future,
 :mod:`shadefs.plan.policy`) and lends the prefetcher its order (:mod:`shadefs.plan.prefetch`).
 
@@ -140,6 +144,9 @@ class Plan:
         # entry ids planned as another id (the chunks of a chunked file are used when their file is):
         # ``owner_ids(ids) -> file ids`` (shadefs.cache.chunks.ChunkMap), or None
         self.alias = None
+        # while an announcement that confirms this plan's epoch is prepared: the positions consumed since
+        # it began (appended by observe and _skip_to), carried into the new plan; else None
+        self.journal: Optional[List[int]] = None
 
     def _build_hash(self, uniq: np.ndarray) -> None:
         """File id -> group (index into ptr / gend): linear probing, capacity a power of two >= 2 x files."""
@@ -286,6 +293,9 @@ class Plan:
             return self._unmatched()
         self._mv_consumed[p] = True
         ptr[g] = i + 1
+        journal = self.journal
+        if journal is not None:
+            journal.append(p)
         if self.moved is not None:
             self.moved(self, fid)
         self.matched += 1
@@ -325,11 +335,13 @@ class Plan:
 
     def _skip_to(self, target: int) -> None:
         """Pass positions below ``target`` whose open never came (counted as skipped)."""
-        moved = self.moved
+        moved, journal = self.moved, self.journal
         consumed, ptr = self._mv_consumed, self._mv_ptr
         for q in range(self.pos, target):
             if not consumed[q]:
                 consumed[q] = True
+                if journal is not None:
+                    journal.append(q)
                 fid = int(self.ids[q])
                 g = self._group(fid)
                 ptr[g] += 1  # q is that file's earliest unconsumed use (those below are consumed)
@@ -439,6 +451,16 @@ class _Table:
         return np.concatenate(chunks) if len(chunks) != 1 else chunks[0]
 
 
+class _Scan:
+    """A reader of no plan's job followed as a scan: the files it read in its current pass."""
+
+    __slots__ = ("seen", "last")
+
+    def __init__(self, num_files: int, now: float):
+        self.seen = memoryview(np.zeros(num_files, dtype=np.uint8))  # per file: read in this pass (0/1)
+        self.last = now
+
+
 class PlanRegistry:
     """Path tables and plans of one mount.
 
@@ -452,12 +474,14 @@ class PlanRegistry:
         announce_burst, announce_rate: per-stream token bucket on plan announcements (burst, per second).
         clock: monotonic seconds.
         job_ttl_s: how long an opener's ancestry (``/proc``) is trusted before it is read again (seconds).
+        max_scans: readers of no plan followed as scans at once (each costs 1 byte per namespace file);
+            0: none.
     """
 
     def __init__(self, num_files: int, lock: Optional[threading.Lock] = None, *, window: int = 8192,
                  unmatched_limit: Optional[int] = None, idle_s: float = 300.0, max_tables: int = 64,
                  max_table_paths: int = 1 << 27, max_plans: int = 64, announce_burst: int = 32,
-                 announce_rate: float = 4.0, clock=time.monotonic, job_ttl_s: float = 5.0):
+                 announce_rate: float = 4.0, clock=time.monotonic, job_ttl_s: float = 5.0, max_scans: int = 4):
         if not 0 <= int(num_files) < 2**31:
             raise ValueError(f"plans need fewer than 2**31 files, got {num_files}")
         self.num_files = int(num_files)
@@ -505,6 +529,12 @@ class PlanRegistry:
         self._installer_stop = threading.Event()
         self._installer_failed = False
         self.reinstalls = 0                    # structures the installer thread built and installed
+        # readers of no plan's job, each taken for a scan (distinct files in a random order, one pass):
+        # tgid -> _Scan. A file every scan has read has no future the daemon can guess ("spent"): the
+        # tiers evict those first among their files with no planned use (callbacks(fid), None: forget)
+        self.max_scans = int(max_scans)
+        self._scans: Dict[int, "_Scan"] = {}
+        self.spent_watchers: List = []
 
     # -- the installer thread -----------------------------------------------------------------------
     @property
@@ -694,7 +724,14 @@ class PlanRegistry:
     def _install(self, plan: Plan, key: Tuple[bytes, int], t: "_Table", chunks: list, flat: np.ndarray,
                  first_epoch: int) -> Plan:
         """Prepare the tiers for ``plan`` and swap it in (under :attr:`_installing`): a few tries when a
-        plan ends meanwhile; the last installs without preparations (the next search rebuilds)."""
+        plan ends meanwhile; the last installs without preparations (the next search rebuilds).
+
+        When ``plan`` confirms the stream's current epoch (same order), what the current plan consumed of
+        it is carried over without the lock: everything up to the start, then what its journal
+        (:attr:`Plan.journal`) recorded during the preparation, whose files the watchers hear of before
+        the swap (a few hundred per hold of the lock; the preparations track them, so the tiers re-key them
+        at their next search); the swap carries only the journal's last few positions, in plain Python
+        (no numpy under the lock)."""
         for attempt in range(3):
             fresh_gil()
             with self.lock:
@@ -703,45 +740,64 @@ class PlanRegistry:
                 version = self.version
                 if t.chunks is chunks and len(chunks) > 1:
                     t.chunks = [flat]  # the next announcement finds it flat
-            seg = old.segment_of(first_epoch) if old is not None else None
-            n = plan.segments[0][1] if plan.segments else 0
-            same = (seg is not None and seg[1] == n
-                    and np.array_equal(old.ids[seg[0]:seg[0] + n], plan.ids[:n]))
-            if same:  # what old consumed of that epoch so far, copied off the lock; the rest at the swap
-                snap_pos = old.pos
-                self._carry(old, plan, seg[0], 0, n)
-            prospective = [plan if p.key == key else p for p in current] + ([] if old is not None else [plan])
-            installs = [] if attempt == 2 else [prep(prospective) for prep in self.preparers]
-            fresh_gil()
-            with self.lock:
-                t0 = time.perf_counter()
-                if self.version != version and attempt < 2:
-                    replaced = [install(-1) for install in installs]  # (the set differs: ends the tracking)
-                    continue  # the set of plans changed meanwhile (a plan ended): prepare again
-                self._check_room(key, self.clock())
+                if old is not None and old.segment_of(first_epoch) is not None:
+                    old.journal = []  # what it consumes from now on (it may be confirmed)
+            journaled = old if old is not None and old.journal is not None else None
+            try:
+                seg = old.segment_of(first_epoch) if old is not None else None
+                n = plan.segments[0][1] if plan.segments else 0
+                same = (seg is not None and seg[1] == n
+                        and np.array_equal(old.ids[seg[0]:seg[0] + n], plan.ids[:n]))
+                if same:  # what old consumed of that epoch so far, off the lock; later ones are in its journal
+                    self._carry(old, plan, seg[0], 0, n)
+                prospective = [plan if p.key == key else p for p in current] + ([] if old is not None else [plan])
+                installs = [] if attempt == 2 else [prep(prospective) for prep in self.preparers]
                 moved: List[int] = []
-                if same and self.plans.get(key) is old:
-                    # consumption since the copy lies between the cursor then and the window ahead now
-                    moved = self._carry(old, plan, seg[0], snap_pos - seg[0], min(n, old.pos - seg[0] + old.window))
-                old = self.plans.get(key)
-                if old is not None:
-                    if not same:
-                        plan.stride = old.stride  # the stream's speed so far
-                    self._end(old, "replaced")
-                plan.moved = self._moved
-                self.plans[key] = plan
-                self._changed()
-                self.announced += 1
-                replaced = [install(self.version) for install in installs]  # freed after the lock
-                if installs and all(r is not None for r in replaced) or not self.preparers:
-                    self._installed_version = self.version
-                for fid in moved:
-                    self._moved(plan, fid)
-                self.install_hold_s.append(time.perf_counter() - t0)
-                if len(self.install_hold_s) > 4096:
-                    del self.install_hold_s[:2048]
-            del replaced
-            return plan
+                for _ in range(3 if same else 0):  # what old consumed during the preparation, off the lock
+                    fresh_gil()
+                    with self.lock:
+                        done, old.journal = old.journal, []
+                    carried = self._carry_positions(old, plan, seg[0], n, done)
+                    if installs:  # the tiers' preparations track them: re-keyed after the install
+                        self._notify(plan, carried)
+                    else:
+                        moved += carried
+                    if len(done) <= 64:
+                        break
+                fresh_gil()
+                with self.lock:
+                    t0 = time.perf_counter()
+                    rest = None
+                    if journaled is not None:
+                        rest, journaled.journal = journaled.journal, None
+                    if self.version != version and attempt < 2:
+                        replaced = [install(-1) for install in installs]  # (the set differs: ends the tracking)
+                        continue  # the set of plans changed meanwhile (a plan ended): prepare again
+                    self._check_room(key, self.clock())
+                    if same and rest is not None and self.plans.get(key) is old:
+                        moved += self._carry_rest(old, plan, seg[0], n, rest)
+                    old = self.plans.get(key)
+                    if old is not None:
+                        if not same:
+                            plan.stride = old.stride  # the stream's speed so far
+                        self._end(old, "replaced")
+                    plan.moved = self._moved
+                    self.plans[key] = plan
+                    self._changed()
+                    self.announced += 1
+                    replaced = [install(self.version) for install in installs]  # freed after the lock
+                    if installs and all(r is not None for r in replaced) or not self.preparers:
+                        self._installed_version = self.version
+                    for fid in moved:
+                        self._moved(plan, fid)
+                    self.install_hold_s.append(time.perf_counter() - t0)
+                    if len(self.install_hold_s) > 4096:
+                        del self.install_hold_s[:2048]
+                del replaced
+                return plan
+            finally:
+                if journaled is not None:
+                    journaled.journal = None  # (an error on the way: it journals no more)
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _check_room(self, key: Tuple[bytes, int], now: float) -> None:
@@ -749,6 +805,14 @@ class PlanRegistry:
             self._expire(now)
             if len(self.plans) >= self.max_plans:
                 raise PlanError("flood", f"{len(self.plans)} active plans; the limit is {self.max_plans}")
+
+    def _notify(self, plan: Plan, fids: List[int], chunk: int = 256) -> None:
+        """Tell the watchers that ``fids``' next uses moved later, ``chunk`` files per hold of the lock."""
+        for i in range(0, len(fids), chunk):
+            fresh_gil()
+            with self.lock:
+                for fid in fids[i:i + chunk]:
+                    self._moved(plan, fid)
 
     @staticmethod
     def _carry(old: Plan, new: Plan, start: int, lo: int, hi: int) -> List[int]:
@@ -758,17 +822,53 @@ class PlanRegistry:
         lo, hi = max(0, int(lo)), max(0, int(hi))
         lo = min(lo, hi)
         done = np.flatnonzero(old.consumed[start + lo:start + hi] & ~new.consumed[lo:hi]) + lo
+        return PlanRegistry._consume(old, new, start, done)
+
+    @staticmethod
+    def _carry_positions(old: Plan, new: Plan, start: int, n: int, positions: List[int]) -> List[int]:
+        """Carry ``old``'s consumed ``positions`` (its journal's, any order) that lie in the epoch ``new``
+        begins with (``start .. start + n``) into ``new``; returns the files newly consumed. Numpy: off
+        the lock."""
+        q = np.asarray(positions, dtype=np.int64) - start
+        q = q[(q >= 0) & (q < n)]
+        return PlanRegistry._consume(old, new, start, q[~new.consumed[q]])
+
+    @staticmethod
+    def _consume(old: Plan, new: Plan, start: int, done: np.ndarray) -> List[int]:
         if done.size:
             new.consumed[done] = True
             # per file, the consumed positions of the epoch are a prefix of its positions: count them
             np.add.at(new.ptr, new.groups(new.ids[done].astype(np.int64)), 1)
         new.matched += int(done.size)
+        PlanRegistry._follow(old, new, start)
+        return new.ids[done].tolist()
+
+    @staticmethod
+    def _carry_rest(old: Plan, new: Plan, start: int, n: int, positions: List[int]) -> List[int]:
+        """:meth:`_carry_positions` in plain Python, for the few positions a journal got since its last
+        carry: it runs under the lock, at the swap."""
+        consumed, ptr, ids = new._mv_consumed, new._mv_ptr, memoryview(new.ids)
+        fids = []
+        for p in positions:
+            q = p - start
+            if 0 <= q < n and not consumed[q]:
+                consumed[q] = True
+                fid = ids[q]
+                ptr[new._group(fid)] += 1
+                fids.append(fid)
+        new.matched += len(fids)
+        PlanRegistry._follow(old, new, start)
+        return fids
+
+    @staticmethod
+    def _follow(old: Plan, new: Plan, start: int) -> None:
+        """``new`` takes ``old``'s speed, last match and prefetch position; its cursor passes what it
+        consumed."""
         new.stride = old.stride
         new._matched_mark = new.matched + new.skipped
         new.last_match = old.last_match
         new._advance()
         new.prefetch_pos = max(new.pos, old.prefetch_pos - start)
-        return new.ids[done].tolist()
 
     def _changed(self) -> None:
         """The set of plans changed: bump the version, re-index the plans by owner, wake the installer."""
@@ -814,6 +914,10 @@ class PlanRegistry:
         if self.on_open is not None:
             self.on_open(fid)
         if not self.plans:
+            if self._scans:  # the scans followed while plans were active go on being followed
+                pid = getattr(_OPENER, "pid", None)
+                if pid is not None and 0 <= fid < self.num_files:
+                    self._scanned(pid, fid, self.clock(), create=False)
             return 0
         self._opens += 1
         if self._opens - self._opens_mark >= STRIDE_PERIOD:
@@ -829,6 +933,8 @@ class PlanRegistry:
                 else:
                     self.foreign_opens += 1
                     plans = self._free
+                    if self.spent_watchers and 0 <= fid < self.num_files:
+                        self._scanned(pid, fid, now)
         matched = 0
         ended = None
         for plan in plans:
@@ -864,6 +970,43 @@ class PlanRegistry:
     def expire(self) -> None:
         """Retire plans without a match for ``idle_s`` seconds. Caller holds :attr:`lock`."""
         self._expire(self.clock())
+
+    def _scanned(self, pid: int, fid: int, now: float, create: bool = True) -> None:
+        """An open of ``fid`` by ``pid``, a process of no plan's job: follow it as a scan (a new one only
+        if ``create``). A scan reads distinct files; a repeat starts its next pass. Once every scan
+        followed has read ``fid``, the watchers hear that it is spent. Scans without an open for
+        ``idle_s`` are forgotten."""
+        e = self._jobs.get(pid)
+        proc = e[1][0] if e is not None and e[1] else pid
+        scan = self._scans.get(proc)
+        if scan is None:
+            idle = [k for k, sc in self._scans.items() if now - sc.last > self.idle_s]
+            for k in idle:
+                del self._scans[k]
+            if idle:
+                self._spent_reset()
+            if not create or len(self._scans) >= self.max_scans:
+                return
+            scan = self._scans[proc] = _Scan(self.num_files, now)
+            self._spent_reset()  # a new reader: what the others read may be read again
+        scan.last = now
+        if scan.seen[fid]:
+            scan.seen.obj.fill(0)  # a repeat: its next pass (or not a scan at all); forget what it read
+            self._spent_reset()
+        scan.seen[fid] = 1
+        if self.spent(fid):
+            for cb in self.spent_watchers:
+                cb(fid)
+
+    def _spent_reset(self) -> None:
+        for cb in self.spent_watchers:
+            cb(None)
+
+    def spent(self, fid: int) -> bool:
+        """Whether every reader of no plan followed as a scan has read ``fid`` (False without any)."""
+        if not self._scans or not 0 <= fid < self.num_files:
+            return False
+        return all(sc.seen[fid] for sc in self._scans.values())
 
     def _expire(self, now: float) -> None:
         for plan in [p for p in self.plans.values() if now - p.last_match > self.idle_s]:

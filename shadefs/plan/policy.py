@@ -15,6 +15,16 @@ inner policy, call for call. With a plan it decides as Belady's MIN (Belady, IBM
 - a newcomer with no planned use is decided by the inner policy, except that it may never displace a
   file that has a planned use (to Belady, it is the furthest of all).
 
+**Scans of no plan** (:meth:`PlanRegistry.spent <shadefs.plan.plans.PlanRegistry.spent>`): a process of no
+plan's job that opens files while plans are active (an evaluation loop, ``cp -r``) is followed as a scan,
+a pass over distinct files in an order the daemon does not know. A file every followed scan has read in
+its current pass will not be read again by it, while the files it has not read yet will be; so among the
+residents with no planned use, those a scan read go first (highest file id first), then the inner
+policy's order; a newcomer with no planned use that a scan has just read is not admitted when it needs
+room, and one it has not read takes room from those first, then from the other residents with no planned
+use (never from a planned one). The rule holds after the plans end, while the scans go on (until
+``idle_s`` without an open); without scans the policy is as above.
+
 **Structure** (what makes a victim choice O(log n), not a sort of every resident per miss). Each
 resident with a planned use has a *home* plan, one it is planned in, and sits in that plan's max-heap
 keyed by (its next position there, file id); the key minus the plan's cursor is an upper bound of the
@@ -97,8 +107,15 @@ class PlanPolicy(Policy):
         # slots of _active whose plan has ended (their heaps are passed over; nothing is homed there)
         self._dead: Set[int] = set()
         self._dead_version = -1
+        # residents a scan read (PlanRegistry.spent), maybe: with no planned use they go first (checked
+        # when used; a superset)
+        self._spent: Set[int] = set()
+        self._spent_heap: List[int] = []             # -fid of _spent, those that may have no planned use
+        self._spent_parked: Set[int] = set()         # of _spent, last seen with a planned use
+        self._spent_recheck: Set[int] = set()        # of _spent, parked before the plans last changed
         if inner.capacity_bytes > 0:
             plans.watchers.append(self._moved)       # O(1) on the hit path; applied at the next victim search
+            plans.spent_watchers.append(self._spent_note)
             plans.preparers.append(self.prepare)     # a new plan set's structure, built off the lock
         self.on_hit = inner.on_hit                   # type: ignore[method-assign]  # no frame of ours on a hit
 
@@ -129,7 +146,26 @@ class PlanPolicy(Policy):
             self._dead_version = self.plans.version
         return True
 
+    def _spent_note(self, fid) -> None:
+        if fid is None:
+            self._spent.clear()
+            self._spent_heap.clear()
+            self._spent_parked.clear()
+            self._spent_recheck.clear()
+        elif fid in self._sizes and fid not in self._spent:
+            self._spent_add(fid)
+
+    def _spent_add(self, fid: int) -> None:
+        self._spent.add(fid)
+        h = self._spent_heap
+        heapq.heappush(h, -fid)
+        if len(h) > 2 * len(self._spent) + 1024:  # stale entries of files gone: compact
+            h[:] = [-f for f in self._spent if f not in self._spent_parked]
+            heapq.heapify(h)
+
     def on_insert(self, fid: int, size: int) -> None:
+        if self.plans.spent(fid) and fid not in self._spent:
+            self._spent_add(fid)
         self._sizes[fid] = size
         self._resident[fid] = True
         for changed in self._tracking:
@@ -146,6 +182,8 @@ class PlanPolicy(Policy):
             self._home[fid] = -1
             self._never.discard(fid)
             self._dirty.discard(fid)
+            self._spent.discard(fid)
+            self._spent_parked.discard(fid)
         self.inner.on_remove(fid)
 
     def defer(self, wake=None) -> bool:
@@ -192,6 +230,8 @@ class PlanPolicy(Policy):
         never.difference_update(planned.tolist())
         new_never = [f for f in fids[home < 0].tolist() if f not in never]
         never.update(new_never)
+        if self._spent_parked and st is self.__dict__:
+            self._unpark(new_never)
         if not self._ordered:
             self._push_all(st["_never_heap"], [-f for f in new_never])
         heaps = st["_heaps"]
@@ -246,6 +286,8 @@ class PlanPolicy(Policy):
 
     def _to_never(self, fid: int) -> None:
         self._never.add(fid)
+        if self._spent_parked:
+            self._unpark((fid,))
         if not self._ordered:
             heapq.heappush(self._never_heap, -fid)
 
@@ -292,6 +334,7 @@ class PlanPolicy(Policy):
         self._spare = (old.pop("_home"), old.pop("_home_pos"))  # nothing else refers to them now
         self._slot = {id(p): k for k, p in enumerate(self._active)}
         old["_dirty"], self._dirty = self._dirty, set()
+        self._recheck_parked()  # a new set of residents with no planned use
         self._catch_up = set()
         self._dead = set()
         self._version = version
@@ -401,8 +444,74 @@ class PlanPolicy(Policy):
             self._entries -= 1
             return top_k, d, fid
 
+    def _spent_order(self, unplanned: bool = False):
+        """Residents with no planned use that every scan followed has read (:meth:`PlanRegistry.spent`):
+        those in the heap (highest file id first), then those to look at again after the plans changed.
+        Those with a planned use are parked until they lose it (:meth:`_unpark`). ``unplanned``: no plan
+        is active (every resident counts as having no planned use)."""
+        if unplanned:
+            self._recheck_parked()
+        h, mark, spent, parked, seen = self._spent_heap, self._spent, self.plans.spent, self._spent_parked, []
+        recheck = self._spent_recheck
+        never = self._sizes if unplanned else self._never
+        try:
+            while h or recheck:
+                f = -heapq.heappop(h) if h else recheck.pop()
+                if f not in mark or f in parked or f in seen:
+                    continue
+                if not spent(f):
+                    mark.discard(f)
+                elif f in never:
+                    seen.append(f)
+                    yield f
+                else:
+                    parked.add(f)  # back in the heap when it has no planned use any more (_unpark)
+        finally:
+            for f in seen:
+                heapq.heappush(h, -f)
+
+    def _recheck_parked(self) -> None:
+        """The plans changed: the parked files are looked at again, lazily (no pass over them here)."""
+        if not self._spent_parked:
+            return
+        if not self._spent_recheck:
+            self._spent_recheck, self._spent_parked = self._spent_parked, set()
+        else:
+            small, big = sorted((self._spent_parked, self._spent_recheck), key=len)
+            big.update(small)
+            self._spent_recheck, self._spent_parked = big, set()
+
+    def _unpark(self, fids) -> None:
+        """Files that lost their planned use: those a scan has read go back to :meth:`_spent_order`."""
+        parked = self._spent_parked
+        for f in fids:
+            if f in parked:
+                parked.remove(f)
+                heapq.heappush(self._spent_heap, -f)
+
     def _never_order(self):
-        """Residents with no planned use, first victim first (the inner policy's order)."""
+        """Residents with no planned use, first victim first: those a scan has read (nothing will read
+        them again that the daemon can tell), then the inner policy's order."""
+        if not self._spent:
+            yield from self._never_order_inner()
+            return
+        done = set()
+        first = self._spent_order()
+        try:
+            for f in first:
+                done.add(f)
+                yield f
+        finally:
+            first.close()
+        rest = self._never_order_inner()
+        try:
+            for f in rest:
+                if f not in done:
+                    yield f
+        finally:
+            rest.close()
+
+    def _never_order_inner(self):
         if self._ordered:
             never = self._never
             iter_ranking = getattr(self.inner, "iter_ranking", None)
@@ -421,14 +530,48 @@ class PlanPolicy(Policy):
             for f in seen:  # put back what was looked at (victims leave ``never`` when evicted)
                 heapq.heappush(h, -f)
 
+    def _spent_victims(self, fid: int, need: int):
+        """For a newcomer with no planned use while scans are followed: None (not admitted: a scan has
+        read it and nothing else will that the daemon knows of), or victims that free ``need`` bytes:
+        residents a scan has read, then (plans active) the other residents with no planned use in the
+        inner policy's order, never one with a planned use (None if those do not suffice); with no plan
+        active, False when the scans' residents do not suffice (the inner policy decides)."""
+        if self.plans.spent(fid):
+            return None
+        unplanned = not self.plans.plans
+        if not unplanned:
+            self._current()  # the structure's unplanned set is that of the residents now
+        out, freed = [], 0
+        order = self._spent_order(True) if unplanned else self._never_order()
+        try:
+            for v in order:
+                size = self._sizes.get(v)
+                if size is None:
+                    continue  # (not resident: only a structure being replaced may still name it)
+                out.append(v)
+                freed += size
+                if freed >= need:
+                    return out
+        finally:
+            order.close()
+        return False if unplanned else None
+
     def victims(self, fid: int, size: int, free_bytes: int) -> Optional[List[int]]:
         if not self.plans.plans:
+            if self._spent and size - free_bytes > 0 and size <= self.capacity_bytes:
+                out = self._spent_victims(fid, size - free_bytes)
+                if out is not False:
+                    return out
             return self.inner.victims(fid, size, free_bytes)
         if size > self.capacity_bytes:
             return None
         need = size - free_bytes
         mine = self.plans.distance(fid)
         if mine == NOT_PLANNED:
+            if need > 0 and self._spent:
+                out = self._spent_victims(fid, need)
+                if out is not False:
+                    return out
             out = self.inner.victims(fid, size, free_bytes)
             if out and np.any(self.plans.distances(np.array(out, dtype=np.int64)) != NOT_PLANNED):
                 return None  # never displace a file with a planned use for one without

@@ -238,3 +238,64 @@ def test_a_plan_that_ends_gets_the_next_structure_built_off_the_lock():
         assert pol.rebuilds == 0 and pol.prepared == 3
     finally:
         plans.stop()
+
+
+def test_a_confirmation_carries_what_was_consumed_meanwhile_without_numpy_under_the_lock():
+    n = 4000
+    lock = SpyLock()
+    plans = PlanRegistry(n, lock, window=512)
+    pol = PlanPolicy(get_policy("lru")(n // 2, Importance(n)), plans)
+    idx = TierIndex("ram", n // 2, pol)
+    for f in range(n // 2):
+        idx.admit(f, 1)
+    h, _ = plans.register(None, np.arange(n))
+    rng = np.random.default_rng(5)
+    e0, e1 = rng.permutation(n).astype(np.uint32), rng.permutation(n).astype(np.uint32)
+    plans.announce(h, 0, 0, [n, n], np.concatenate([e0, e1]))
+    order = e0[:300].copy()
+    rng.shuffle(order[100:])                          # out of order within the window, as workers open
+    with lock:
+        for f in order[:100].tolist():
+            plans.observe(f)
+    mine = [False]
+
+    def meanwhile(active):
+        # runs while the confirmation is prepared, before the tier takes its snapshot: 200 more opens of
+        # epoch 0, and a skip of 5 positions whose opens never came (the cursor passes them)
+        mine[0] = True
+        with lock:
+            for f in order[100:].tolist():
+                plans.observe(f)
+            old = plans.plans[(h, 0)]
+            old._skip_to(old.pos + 5)
+        mine[0] = False
+        return lambda version: {}
+
+    plans.preparers.insert(0, meanwhile)              # before the tier's preparation: it does not see them
+    heavy = {"PlanRegistry._carry", "PlanRegistry._carry_positions", "PlanRegistry._consume", "Plan.groups",
+             "flatnonzero", "_nearest_use", "Plan.next_positions", "PlanPolicy._rehome_many"}
+    under = []
+
+    def profile(frame, event, arg):
+        name = frame.f_code.co_qualname if event == "call" else getattr(arg, "__name__", "") if event == "c_call" else ""
+        if lock.held and not mine[0] and (name in heavy or name == "at"):
+            under.append(name)
+
+    old = plans.plans[(h, 0)]
+    sys.setprofile(profile)
+    try:
+        plans.announce(h, 0, 0, [n, n], np.concatenate([e0, e1]))  # the lookahead confirmed, same order
+    finally:
+        sys.setprofile(None)
+    assert under == []                                # the carry ran off the lock, numpy and all
+    new = plans.plans[(h, 0)]
+    assert new is not old and old.journal is None
+    assert (old.matched, old.skipped, old.unmatched) == (300, 5, 0)
+    assert new.matched == 305 and new.pos == old.pos == 305  # (a carried skip counts as matched)
+    assert np.array_equal(new.consumed, old.consumed)
+    assert np.array_equal(new.ptr, old.ptr)           # each file's next use as the old plan had it
+    assert new.next_positions(np.arange(n)).tolist() == old.next_positions(np.arange(n)).tolist()
+    expect = belady_victim(plans, idx)
+    newcomer = next(f for f in e0[400:].tolist() if f not in idx)
+    with lock:                                        # the files consumed meanwhile were re-keyed
+        assert idx.admit(newcomer, 1) == [expect]
