@@ -1,6 +1,7 @@
 """Files above the chunk size are cached by chunks, through real mounts: only the chunks a reader
 touches are read and admitted, each chunk is its own entry (counted, traced, evicted, verified), and a
 corrupted chunk entry is dropped and read again, never served."""
+import mmap
 import os
 import random
 
@@ -241,3 +242,43 @@ def test_a_plans_next_use_of_a_file_is_the_next_use_of_its_chunks(tmp_path, moun
     # are hits next; LRU without the plan's ranking of chunks would evict each one before its reuse (0 hits)
     assert (s["opens"], s["hits"]["ram"], s["misses"]) == (6, 2, 4)
     assert s["prefetch"]["plans_retired"] == 0
+
+
+@pytest.mark.both_frontends
+def test_a_chunked_file_no_tier_admits_is_read_again_from_the_kernels_pages(tmp_path, mount):
+    """Random records of a chunked file no tier admits (HDF5, LMDB, an mmap'd array over a small tier):
+    the first epoch reads each chunk from the backend once; every later epoch (a new
+    open, the same records in another order, by pread and by mmap) is served by the kernel's pages: no
+    chunk is opened, no byte is read from the backend."""
+    src, spec = _tree(tmp_path)
+    data = spec["big0.bin"]
+    m = mount(src, "--ram-cache", "64KiB", env=AUDIT)
+    p = os.path.join(m.path, "big0.bin")
+    rng = random.Random(11)
+    offsets = rng.sample(range(0, BIG - 10_000, 4096), 300)
+
+    def counters():
+        s = m.full_stats()
+        c = s["audit"]["counters"]
+        return (c["opens"], c["misses"], c["range_reads"], c["backend_reads"], s["backend_bytes"])
+
+    def epoch(order):
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            for off in order:
+                assert os.pread(fd, 10_000, off) == data[off:off + 10_000]
+            with mmap.mmap(fd, 0, prot=mmap.PROT_READ) as mm:
+                for off in order[::7]:
+                    assert mm[off:off + 100] == data[off:off + 100]
+        finally:
+            os.close(fd)
+
+    epoch(offsets)
+    first = counters()
+    # each chunk opened once by the handle, a miss no tier admits read whole once (a transient buffer)
+    assert first == (3, 3, 0, 3, BIG)
+    for e in range(2):
+        epoch(random.Random(e).sample(offsets, len(offsets)))
+        assert counters() == first  # nothing reached the daemon
+    s = m.stats()
+    assert s["tiers"]["ram"]["files"] == 0
