@@ -282,3 +282,33 @@ def test_a_chunked_file_no_tier_admits_is_read_again_from_the_kernels_pages(tmp_
         assert counters() == first  # nothing reached the daemon
     s = m.stats()
     assert s["tiers"]["ram"]["files"] == 0
+
+
+def test_a_planned_replay_of_chunk_rows_equals_the_planned_daemon(tmp_path, mount):
+    """``shadefs simulate --plan`` on a trace of chunk rows plans them as the daemon does (the plan
+    names files; a chunk's next use is its file's): its hits are the planned daemon's."""
+    import numpy as np
+    from mountutil import wait_for
+
+    from shadefs.control.client import ControlClient, find_endpoint
+
+    src, spec = _tree(tmp_path, n=2)
+    trace = tmp_path / "trace.csv"
+    cap = 2 * CHUNK
+    m = mount(src, "--ram-cache", str(cap), "--policy", "lru", "--trace", trace, "--no-kernel-cache")
+    c = ControlClient(find_endpoint(m.path))
+    try:
+        handle, _ = c.register(["big0.bin", "big1.bin"])
+        c.send_plan(handle, 0, 0, [4], np.array([0, 1, 0, 1], dtype=np.uint32))
+        wait_for(lambda: m.full_stats()["plans_received"] == 1, what="the plan")
+    finally:
+        c.close()
+    # big0 across its chunks 0 and 1 (one open, two chunk rows), big1's chunk 0, big0's chunk 0, big1's
+    # chunk 0: chunk 1 of big0 is never read again, but the plan knows files, not chunks
+    for rel, off in (("big0.bin", CHUNK - 50), ("big1.bin", 100), ("big0.bin", 100), ("big1.bin", 100)):
+        assert _pread(os.path.join(m.path, rel), off, 100) == spec[rel][off:off + 100]
+    live = m.stats()
+    assert (live["opens"], live["hits"]["ram"]) == (5, 1)
+    t = sim.read_trace(str(trace))
+    assert t.requests == 5
+    assert sim.simulate_plan(t, "lru", cap).hits == live["hits"]["ram"]
