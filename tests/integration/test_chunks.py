@@ -312,3 +312,26 @@ def test_a_planned_replay_of_chunk_rows_equals_the_planned_daemon(tmp_path, moun
     t = sim.read_trace(str(trace))
     assert t.requests == 5
     assert sim.simulate_plan(t, "lru", cap).hits == live["hits"]["ram"]
+
+
+@pytest.mark.both_frontends
+@pytest.mark.parametrize("verify", ["every-open", "first-hit"])
+def test_a_chunk_disk_hit_the_ram_tier_refuses_is_never_read_whole(tmp_path, mount, verify):
+    """NVMe hits of chunks with a RAM tier that holds one chunk and never evicts (static): the first hit is
+    promoted (its entry read whole, once), the others are served from their entries without being read
+    whole into the daemon (``entry_loads``)."""
+    src, spec = _tree(tmp_path)
+    cache = tmp_path / "cache"
+    common = ["--disk-cache", str(cache), "--disk-cache-size", str(4 * CHUNK), "--verify-entries", verify,
+              "--no-kernel-cache"]
+    m = mount(src, "--ram-cache", "0", *common)
+    with open(os.path.join(m.path, "big0.bin"), "rb") as f:
+        assert f.read() == spec["big0.bin"]
+    m.umount()
+    m = mount(src, "--ram-cache", str(CHUNK + (1 << 20)), "--policy", "static", *common, env=AUDIT)
+    for _ in range(2):
+        with open(os.path.join(m.path, "big0.bin"), "rb") as f:
+            assert f.read() == spec["big0.bin"]
+    c = m.full_stats()["audit"]["counters"]
+    # chunk 0 promoted at its first hit (then RAM hits); chunks 1 and 2: 2 disk hits each, never loaded
+    assert (c["hits_disk"], c["hits_ram"], c["promotions"], c["entry_loads"], c["misses"]) == (5, 1, 1, 1, 0)
