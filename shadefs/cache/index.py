@@ -213,9 +213,9 @@ class TierIndex:
 
     def would_admit(self, fid: int, size: int) -> bool:
         """Whether :meth:`reserve` would admit ``fid`` (``size`` bytes) now, asked without changing
-        anything: the policy's answer and whether its victims free enough bytes (a pinned or deferred
-        victim counted as freeing its bytes, so a True may still be refused by :meth:`reserve`; a False is
-        what it would answer)."""
+        anything: the policy's answer and whether its victims free enough bytes. A pinned or deferred
+        victim is counted as freeing its bytes, so a True may still be refused by :meth:`reserve`; a False
+        is its answer too (for a policy whose victims free what it asks). One call of ``policy.victims``."""
         if fid in self.sizes or fid in self.pending:
             return False
         if self.charge is not None:
