@@ -20,7 +20,10 @@ first-hit``), so that, where passthrough is on, the kernel reads the entry files
 reads go to the source); then ``--epochs`` timed epochs, the cases interleaved round by round. Reported:
 records per second of the fastest timed epoch (the least disturbed on a shared machine) and the median,
 the ratio of the fastest to ``direct``'s, and what the daemon read from the source per timed epoch
-(``backend_bytes`` of ``shadefs stats``) with the opens it counted.
+(``backend_bytes`` of ``shadefs stats``) with the opens it counted. With ``--direct-by-reads``, also
+``direct, pages by reads``: a copy of the files whose pages are dropped before epoch 0, so that, like a
+mount's, its page cache holds what the epochs read (``direct``'s holds each whole file, cached as it was
+written).
 
     python scripts/bench_reread.py [--size 256MiB] [--records 20000] [--epochs 5] [--ram-cache 16MiB]
                                    [--baseline REV] [--markdown]
@@ -125,6 +128,9 @@ def main() -> None:
     ap.add_argument("--folios", action="store_true",
                     help="also count how the page cache holds records.bin's first 16 MiB, direct and through "
                          "each mount (root: /proc/kpageflags)")
+    ap.add_argument("--direct-by-reads", action="store_true",
+                    help="also a direct case whose page cache the epochs build, as a mount's is: a copy of the "
+                         "files with their pages dropped (posix_fadvise DONTNEED) before epoch 0")
     ap.add_argument("--markdown", action="store_true", help="print the table as markdown")
     args = ap.parse_args()
     size, record = parse_size(args.size).nbytes, parse_size(args.record).nbytes
@@ -135,6 +141,17 @@ def main() -> None:
         src = os.path.join(work, "src")
         make_source(src, size, record)
         cases: Dict[str, str] = {"direct": src}
+        if args.direct_by_reads:
+            cold = os.path.join(work, "src-by-reads")
+            shutil.copytree(src, cold)
+            for name in os.listdir(cold):
+                fd = os.open(os.path.join(cold, name), os.O_RDONLY)
+                try:
+                    os.fsync(fd)  # written back first: DONTNEED drops clean pages only
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                finally:
+                    os.close(fd)
+            cases["direct, pages by reads"] = cold
         envs = {"shadefs": None}
         extra = {"shadefs": []}
         if args.baseline:
@@ -195,7 +212,7 @@ def main() -> None:
                 best, med = min(times[c]), statistics.median(times[c])
                 row = {"records_s": len(subset) / best, "median_s": len(subset) / med, "vs_direct": direct / best,
                        "backend": None, "opens": None}
-                if c != "direct":
+                if cases[c] in before:
                     b, a = before[cases[c]], after[cases[c]]
                     row["backend"] = (a["backend_bytes"] - b["backend_bytes"]) / args.epochs
                     row["opens"] = (a["opens"] - b["opens"]) / args.epochs

@@ -357,6 +357,12 @@ def simulate_plan(trace: Trace, policy_name: str, cache_bytes: int,
     decisions, so its hits equal :func:`belady`'s (tests check this); files the plan no longer names fall
     back to ``policy_name``.
 
+    Chunk rows (``<file>/@chunk/<k>``: a large file's chunks, as the daemon traces them) are planned as the
+    daemon plans them: the plan names their file, once per open of it (the rows of the chunks one open
+    reads are back to back: a run of rows of one file, none repeated), the cursor advances at that open,
+    and each chunk's next use is its file's next use. So a chunk that one epoch reads and the next does
+    not is ranked by its file's next use, as the daemon ranks it, not by a future the daemon cannot know.
+
     Args and raises: as :func:`simulate`; ``hit_mask`` as :func:`belady`.
     """
     from .plan.plans import PlanRegistry
@@ -370,18 +376,30 @@ def simulate_plan(trace: Trace, policy_name: str, cache_bytes: int,
         if len(importance) != trace.distinct_files:
             raise ValueError(f"importance has {len(importance)} files, the trace {trace.distinct_files}")
         imp.values[rank] = importance.values
-    plans = PlanRegistry(trace.distinct_files)
     fids = rank[trace.ids]
-    handle, _ = plans.register(None, np.arange(trace.distinct_files, dtype=np.int64))
-    if trace.requests:
-        plans.announce(handle, 0, 0, [trace.requests], fids.astype(np.uint32))
+    owners = _ChunkOwners.of(trace)
+    if owners is None:  # every row a whole file: each one a use of the plan
+        plans = PlanRegistry(trace.distinct_files)
+        uses = fids
+        starts = [True] * trace.requests
+    else:  # chunk rows: the plan names their files, and a file's next use is the next use of its chunks
+        plans = PlanRegistry(owners.num_ids)
+        plans.aliases = owners
+        starts = owners.use_starts(fids)
+        uses = owners.owner_ids(fids)
+    handle, _ = plans.register(None, np.arange(plans.num_files, dtype=np.int64))
+    planned = uses[np.asarray(starts, dtype=bool)] if owners is not None else fids
+    if len(planned):
+        plans.announce(handle, 0, 0, [len(planned)], planned.astype(np.uint32))
     index = TierIndex("ram", cache_bytes, PlanPolicy(cls(cache_bytes, imp), plans))
     sizes = np.empty_like(trace.sizes)
     sizes[rank] = trace.sizes
     sizes = sizes.tolist()
+    uses = uses.tolist()
     hits = hit_bytes = 0
     for i, fid in enumerate(fids.tolist()):
-        plans.observe(fid)
+        if starts[i]:
+            plans.observe(uses[i])  # the daemon observes a chunked file's open, before its chunks' opens
         if fid in index:
             index.hit(fid)
             hits += 1
@@ -391,6 +409,71 @@ def simulate_plan(trace: Trace, policy_name: str, cache_bytes: int,
         else:
             index.admit(fid, sizes[fid])
     return _result(cls.name + PLAN_SUFFIX, cache_bytes, hits, hit_bytes, trace)
+
+
+class _ChunkOwners:
+    """The chunk rows of a trace (``<file>/@chunk/<k>``) and the files they belong to, for a replay with
+    a plan: the daemon's plans name files, and a chunk's next use is its file's
+    (:class:`shadefs.cache.chunks.ChunkMap` in the daemon). Ids: the trace's entries in namespace order
+    (``0 .. distinct_files - 1``), then one id per chunked file (``distinct_files ..``), which no row
+    names. The ``owner_id``, ``owner_ids`` and ``alias_ids`` of a ChunkMap."""
+
+    def __init__(self, owner: np.ndarray, members: Dict[int, range]):
+        self.owner = owner          # id -> the id its plans name (itself unless a chunk); int64 (num_ids,)
+        self.members = members      # chunked file's id -> its chunk rows' ids
+        self.num_ids = len(owner)
+
+    @classmethod
+    def of(cls, trace: "Trace") -> Optional["_ChunkOwners"]:
+        """None when no row is a chunk."""
+        rank = trace.namespace_ids
+        files: Dict[str, int] = {}
+        owner = np.arange(trace.distinct_files, dtype=np.int64)
+        members: Dict[int, list] = {}
+        for t, p in enumerate(trace.paths):
+            cut = p.rfind(CHUNK_MARK)
+            if cut < 0:
+                continue
+            f = files.setdefault(p[:cut], trace.distinct_files + len(files))
+            owner[rank[t]] = f
+            members.setdefault(f, []).append(int(rank[t]))
+        if not files:
+            return None
+        owner = np.concatenate([owner, np.arange(trace.distinct_files, trace.distinct_files + len(files),
+                                                 dtype=np.int64)])
+        return cls(owner, {f: tuple(sorted(ids)) for f, ids in members.items()})
+
+    def owner_id(self, i: int) -> int:
+        return int(self.owner[i])
+
+    def owner_ids(self, ids: np.ndarray) -> np.ndarray:
+        return self.owner[np.asarray(ids, dtype=np.int64)]
+
+    def alias_ids(self, fid: int):
+        return self.members.get(fid, ())
+
+    def use_starts(self, ids: np.ndarray) -> List[bool]:
+        """Per row: whether it starts a use of its file (an open). A whole file's row always does; a
+        chunk row does unless the row before it is a chunk of the same file not yet read in that run
+        (the chunks one open of a chunked file reads are traced back to back)."""
+        out = []
+        prev = -1
+        seen: set = set()
+        owner = self.owner
+        for i in np.asarray(ids, dtype=np.int64).tolist():
+            o = int(owner[i])
+            if o == i:
+                out.append(True)
+                prev = -1
+                continue
+            if o != prev or i in seen:
+                out.append(True)
+                seen = {i}
+            else:
+                out.append(False)
+                seen.add(i)
+            prev = o
+        return out
 
 
 def next_use(ids: np.ndarray) -> np.ndarray:

@@ -753,7 +753,7 @@ class TieredCache:
 
         Counted as one disk hit, exactly as :meth:`open_nowait` counts it, when that generation is still
         the resident entry, under ``--verify-entries first-hit``, has passed its check (its first hit
-        verified it: ``verified[fid]``), cannot be promoted (larger than the RAM tier) and is neither
+        verified it: ``verified[fid]``), would not be promoted (the RAM tier would not admit it now) and is neither
         fetching nor moving. The handle opens no entry and has no fd (:meth:`Handle.backing_fd` None):
         the caller serves the open from its own reference (a read through it, not expected, is served by
         ranges from the backend). One critical section; no path hash, no ``open``/``close``.
@@ -769,7 +769,7 @@ class TieredCache:
                     or fid in self._flights or not self.verified[fid] or int(self.entries.gen[fid]) != gen):
                 return None
             size = int(self.ns.size(fid))
-            if size <= self.ram_index.capacity_bytes:
+            if self._promotable(fid, size):
                 return None  # _disk_hit reads and verifies it to promote it
             self.disk_index.hit(fid)
             self._count(fid, size, "disk")
@@ -800,7 +800,10 @@ class TieredCache:
                 self._drop_corrupt(fid, gen, csum, size,
                                    f"disk entry for {self.ns.path(fid)!r}: {e.strerror or e}")
             return None
-        keep = size <= self.ram_index.capacity_bytes  # it could be promoted: keep the bytes we verify
+        keep = False
+        if not packed:
+            with self.lock:  # the RAM tier would admit it now: the bytes we verify are kept to promote it
+                keep = self._promotable(fid, size)
         if not packed and not keep and self.verify_entries == "first-hit":
             with self.lock:  # this generation passed at an earlier hit (cleared with every new one)
                 if self._current(fid, gen) and self.verified[fid]:
@@ -820,6 +823,8 @@ class TieredCache:
             if self._current(fid, gen):
                 self.verified[fid] = True
             self._count(fid, size, "disk")
+            if keep:
+                self.counts.entry_loads += 1
             if data is not None and self._current(fid, gen):
                 if self._orphans:
                     self._settle()
@@ -840,6 +845,12 @@ class TieredCache:
         if packed:  # (no loose room: served by ranges from the backend)
             return Handle(self, fid, size, "disk", data=data if loose else None, loose=loose)
         return Handle(self, fid, size, "disk", fd=fd, gen=gen)
+
+    def _promotable(self, fid: int, size: int) -> bool:
+        # under self.lock: would a disk hit of ``fid`` be promoted now (the RAM tier's policy admits it and
+        # its victims free the room)? Only then is its entry read whole into the daemon; otherwise it is
+        # served from the entry (pread or passthrough) and, when checked, checked by pieces
+        return self.ram_index.would_admit(fid, size)
 
     def _drop_corrupt(self, fid: int, gen: int, csum: int, size: int, why: str) -> None:
         # resident(disk) -> absent; the entry (deleting) is unlinked by the mover, never on this thread
@@ -1324,8 +1335,8 @@ class TieredCache:
             counters = {k: getattr(self.counts, k) for k in (
                 "opens", "hits_ram", "hits_disk", "hits_shared", "misses", "joined", "streamed",
                 "backend_reads", "range_reads", "backend_errors", "corrupt_entries", "disk_write_errors",
-                "disk_writes_refused", "promotions", "demotions", "demotions_skipped", "loose_refused",
-                "source_changes")}
+                "disk_writes_refused", "promotions", "entry_loads", "demotions", "demotions_skipped",
+                "loose_refused", "source_changes")}
         want = np.zeros(len(flags), dtype=np.uint8)
         want[np.asarray(ram, dtype=np.int64)] |= RAM_BIT
         want[np.asarray(disk, dtype=np.int64)] |= DISK_BIT
@@ -1488,6 +1499,7 @@ class TieredCache:
                 "disk_writes_refused": self.disk_writes_refused, "promotions": self.promotions,
                 "demotions": self.demotions, "demotions_skipped": self.demotions_skipped,
                 "loose_refused": self.loose_refused, "source_changes": self.source_changes,
+                "entry_loads": self.entry_loads,
                 "loose_bytes": self.loose_bytes, "tiers": tiers, "prefetch": self._prefetch_stats(),
             }
 

@@ -24,6 +24,7 @@ COUNTER_NAMES = (
     "disk_write_errors",
     "disk_writes_refused",  # refused by --disk-min-free (not an error)
     "promotions", "demotions",
+    "entry_loads",          # disk entries read whole into memory (disk hits the RAM tier would admit)
     "demotions_skipped",    # RAM victims not demoted: no loose room, or no room in the mover's queue
     "loose_refused",        # opens with bytes in hand served by ranges: no loose room
     "source_changes",       # files a reused snapshot described before they changed (recheck)

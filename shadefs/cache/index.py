@@ -211,6 +211,24 @@ class TierIndex:
         self.reserved_bytes += max(0, size - credit)
         return victims
 
+    def would_admit(self, fid: int, size: int) -> bool:
+        """Whether :meth:`reserve` would admit ``fid`` (``size`` bytes) now, asked without changing
+        anything: the policy's answer and whether its victims free enough bytes. A pinned or deferred
+        victim is counted as freeing its bytes, so a True may still be refused by :meth:`reserve`; a False
+        is its answer too (for a policy whose victims free what it asks). One call of ``policy.victims``."""
+        if fid in self.sizes or fid in self.pending:
+            return False
+        if self.charge is not None:
+            size = self.charge(size)
+        if self.capacity_bytes <= 0 or size > self.capacity_bytes - self.overhead_bytes - self.headroom_bytes:
+            return False
+        free = self.free_bytes
+        victims = self.policy.victims(fid, size, free)
+        if victims is None:
+            return False
+        sizes = self.sizes
+        return free + sum(sizes.get(v, 0) for v in victims) >= size
+
     def release(self, fid: int) -> None:
         """The victims of ``fid``'s pending fill are deleted from the store: their bytes are free."""
         entry = self.pending.get(fid)

@@ -372,7 +372,9 @@ class DiskTier:
         """Read the entry open on ``fd`` from offset 0 and check its length and xxh3_64 checksum.
 
         Args:
-            keep: return the bytes (else they are read in ``chunk``-byte pieces and dropped).
+            keep: return the bytes, read into one buffer of ``size`` bytes (one ``pread`` of ``size + 1``
+                bytes: a promotion's bytes exist once, never as pieces and their join); else they are
+                read in ``chunk``-byte pieces and dropped.
 
         Returns:
             The ``size`` bytes when ``keep``, else None.
@@ -380,8 +382,9 @@ class DiskTier:
         Raises:
             CorruptEntry: the entry is not exactly ``size`` bytes, its checksum differs, or it cannot be read.
         """
+        if keep:
+            return DiskTier._load(fd, size, csum)
         h = xxhash.xxh3_64()
-        parts = []
         got = 0
         try:
             # each pread asks for one byte more than is left: a short read is the end of the file, so an
@@ -393,20 +396,42 @@ class DiskTier:
                 if got > size:
                     break
                 h.update(piece)
-                if keep:
-                    parts.append(piece)
                 if len(piece) < want:
                     break
         except OSError as e:
             raise CorruptEntry(f"disk entry unreadable: {e.strerror or e}") from e
+        DiskTier._check(got, size, h.intdigest(), csum)
+        return None
+
+    @staticmethod
+    def _load(fd: int, size: int, csum: int) -> bytes:
+        # the whole entry in one bytes object: pread allocates size + 1 bytes and shrinks the object in
+        # place to what it read (a short read, legal but not seen on a regular file, is completed by
+        # pieces joined once)
+        try:
+            data = os.pread(fd, size + 1, 0)
+            if 0 < len(data) < size:
+                parts = [data]
+                got = len(data)
+                while got <= size:
+                    piece = os.pread(fd, size + 1 - got, got)
+                    if not piece:
+                        break
+                    parts.append(piece)
+                    got += len(piece)
+                data = b"".join(parts)
+        except OSError as e:
+            raise CorruptEntry(f"disk entry unreadable: {e.strerror or e}") from e
+        DiskTier._check(len(data), size, xxhash.xxh3_64_intdigest(data) if len(data) == size else 0, csum)
+        return data
+
+    @staticmethod
+    def _check(got: int, size: int, digest: int, csum: int) -> None:
         if got != size:
             raise CorruptEntry(f"disk entry has {got if got < size else 'more than ' + str(size)} bytes, "
                                f"expected {size}")
-        if h.intdigest() != csum:
-            raise CorruptEntry(f"disk entry checksum {h.intdigest():016x} differs from {csum:016x}")
-        if keep:
-            return parts[0] if len(parts) == 1 else b"".join(parts)
-        return None
+        if digest != csum:
+            raise CorruptEntry(f"disk entry checksum {digest:016x} differs from {csum:016x}")
 
     def check_floor(self, size: int) -> None:
         """Raises :class:`DiskFloorReached` when writing ``size`` bytes would go below ``min_free``."""

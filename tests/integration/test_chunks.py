@@ -1,6 +1,7 @@
 """Files above the chunk size are cached by chunks, through real mounts: only the chunks a reader
 touches are read and admitted, each chunk is its own entry (counted, traced, evicted, verified), and a
 corrupted chunk entry is dropped and read again, never served."""
+import mmap
 import os
 import random
 
@@ -241,3 +242,96 @@ def test_a_plans_next_use_of_a_file_is_the_next_use_of_its_chunks(tmp_path, moun
     # are hits next; LRU without the plan's ranking of chunks would evict each one before its reuse (0 hits)
     assert (s["opens"], s["hits"]["ram"], s["misses"]) == (6, 2, 4)
     assert s["prefetch"]["plans_retired"] == 0
+
+
+@pytest.mark.both_frontends
+def test_a_chunked_file_no_tier_admits_is_read_again_from_the_kernels_pages(tmp_path, mount):
+    """Random records of a chunked file no tier admits (HDF5, LMDB, an mmap'd array over a small tier):
+    the first epoch reads each chunk from the backend once; every later epoch (a new
+    open, the same records in another order, by pread and by mmap) is served by the kernel's pages: no
+    chunk is opened, no byte is read from the backend."""
+    src, spec = _tree(tmp_path)
+    data = spec["big0.bin"]
+    m = mount(src, "--ram-cache", "64KiB", env=AUDIT)
+    p = os.path.join(m.path, "big0.bin")
+    rng = random.Random(11)
+    offsets = rng.sample(range(0, BIG - 10_000, 4096), 300)
+
+    def counters():
+        s = m.full_stats()
+        c = s["audit"]["counters"]
+        return (c["opens"], c["misses"], c["range_reads"], c["backend_reads"], s["backend_bytes"])
+
+    def epoch(order):
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            for off in order:
+                assert os.pread(fd, 10_000, off) == data[off:off + 10_000]
+            with mmap.mmap(fd, 0, prot=mmap.PROT_READ) as mm:
+                for off in order[::7]:
+                    assert mm[off:off + 100] == data[off:off + 100]
+        finally:
+            os.close(fd)
+
+    epoch(offsets)
+    first = counters()
+    # each chunk opened once by the handle, a miss no tier admits read whole once (a transient buffer)
+    assert first == (3, 3, 0, 3, BIG)
+    for e in range(2):
+        epoch(random.Random(e).sample(offsets, len(offsets)))
+        assert counters() == first  # nothing reached the daemon
+    s = m.stats()
+    assert s["tiers"]["ram"]["files"] == 0
+
+
+def test_a_planned_replay_of_chunk_rows_equals_the_planned_daemon(tmp_path, mount):
+    """``shadefs simulate --plan`` on a trace of chunk rows plans them as the daemon does (the plan
+    names files; a chunk's next use is its file's): its hits are the planned daemon's."""
+    import numpy as np
+    from mountutil import wait_for
+
+    from shadefs.control.client import ControlClient, find_endpoint
+
+    src, spec = _tree(tmp_path, n=2)
+    trace = tmp_path / "trace.csv"
+    cap = 2 * CHUNK
+    m = mount(src, "--ram-cache", str(cap), "--policy", "lru", "--trace", trace, "--no-kernel-cache")
+    c = ControlClient(find_endpoint(m.path))
+    try:
+        handle, _ = c.register(["big0.bin", "big1.bin"])
+        c.send_plan(handle, 0, 0, [4], np.array([0, 1, 0, 1], dtype=np.uint32))
+        wait_for(lambda: m.full_stats()["plans_received"] == 1, what="the plan")
+    finally:
+        c.close()
+    # big0 across its chunks 0 and 1 (one open, two chunk rows), big1's chunk 0, big0's chunk 0, big1's
+    # chunk 0: chunk 1 of big0 is never read again, but the plan knows files, not chunks
+    for rel, off in (("big0.bin", CHUNK - 50), ("big1.bin", 100), ("big0.bin", 100), ("big1.bin", 100)):
+        assert _pread(os.path.join(m.path, rel), off, 100) == spec[rel][off:off + 100]
+    live = m.stats()
+    assert (live["opens"], live["hits"]["ram"]) == (5, 1)
+    t = sim.read_trace(str(trace))
+    assert t.requests == 5
+    assert sim.simulate_plan(t, "lru", cap).hits == live["hits"]["ram"]
+
+
+@pytest.mark.both_frontends
+@pytest.mark.parametrize("verify", ["every-open", "first-hit"])
+def test_a_chunk_disk_hit_the_ram_tier_refuses_is_never_read_whole(tmp_path, mount, verify):
+    """NVMe hits of chunks with a RAM tier that holds one chunk and never evicts (static): the first hit is
+    promoted (its entry read whole, once), the others are served from their entries without being read
+    whole into the daemon (``entry_loads``)."""
+    src, spec = _tree(tmp_path)
+    cache = tmp_path / "cache"
+    common = ["--disk-cache", str(cache), "--disk-cache-size", str(4 * CHUNK), "--verify-entries", verify,
+              "--no-kernel-cache"]
+    m = mount(src, "--ram-cache", "0", *common)
+    with open(os.path.join(m.path, "big0.bin"), "rb") as f:
+        assert f.read() == spec["big0.bin"]
+    m.umount()
+    m = mount(src, "--ram-cache", str(CHUNK + (1 << 20)), "--policy", "static", *common, env=AUDIT)
+    for _ in range(2):
+        with open(os.path.join(m.path, "big0.bin"), "rb") as f:
+            assert f.read() == spec["big0.bin"]
+    c = m.full_stats()["audit"]["counters"]
+    # chunk 0 promoted at its first hit (then RAM hits); chunks 1 and 2: 2 disk hits each, never loaded
+    assert (c["hits_disk"], c["hits_ram"], c["promotions"], c["entry_loads"], c["misses"]) == (5, 1, 1, 1, 0)

@@ -112,3 +112,28 @@ def test_pinned_victims_leave_the_tier_while_the_spill_room_covers_them():
     assert idx.used_bytes + idx.reserved_bytes + idx.dying_bytes <= 10
     idx.unlinked(3)
     assert idx.dying_bytes == 0
+
+
+@pytest.mark.parametrize("policy", ["lru", "fifo", "static", "shade"])
+def test_would_admit_is_reserves_answer_and_changes_nothing(policy):
+    import random
+
+    from shadefs.policies import Importance, get_policy
+
+    rng = random.Random(policy)
+    imp = Importance(200)
+    imp.values[:] = [rng.random() for _ in range(200)]
+    idx = TierIndex("ram", 1000, get_policy(policy)(1000, imp))
+    for _ in range(400):
+        fid, size = rng.randrange(200), rng.randrange(1, 400)
+        if fid in idx.sizes:
+            idx.hit(fid)
+            continue
+        before = (idx.snapshot(), dict(idx.sizes), idx.reserved_bytes, idx.evictions)
+        answer = idx.would_admit(fid, size)
+        assert (idx.snapshot(), dict(idx.sizes), idx.reserved_bytes, idx.evictions) == before
+        victims = idx.reserve(fid, size)
+        assert answer == (victims is not None), (fid, size)
+        if victims is not None:
+            idx.commit(fid)
+    assert idx.would_admit(next(iter(idx.sizes)), 1) is False  # resident: never admitted again

@@ -571,3 +571,24 @@ def test_main_simulate_bad_trace(tmp_path, capsys):
     trace = write(tmp_path, "time_s,path,size_bytes,outcome\n0,a,x,miss\n")
     assert sim.main_simulate(parse([trace, "--cache-size", "1"])) == 2
     assert f"{trace}:2: size_bytes 'x'" in capsys.readouterr().err
+
+
+def test_plan_replay_plans_chunk_rows_by_their_file():
+    # rows: a's chunks 0 and 1 (one open), b's chunk 0, a's chunk 0, b's chunk 0; a cache of 2 entries.
+    # The daemon's plan names files (a, b, a, b) and a chunk's next use is its file's: a0 and a1 are both
+    # next used at a's next open (before b's), so b0 is refused at its first open and misses again: 1 hit.
+    # Planned by rows (the chunks as files), a1's absence from the future would let b0 in: 2 hits.
+    rows = ["a.bin/@chunk/0", "a.bin/@chunk/1", "b.bin/@chunk/0", "a.bin/@chunk/0", "b.bin/@chunk/0"]
+    t = sim.Trace.from_requests(rows)
+    mask = np.zeros(t.requests, dtype=bool)
+    r = sim.simulate_plan(t, "lru", 2, hit_mask=mask)
+    assert r.hits == 1 and mask.tolist() == [False, False, False, True, False]
+    # a file's chunk rows back to back are one open; a chunk read again starts another open
+    t2 = sim.Trace.from_requests(["a.bin/@chunk/0", "a.bin/@chunk/1", "a.bin/@chunk/0", "a.bin/@chunk/1",
+                                  "b.bin/@chunk/0", "b.bin/@chunk/0", "c.bin", "c.bin"])
+    owners = sim._ChunkOwners.of(t2)
+    assert owners.use_starts(t2.namespace_ids[t2.ids]) == [True, False, True, False, True, True, True, True]
+    assert sim._ChunkOwners.of(sim.Trace.from_requests(["c.bin", "d.bin"])) is None
+    # whole files only: the plan is the rows, as before
+    whole = sim.Trace.from_requests(["x", "y", "x", "z", "x", "y"])
+    assert sim.simulate_plan(whole, "lru", 2).hits == sim.belady(whole, 2).hits
