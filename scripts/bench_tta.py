@@ -12,8 +12,17 @@ training epochs' (evaluation excluded).
 
 Runs go seed by seed, every mode within a seed, so a grid stopped early still compares the modes on the
 same seeds. The raw results (every run's per-epoch record: loss, epoch time, test accuracy, opens, hits,
-prefetched) are written to ``--json`` after each run; SIGINT/SIGTERM stops the current run, unmounts,
-keeps the epochs it finished (marked ``partial``) and writes the JSON and the report.
+prefetched; the proxy's GETs at the end of each epoch's record; the mount's seconds; ``/proc/loadavg``
+before and after) are written to ``--json`` after each run; SIGINT/SIGTERM stops the current run,
+unmounts, keeps the epochs it finished (marked ``partial``) and writes the JSON and the report.
+
+Limits, so that a grid over a large bucket fits a time slot: ``--run-timeout SECONDS`` bounds each run,
+mount included (moto lists 60,000 objects in minutes); ``--until HH:MM`` (UTC) bounds them all: each run
+gets at most the time left, and none starts after it. A run stopped by either is killed (the training's
+process group), unmounted, and kept with the epochs it finished (``partial``, ``stopped``).
+``--stop-after N`` ends each run once N epochs are recorded, while the samplers are still told
+``--epochs`` (the job they plan and announce is the longer one): the first N epochs of an
+``--epochs``-epoch job.
 
 It prints per mode and epoch the test accuracy (mean and min..max over seeds), the epoch time and hit
 ratio, and per mode the wall time to ``--target`` % and to uniform's (shuffle + static) final mean
@@ -22,7 +31,7 @@ the picture from a saved JSON without training.
 
     python scripts/bench_tta.py --data data/fmnist [--epochs 8] [--seeds 0,1,2] [--delay-ms 1]
         [--pct 10%] [--workers 2] [--json tta.json] [--png docs/img/tta.png] [--modes shuffle,plan,shade]
-        [--target 85 [--target 75]]
+        [--target 85 [--target 75]] [--run-timeout SECONDS] [--until HH:MM] [--stop-after N]
     python scripts/bench_tta.py --report tta.json [--traces WORKDIR] [--png docs/img/tta.png]
 
 Modes: ``shuffle`` (shuffle=True + static), ``plan`` (PlanSampler + static), ``shade`` (ShadeSampler +
@@ -78,6 +87,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--traces", metavar="DIR", help="with --report: the run's work folder, whose mount traces "
                     "give the distinct images read per epoch")
     ap.add_argument("--workdir", default=None, help="mountpoints, run logs (default a new /tmp folder)")
+    ap.add_argument("--run-timeout", type=float, default=0.0, metavar="SECONDS",
+                    help="stop a (seed, mode) run, its mount included, after this long; its finished epochs are "
+                    "kept, marked partial (default 0: no limit)")
+    ap.add_argument("--until", metavar="HH:MM", help="UTC time by which every run ends (each gets at most the "
+                    "time left; none starts after it)")
+    ap.add_argument("--stop-after", type=int, default=0, metavar="N",
+                    help="end each run after N epochs (the samplers still plan --epochs; default 0: all)")
     a = ap.parse_args(argv)
     a.modes = a.modes.split(",")
     for m in a.modes:
@@ -87,7 +103,34 @@ def parse_args(argv=None) -> argparse.Namespace:
     a.target = a.target or [85.0]
     if not a.report and not a.data:
         ap.error("--data or --report is needed")
+    if a.run_timeout < 0 or a.stop_after < 0:
+        ap.error("--run-timeout and --stop-after must be >= 0")
+    try:
+        a.until = None if a.until is None else until_epoch(a.until, time.time())
+    except ValueError as e:
+        ap.error(f"--until {a.until}: {e}")
     return a
+
+
+def until_epoch(hhmm: str, now: float) -> float:
+    """The Unix time of the next ``HH:MM`` UTC after ``now`` (today's, or tomorrow's if today's has passed).
+
+    Raises:
+        ValueError: not ``HH:MM`` with 0 <= HH < 24, 0 <= MM < 60.
+    """
+    hh, sep, mm = hhmm.partition(":")
+    if not sep or not hh.isdigit() or not mm.isdigit() or not (0 <= int(hh) < 24 and 0 <= int(mm) < 60):
+        raise ValueError("expected HH:MM (UTC)")
+    day = int(now // 86400) * 86400
+    t = day + int(hh) * 3600 + int(mm) * 60
+    return t if t > now else t + 86400
+
+
+def run_limit(run_timeout: float, until, now: float):
+    """Seconds a run starting at ``now`` (Unix time) may take: ``run_timeout`` (0: no limit), capped by the
+    time left until ``until`` (Unix time or None); None when neither limits it."""
+    limits = ([run_timeout] if run_timeout > 0 else []) + ([until - now] if until is not None else [])
+    return min(limits) if limits else None
 
 
 def main(argv=None) -> int:
@@ -100,7 +143,9 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
     saved = {"setup": {"delay_ms": a.delay_ms, "pct": a.pct, "epochs": a.epochs, "workers": a.workers,
-                       "seeds": a.seeds, "modes": a.modes, "data": os.path.abspath(a.data)},
+                       "seeds": a.seeds, "modes": a.modes, "data": os.path.abspath(a.data),
+                       "run_timeout_s": a.run_timeout, "stop_after": a.stop_after,
+                       "until": None if a.until is None else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(a.until))},
              "load_start": list(os.getloadavg()), "runs": []}
     try:
         grid(a, saved)
@@ -135,63 +180,164 @@ def grid(a, saved) -> None:
     with MotoServer(log_file=os.path.join(work, "moto.log")) as moto:
         n = upload(moto.endpoint, BUCKET, PREFIX, a.data, splits=("train",))
         saved["setup"]["train_images"] = n
+        saved["setup"]["upload_s"] = round(time.monotonic() - t0, 1)
         print(f"{n:,} training images in s3://{BUCKET}/{PREFIX} ({time.monotonic() - t0:.0f} s)", flush=True)
         with LatencyProxyProcess(moto.port, delay_ms=a.delay_ms, rate="1gbit") as proxy:
             for seed in a.seeds:
                 for mode in a.modes:
+                    if a.until is not None and time.time() >= a.until:
+                        print(f"... {MODES[mode][0]}, seed {seed}: not started, past --until", flush=True)
+                        continue
                     one_run(a, work, proxy, mode, seed, saved["runs"])
                     dump(a.json, saved)
 
 
+def loadavg() -> str:
+    """``/proc/loadavg`` as it reads (1, 5, 15 min, runnable/threads, last pid)."""
+    with open("/proc/loadavg") as f:
+        return f.read().strip()
+
+
+def _epochs_recorded(path: str, seen: list) -> int:
+    """Epochs in the training's ``--json`` so far (re-read only when its mtime changed; ``seen`` caches
+    ``[mtime_ns, count]``)."""
+    try:
+        mtime = os.stat(path).st_mtime_ns
+    except FileNotFoundError:
+        return 0
+    if mtime != seen[0]:
+        try:
+            with open(path) as f:
+                seen[1] = len(json.load(f)["epochs"])
+            seen[0] = mtime
+        except (ValueError, KeyError, OSError):  # written atomically; a failed read is retried
+            pass
+    return seen[1]
+
+
+def _kill_group(proc: subprocess.Popen, grace_s: float = 30.0) -> None:
+    """SIGTERM ``proc``'s process group (the training and its DataLoader workers), SIGKILL after ``grace_s``."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    except ProcessLookupError:
+        proc.wait()
+
+
+def _unmount(mnt: str) -> None:
+    for _ in range(50):
+        if subprocess.run(SHADEFS + ["umount", mnt], capture_output=True).returncode == 0:
+            return
+        time.sleep(0.2)
+    subprocess.run(SHADEFS + ["umount", "--force", mnt], capture_output=True)
+
+
 def one_run(a, work, proxy, mode, seed, runs: list) -> None:
-    """Mount, train ``a.epochs`` epochs in ``mode`` with ``seed``, unmount; appends the run's record to
-    ``runs`` (also when stopped part-way: ``partial`` True, the epochs it finished)."""
+    """Mount, train ``a.epochs`` epochs in ``mode`` with ``seed`` (ended after ``a.stop_after`` epochs if set),
+    unmount; appends the run's record to ``runs`` (also when stopped part-way, by a signal or the run's
+    time limit: ``partial`` True, the epochs it finished, ``stopped`` says why)."""
     label, policy, flags = MODES[mode]
     name = f"{mode}-{seed}"
     mnt, out, log = (os.path.join(work, f"mnt-{name}"), os.path.join(work, f"{name}.json"),
                      os.path.join(work, f"{name}.log"))
     os.makedirs(mnt, exist_ok=True)
-    print(f"... {label}, seed {seed} (load {os.getloadavg()[0]:.2f})", flush=True)
-    # --no-kernel-cache: the kernel's page cache would otherwise keep every file read through the mount (a
-    # snapshot) and serve later epochs from memory, whatever the tiers' size
-    subprocess.run(SHADEFS + ["mount", f"s3://{BUCKET}/{PREFIX}", mnt, "--ram-cache", a.pct, "--policy", policy,
-                              "--no-kernel-cache", "--trace", os.path.join(work, f"{name}.trace.csv"),
-                              "--trace-overwrite",
-                              "--log-file", os.path.join(work, f"{name}.daemon.log"),
-                              "--backend-opt", f"endpoint_url={proxy.endpoint}"], check=True, capture_output=True)
-    gets0 = proxy.snapshot()["gets"]
-    partial = True
+    if os.path.exists(out):
+        os.unlink(out)
+    load0, t_run = loadavg(), time.monotonic()
+    limit = run_limit(a.run_timeout, a.until, time.time())
+    deadline = None if limit is None else t_run + limit
+    print(f"... {label}, seed {seed} ({time.strftime('%H:%M:%S', time.gmtime())} UTC, load {load0}"
+          + (f", limit {limit:.0f} s" if limit is not None else "") + ")", flush=True)
+    rec = {"mode": mode, "label": label, "policy": policy, "seed": seed, "epochs": [], "gets": 0,
+           "gets_at_epoch": [], "partial": True, "stopped": None, "limit_s": limit, "mount_s": None,
+           "loadavg_start": load0, "start_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    gets0, mounted = None, False
     try:
+        # --no-kernel-cache: the kernel's page cache would otherwise keep every file read through the mount
+        # (a snapshot) and serve later epochs from memory, whatever the tiers' size. read_timeout=60: moto
+        # filters and sorts the whole bucket for every listing page (seconds per page at 60,000 objects on a
+        # loaded machine, minutes for the listing), against 15 s per attempt by default; a GET of these
+        # small objects takes milliseconds, so the reads are not changed by it.
+        mount = subprocess.Popen(SHADEFS + ["mount", f"s3://{BUCKET}/{PREFIX}", mnt, "--ram-cache", a.pct,
+                                            "--policy", policy, "--no-kernel-cache",
+                                            "--trace", os.path.join(work, f"{name}.trace.csv"), "--trace-overwrite",
+                                            "--log-file", os.path.join(work, f"{name}.daemon.log"),
+                                            "--backend-opt", f"endpoint_url={proxy.endpoint}",
+                                            "--backend-opt", "read_timeout=60"],
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            mout, _ = mount.communicate(timeout=None if deadline is None else max(1.0, deadline - time.monotonic()))
+        except (subprocess.TimeoutExpired, Stop) as e:
+            # the mount command stops its daemon on SIGINT, so nothing mounts later behind our back
+            mount.send_signal(signal.SIGINT)
+            mount.communicate(timeout=60)
+            mounted = True  # whatever it got to: unmounted below
+            if isinstance(e, Stop):
+                raise
+            rec["stopped"] = "run timeout (mounting)"
+            return
+        mounted = True
+        if mount.returncode != 0:
+            raise RuntimeError(f"shadefs mount exited {mount.returncode}: {mout.strip()}")
+        rec["mount_s"] = round(time.monotonic() - t_run, 1)
+        print(f"    mounted in {rec['mount_s']:.0f} s", flush=True)
+        gets0 = proxy.snapshot()["gets"]
         with open(log, "w") as lf:
             proc = subprocess.Popen([sys.executable, os.path.join(HERE, "train_fashion_mnist.py"), "--data", mnt,
                                      "--test-data", os.path.abspath(a.data), "--epochs", str(a.epochs),
                                      "--workers", str(a.workers), "--seed", str(seed), "--json", out, *flags],
                                     stdout=lf, stderr=subprocess.STDOUT, process_group=0)
+            seen = [None, 0]
             try:
-                rc = proc.wait()
+                while True:
+                    try:
+                        rc = proc.wait(0.5)
+                    except subprocess.TimeoutExpired:
+                        rc = None
+                    done = _epochs_recorded(out, seen)
+                    while len(rec["gets_at_epoch"]) < done:  # the proxy's GETs when each epoch's record appeared
+                        rec["gets_at_epoch"].append(proxy.snapshot()["gets"] - gets0)
+                    if rc is not None:
+                        break
+                    if a.stop_after and done >= a.stop_after:
+                        _kill_group(proc)
+                        rec["stopped"] = f"after {done} epochs (--stop-after)"
+                        rec["partial"] = False
+                        return
+                    if deadline is not None and time.monotonic() >= deadline:
+                        _kill_group(proc)
+                        rec["stopped"] = f"run timeout ({limit:.0f} s)"
+                        return
             except Stop:
-                os.killpg(proc.pid, signal.SIGTERM)
-                proc.wait(30)
+                _kill_group(proc)
+                rec["stopped"] = "signal"
                 raise
             if rc != 0:
+                rec["stopped"] = f"training exited {rc}"
                 raise subprocess.CalledProcessError(rc, "train_fashion_mnist.py (see %s)" % log)
-            partial = False
+            rec["partial"] = False
     finally:
-        gets = proxy.snapshot()["gets"] - gets0
-        for _ in range(50):
-            if subprocess.run(SHADEFS + ["umount", mnt], capture_output=True).returncode == 0:
-                break
-            time.sleep(0.2)
-        train = {"epochs": []}
+        if gets0 is not None:
+            rec["gets"] = proxy.snapshot()["gets"] - gets0
+        if mounted:
+            _unmount(mnt)
         if os.path.exists(out):
             with open(out) as f:
-                train = json.load(f)
-        rec = {"mode": mode, "label": label, "policy": policy, "seed": seed, "epochs": train["epochs"],
-               "gets": gets, "partial": partial, "load": list(os.getloadavg())}
+                rec["epochs"] = json.load(f)["epochs"]
+        if a.stop_after:  # a record written after the stop (the kill came late) is not counted
+            rec["epochs"] = rec["epochs"][:a.stop_after]
+        rec["run_s"] = round(time.monotonic() - t_run, 1)
+        rec["loadavg_end"] = loadavg()
+        rec["load"] = [float(x) for x in rec["loadavg_end"].split()[:3]]
         runs.append(rec)
-    accs = ", ".join(f"{e['test_acc']:.2f}" for e in rec["epochs"])
-    times = ", ".join(f"{e['epoch_time_s']:.0f}" for e in rec["epochs"])
-    print(f"    epochs {times} s; test acc {accs}; GETs {gets:,}", flush=True)
+        accs = ", ".join(f"{e['test_acc']:.2f}" for e in rec["epochs"])
+        times = ", ".join(f"{e['epoch_time_s']:.0f}" for e in rec["epochs"])
+        print(f"    epochs {times} s; test acc {accs}; GETs {rec['gets']:,}"
+              + (f"; stopped: {rec['stopped']}" if rec["stopped"] else "")
+              + f" ({time.strftime('%H:%M:%S', time.gmtime())} UTC, load {rec['loadavg_end']})", flush=True)
 
 
 def coverage(trace: str, n_train: int) -> list:
@@ -245,7 +391,9 @@ def report(saved: dict, target: list, png: str, traces: str = None) -> None:
           f"{' '.join(f'{x:.2f}' for x in saved.get('load_end', []))} at the end")
     for r in runs:
         if r.get("partial"):
-            print(f"note: {r['label']} seed {r['seed']} stopped after {len(r['epochs'])} epochs")
+            print(f"note: {r['label']} seed {r['seed']} stopped after {len(r['epochs'])} epochs"
+                  + (f" ({r['stopped']})" if r.get("stopped") else ""))
+    print_runs(runs)
     print("\ntest accuracy per epoch, % (mean (min..max) over seeds)")
     n_ep = max(len(r["epochs"]) for r in runs)
     print("epoch | " + " | ".join(MODES[m][0] for m in modes))
@@ -306,6 +454,30 @@ def report(saved: dict, target: list, png: str, traces: str = None) -> None:
         print(f"\npicture: {png}")
     except ImportError as e:
         print(f"\nno picture: {e}")
+
+
+def gets_per_epoch(run) -> list:
+    """The proxy's GETs between the appearances of successive epochs' records (each epoch's reads, and
+    whatever was prefetched during the evaluation before it); [] for runs without ``gets_at_epoch``."""
+    at = run.get("gets_at_epoch") or []
+    return [b - a for a, b in zip([0] + at[:-1], at)]
+
+
+def print_runs(runs) -> None:
+    """One row per run and epoch: seconds, the training reads' opens, hits, prefetched and hit ratio, the
+    proxy's GETs, test accuracy; with the run's mount seconds and /proc/loadavg before and after."""
+    print("\nper run and epoch: epoch s | opens | hits | prefetched | hit ratio | GETs | test acc %")
+    print("mode | seed | epoch | epoch s | opens | hits | prefetched | hit ratio | GETs | test acc")
+    for r in runs:
+        gets = gets_per_epoch(r)
+        for i, e in enumerate(r["epochs"]):
+            print(f"{MODES[r['mode']][0]} | {r['seed']} | {e['epoch']} | {e['epoch_time_s']:.1f} | "
+                  f"{e.get('opens', 0):,} | {e.get('hits', 0):,} | {e.get('prefetched', 0):,} | "
+                  f"{100 * e.get('hit_ratio', 0):.1f} % | {gets[i] if i < len(gets) else '-'} | {e['test_acc']:.2f}")
+        if r.get("mount_s") is not None or r.get("loadavg_start"):
+            after = r["gets"] - (r["gets_at_epoch"][-1] if r.get("gets_at_epoch") else 0)
+            print(f"    mount {r.get('mount_s')} s; run {r.get('run_s')} s; GETs after the last record "
+                  f"{after:,}; load {r.get('loadavg_start')} -> {r.get('loadavg_end')}")
 
 
 def plot(saved, runs, modes, target, png) -> None:
