@@ -250,9 +250,7 @@ class _Modes:
                     raise BackingConflict(fid, st[4], st[1], first)
             if st is None:
                 bid = None
-                kept = self.kept.pop(fid, None)
-                if kept is not None:
-                    self.kept_bytes -= kept[1]
+                kept = self.kept.get(fid)
                 keep = True
                 if h.outcome == "disk" and kept is not None and kept[2] == gen:
                     bid = kept[0]
@@ -268,6 +266,9 @@ class _Modes:
                 if self.bad.get(fid, gen) != gen:
                     del self.bad[fid]  # a newer generation is open: the dropped one is never opened again
                 st = self.files[fid] = [bid, 0, h.size, keep, gen]
+                if kept is not None:  # after the state is set: gen_of (no lock) finds one or the other
+                    del self.kept[fid]
+                    self.kept_bytes -= kept[1]
             st[1] += 1
             bid = st[0]
         if stale is not None:
@@ -299,13 +300,10 @@ class _Modes:
             st[1] -= 1
             if st[1] > 0:
                 return
-            del self.files[fid]
-            if fid in self.bad:
-                # an open of a newer generation may wait for the last open of a dropped one (acquire)
-                self.cond.notify_all()
             drop = []
             if st[0] is not None:
                 if st[3] and self.keep_ids > 0 and not self.ram_memfd:
+                    # kept before the state goes: gen_of (no lock) finds the id in one or the other
                     self.kept[fid] = (st[0], st[2], st[4])
                     self.kept_bytes += st[2]
                     while len(self.kept) > self.keep_ids:
@@ -314,6 +312,10 @@ class _Modes:
                         drop.append(bid)
                 else:
                     drop.append(st[0])
+            del self.files[fid]
+            if fid in self.bad:
+                # an open of a newer generation may wait for the last open of a dropped one (acquire)
+                self.cond.notify_all()
         for bid in drop:
             self._backing_close(bid)
 
