@@ -4,20 +4,21 @@ from setuptools.command.build_ext import build_ext
 
 
 class OptionalBuildExt(build_ext):
-    """Build the compiled FUSE reader loop where a C compiler and the Python headers are found; without
-    them shadefs installs all the same and serves with its Python loop (shadefs/fuse/kernel.py)."""
+    """Build the compiled parts where a C compiler and the Python headers are found; without them shadefs
+    installs all the same: the kernel front end serves with its Python loop (shadefs/fuse/kernel.py) and
+    packed records are read with os.pread (shadefs/cache/segments.py)."""
 
     def run(self):
         try:
             super().run()
         except Exception as e:  # no compiler (distutils' CCompilerError, PlatformError, ...)
-            print(f"shadefs: the compiled FUSE reader loop was not built ({e}); the Python loop serves instead")
+            print(f"shadefs: the compiled parts were not built ({e}); their Python fallbacks serve instead")
 
     def build_extension(self, ext):
         try:
             super().build_extension(ext)
         except Exception as e:
-            print(f"shadefs: {ext.name} was not built ({e}); the Python loop serves instead")
+            print(f"shadefs: {ext.name} was not built ({e}); its Python fallback serves instead")
 
 
 setup(
@@ -37,8 +38,10 @@ setup(
         "shadefs.fuse",
     ],
     package_dir={"shadefs.hooks": "hooks"},
-    # the kernel front end's reader loop in C (optional; no libfuse: it speaks /dev/fuse itself)
-    ext_modules=[Extension("shadefs.fuse._fastloop", ["shadefs/fuse/_fastloop.c"], optional=True)],
+    # the kernel front end's reader loop in C (optional; no libfuse: it speaks /dev/fuse itself), and the
+    # read of a packed record from the page cache with the GIL held (optional; os.pread otherwise)
+    ext_modules=[Extension("shadefs.fuse._fastloop", ["shadefs/fuse/_fastloop.c"], optional=True),
+                 Extension("shadefs.cache._pread", ["shadefs/cache/_pread.c"], optional=True)],
     cmdclass={"build_ext": OptionalBuildExt},
     install_requires=[
         "mfusepy>=3.1",

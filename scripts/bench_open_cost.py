@@ -28,8 +28,10 @@ source, whose files sit in the page cache). Every case uses ``--policy static``,
 checked to show the outcome named for every timed open, and each pass must return the exact bytes.
 
 ``--baseline REV`` mounts the same cases with the ``shadefs`` package of git revision REV as well (its
-daemon started with that package on PYTHONPATH) and times both sides interleaved (``--rounds`` passes
-each, the median reported); the summary gives each side's NVMe-hit / RAM-hit opens/s ratio.
+daemon started with that package on PYTHONPATH). Every case of every side is mounted at once and timed in
+a rotating order, round after round (``--rounds`` passes each, the median reported), so load that comes
+and goes on a shared machine hits every case alike; the summary gives each side's NVMe-hit / RAM-hit
+opens/s ratio.
 
     python scripts/bench_open_cost.py --files 500 --size 110000 --seconds 4 --py-spy --perf
     python scripts/bench_open_cost.py --cases ram nvme-first --procs 8 --baseline main --rounds 3
@@ -39,6 +41,7 @@ from __future__ import annotations
 import argparse
 import collections
 import glob
+import json
 import os
 import re
 import shutil
@@ -293,7 +296,9 @@ def inprocess_miss(src: str, rounds: int = 5) -> Dict[str, float]:
 def inprocess_hits(src: str, work: str, rounds: int = 5) -> Dict[str, float]:
     """CPU microseconds per hit in process (no FUSE, no front end): ``open_nowait`` + ``release`` of a
     RAM hit and of an NVMe hit in each verify mode, and the NVMe hit's parts (the entry's path: sha256
-    of the file's path; ``open`` + ``close`` of the entry; ``DiskTier.verify``). Minimum of ``rounds``."""
+    of the file's path; ``open`` + ``close`` of the entry; ``DiskTier.verify``); the same of a packed NVMe
+    hit (a record in a segment, ``--disk-pack-below`` 64 KiB) and its parts (``SegmentStore.read``, the
+    bare ``os.pread``). Minimum of ``rounds``."""
     from shadefs.backends.posix import PosixBackend
     from shadefs.cache.core import TieredCache
     from shadefs.cache.index import TierIndex
@@ -367,7 +372,44 @@ def inprocess_hits(src: str, work: str, rounds: int = 5) -> Dict[str, float]:
             modes.release(f)
             h.release()
 
+    # packed entries (the daemon's default --disk-pack-below 64 KiB): records in segments, one read per hit
+    pdir = os.path.join(work, "inprocess-packed")
+    shutil.rmtree(pdir, ignore_errors=True)
+    pstore = DiskTier(pdir, src, pack_below=64 << 10)
+    pbig = big + (64 << 20)  # and room for the tier's metadata and a compaction's headroom
+    pidx = TierIndex("disk", pbig, pol(pbig, imp))
+    packed = TieredCache(ns, backend, (TierIndex("ram", 0, pol(0, imp)), MemoryTier()), (pidx, pstore), imp)
+    pstore.bind(pidx, packed.lock)
+    for f in fids:
+        packed.open(f).release()
+    if packed.stats()["tiers"]["disk"]["files"] != len(fids):
+        raise SystemExit("in process: not every file was packed into the disk tier")
+    segs = pstore.segments
+    precs = [(int(packed.entries.gen[f]), int(packed.entries.csum[f]), int(ns.size(f))) for f in fids]
+    where = [(segs._map[g].seg.fd, segs._map[g].off, 64 + n) for g, _, n in precs]
+
+    def packed_mode(m):
+        def run():
+            packed.verify_entries = m
+            for f in fids:
+                h = packed.open_nowait(f)
+                h.read(0, 1 << 17)
+                h.release()
+        return run
+
+    def record_reads():
+        for g, k, n in precs:
+            segs.read(g, k, n, True)
+
+    def record_preads():
+        for fd, off, n in where:
+            os.pread(fd, n, off)
+
     cases = [("RAM hit: open_nowait + release", lambda: hits(ram)),
+             ("packed NVMe hit, first-hit: open_nowait + read + release", packed_mode("first-hit")),
+             ("packed NVMe hit, every-open: open_nowait + read + release", packed_mode("every-open")),
+             ("  SegmentStore.read of its record (header and xxh3_64 checked)", record_reads),
+             ("  os.pread of its record", record_preads),
              ("NVMe hit, first-hit, with the front end's passthrough state (_Modes acquire + release)",
               passthrough_state),
              ("NVMe hit, first-hit, on a kept backing id (open_kept, _Modes acquire + release; no entry open)",
@@ -458,7 +500,7 @@ def main(argv=None) -> int:
                     "(the Python reader loop where the compiled one is built), side by side")
     ap.add_argument("--buffered-open", action="store_true", help="readers use Python's buffered open(p, 'rb') "
                     "(one isatty(), i.e. one FUSE_IOCTL, per open) instead of os.open/os.read")
-    ap.add_argument("--rounds", type=int, default=1, help="timed passes per case and side, interleaved "
+    ap.add_argument("--rounds", type=int, default=1, help="timed passes per case and side, every case and side in turn "
                     "(the median is reported)")
     a = ap.parse_args(argv)
     global BUFFERED
@@ -472,6 +514,20 @@ def main(argv=None) -> int:
     if a.hit_inprocess:
         for k, v in inprocess_hits(src, work).items():
             print(f"in process, per hit: {k}: {v:.1f} us CPU (load {os.getloadavg()[0]:.1f})", flush=True)
+        if a.baseline:  # the same function on the baseline's package, in a child process
+            tmp, rev = baseline.extract(ROOT, a.baseline, prefix="shadefs-opencost-inprocess-")
+            try:
+                code = ("import json, sys; sys.path[:0] = [sys.argv[1], sys.argv[2]]; import bench_open_cost as b; "
+                        "print(json.dumps(b.inprocess_hits(sys.argv[3], sys.argv[4])))")
+                os.makedirs(os.path.join(work, "baseline"), exist_ok=True)
+                out = subprocess.run([sys.executable, "-c", code, tmp, os.path.dirname(os.path.abspath(__file__)),
+                                      src, os.path.join(work, "baseline")], check=True, capture_output=True,
+                                     text=True, cwd=work).stdout
+                for k, v in json.loads(out.strip().splitlines()[-1]).items():
+                    print(f"in process, per hit [baseline {rev}]: {k}: {v:.1f} us CPU "
+                          f"(load {os.getloadavg()[0]:.1f})", flush=True)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
     if a.miss_inprocess:
         for k, v in inprocess_miss(src).items():
             print(f"in process, per miss: {k}: {v:.1f} us CPU (load {os.getloadavg()[0]:.1f})", flush=True)
@@ -484,26 +540,31 @@ def main(argv=None) -> int:
         sides.append(("this tree, Python loop", {**os.environ, "SHADEFS_FUSE_PYTHON_LOOP": "1"}))
     os.chdir(work)  # ``python -m shadefs`` puts the cwd first on sys.path: never this tree's package by accident
     try:
-        for case, nthreads in [(c, r) for r in a.fuse_readers for c in a.cases]:
+        for nthreads in a.fuse_readers:
+            # every case and side mounted at once and timed in rotation, round after round: load that comes and
+            # goes on a shared machine hits every case alike, so their ratios (NVMe hit / RAM hit) hold
             mounted = []
             try:
-                for k, (label, env) in enumerate(sides):
-                    mnt = os.path.join(work, f"mnt-{case}-{k}")
-                    cache = os.path.join(work, f"cache-{case}-{k}")
-                    shutil.rmtree(cache, ignore_errors=True)
-                    opts = ["--policy", "static", "--fuse-impl", "kernel", "--fuse-readers", str(nthreads)] + CASES[case]
-                    if case not in ("ram", "miss"):
-                        opts += ["--disk-cache", cache, "--disk-cache-size", "100%"]
-                    m = Mount(src, mnt, opts, log_file=os.path.join(work, f"{case}-{k}.log"), env=env).start()
-                    mounted.append((label, mnt, m))
-                    read_loop(mnt, files, 0.01)     # one pass: fills the tier
-                    read_loop(mnt, files, 0.01)     # warm: every open the outcome named
-                timed: Dict[str, list] = collections.defaultdict(list)
-                for _ in range(a.rounds):           # the sides interleaved: load that comes and goes hits both
-                    for label, mnt, m in mounted:
-                        timed[label].append(timed_run(case, mnt, m.pid, files, a.seconds, a.procs))
-                for label, mnt, m in mounted:
-                    runs = sorted(timed[label], key=lambda r: r["opens_s"])
+                for case in a.cases:
+                    for k, (label, env) in enumerate(sides):
+                        mnt = os.path.join(work, f"mnt-{case}-{k}")
+                        cache = os.path.join(work, f"cache-{case}-{k}")
+                        shutil.rmtree(cache, ignore_errors=True)
+                        opts = (["--policy", "static", "--fuse-impl", "kernel", "--fuse-readers", str(nthreads)]
+                                + CASES[case])
+                        if case not in ("ram", "miss"):
+                            opts += ["--disk-cache", cache, "--disk-cache-size", "100%"]
+                        m = Mount(src, mnt, opts, log_file=os.path.join(work, f"{case}-{k}.log"), env=env).start()
+                        mounted.append((case, label, mnt, m))
+                        read_loop(mnt, files, 0.01)     # one pass: fills the tier
+                        read_loop(mnt, files, 0.01)     # warm: every open the outcome named
+                timed: Dict[Tuple[str, str], list] = collections.defaultdict(list)
+                for rnd in range(a.rounds):
+                    order = mounted[rnd % len(mounted):] + mounted[:rnd % len(mounted)]  # a rotating order
+                    for case, label, mnt, m in order:
+                        timed[case, label].append(timed_run(case, mnt, m.pid, files, a.seconds, a.procs))
+                for case, label, mnt, m in mounted:
+                    runs = sorted(timed[case, label], key=lambda r: r["opens_s"])
                     row = dict(runs[len(runs) // 2], case=case, threads=nthreads, side=label)   # the median
                     if not a.no_strace and shutil.which("strace"):
                         box = []
@@ -517,7 +578,7 @@ def main(argv=None) -> int:
                     rows.append(row)
                     report(row, a.procs)
             finally:
-                for label, mnt, m in mounted:
+                for case, label, mnt, m in mounted:
                     unmount(mnt, m.pid, exit_timeout=15)
         summary(rows, a.procs)
     finally:

@@ -777,15 +777,12 @@ class TieredCache:
 
     def _disk_hit(self, fid: int, size: int, gen: int, csum: int) -> Optional[Handle]:
         """Serve a disk-resident file: open its entry, verify its checksum, count the hit, promote it to
-        RAM when RAM admits it. None (nothing counted) when the entry was dropped, moved or corrupt."""
-        fd = None
-        packed = self.disk.segments is not None and self.disk.packed(size)
+        RAM when RAM admits it. None (nothing counted) when the entry was dropped, moved or corrupt. A
+        packed entry: :meth:`_packed_hit`."""
+        if self.disk.segments is not None and self.disk.packed(size):
+            return self._packed_hit(fid, size, gen, csum)
         try:
-            if packed:  # a record in a segment: one pread, served from the bytes read
-                data = self.disk.read_packed(gen, csum, size, verify=self.verify_entries != "first-hit"
-                                             or not self.verified[fid])
-            else:
-                fd = self.disk.open_entry(self.ns.path(fid), gen, csum)
+            fd = self.disk.open_entry(self.ns.path(fid), gen, csum)
         except CorruptEntry as e:
             self._drop_corrupt(fid, gen, csum, size, f"{e} ({self.ns.path(fid)!r})")
             return None
@@ -800,25 +797,21 @@ class TieredCache:
                 self._drop_corrupt(fid, gen, csum, size,
                                    f"disk entry for {self.ns.path(fid)!r}: {e.strerror or e}")
             return None
-        keep = False
-        if not packed:
-            with self.lock:  # the RAM tier would admit it now: the bytes we verify are kept to promote it
-                keep = self._promotable(fid, size)
-        if not packed and not keep and self.verify_entries == "first-hit":
+        with self.lock:  # the RAM tier would admit it now: the bytes we verify are kept to promote it
+            keep = self._promotable(fid, size)
+        if not keep and self.verify_entries == "first-hit":
             with self.lock:  # this generation passed at an earlier hit (cleared with every new one)
                 if self._current(fid, gen) and self.verified[fid]:
                     self._count(fid, size, "disk")
                     return Handle(self, fid, size, "disk", fd=fd, gen=gen)
-        if not packed:
-            try:
-                data = self.disk.verify(fd, size, csum, keep=keep)
-            except CorruptEntry as e:
-                os.close(fd)
-                self._drop_corrupt(fid, gen, csum, size, f"{e} ({self.ns.path(fid)!r})")
-                return None
+        try:
+            data = self.disk.verify(fd, size, csum, keep=keep)
+        except CorruptEntry as e:
+            os.close(fd)
+            self._drop_corrupt(fid, gen, csum, size, f"{e} ({self.ns.path(fid)!r})")
+            return None
         demote: List[Victim] = []
         promoted = old = None
-        loose = 0
         with self.lock:
             if self._current(fid, gen):
                 self.verified[fid] = True
@@ -834,17 +827,57 @@ class TieredCache:
                     old = self.table.promote(fid, size, data, self.ram)  # resident(ram); the old entry: deleting
                     self.counts.promotions += 1
                     promoted = self._pin_ram(fid, size)
-            if packed and promoted is None and self.loose_bytes + size <= self.loose_budget:
-                self.loose_bytes += size  # the record's bytes, held by the handle (LOOSE_BUFFERS)
-                loose = size
         if promoted is not None:
-            if fd is not None:
-                os.close(fd)
+            os.close(fd)
             self.mover.submit(demote, [old])  # the old entry's unlink and the victims' writes
             return Handle(self, fid, size, "disk", data=data, pin=promoted)
-        if packed:  # (no loose room: served by ranges from the backend)
-            return Handle(self, fid, size, "disk", data=data if loose else None, loose=loose)
         return Handle(self, fid, size, "disk", fd=fd, gen=gen)
+
+    def _packed_hit(self, fid: int, size: int, gen: int, csum: int) -> Optional[Handle]:
+        """A disk hit of a packed entry (a record in a segment): one read of its header and bytes together
+        (:meth:`SegmentStore.read`), checked (header always, the bytes' xxh3_64 per ``--verify-entries``),
+        then counted and served from those bytes: its READs never read the record again; promoted to RAM
+        with them when the RAM tier admits it. None (nothing counted) when the record was dropped, moved or
+        corrupt (a corrupt one is dropped: the open reads the source)."""
+        try:
+            data = self.disk.segments.read(gen, csum, size,
+                                           self.verify_entries != "first-hit" or not self.verified[fid])
+        except CorruptEntry as e:
+            self._drop_corrupt(fid, gen, csum, size, f"{e} ({self.ns.path(fid)!r})")
+            return None
+        except OSError as e:
+            if e.errno not in ENTRY_GONE_ERRNOS:
+                raise  # another failure of this open, not of the entry: the open fails, the entry stays
+            with self.lock:
+                corrupt = self._current(fid, gen)  # else it was evicted or promoted meanwhile
+            if corrupt:
+                self._drop_corrupt(fid, gen, csum, size,
+                                   f"disk entry for {self.ns.path(fid)!r}: {e.strerror or e}")
+            return None
+        demote: List[Victim] = []
+        promoted = old = None
+        with self.lock:
+            if self._orphans:
+                self._settle()
+            current = fid in self.disk_index and int(self.entries.gen[fid]) == gen
+            if current:
+                self.verified[fid] = True
+            self._count(fid, size, "disk")
+            if current and self.ram_index.capacity_bytes > 0:
+                victims = self.ram_index.reserve(fid, size)
+                if victims is not None:
+                    demote = self._evict_ram(victims)
+                    old = self.table.promote(fid, size, data, self.ram)  # resident(ram); the old entry: deleting
+                    self.counts.promotions += 1
+                    promoted = self._pin_ram(fid, size)
+            if promoted is None:
+                if self.loose_bytes + size <= self.loose_budget:
+                    self.loose_bytes += size  # the record's bytes, held by the handle (LOOSE_BUFFERS)
+                    return Handle(self, fid, size, "disk", data, None, None, size)
+        if promoted is not None:
+            self.mover.submit(demote, [old])  # the old entry's unlink and the victims' writes
+            return Handle(self, fid, size, "disk", data=data, pin=promoted)
+        return Handle(self, fid, size, "disk")  # no loose room: served by ranges from the backend
 
     def _promotable(self, fid: int, size: int) -> bool:
         # under self.lock: would a disk hit of ``fid`` be promoted now (the RAM tier's policy admits it and

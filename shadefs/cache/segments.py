@@ -48,6 +48,11 @@ from typing import Callable, Dict, List, Optional, Tuple
 import numpy as np
 import xxhash
 
+try:  # the read of a record from the page cache with the GIL kept (optional: built by pip install)
+    from ._pread import pread_cached as _pread_cached
+except ImportError:
+    _pread_cached = None
+
 __all__ = ["SegmentStore", "Record", "HEADER", "PACK_BELOW", "SEG_DIR", "pack_header", "segment_bytes_for"]
 
 log = logging.getLogger("shadefs.segments")
@@ -143,6 +148,9 @@ class SegmentStore:
         self.compactions = 0       # segments compacted (live records copied forward)
         self.reclaimed_segments = 0  # segments unlinked
         self.torn = 0              # records dropped at scan (bad header, length or checksum)
+        self.reads = 0             # records read by read(): one read of header and payload each
+        self.cached_reads = 0      # of those, read from the page cache with the GIL kept (pread_cached)
+        self._nowait = _pread_cached is not None
 
     # -- writing --------------------------------------------------------------------------------------
     def _new_segment(self) -> _Segment:
@@ -224,34 +232,52 @@ class SegmentStore:
 
     # -- reading --------------------------------------------------------------------------------------
     def read(self, gen: int, csum: int, size: int, verify: bool = True) -> bytes:
-        """The bytes of record ``gen``: one ``pread`` (header and payload), checked against its header
+        """The bytes of record ``gen``: one read of header and payload together, checked against its header
         (size, generation, checksum) and, with ``verify``, the xxh3_64 of the payload.
+
+        The read is ``pread_cached`` (:mod:`shadefs.cache._pread`) under the store's lock when the record is
+        in the page cache: the GIL is kept (no hand-off to another thread for a microsecond's copy) and the
+        lock keeps the fd open, so no reference is taken. Otherwise (not all in the page cache, a file system
+        without ``RWF_NOWAIT``, the extension not built) it is one ``os.pread`` outside the lock, the
+        segment referenced meanwhile so that its fd is not closed under it.
 
         Raises:
             FileNotFoundError: no live record ``gen`` with checksum ``csum`` and ``size`` bytes.
             CorruptEntry: the record on disk does not match (a damaged segment).
         """
+        n = HEADER + size
+        buf = None
         with self._lock:
             r = self._map.get(gen)
             if r is None or r.csum != csum or r.size != size:
                 raise FileNotFoundError(errno.ENOENT, f"no packed record {gen:016x}")
             seg = r.seg
-            seg.refs += 1
             fd, off = seg.fd, r.off
-        try:
-            buf = os.pread(fd, HEADER + size, off)
-        except OSError as e:
-            raise _corrupt(f"packed record unreadable: {e.strerror or e}") from e
-        finally:
-            with self._lock:
-                seg.refs -= 1
-                close = seg.doomed and seg.refs == 0 and seg.fd >= 0
+            self.reads += 1
+            if self._nowait and fd >= 0:
+                got = _pread_cached(fd, n, off)
+                if got.__class__ is bytes:
+                    buf = got
+                    self.cached_reads += 1
+                elif got == errno.EOPNOTSUPP:
+                    self._nowait = False  # this file system never reads without waiting: os.pread from now on
+            if buf is None:
+                seg.refs += 1
+        if buf is None:
+            try:
+                buf = os.pread(fd, n, off)
+            except OSError as e:
+                raise _corrupt(f"packed record unreadable: {e.strerror or e}") from e
+            finally:
+                with self._lock:
+                    seg.refs -= 1
+                    close = seg.doomed and seg.refs == 0 and seg.fd >= 0
+                    if close:
+                        seg.fd = -1
                 if close:
-                    seg.fd = -1
-            if close:
-                self._close(seg, fd)
-        if len(buf) != HEADER + size:
-            raise _corrupt(f"packed record {gen:016x}: {len(buf)} bytes, expected {HEADER + size}")
+                    self._close(seg, fd)
+        if len(buf) != n:
+            raise _corrupt(f"packed record {gen:016x}: {len(buf)} bytes, expected {n}")
         rsize, rgen, rcsum, _, _, crc = _HDR.unpack_from(buf)
         if rsize != size or rgen != gen or rcsum != csum or crc != zlib.crc32(memoryview(buf)[:_CRC_AT]):
             raise _corrupt(f"packed record {gen:016x}: header does not match")

@@ -290,18 +290,6 @@ class DiskTier:
         index.on_deferred = evicted_ahead
         self.account(index)
 
-    def read_packed(self, gen: int, csum: int, size: int, verify: bool = True) -> bytes:
-        """The bytes of a packed entry (one ``pread``), checked against its record header and, with
-        ``verify``, its xxh3_64 checksum.
-
-        Raises:
-            FileNotFoundError: no such record (deleted meanwhile).
-            CorruptEntry: the record does not match.
-        """
-        if self.segments is None:
-            raise FileNotFoundError(errno.ENOENT, "no packed entries in this tier")
-        return self.segments.read(gen, csum, size, verify)
-
     @staticmethod
     def key(relpath: str) -> str:
         return hashlib.sha256(relpath.encode("utf-8", "surrogateescape")).hexdigest()

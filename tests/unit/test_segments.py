@@ -1,5 +1,6 @@
 """The segment store of packed disk entries: append, seal, reclaim by live bytes, compaction, reload, and
 torn records (a writer killed mid-append, a truncated or damaged segment) never served."""
+import errno
 import hashlib
 import os
 import random
@@ -259,6 +260,47 @@ def test_a_packed_hit_is_one_record_and_a_damaged_one_is_dropped_and_read_again(
     assert open_read(cache, fid) == (spec[rel], "miss")
     assert cache.stats()["corrupt_entries"] == 1
     assert open_read(cache, fid) == (spec[rel], "disk")  # written again
+    store.close()
+
+
+def _reads_without_waiting(path) -> bool:
+    """Whether the file system of ``path`` serves preadv2(RWF_NOWAIT) (tmpfs, for one, does not)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.preadv(fd, [bytearray(1)], 0, os.RWF_NOWAIT)
+        return True
+    except OSError as e:
+        return e.errno != errno.EOPNOTSUPP  # EAGAIN: served, the page was not cached
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("mode", ["every-open", "first-hit"])
+def test_a_packed_hit_reads_its_record_once_and_its_reads_are_served_from_those_bytes(small_tree, tmp_path, mode):
+    from shadefs.cache import segments
+
+    src, spec = small_tree
+    cache, ns, store = _packed_cache(src, tmp_path, 1 << 20)
+    cache.verify_entries = mode
+    for rel in sorted(spec):
+        cache.open(ns.file_id(rel)).release()  # misses: the records are written
+    seg = store.segments
+    assert (seg.reads, seg.cached_reads) == (0, 0)
+    for _ in range(3):
+        for rel, data in sorted(spec.items()):
+            h = cache.open(ns.file_id(rel))
+            assert h.outcome == "disk" and h.source == "memory" and h.backing_fd() is None
+            # READs of 7 bytes, one past the end: all from the bytes the hit read and checked
+            assert b"".join(h.read(o, 7) for o in range(0, len(data) + 7, 7)) == data
+            h.release()
+    hits = 3 * len(spec)
+    assert cache.stats()["hits"]["disk"] == hits and cache.stats()["misses"] == len(spec)
+    assert seg.reads == hits  # one read of header and bytes per hit, none per READ
+    # just written, the records are in the page cache: read with the GIL kept where the extension is built
+    # and the file system reads without waiting; with os.pread otherwise
+    (name,) = seg_files(seg.dir)
+    nowait = segments._pread_cached is not None and _reads_without_waiting(os.path.join(seg.dir, name))
+    assert seg.cached_reads == (hits if nowait else 0)
     store.close()
 
 
