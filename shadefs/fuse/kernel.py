@@ -451,7 +451,7 @@ class KernelFrontend:
 
     def __init__(self, namespace, cache, daemon=None, *, mountpoint: str, fsname: str = "shadefs",
                  allow_other: bool = False, kernel_cache: bool = True, passthrough: bool = True,
-                 readers: int = READERS, max_workers: int = 256, source_passthrough: str = "untiered"):
+                 readers: int = READERS, max_workers: int = 256, source_passthrough: str = "off"):
         self.ns = ns_api(namespace)
         self.cache = cache
         self.daemon = daemon

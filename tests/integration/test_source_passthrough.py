@@ -29,6 +29,8 @@ def _tree(tmp_path):
 
 
 def _kernel(mount, src, *args, env=None):
+    if "--source-passthrough" not in args:
+        args = ("--source-passthrough", "untiered") + args
     return mount(src, "--fuse-impl", "kernel", *args, env=env)
 
 
@@ -110,7 +112,7 @@ def test_a_chunked_file_no_tier_can_take_is_read_from_the_source_file(tmp_path, 
 
 
 def test_a_chunked_file_a_tier_takes_is_cached_unless_large(tmp_path, mount):
-    """Under the default (untiered), a chunked file the RAM tier takes is read into it by chunks and its
+    """Under untiered, a chunked file the RAM tier takes is read into it by chunks and its
     later opens are RAM hits of its chunks, never passthrough to the source; under ``large`` every open
     of it goes to the source file and nothing of it is cached."""
     src, spec = _tree(tmp_path)
