@@ -182,14 +182,18 @@ def peak_rss(pid: int) -> int:
 
 
 def run_case(src: str, work: str, envs: Dict[str, Optional[dict]], ram: int, epochs: int,
-             fn: Callable[[str, object], object], plans: List[object]) -> Dict[str, dict]:
-    """Mount every side with ``--ram-cache ram``, run epoch 0 then ``epochs`` timed epochs interleaved."""
+             fn: Callable[[str, object], object], plans: List[object],
+             extra: Optional[Dict[str, List[str]]] = None) -> Dict[str, dict]:
+    """Mount every side with ``--ram-cache ram`` (and its ``extra`` arguments), run epoch 0 then ``epochs``
+    timed epochs interleaved."""
     mounts: Dict[str, Mount] = {}
+    extra = extra or {}
     try:
         roots = {"direct": src}
         for name, env in envs.items():
             mnt = os.path.join(work, f"mnt-{len(os.listdir(work))}")
-            mounts[name] = Mount(src, mnt, ["--ram-cache", str(ram)], log_file=f"{mnt}.log", env=env).start()
+            mounts[name] = Mount(src, mnt, ["--ram-cache", str(ram)] + extra.get(name, []), log_file=f"{mnt}.log",
+                                 env=env).start()
             roots[name] = mnt
         times = {c: [] for c in roots}
         answers = {c: set() for c in roots}
@@ -205,24 +209,30 @@ def run_case(src: str, work: str, envs: Dict[str, Optional[dict]], ram: int, epo
             finally:
                 os.close(fd)
             first_read[c] = time.perf_counter() - t
-        for c, root in roots.items():
+        source = {c: [] for c in roots}  # per epoch: bytes the daemon read from the source
+
+        def one(c: str, e: int) -> None:
+            b0 = mounts[c].stats()["backend_bytes"] if c in mounts else None
             t = time.perf_counter()
-            answers[c].add(repr(fn(root, plans[0])))
+            answers[c].add(repr(fn(roots[c], plans[e])))
             times[c].append(time.perf_counter() - t)
+            if b0 is not None:
+                source[c].append(mounts[c].stats()["backend_bytes"] - b0)
+
+        for c in roots:
+            one(c, 0)
         for e in range(1, epochs + 1):
             names = list(roots)
             names = names[e % len(names):] + names[:e % len(names)]
             for c in names:
-                t = time.perf_counter()
-                answers[c].add(repr(fn(roots[c], plans[e])))
-                times[c].append(time.perf_counter() - t)
+                one(c, e)
         ref = answers["direct"]
         for c in roots:
             assert answers[c] == ref, (c, answers[c], ref)  # every case read the same bytes
         out = {}
         for c, root in roots.items():
             row = {"best": min(times[c][1:]), "first": times[c][0], "first_read": first_read[c], "backend": None,
-                   "rss": None}
+                   "rss": None, "epochs": times[c], "epoch_source": source[c]}
             if c in mounts:
                 row["backend"] = mounts[c].stats()["backend_bytes"]
                 row["rss"] = peak_rss(mounts[c].pid)
@@ -244,6 +254,11 @@ def main() -> None:
     ap.add_argument("--baseline", metavar="REV", help="also mount the shadefs package of git revision REV")
     ap.add_argument("--only", nargs="*", help="run only these workloads (names as in the table)")
     ap.add_argument("--work", default=None, help="directory for the files and mounts (default: a temp dir)")
+    ap.add_argument("--variant", action="append", default=[], metavar="LABEL=ARGS",
+                    help="also mount this tree with these mount arguments (space-separated), shown as "
+                    "'shadefs LABEL' (repeatable; e.g. 'large=--source-passthrough large')")
+    ap.add_argument("--per-epoch", action="store_true",
+                    help="also print every epoch's seconds and the source MiB the daemon read in it, per case")
     ap.add_argument("--markdown", action="store_true", help="print the table as markdown")
     args = ap.parse_args()
     size, record = parse_size(args.size).nbytes, parse_size(args.record).nbytes
@@ -254,6 +269,11 @@ def main() -> None:
     results: List[Tuple[str, str, Dict[str, dict]]] = []
     try:
         envs: Dict[str, Optional[dict]] = {"shadefs": None}
+        extra: Dict[str, List[str]] = {}
+        for v in args.variant:
+            label, _, vargs = v.partition("=")
+            envs[f"shadefs {label}"] = None
+            extra[f"shadefs {label}"] = vargs.split()
         if args.baseline:
             from shadefs.testing import baseline
 
@@ -297,7 +317,7 @@ def main() -> None:
             os.makedirs(src)
             build(src)
             for label, ram in tiers:
-                results.append((name, label, run_case(src, work, envs, ram, args.epochs, fn, plans)))
+                results.append((name, label, run_case(src, work, envs, ram, args.epochs, fn, plans, extra)))
                 print(f"  done: {name}, {label}", flush=True)
             shutil.rmtree(src, ignore_errors=True)
         load1 = open("/proc/loadavg").read().split()[:3]
@@ -323,6 +343,13 @@ def main() -> None:
               f"{args.shards} tar shards of {shard_size / 2**20:.0f} MiB, {args.epochs} timed epochs; "
               f"load {' '.join(load0)} -> {' '.join(load1)}")
         print("\n".join(lines))
+        if args.per_epoch:
+            print("per epoch (epoch 0 first): seconds; source MiB the daemon read in it")
+            for name, label, rows in results:
+                for c, r in rows.items():
+                    secs = " ".join(f"{t:.3f}" for t in r["epochs"])
+                    mib = " ".join(f"{b / 2**20:.0f}" for b in r["epoch_source"]) or "-"
+                    print(f"  {name}, {label}, {c}: {secs}; {mib}")
         for s in skipped:
             print(f"skipped: {s}")
     finally:

@@ -131,6 +131,9 @@ def main() -> None:
     ap.add_argument("--direct-by-reads", action="store_true",
                     help="also a direct case whose page cache the epochs build, as a mount's is: a copy of the "
                          "files with their pages dropped (posix_fadvise DONTNEED) before epoch 0")
+    ap.add_argument("--variant", action="append", default=[], metavar="LABEL=ARGS",
+                    help="also mount this tree with these mount arguments (space-separated), shown as "
+                    "'shadefs LABEL' (repeatable; e.g. 'daemon=--source-passthrough off')")
     ap.add_argument("--markdown", action="store_true", help="print the table as markdown")
     args = ap.parse_args()
     size, record = parse_size(args.size).nbytes, parse_size(args.record).nbytes
@@ -160,6 +163,10 @@ def main() -> None:
             baseline_dir, rev = baseline.extract(ROOT, args.baseline, prefix="bench-reread-baseline-")
             envs[f"shadefs {rev}"] = dict(os.environ, PYTHONPATH=baseline_dir)
             extra[f"shadefs {rev}"] = []
+        for v in args.variant:
+            label, _, vargs = v.partition("=")
+            envs[f"shadefs {label}"] = None
+            extra[f"shadefs {label}"] = vargs.split()
         if args.nvme:
             envs["shadefs NVMe hit"] = None
             extra["shadefs NVMe hit"] = ["--disk-cache", os.path.join(work, "nvme"), "--disk-cache-size",

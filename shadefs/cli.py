@@ -228,7 +228,8 @@ def build_config(args) -> MountConfig:
         log_level=args.log_level.upper(), log_file=args.log_file and os.path.abspath(args.log_file),
         allow_other=args.allow_other, kernel_cache=not args.no_kernel_cache,
         fuse_threads=args.fuse_loop == "multi", fuse_impl=args.fuse_impl, fuse_readers=args.fuse_readers,
-        passthrough=not args.no_passthrough, verify_entries=args.verify_entries, backend_options=options,
+        passthrough=not args.no_passthrough, source_passthrough=args.source_passthrough,
+        verify_entries=args.verify_entries, backend_options=options,
         score_transform=args.score_transform, checkpoint_interval_s=args.checkpoint_interval,
         follow_symlinks=args.follow_symlinks, rescan=args.rescan,
         backend_timeout_s=float(args.backend_timeout), backend=args.backend,
@@ -1074,7 +1075,13 @@ def make_parser() -> argparse.ArgumentParser:
     m.add_argument("--fuse-readers", type=int, default=2, metavar="N",
                    help="kernel front end: threads reading /dev/fuse (default 2)")
     m.add_argument("--no-passthrough", action="store_true",
-                   help="kernel front end: serve NVMe hits through the daemon, not by FUSE passthrough")
+                   help="kernel front end: no FUSE passthrough at all (NVMe hits and files served from the source "
+                   "go through the daemon)")
+    m.add_argument("--source-passthrough", choices=("untiered", "large", "off"), default="off",
+                   help="kernel front end, directory source: answer an open served from the source by FUSE "
+                   "passthrough to the source file (the kernel reads it: re-reads at the source's page-cache "
+                   "speed). untiered: files no tier would take any part of; large: also every file "
+                   "above 8 MiB (cached by chunks) whatever the tiers hold; off (default): through the daemon")
     m.add_argument("--verify-entries", choices=("every-open", "first-hit"), default="every-open",
                    help="when a disk entry's checksum is verified: on every disk hit (default), or only at its "
                    "first hit after it was written or reloaded (later hits of it trust it; faster NVMe hits)")

@@ -474,6 +474,17 @@ class PosixBackend(Backend):
             raise
         return fd
 
+    def open_source(self, path: str, size: int) -> int:
+        """An ``O_RDONLY`` descriptor of the source file ``path`` (``size`` bytes), opened and checked as a
+        read opens it (beneath the root, no symlink followed; ``fstat`` against the snapshot's inode,
+        size and mtime), for the kernel front end to register as a FUSE passthrough backing file (the
+        kernel then reads the source file itself). The caller closes it.
+
+        Raises:
+            FileNotFoundError, StaleSource, BackendError: as :meth:`read` (gone, refused, changed).
+        """
+        return self._open_checked(path, size)
+
     def read(self, path: str, size: int) -> bytes:
         fd = self._open_checked(path, size)
         try:

@@ -337,6 +337,10 @@ class TieredCache:
         # a later open is streamed instead, by whole chunks at the first READ that reaches the daemon (one
         # request if the pages are gone, none while they serve); 1 byte per file
         self._read_whole_once = np.zeros(num_ids, dtype=bool)
+        # opens served from the source answered by FUSE passthrough to the source file (set by the kernel
+        # front end once the kernel granted passthrough and the backend opens source files: see
+        # source_fd): "untiered", "large" or "off"
+        self.source_passthrough = "off"
 
     def attach_plans(self, plans, prefetcher=None) -> None:
         """Follow announced plans: ``plans`` shares this cache's lock; ``prefetcher`` reads
@@ -481,6 +485,73 @@ class TieredCache:
             self.counts.streamed += 1
             keep = not self._stale_pages or self._pages_trusted(fid)
         return Handle(self, fid, size, "miss", keep_pages=keep)
+
+    # -- passthrough to the source file (the kernel front end) -------------------------------------------
+    def source_fd(self, h) -> Optional[int]:
+        """For an open ``h`` served from the source (a file no tier admits, streamed; or a chunked file),
+        when :attr:`source_passthrough` allows it: an ``O_RDONLY`` fd of the source file, opened and
+        checked as a read opens it (``backend.open_source``: beneath the root, no symlink, ``fstat``
+        against the snapshot), for the kernel front end to answer the open by passthrough to it. None when
+        the open is not served that way (the front end serves it as before). Counts nothing
+        (:meth:`source_opened` does, once the kernel took it). The caller closes the fd.
+
+        A chunked file goes to the source under ``"large"`` always; under ``"untiered"`` only when no
+        tier would take any more of it: none of its chunks fetching or moving, not every chunk resident
+        (a file the tiers hold whole is served from them), and every chunk that is not resident refused
+        by both tiers' policies now (``would_admit``). Chunks already resident stay resident (an open
+        that is not passthrough reads them; the policy evicts them as it decides) but this open does not
+        read them: the kernel reads the whole file from the source.
+
+        Raises:
+            FileNotFoundError, StaleSource, BackendError: the source file is gone, refused (another file,
+                a symlink) or changed (size, mtime): the open fails as a read of it would.
+        """
+        mode = self.source_passthrough
+        if mode == "off":
+            return None
+        opener = getattr(self.backend, "open_source", None)
+        if opener is None:
+            return None
+        fid = h.fid
+        if type(h) is ChunkedHandle:
+            if mode == "untiered":
+                with self.lock:
+                    if not self._chunks_untiered(fid):
+                        return None
+        elif not (type(h) is Handle and h.outcome == "miss" and h.gen == 0 and h.source == "backend"):
+            return None
+        return opener(self.ns.path(fid), int(self.ns.size(fid)))
+
+    def _chunks_untiered(self, fid: int) -> bool:
+        # under self.lock: no tier would take any chunk of chunked file ``fid`` now (source_fd)
+        first, count = self.chunks.span(fid)
+        ram, disk = self.ram_index, self.disk_index
+        flags = self.resident_flags
+        absent = 0
+        for cid in range(first, first + count):
+            if cid in self._flights:
+                return False
+            if flags[cid]:
+                continue
+            absent += 1
+            size = int(self.ns.size(cid))
+            if ram.would_admit(cid, size) or (disk is not None and disk.would_admit(cid, size)):
+                return False
+        return absent > 0
+
+    def source_opened(self, h) -> None:
+        """``h``'s open was answered by passthrough to the source file (:meth:`source_fd`): counted in
+        ``source_opens``; a chunked file's open, which counted nothing (its READs would have opened its
+        chunks, and none will reach the daemon now), is counted here as one miss of the file (streamed),
+        and traced so; a streamed file's open was counted a miss already."""
+        with self.lock:
+            self.counts.source_opens += 1
+            if type(h) is ChunkedHandle:
+                size = int(self.ns.size(h.fid))
+                self.counts.count("miss", size)
+                self.counts.streamed += 1
+                if self.trace is not None:
+                    self.trace.record(self.ns.path(h.fid), size, "miss")
 
     def _pages_trusted(self, fid: int) -> bool:
         # under self.lock: False once after fid's disk entry was dropped as corrupt
@@ -923,7 +994,8 @@ class TieredCache:
         plan = self._reserve_disk(fid, size)
         if plan is None:
             if (transient and size <= self.whole_max and self.loose_bytes + size <= self.loose_budget
-                    and not self._read_whole_once[fid]):
+                    and not self._read_whole_once[fid]
+                    and (self.source_passthrough == "off" or fid >= self._nfiles)):
                 # no tier: one whole GET into a transient buffer (loose bytes, reserved for the first
                 # handle), served as held-open bytes are; offered to the group when there is one
                 self._read_whole_once[fid] = True
@@ -1369,7 +1441,7 @@ class TieredCache:
                 "opens", "hits_ram", "hits_disk", "hits_shared", "misses", "joined", "streamed",
                 "backend_reads", "range_reads", "backend_errors", "corrupt_entries", "disk_write_errors",
                 "disk_writes_refused", "promotions", "entry_loads", "demotions", "demotions_skipped",
-                "loose_refused", "source_changes")}
+                "loose_refused", "source_changes", "source_opens")}
         want = np.zeros(len(flags), dtype=np.uint8)
         want[np.asarray(ram, dtype=np.int64)] |= RAM_BIT
         want[np.asarray(disk, dtype=np.int64)] |= DISK_BIT
@@ -1532,7 +1604,7 @@ class TieredCache:
                 "disk_writes_refused": self.disk_writes_refused, "promotions": self.promotions,
                 "demotions": self.demotions, "demotions_skipped": self.demotions_skipped,
                 "loose_refused": self.loose_refused, "source_changes": self.source_changes,
-                "entry_loads": self.entry_loads,
+                "entry_loads": self.entry_loads, "source_opens": self.source_opens,
                 "loose_bytes": self.loose_bytes, "tiers": tiers, "prefetch": self._prefetch_stats(),
             }
 

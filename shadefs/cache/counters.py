@@ -28,6 +28,7 @@ COUNTER_NAMES = (
     "demotions_skipped",    # RAM victims not demoted: no loose room, or no room in the mover's queue
     "loose_refused",        # opens with bytes in hand served by ranges: no loose room
     "source_changes",       # files a reused snapshot described before they changed (recheck)
+    "source_opens",         # opens answered by FUSE passthrough to the source file (counted misses, streamed)
 )
 
 class OpenCounters:

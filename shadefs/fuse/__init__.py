@@ -3,7 +3,7 @@ blocks until unmounted (calling ``daemon.on_mounted()`` once the mount exists).
 
 - ``kernel`` (:mod:`shadefs.fuse.kernel`, the default on Linux): the kernel protocol spoken on /dev/fuse
   directly; hits answered inline, misses on workers with asynchronous replies, INTERRUPT honoured,
-  FUSE passthrough for NVMe hits.
+  FUSE passthrough for NVMe hits and for files served from a directory source.
 - ``libfuse`` (:mod:`shadefs.fuse.libfuse`): mfusepy over libfuse 3 (``--fuse-loop multi|single``), for
   other platforms and as a fallback; its callbacks are :class:`shadefs.fuse.libfuse_ops.ShadeOperations`.
 """
@@ -28,7 +28,8 @@ def make_frontend(impl: str, namespace, cache, daemon, cfg, fsname: str):
 
         return KernelFrontend(namespace, cache, daemon, mountpoint=cfg.mountpoint, fsname=fsname,
                               allow_other=cfg.allow_other, kernel_cache=cfg.kernel_cache,
-                              passthrough=cfg.passthrough, readers=cfg.fuse_readers)
+                              passthrough=cfg.passthrough, readers=cfg.fuse_readers,
+                              source_passthrough=getattr(cfg, "source_passthrough", "off"))
     if impl == "libfuse":
         from .libfuse import LibfuseFrontend
 

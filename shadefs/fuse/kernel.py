@@ -45,6 +45,12 @@ its last open, so a daemon-side count still held only by RELEASEs in flight on a
 is waited for (up to :data:`RELEASE_WAIT_S`); an open while the corrupt generation is really still open
 is refused with EIO (logged once, counted at unmount), never served that generation's bytes.
 
+Passthrough to the source file (``--source-passthrough``, a directory source): an open the cache serves
+from the source (a file no tier admits; a chunked file no tier would take more of, or any under ``large``:
+``cache.source_fd``) is answered with a backing id registered from the source file, opened and checked
+against the snapshot on a worker; the id is closed at the file's last release (never kept), so every later
+open checks the source file again. Its ``_Modes`` generation is -1.
+
 Set ``SHADEFS_FUSE_CHECK_REPLIES=1`` to check every reply's length against its opcode (the test suite
 does); a bad reply is logged as ``FUSE reply check failed`` with a traceback.
 """
@@ -101,6 +107,11 @@ SWITCH_INTERVAL_S = 0.00025
 # seconds an open of a file waits for the RELEASEs of opens of a dropped (corrupt) disk entry generation that
 # hold its passthrough backing id (another reader thread is handling them), before it is refused with EIO
 RELEASE_WAIT_S = 2.0
+# seconds an open that would go to the source file waits for the RELEASEs of earlier opens of the file that
+# hold it in cached mode (the kernel sends RELEASE after close() returns, and the compiled loop applies
+# RELEASEs in batches within ~2 ms): a reopen right after a close then still gets the source file; an open
+# that is really still open past it makes the new open join its cached mode
+SOURCE_RELEASE_WAIT_S = 0.02
 READERS = 2      # measured: 2 reader threads cost less CPU per open than 4 (GIL handoffs), same throughput
 CHECK_REPLIES_ENV = "SHADEFS_FUSE_CHECK_REPLIES"
 PURE_LOOP_ENV = "SHADEFS_FUSE_PYTHON_LOOP"       # 1: the Python reader loop even where the C one is built
@@ -109,6 +120,38 @@ RAM_MEMFD_ENV = "SHADEFS_EXPERIMENT_RAM_MEMFD"   # measured, not a feature: RAM 
 
 _OUT_HEADER_PACK = P.OUT_HEADER.pack
 _OUT_HEADER_SIZE = P.OUT_HEADER.size
+
+
+class _SourceReads:
+    """The handle of an open answered by passthrough to the source file. The kernel reads the source file
+    itself; the READs that still reach the daemon are the kernel's read-ahead into the mount's own pages,
+    which passthrough does not redirect (``posix_fadvise(POSIX_FADV_WILLNEED)``: pyarrow issues one per
+    column chunk or row group it is about to read). They are served from the checked source file's fd,
+    kept for the open: no chunk is opened or admitted for them. ``bytes_read`` counts them (all handles)."""
+
+    __slots__ = ("h", "fd", "size")
+    source = "source"
+    bytes_read = 0
+
+    def __init__(self, h, fd: int):
+        self.h, self.fd, self.size = h, fd, h.size
+
+    def read(self, offset: int, length: int) -> bytes:
+        end = min(self.size, offset + length)
+        out = b""
+        while offset + len(out) < end:
+            piece = os.pread(self.fd, end - offset - len(out), offset + len(out))
+            if not piece:
+                raise OSError(errno.EIO, f"the source file ended at {offset + len(out)}, expected {end}")
+            out += piece
+        _SourceReads.bytes_read += len(out)
+        return out
+
+    def release(self) -> None:
+        fd, self.fd = self.fd, -1
+        if fd >= 0:
+            os.close(fd)
+        self.h.release()
 
 
 class _StopFlag(threading.Event):
@@ -208,16 +251,19 @@ class _Modes:
 
     def gen_of(self, fid: int) -> Optional[int]:
         """The entry generation of the backing id open or kept for ``fid``, or None (no lock: a hint that
-        ``cache.open_kept`` checks, and :meth:`acquire` checks again)."""
+        ``cache.open_kept`` checks, and :meth:`acquire` checks again; None for the source file's)."""
         st = self.files.get(fid)
         if st is not None:
-            return st[4] if st[0] is not None else None
+            return st[4] if st[0] is not None and st[4] >= 0 else None
         kept = self.kept.get(fid)
         return kept[2] if kept is not None else None
 
-    def acquire(self, fid: int, h, may_wait: bool = True) -> Optional[int]:
+    def acquire(self, fid: int, h, may_wait: bool = True, source_fd: Optional[int] = None) -> Optional[int]:
         """Count one open of ``fid`` served by ``h``; returns the backing id to answer it with (None: cached
-        mode).
+        mode). ``source_fd``: the source file, for an open served from the source (``cache.source_fd``):
+        registered as the backing file when no open of ``fid`` holds an io mode (else the open joins that
+        mode: a backing id of a disk entry serves the same bytes); never kept past the last release, so
+        that every later open opens and checks the source file again. Its generation is -1.
 
         While opens of ``fid`` are counted on a backing id of a disk entry generation that was dropped as
         corrupt (:meth:`dropped`) and ``h`` is not of that generation, the kernel would read the dropped
@@ -261,9 +307,13 @@ class _Modes:
                         bid = self._backing_open(bfd)
                         # unlinked since the handle opened it (forget() ran before this file had a state)
                         keep = os.fstat(bfd).st_nlink > 0
+                    elif source_fd is not None:
+                        bid = self._backing_open(source_fd)
+                        keep = False
+                        gen = -1
                     elif self.ram_memfd and h.outcome == "ram":
                         bid = self._memfd_backing(h)
-                if self.bad.get(fid, gen) != gen:
+                if gen >= 0 and self.bad.get(fid, gen) != gen:
                     del self.bad[fid]  # a newer generation is open: the dropped one is never opened again
                 st = self.files[fid] = [bid, 0, h.size, keep, gen]
                 if kept is not None:  # after the state is set: gen_of (no lock) finds one or the other
@@ -274,6 +324,22 @@ class _Modes:
         if stale is not None:
             self._backing_close(stale[0])
         return bid
+
+    def wait_uncached(self, fid: int, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds while opens of ``fid`` are counted in cached mode (their RELEASEs
+        may be in flight)."""
+        with self.cond:
+            deadline = None
+            while True:
+                st = self.files.get(fid)
+                if st is None or st[0] is not None:
+                    return
+                now = time.monotonic()
+                if deadline is None:
+                    deadline = now + timeout
+                if now >= deadline:
+                    return
+                self.cond.wait(deadline - now)
 
     def dropped(self, fid: int, gen: int) -> None:
         """Generation ``gen`` of ``fid``'s disk entry was dropped as corrupt (``cache.entry_dropped``): a
@@ -313,9 +379,9 @@ class _Modes:
                 else:
                     drop.append(st[0])
             del self.files[fid]
-            if fid in self.bad:
-                # an open of a newer generation may wait for the last open of a dropped one (acquire)
-                self.cond.notify_all()
+            # an open of a newer generation may wait for the last open of a dropped one (acquire), an open
+            # of the source file for the last cached one (wait_uncached)
+            self.cond.notify_all()
         for bid in drop:
             self._backing_close(bid)
 
@@ -375,14 +441,19 @@ class KernelFrontend:
         fsname: the mount's source in /proc/self/mounts.
         allow_other: let other users in (the kernel checks).
         kernel_cache: answer hits and opens of untiered files with FOPEN_KEEP_CACHE (``Handle.keep_pages``).
-        passthrough: use FUSE passthrough for NVMe hits when the kernel allows it.
+        passthrough: use FUSE passthrough when the kernel allows it (NVMe hits, and files served from
+            the source as ``source_passthrough`` says).
+        source_passthrough: opens served from the source (no tier holds the file) answered by
+            passthrough to the source file (``cache.source_fd``): ``"untiered"`` (files no tier would
+            take any part of), ``"large"`` (also every chunked file, whatever the tiers hold) or ``"off"``;
+            only with a backend that opens source files (posix).
         readers: reader threads (each on its own clone of the /dev/fuse fd).
         max_workers: cap on the worker threads that serve misses (misses beyond it queue).
     """
 
     def __init__(self, namespace, cache, daemon=None, *, mountpoint: str, fsname: str = "shadefs",
                  allow_other: bool = False, kernel_cache: bool = True, passthrough: bool = True,
-                 readers: int = READERS, max_workers: int = 256):
+                 readers: int = READERS, max_workers: int = 256, source_passthrough: str = "off"):
         self.ns = ns_api(namespace)
         self.cache = cache
         self.daemon = daemon
@@ -391,6 +462,12 @@ class KernelFrontend:
         self.allow_other = allow_other
         self.kernel_cache = kernel_cache
         self.want_passthrough = passthrough
+        if source_passthrough not in ("untiered", "large", "off"):
+            raise ValueError(f"source_passthrough {source_passthrough!r}: choose untiered, large or off")
+        backend = getattr(cache, "backend", None)
+        # the mode asked for, where the backend opens source files (posix); set on the cache at INIT
+        self.want_source = source_passthrough if getattr(backend, "open_source", None) is not None else "off"
+        self.source_mode = "off"  # what INIT granted
         self.nreaders = max(1, int(readers))
         self.workers = _Workers(max_workers)
         self._open_nowait = cache.open_nowait
@@ -423,6 +500,7 @@ class KernelFrontend:
         self.interrupted = 0
         self.passthrough_opens = 0
         self.kept_opens = 0       # NVMe hits counted on a backing id we hold, without opening the entry
+        self.source_opens = 0     # opens answered by passthrough to the source file
         self.reply_errors = 0
         self.ioctls = 0           # IOCTL requests answered by the Python handlers (the compiled loop counts its own)
         nf = self.ns.num_files
@@ -498,10 +576,14 @@ class KernelFrontend:
                 log.info("signal %d: unmounting %s", signalled[0], self.mountpoint)
             unmount_fuse(self.mountpoint)   # a no-op when the kernel already unmounted us
             log.info("kernel front end: %d opens answered by passthrough (%d of them NVMe hits on a kept backing "
-                     "id, without opening the entry), %d requests interrupted, %d worker threads at most; %d opens "
-                     "waited for the release of a corrupt entry's backing file, %d of them refused (still open)",
-                     self.passthrough_opens, self.kept_opens, self.interrupted, self.workers.peak,
+                     "id, without opening the entry; %d to the source file), %d requests interrupted, %d worker "
+                     "threads at most; %d opens waited for the release of a corrupt entry's backing file, %d of "
+                     "them refused (still open)",
+                     self.passthrough_opens, self.kept_opens, self.source_opens, self.interrupted, self.workers.peak,
                      self.modes.waits if self.modes else 0, self.modes.conflicts if self.modes else 0)
+            if self.source_opens:
+                log.info("kernel front end: %d bytes of read-ahead READs of opens on the source file served "
+                         "from it (posix_fadvise WILLNEED into the mount's own pages)", _SourceReads.bytes_read)
             ioctls = self.ioctls + (getattr(_fastloop, "ioctls", int)() if self.compiled_loop else 0)
             log.info("kernel front end: %d IOCTL requests answered ENOTTY", ioctls)
             for fd in self._fds:
@@ -542,14 +624,22 @@ class KernelFrontend:
                                       "built with CONFIG_FUSE_PASSTHROUGH)"
         elif not _has_cap_sys_admin():
             self.passthrough_reason = "off (needs CAP_SYS_ADMIN)"
-        elif (self.cache is None or getattr(self.cache, "disk", None) is None) and not self.ram_memfd:
-            self.passthrough_reason = "off (no NVMe tier)"
+        elif ((self.cache is None or getattr(self.cache, "disk", None) is None) and not self.ram_memfd
+              and self.want_source == "off"):
+            self.passthrough_reason = "off (no NVMe tier, and no passthrough to the source: --source-passthrough " \
+                                      "off, or a source other than a directory)"
         else:
             want |= P.PASSTHROUGH
         flags = want & init.flags
         self.passthrough = bool(flags & P.PASSTHROUGH)
         if self.passthrough:
-            self.passthrough_reason = "on (NVMe hits are read by the kernel from the entry file)"
+            self.passthrough_reason = "on (NVMe hits are read by the kernel from the entry file"
+            if self.want_source != "off":
+                self.source_mode = self.want_source
+                self.cache.source_passthrough = self.source_mode
+                self.passthrough_reason += f"; files served from the source, from the source file: " \
+                                           f"{self.source_mode}"
+            self.passthrough_reason += ")"
             self.modes = _Modes(fd, self.ram_memfd)
             if getattr(self.cache, "verify_entries", None) == "first-hit":
                 self._open_kept = getattr(self.cache, "open_kept", None)
@@ -887,6 +977,10 @@ class KernelFrontend:
             # the ticket is served even if the open is interrupted first: it may lead a fetch that other
             # opens of the file wait on (its handle is then released)
             self._defer(fd, unique, self._open_slow, node, h, pid, always=True)
+        elif self.source_mode != "off" and h.source == "backend":
+            # a chunked file: whether it goes to the source file, and that open and check, on a worker
+            # (an open of the source may wait on it: NFS)
+            self._defer(fd, unique, self._open_source, node, h, always=True)
         else:
             try:
                 # on a reader thread: it may wait for a RELEASE only where another reader can handle it
@@ -894,6 +988,11 @@ class KernelFrontend:
             except BackingConflict as e:
                 self._refuse(fd, unique, node, e)
         return None
+
+    def _open_source(self, fd: int, unique: int, fid: int, h) -> None:
+        """Worker: an open served from the source that the reader handed over (:meth:`_open_handle` may
+        open the source file, which may wait: the request stays interruptible until it is answered)."""
+        self._opened(fd, unique, fid, h)
 
     def _open_slow(self, fd: int, unique: int, fid: int, ticket, pid: Optional[int] = None) -> None:
         """Worker: a miss (waits on the backend, or on another open's fetch of the same file); ``ticket``:
@@ -905,16 +1004,24 @@ class KernelFrontend:
             if self._finish(unique):
                 self._fail(fd, unique, P.OPEN, self.ns.path(fid), e)
             return
-        if not self._finish(unique):  # interrupted meanwhile: the opener is gone
-            h.release()
-            return
         self._opened(fd, unique, fid, h)
 
     def _opened(self, fd: int, unique: int, fid: int, h) -> None:
+        """Worker: answer a deferred OPEN with a handle for ``h``, unless it was interrupted meanwhile (then
+        the handle is released). The handle is made first (an open of the source file may wait on it), so
+        an INTERRUPT that comes meanwhile is answered at once."""
         try:
             reply = self._open_handle(fid, h)
         except BackingConflict as e:
-            self._refuse(fd, unique, fid, e)
+            if self._finish(unique):
+                self._refuse(fd, unique, fid, e)
+            return
+        except Exception as e:  # the source file refused or changed (cache.source_fd): as a read of it fails
+            if self._finish(unique):
+                self._fail(fd, unique, P.OPEN, self.ns.path(fid), e)
+            return
+        if not self._finish(unique):  # interrupted meanwhile: the opener is gone
+            self._drop(reply[0])
             return
         self._reply_open(fd, unique, reply)
 
@@ -938,23 +1045,42 @@ class KernelFrontend:
                 released).
         """
         backing_id = None
+        src = None
         if self.modes is not None:
             try:
-                backing_id = self.modes.acquire(fid, h, may_wait)
-            except BackingConflict:
+                if self.source_mode != "off" and h.source == "backend" and h.gen == 0:
+                    # served from the source: the source file itself, when the cache says so; acquire
+                    # registers it if no other open of the file holds an io mode then, else joins that mode
+                    # (opened and checked either way: the earlier opens' RELEASEs may come meanwhile)
+                    if may_wait and fid in self.modes.files:
+                        self.modes.wait_uncached(fid, SOURCE_RELEASE_WAIT_S)
+                    src = self.cache.source_fd(h)
+                backing_id = self.modes.acquire(fid, h, may_wait, src)
+            except BaseException:
                 h.release()
+                if src is not None:
+                    os.close(src)
                 raise
         if backing_id is not None:
             flags = P.FOPEN_PASSTHROUGH
             self.passthrough_opens += 1
+            st = self.modes.files.get(fid)  # this open holds it: the same record until its release
+            if st is not None and st[4] == -1:  # the kernel reads the source file for it
+                self.source_opens += 1
+                self.cache.source_opened(h)
+                if src is not None:
+                    h, src = _SourceReads(h, src), None  # its read-ahead READs: from the source file
         elif self.kernel_cache and h.keep_pages:
             # a hit, or a file no tier holds, serves the bytes the kernel may still hold (the mount is a
             # snapshot); a miss that fills a tier drops them (Handle.keep_pages)
             flags = P.FOPEN_KEEP_CACHE
         else:
             flags = 0
+        if src is not None:
+            os.close(src)  # the kernel holds its own reference to a registered backing file; else unused
         fh = next(self._next_fh)
-        self._files[fh] = (h, fid, h.source == "backend")  # reads that wait on the backend go to a worker
+        # reads that wait on the backend (or on the source file) go to a worker
+        self._files[fh] = (h, fid, h.source != "memory" and h.source != "entry")
         return fh, flags, backing_id or 0
 
     def _drop(self, fh: int) -> None:

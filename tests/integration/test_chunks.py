@@ -252,7 +252,8 @@ def test_a_chunked_file_no_tier_admits_is_read_again_from_the_kernels_pages(tmp_
     chunk is opened, no byte is read from the backend."""
     src, spec = _tree(tmp_path)
     data = spec["big0.bin"]
-    m = mount(src, "--ram-cache", "64KiB", env=AUDIT)
+    # through the daemon (passthrough to the source file: tests/integration/test_source_passthrough.py)
+    m = mount(src, "--ram-cache", "64KiB", "--source-passthrough", "off", env=AUDIT)
     p = os.path.join(m.path, "big0.bin")
     rng = random.Random(11)
     offsets = rng.sample(range(0, BIG - 10_000, 4096), 300)
