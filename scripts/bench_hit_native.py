@@ -11,8 +11,11 @@ Cases, all mounted at once and timed in interleaved rounds (every case once per 
   single-threaded loop, ``single, no-open`` OPEN answered ENOSYS so the kernel sends neither OPEN nor
   RELEASE); skipped without ``--ramfs``;
 - ``shadefs``: this tree's daemon with default flags and ``--ram-cache 100%`` (the compiled reader loop
-  where it is built), ``shadefs, Python loop`` the same with ``SHADEFS_FUSE_PYTHON_LOOP=1``, and with
-  ``--baseline REV`` the daemon of git revision REV (its package on PYTHONPATH).
+  where it is built; RAM hits answered in C), ``shadefs, Python loop`` the same with
+  ``SHADEFS_FUSE_PYTHON_LOOP=1``, with ``--gil-opens`` ``shadefs, OPEN under the GIL``
+  (``SHADEFS_FUSE_GIL_OPENS=1``: the compiled loop hands every OPEN to Python), and with ``--baseline REV``
+  the daemon of git revision REV (its package on PYTHONPATH: the Python loop, its compiled module is not
+  built there).
 
 For each server (native or shadefs) the CPU (user + system, ``/proc/PID/stat``) per open over the timed
 passes is reported, and each shadefs daemon's counters must show every timed open as a RAM hit.
@@ -80,12 +83,17 @@ def main(argv=None) -> int:
     ap.add_argument("--procs", type=int, default=8)
     ap.add_argument("--sizes", nargs="*", default=[s[0] for s in SIZES], choices=[s[0] for s in SIZES])
     ap.add_argument("--workdir")
+    ap.add_argument("--gil-opens", action="store_true", help="also 'shadefs, OPEN under the GIL' "
+                    "(SHADEFS_FUSE_GIL_OPENS=1: the compiled loop hands every OPEN to Python)")
     ap.add_argument("--no-python-loop", action="store_true", help="skip the 'shadefs, Python loop' case")
     a = ap.parse_args(argv)
     work = os.path.abspath(a.workdir or tempfile.mkdtemp(prefix="shadefs-hitnative-"))
     os.makedirs(work, exist_ok=True)
     tmp = None
     shadefs_cases = [("shadefs", dict(os.environ, SHADEFS_FUSE_PYTHON_LOOP="0"))]
+    if a.gil_opens:
+        shadefs_cases.append(("shadefs, OPEN under the GIL", dict(os.environ, SHADEFS_FUSE_PYTHON_LOOP="0",
+                                                                  SHADEFS_FUSE_GIL_OPENS="1")))
     if not a.no_python_loop:
         shadefs_cases.append(("shadefs, Python loop", dict(os.environ, SHADEFS_FUSE_PYTHON_LOOP="1")))
     if a.baseline:

@@ -496,6 +496,8 @@ def main(argv=None) -> int:
     ap.add_argument("--workdir")
     ap.add_argument("--baseline", metavar="REV", help="also run every case against the shadefs package of git "
                     "revision REV (its daemon started with it on PYTHONPATH), side by side, interleaved")
+    ap.add_argument("--gil-opens", action="store_true", help="also this tree with SHADEFS_FUSE_GIL_OPENS=1 (the "
+                    "compiled loop hands every OPEN to Python, as before RAM hits were answered in C)")
     ap.add_argument("--python-loop", action="store_true", help="also this tree with SHADEFS_FUSE_PYTHON_LOOP=1 "
                     "(the Python reader loop where the compiled one is built), side by side")
     ap.add_argument("--buffered-open", action="store_true", help="readers use Python's buffered open(p, 'rb') "
@@ -536,6 +538,9 @@ def main(argv=None) -> int:
     if a.baseline:
         tmp, rev = baseline.extract(ROOT, a.baseline, prefix="shadefs-opencost-baseline-")
         sides = [(f"baseline {rev}", {**os.environ, "PYTHONPATH": tmp}), ("this tree", dict(os.environ, SHADEFS_FUSE_PYTHON_LOOP="0"))]
+    if a.gil_opens:
+        sides.append(("this tree, OPEN under the GIL", {**os.environ, "SHADEFS_FUSE_PYTHON_LOOP": "0",
+                                                         "SHADEFS_FUSE_GIL_OPENS": "1"}))
     if a.python_loop:
         sides.append(("this tree, Python loop", {**os.environ, "SHADEFS_FUSE_PYTHON_LOOP": "1"}))
     os.chdir(work)  # ``python -m shadefs`` puts the cwd first on sys.path: never this tree's package by accident

@@ -48,6 +48,7 @@ import numpy as np
 from ..backends.base import Backend
 from ..logutil import RateLimitedLog
 from ..namespace import Namespace
+from ..plan.plans import opener, set_opener
 from ..policies.base import Importance
 from .counters import COUNTER_NAMES, OpenCounters
 from .chunks import ChunkedHandle, ChunkedNamespace, ChunkMap, take_disk_chunks
@@ -221,6 +222,26 @@ class OpenTicket:
         self.fid, self.size, self.plan = fid, size, plan
 
 
+class _ResidentsPinned:
+    """The RAM index's ``pinned`` (TierIndex.reserve) while a front end answers RAM hits without the GIL: a
+    victim asked about is first retired from the front end's table (no open of it is answered there from
+    then on; those still open hold its Pin), so the index sees every open handle on it, the front end's too.
+    A victim of a reservation that is then refused stays resident; its next hit goes through the cache and
+    publishes it again."""
+
+    __slots__ = ("cache",)
+
+    def __init__(self, cache: "TieredCache"):
+        self.cache = cache
+
+    def __bool__(self) -> bool:
+        return True
+
+    def __contains__(self, fid: int) -> bool:
+        self.cache._retire(fid)
+        return fid in self.cache._pins
+
+
 class TieredCache:
     """The cache of one mount.
 
@@ -289,6 +310,10 @@ class TieredCache:
         # (pin, loose bytes) handed back by released or dropped handles, applied by the next critical
         # section (deque.append: no lock on release)
         self._orphans: collections.deque = collections.deque()
+        # the RAM hits a front end answers without the GIL (attach_residents): its table of residents, and
+        # how many hits (and released entries) it logged that the next critical section applies (_settle)
+        self._residents = None
+        self._hits_pending = int   # () -> 0 without them
         self.loose_budget = LOOSE_BUFFERS
         # called with a file id right after one of its disk entries is unlinked, before its bytes leave the
         # budget (outside the lock): a front end that pins entry files (passthrough backing ids) lets go
@@ -576,7 +601,7 @@ class TieredCache:
         waiting on a fetch nobody runs)."""
         fid = int(fid)
         with self.lock:  # the RAM hit first: one critical section, one dict lookup (no size lookup)
-            if self._orphans:
+            if self._orphans or self._hits_pending():
                 self._settle()
             data = self._ram_data.get(fid)
             if data is not None:  # _ram_hit, inlined (the hot path: one call frame less per hit)
@@ -596,6 +621,8 @@ class TieredCache:
                     rec = self._pins[fid] = Pin(1, size, PIN_TIER, fid)
                 else:
                     rec.refs += 1
+                if self._residents is not None:
+                    self._residents.publish(fid, data)  # its next opens are answered without the GIL
                 return Handle(self, fid, size, "ram", data, None, rec)
         if self._unchecked is not None and self._unchecked[fid]:
             return None  # its record must be compared with the source first (a stat: open() does it)
@@ -604,7 +631,7 @@ class TieredCache:
         size = int(self.ns.size(fid))
         while True:
             with self.lock:
-                if self._orphans:
+                if self._orphans or self._hits_pending():
                     self._settle()
                 h = self._memory_hit(fid, size)
                 if h is not None:
@@ -664,6 +691,8 @@ class TieredCache:
             rec = self._pins[fid] = Pin(1, size, PIN_TIER, fid)
         else:
             rec.refs += 1
+        if self._residents is not None:
+            self._residents.publish(fid, data)
         return Handle(self, fid, size, "ram", data, None, rec)
 
     def _memory_hit(self, fid: int, size: int) -> Optional[Handle]:
@@ -691,7 +720,10 @@ class TieredCache:
     def _settle(self) -> None:
         """Under self.lock: apply the pins handed back by released (or dropped) handles. Every critical
         section that reads or decides on pins or loose bytes (opens, reservations, stats, audit) calls it
-        first, so they see exact figures."""
+        first, so they see exact figures. With a front end that answers RAM hits without the GIL
+        (:meth:`attach_residents`) it first applies the hits it logged (:meth:`_apply_hits`)."""
+        if self._residents is not None:
+            self._apply_hits()
         orphans, pins = self._orphans, self._pins
         while orphans:
             rec, loose = orphans.popleft()
@@ -701,6 +733,71 @@ class TieredCache:
                 rec.refs = 0
                 if pins.get(rec.fid) is rec:
                     del pins[rec.fid]
+
+    # -- RAM hits answered without the GIL (the kernel front end's compiled loop) ----------------------
+    def attach_residents(self, residents) -> None:
+        """Let a front end answer RAM hits without the GIL (``shadefs.fuse._fastloop.Residents``; before
+        serving). A RAM hit served here publishes its file's bytes to ``residents``; the front end then
+        answers that file's opens and reads itself and logs each open (file id, opener pid, size), until the
+        file leaves the RAM tier (:meth:`_retire`, under the lock, before an eviction decides on its pins).
+        Every critical section that reads or decides on counters, pins or the policy applies the log first
+        (:meth:`_settle`), and the front end has it applied every ~2 ms while its reader threads are busy,
+        every 50 ms otherwise (:meth:`apply_hits`): counting is exact at every stats and metrics read."""
+        self._residents = residents
+        self._hits_pending = residents.pending
+        self.ram_index.pinned = _ResidentsPinned(self)
+
+    def apply_hits(self) -> None:
+        """Apply the RAM hits the front end answered without the GIL (thread-safe; never raises)."""
+        try:
+            with self.lock:
+                self._settle()
+        except Exception:
+            log.exception("applying the RAM hits answered by the compiled loop")
+
+    def _apply_hits(self) -> None:
+        # under self.lock: the hits logged since the last call, in order, counted and told to the policy,
+        # the plans (as their opener's) and the trace as the Python RAM hit does; then the pins of retired
+        # entries whose last open answered without the GIL was released
+        fids, pids, sizes, pins = self._residents.take()
+        if fids:
+            n, nbytes = len(fids), sum(sizes)
+            c = self.counts
+            c.opens += n
+            c.open_bytes += nbytes
+            c.hits_ram += n
+            c.hit_bytes += nbytes
+            on_hit = self.ram_index.policy.on_hit
+            resident = self.ram_index.sizes
+            plans, trace = self.plans, self.trace
+            saved = opener() if plans is not None else None
+            try:
+                for fid, pid, size in zip(fids, pids, sizes):
+                    if fid in resident:  # (evicted since: its rank went with it)
+                        on_hit(fid)
+                    if plans is not None:
+                        set_opener(pid)
+                        plans.observe(fid)
+                    if trace is not None:
+                        trace.record(self.ns.path(fid), size, "ram")
+            finally:
+                if plans is not None:
+                    set_opener(saved)
+        for rec in pins:
+            self._unpin_locked(rec, 0)
+
+    def _retire(self, fid: int) -> None:
+        """Under self.lock: opens of ``fid`` are no longer answered without the GIL; the ones still open hold
+        one ref of its Pin (created if none), handed back when the last of them is released."""
+        rec = self._pins.get(fid)
+        new = rec is None
+        if new:
+            data = self._ram_data.get(fid)
+            rec = Pin(0, len(data) if data is not None else 0, PIN_TIER, fid)
+        if self._residents.retire(fid, rec):
+            rec.refs += 1
+            if new:
+                self._pins[fid] = rec
 
     def _unpin_locked(self, rec: Optional[Pin], loose: int) -> None:
         # under self.lock: one ref on buffer record ``rec`` and/or ``loose`` loose bytes go
@@ -736,7 +833,7 @@ class TieredCache:
         """A handle on bytes no tier holds: kept while :data:`LOOSE_BUFFERS` allows, else dropped and
         served by ranges from the backend."""
         with self.lock:
-            if self._orphans:
+            if self._orphans or self._hits_pending():
                 self._settle()
             if data is not None:
                 if self.loose_bytes + size <= self.loose_budget:
@@ -794,7 +891,7 @@ class TieredCache:
             if not self._unchecked[fid]:
                 return False  # another open of it checked it meanwhile
             if changed:
-                if self._orphans:
+                if self._orphans or self._hits_pending():
                     self._settle()
                 old = int(ns.sizes[fid])
                 if self.disk_index is not None and fid in self.disk_index and fid not in self._flights:
@@ -834,7 +931,7 @@ class TieredCache:
         usual way (:meth:`open_nowait`) and must not use its reference to generation ``gen``.
         """
         with self.lock:
-            if self._orphans:
+            if self._orphans or self._hits_pending():
                 self._settle()
             if (self.verify_entries != "first-hit" or self.disk_index is None or fid not in self.disk_index
                     or fid in self._flights or not self.verified[fid] or int(self.entries.gen[fid]) != gen):
@@ -890,7 +987,7 @@ class TieredCache:
             if keep:
                 self.counts.entry_loads += 1
             if data is not None and self._current(fid, gen):
-                if self._orphans:
+                if self._orphans or self._hits_pending():
                     self._settle()
                 victims = self.ram_index.reserve(fid, size)
                 if victims is not None:
@@ -985,7 +1082,7 @@ class TieredCache:
         (``memory``: a fetch kept by no tier, to offer to the shared tier, counts as admitted).
         ``transient`` (an open, whose handle takes the bytes): a file no tier admits of at most
         :attr:`whole_max` bytes is fetched into a transient buffer while :data:`LOOSE_BUFFERS` has room."""
-        if self._orphans:
+        if self._orphans or self._hits_pending():
             self._settle()
         victims = self.ram_index.reserve(fid, size)
         if victims is not None:
@@ -1215,7 +1312,7 @@ class TieredCache:
         if h._chunk is None:  # the first read: a chunk buffer and its lock, if the working set has room
             want = min(self.chunk, h.size)
             with self.lock:
-                if self._orphans:
+                if self._orphans or self._hits_pending():
                     self._settle()
                 if type(h._chunk) is not tuple and self.loose_bytes + want <= self.loose_budget:
                     self.loose_bytes += want
@@ -1255,8 +1352,11 @@ class TieredCache:
         out = []
         demotes = (self.disk_index is not None and self.disk_index.capacity_bytes > 0) or self.shared is not None
         table = self.table
+        residents = self._residents
         for v in victims:
             data = self._ram_data.get(v)
+            if residents is not None:
+                self._retire(v)  # (done already by reserve's pinned check: a no-op then)
             rec = self._pins.pop(v, None)
             if rec is not None:
                 if rec.where == PIN_TIER:

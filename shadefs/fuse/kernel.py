@@ -15,7 +15,11 @@ Threads and the path of one request (docs/architecture.md, "The front ends"):
   256, or ~2 ms after the first RELEASE of the batch), answers IOCTL (ENOTTY) itself, writes a hit's
   OPEN reply from the triple
   :meth:`_open_compiled` returns, and hands every other request to the same Python handlers. A
-  kernel-cached open takes the GIL once (OPEN), not twice.
+  kernel-cached open takes the GIL once (OPEN), not twice. Without passthrough, a RAM hit takes it not at
+  all: the cache publishes a file's RAM bytes to :attr:`KernelFrontend.residents` at its first RAM hit
+  (``cache.attach_residents``), and the loop answers the file's later OPEN, READ and RELEASE in C and logs
+  each open, which the cache applies (counters, policy, plans, trace) in its next critical section, or
+  within ~2 ms (``cache.apply_hits``); ``SHADEFS_FUSE_GIL_OPENS=1`` hands every OPEN to Python.
 - **Workers** take what may block: an OPEN that is a miss (``cache.open`` waits on the backend) and a READ
   of a file streamed by ranges. They reply themselves when the data arrives (a reply may come from any
   thread, in any order; it must go to the fd the request was read from). The pool grows with the misses
@@ -112,10 +116,12 @@ RELEASE_WAIT_S = 2.0
 # RELEASEs in batches within ~2 ms): a reopen right after a close then still gets the source file; an open
 # that is really still open past it makes the new open join its cached mode
 SOURCE_RELEASE_WAIT_S = 0.02
+APPLY_HITS_S = 0.05   # at most this long between the logging and the counting of a RAM hit answered in C
 READERS = 2      # measured: 2 reader threads cost less CPU per open than 4 (GIL handoffs), same throughput
 CHECK_REPLIES_ENV = "SHADEFS_FUSE_CHECK_REPLIES"
 PURE_LOOP_ENV = "SHADEFS_FUSE_PYTHON_LOOP"       # 1: the Python reader loop even where the C one is built
 RAM_MEMFD_ENV = "SHADEFS_EXPERIMENT_RAM_MEMFD"   # measured, not a feature: RAM hits by passthrough from a memfd
+GIL_OPENS_ENV = "SHADEFS_FUSE_GIL_OPENS"         # 1: the compiled loop hands every OPEN to Python (as before)
 
 
 _OUT_HEADER_PACK = P.OUT_HEADER.pack
@@ -484,6 +490,10 @@ class KernelFrontend:
         self.ram_memfd = os.environ.get(RAM_MEMFD_ENV, "") not in ("", "0")
         # the reader loop in C (shadefs.fuse._fastloop) where it was built
         self.compiled_loop = _fastloop is not None and os.environ.get(PURE_LOOP_ENV, "") in ("", "0")
+        # the RAM tier's residents whose OPEN, READ and RELEASE the compiled loop answers without the GIL
+        # (set at INIT: _fastloop.Residents, attached to the cache), or None
+        self.residents = None
+        self.gil_opens = os.environ.get(GIL_OPENS_ENV, "") not in ("", "0")
         self.fd: Optional[int] = None
         self._fds: List[int] = []
         self._stop = _StopFlag()
@@ -566,8 +576,12 @@ class KernelFrontend:
                 self.daemon.on_mounted()
             # a signal taken by another thread (SIGTERM sent while the daemon was stopped, then SIGCONT)
             # only sets Python's flag: its handler runs on this thread when the wait returns
-            while not self._stop.wait(0.5):
-                pass
+            # with RAM hits answered in C: their log is applied at least every APPLY_HITS_S (a busy reader
+            # thread applies it every ~2 ms or 256 hits; an idle one blocks in read)
+            res = self.residents
+            while not self._stop.wait(0.5 if res is None else APPLY_HITS_S):
+                if res is not None and res.pending():
+                    self.cache.apply_hits()
         finally:
             self._stop.set()
             for sig, handler in old.items():
@@ -586,6 +600,11 @@ class KernelFrontend:
                          "from it (posix_fadvise WILLNEED into the mount's own pages)", _SourceReads.bytes_read)
             ioctls = self.ioctls + (getattr(_fastloop, "ioctls", int)() if self.compiled_loop else 0)
             log.info("kernel front end: %d IOCTL requests answered ENOTTY", ioctls)
+            if self.residents is not None:
+                c = self.residents.counters()
+                log.info("kernel front end: %d RAM hits (%d READs of them) answered without the GIL, %d files "
+                         "published, %d opens left to Python with the hit log full", c["opens"], c["reads"],
+                         c["published"], c["log_full"])
             for fd in self._fds:
                 try:
                     os.close(fd)
@@ -649,6 +668,7 @@ class KernelFrontend:
             hooks = getattr(self.cache, "entry_dropped", None)
             if hooks is not None:  # a corrupt entry's backing id is never given to another generation's open
                 hooks.append(self.modes.dropped)
+        self._attach_residents()
         body = P.encode_init_out(minor, init.max_readahead, flags, max_background=64, congestion_threshold=48,
                                  max_write=MAX_WRITE, time_gran=1, max_pages=MAX_PAGES,
                                  max_stack_depth=1 if self.passthrough else 0)
@@ -656,9 +676,21 @@ class KernelFrontend:
             raise OSError(errno.ENODEV, "the kernel dropped the INIT reply")
         names = [name for bit, name in P.INIT_FLAG_NAMES.items() if flags & bit and bit != P.INIT_EXT]
         log.info("FUSE kernel protocol 7.%d (kernel offers 7.%d): %s; max_pages %d, max_readahead %d KiB, "
-                 "%d reader threads (%s loop); passthrough %s", minor, init.minor, ", ".join(names), MAX_PAGES,
+                 "%d reader threads (%s loop%s); passthrough %s", minor, init.minor, ", ".join(names), MAX_PAGES,
                  init.max_readahead // 1024, self.nreaders, "compiled" if self.compiled_loop else "Python",
+                 ", RAM hits answered without the GIL" if self.residents is not None else "",
                  self.passthrough_reason)
+
+    def _attach_residents(self) -> None:
+        """With the compiled loop, a cache that supports it and no passthrough (whose per-file io modes,
+        :class:`_Modes`, every open must take part in): RAM hits' OPEN, READ and RELEASE are answered in C
+        without the GIL (docs/architecture.md, "The front ends")."""
+        attach = getattr(self.cache, "attach_residents", None)
+        if (not self.compiled_loop or attach is None or self.modes is not None or self.gil_opens
+                or not hasattr(_fastloop, "Residents")):
+            return
+        self.residents = _fastloop.Residents(self._num_files, P.FOPEN_KEEP_CACHE if self.kernel_cache else 0)
+        attach(self.residents)
 
     # -- the reader loop ---------------------------------------------------------------------------------
     def _reader(self, fd: int) -> None:
@@ -692,8 +724,9 @@ class KernelFrontend:
         to :meth:`_open_compiled` (the loop writes a hit's reply), every other request to
         :meth:`_dispatch`."""
         os.set_blocking(fd, False)  # a read that finds no request lets the loop hand back released handles
+        res = self.residents
         err = _fastloop.serve(fd, bytearray(BUFSIZE), self._dispatch, self._release_many, self._stop,
-                              self._open_compiled)
+                              self._open_compiled, res, self.cache.apply_hits if res is not None else None)
         if err == 0:
             self._stop.set()  # end of file (the test's socket closed), or DESTROY
         else:

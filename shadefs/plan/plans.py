@@ -40,7 +40,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-__all__ = ["Plan", "PlanRegistry", "PlanError", "NOT_PLANNED", "STRIDE_SHIFT", "JobKey", "set_opener", "ancestry", "proc_start_time"]
+__all__ = ["Plan", "PlanRegistry", "PlanError", "NOT_PLANNED", "STRIDE_SHIFT", "JobKey", "set_opener", "opener", "ancestry", "proc_start_time"]
 
 log = logging.getLogger("shadefs.plan")
 
@@ -377,6 +377,11 @@ def set_opener(pid: Optional[int]) -> None:
     unknown). :meth:`PlanRegistry.observe` on this thread matches the open to that process's job only.
     The front ends call it before each open (and on the worker that finishes a miss)."""
     _OPENER.pid = pid
+
+
+def opener() -> Optional[int]:
+    """The process :func:`set_opener` named on the calling thread (None: none)."""
+    return getattr(_OPENER, "pid", None)
 
 
 @dataclasses.dataclass(frozen=True)

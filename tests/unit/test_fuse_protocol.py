@@ -337,3 +337,49 @@ def test_the_compiled_loop_is_built_and_serves_open_and_release(wire):
     assert wire.call(P.OPEN, 92, 2, struct.pack("<II", os.O_WRONLY, 0)) == out_header(16, -errno.EROFS, 92)
     s = wire.fe.cache.stats()
     assert s["opens"] == 4 and s["hits"]["ram"] == 3 and s["misses"] == 1 and wire.fe._files == {}
+
+
+def test_ram_hits_open_read_and_release_are_answered_by_the_compiled_loop_and_counted_by_the_cache(wire):
+    # a file's first RAM hit (served by the cache) publishes it to the front end's table of residents; its
+    # later OPEN, READ and RELEASE are answered in C (file handles 1 << 62 | slot), logged, and counted by
+    # the cache's next critical section (the stats)
+    if not wire.fe.compiled_loop:
+        pytest.skip("the compiled loop's own path")
+    wire.fe._attach_residents()
+    res = wire.fe.residents
+    assert res is not None
+    calls = []
+    dispatch, open_compiled = wire.fe._dispatch, wire.fe._open_compiled
+    wire.fe._dispatch = lambda *a: (calls.append(a[2]), dispatch(*a))[1]
+    wire.fe._open_compiled = lambda *a: (calls.append(P.OPEN), open_compiled(*a))[1]
+    wire.start()
+    c_fh = 1 << 62
+    assert wire.call(P.OPEN, 30, 2, struct.pack("<II", os.O_RDONLY, 0)) == out_header(32, 0, 30) + \
+        struct.pack("<QIi", 1, 0, 0)                                               # a miss
+    assert wire.call(P.RELEASE, 31, 2, struct.pack("<QIIQ", 1, 0, 0, 0)) == out_header(16, 0, 31)
+    assert wire.call(P.OPEN, 32, 2, struct.pack("<II", os.O_RDONLY, 0)) == out_header(32, 0, 32) + \
+        struct.pack("<QIi", 2, P.FOPEN_KEEP_CACHE, 0)                              # a RAM hit: published
+    for i in range(2):                                                             # answered in C
+        assert wire.call(P.OPEN, 33 + i, 2, struct.pack("<II", os.O_RDONLY, 0)) == out_header(32, 0, 33 + i) + \
+            struct.pack("<QIi", c_fh | i, P.FOPEN_KEEP_CACHE, 0)
+    assert calls == [P.OPEN, P.OPEN]
+    got = wire.call(P.READ, 40, 2, struct.pack("<QQIIQII", c_fh, 1, 3, 0, 0, 0, 0))
+    assert got == out_header(16 + 3, 0, 40) + b"ell"
+    got = wire.call(P.READ, 41, 2, struct.pack("<QQIIQII", c_fh | 1, 0, 4096, 0, 0, 0, 0))
+    assert got == out_header(16 + 5, 0, 41) + b"hello"                             # short only at EOF
+    assert wire.call(P.READ, 42, 2, struct.pack("<QQIIQII", c_fh, 5, 4096, 0, 0, 0, 0)) == out_header(16, 0, 42)
+    assert wire.call(P.READ, 43, 2, struct.pack("<QQIIQII", c_fh | 7, 0, 10, 0, 0, 0, 0)) == \
+        out_header(16, -errno.EBADF, 43)                                           # no such open
+    for fh in (c_fh, c_fh | 1, 2):
+        assert wire.call(P.RELEASE, 50, 2, struct.pack("<QIIQ", fh, 0, 0, 0)) == out_header(16, 0, 50)
+    assert calls == [P.OPEN, P.OPEN]
+    assert res.counters() == {"opens": 2, "reads": 3, "log_full": 0, "published": 1, "held": 0}
+    s = wire.fe.cache.stats()                                                      # applies the log first
+    assert (s["opens"], s["hits"]["ram"], s["misses"], s["byte_hit_ratio"]) == (4, 3, 1, 0.75)
+    assert res.pending() == 0
+    assert wait_for(lambda: wire.fe._files == {}, timeout=10)
+    # write flags, a directory, an unknown node: Python's replies, as before
+    assert wire.call(P.OPEN, 60, 2, struct.pack("<II", os.O_WRONLY, 0)) == out_header(16, -errno.EROFS, 60)
+    assert wire.call(P.OPEN, 61, 1, struct.pack("<II", 0, 0)) == out_header(16, -errno.EISDIR, 61)
+    assert wire.call(P.OPEN, 62, 999, struct.pack("<II", 0, 0)) == out_header(16, -errno.ENOENT, 62)
+    assert wire.fe.cache.stats()["opens"] == 4
