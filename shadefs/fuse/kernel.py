@@ -1084,10 +1084,11 @@ class KernelFrontend:
                 if self.source_mode != "off" and h.source == "backend" and h.gen == 0:
                     # served from the source: the source file itself, when the cache says so; acquire
                     # registers it if no other open of the file holds an io mode then, else joins that mode
-                    # (opened and checked either way: the earlier opens' RELEASEs may come meanwhile)
-                    if may_wait and fid in self.modes.files:
-                        self.modes.wait_uncached(fid, SOURCE_RELEASE_WAIT_S)
+                    # (opened and checked first: an open the cache serves itself, e.g. a chunked file the
+                    # tiers hold whole, never waits; the earlier opens' RELEASEs may come meanwhile)
                     src = self.cache.source_fd(h)
+                    if src is not None and may_wait and fid in self.modes.files:
+                        self.modes.wait_uncached(fid, SOURCE_RELEASE_WAIT_S)
                 backing_id = self.modes.acquire(fid, h, may_wait, src)
             except BaseException:
                 h.release()
