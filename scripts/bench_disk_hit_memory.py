@@ -32,18 +32,12 @@ from typing import Dict, Optional
 from shadefs.config import parse_size
 from shadefs.testing import Mount
 
+from bench_memory import vm as _status  # VmRSS and VmHWM of a pid (scripts/ is on sys.path when run)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHUNK = 8 << 20
 
 
-def _status(pid: int) -> Dict[str, int]:
-    out = {}
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            k, _, v = line.partition(":")
-            if k in ("VmRSS", "VmHWM"):
-                out[k] = int(v.split()[0]) * 1024
-    return out
 
 
 def _digest(path: str) -> str:

@@ -13,7 +13,8 @@ Cases, all mounted at once and timed in interleaved rounds (every case once per 
 - ``shadefs``: this tree's daemon with default flags and ``--ram-cache 100%`` (the compiled reader loop
   where it is built; RAM hits answered in C), ``shadefs, Python loop`` the same with
   ``SHADEFS_FUSE_PYTHON_LOOP=1``, with ``--gil-opens`` ``shadefs, OPEN under the GIL``
-  (``SHADEFS_FUSE_GIL_OPENS=1``: the compiled loop hands every OPEN to Python), and with ``--baseline REV``
+  (``SHADEFS_FUSE_GIL_OPENS=1``: the compiled loop hands every OPEN to Python), with ``--readers N ...``
+  ``shadefs, N reader threads`` (``--fuse-readers N``; the default is 2), and with ``--baseline REV``
   the daemon of git revision REV (its package on PYTHONPATH: the Python loop, its compiled module is not
   built there).
 
@@ -86,19 +87,25 @@ def main(argv=None) -> int:
     ap.add_argument("--gil-opens", action="store_true", help="also 'shadefs, OPEN under the GIL' "
                     "(SHADEFS_FUSE_GIL_OPENS=1: the compiled loop hands every OPEN to Python)")
     ap.add_argument("--no-python-loop", action="store_true", help="skip the 'shadefs, Python loop' case")
+    ap.add_argument("--readers", type=int, nargs="*", default=[], metavar="N",
+                    help="also 'shadefs, N reader threads' (--fuse-readers N) for each N")
     a = ap.parse_args(argv)
     work = os.path.abspath(a.workdir or tempfile.mkdtemp(prefix="shadefs-hitnative-"))
     os.makedirs(work, exist_ok=True)
     tmp = None
-    shadefs_cases = [("shadefs", dict(os.environ, SHADEFS_FUSE_PYTHON_LOOP="0"))]
+    # (label, environment, extra mount arguments)
+    shadefs_cases = [("shadefs", dict(os.environ, SHADEFS_FUSE_PYTHON_LOOP="0"), [])]
+    for n in a.readers:
+        shadefs_cases.append((f"shadefs, {n} reader thread{'s' if n != 1 else ''}",
+                              dict(os.environ, SHADEFS_FUSE_PYTHON_LOOP="0"), ["--fuse-readers", str(n)]))
     if a.gil_opens:
         shadefs_cases.append(("shadefs, OPEN under the GIL", dict(os.environ, SHADEFS_FUSE_PYTHON_LOOP="0",
-                                                                  SHADEFS_FUSE_GIL_OPENS="1")))
+                                                                  SHADEFS_FUSE_GIL_OPENS="1"), []))
     if not a.no_python_loop:
-        shadefs_cases.append(("shadefs, Python loop", dict(os.environ, SHADEFS_FUSE_PYTHON_LOOP="1")))
+        shadefs_cases.append(("shadefs, Python loop", dict(os.environ, SHADEFS_FUSE_PYTHON_LOOP="1"), []))
     if a.baseline:
         tmp, rev = baseline.extract(ROOT, a.baseline, prefix="shadefs-hitnative-baseline-")
-        shadefs_cases.append((f"shadefs {rev} (baseline)", dict(os.environ, PYTHONPATH=tmp)))
+        shadefs_cases.append((f"shadefs {rev} (baseline)", dict(os.environ, PYTHONPATH=tmp), []))
     print(f"load at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
     os.chdir(work)  # ``python -m shadefs`` puts the cwd first on sys.path: never this tree's package by accident
     try:
@@ -121,9 +128,9 @@ def main(argv=None) -> int:
                             raise RuntimeError(f"{a.ramfs} did not mount {m}")
                         mnts[name] = m
                         pids[name] = natives[-1][1].pid
-                for name, env in shadefs_cases:
+                for name, env, extra in shadefs_cases:
                     m = os.path.join(work, f"m{len(mnts)}-{size}")
-                    daemons[name] = Mount(src, m, ["--ram-cache", "100%"], env=env,
+                    daemons[name] = Mount(src, m, ["--ram-cache", "100%"] + extra, env=env,
                                           log_file=os.path.join(work, f"m{len(mnts)}-{size}.log")).start()
                     mnts[name] = m
                     pids[name] = daemons[name].pid

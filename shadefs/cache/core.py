@@ -959,11 +959,7 @@ class TieredCache:
                 # out of descriptors (EMFILE, ENFILE) or another failure of this open, not of the entry:
                 # the open fails with that errno and the entry stays
                 raise
-            with self.lock:
-                corrupt = self._current(fid, gen)  # else it was evicted or promoted meanwhile
-            if corrupt:
-                self._drop_corrupt(fid, gen, csum, size,
-                                   f"disk entry for {self.ns.path(fid)!r}: {e.strerror or e}")
+            self._entry_gone(fid, gen, csum, size, e)
             return None
         with self.lock:  # the RAM tier would admit it now: the bytes we verify are kept to promote it
             keep = self._promotable(fid, size)
@@ -1001,6 +997,14 @@ class TieredCache:
             return Handle(self, fid, size, "disk", data=data, pin=promoted)
         return Handle(self, fid, size, "disk", fd=fd, gen=gen)
 
+    def _entry_gone(self, fid: int, gen: int, csum: int, size: int, e: OSError) -> None:
+        # a disk hit's entry could not be opened or read (ENTRY_GONE_ERRNOS): dropped as corrupt when it
+        # is still the resident generation, else it was evicted or promoted meanwhile (nothing to do)
+        with self.lock:
+            corrupt = self._current(fid, gen)
+        if corrupt:
+            self._drop_corrupt(fid, gen, csum, size, f"disk entry for {self.ns.path(fid)!r}: {e.strerror or e}")
+
     def _packed_hit(self, fid: int, size: int, gen: int, csum: int) -> Optional[Handle]:
         """A disk hit of a packed entry (a record in a segment): one read of its header and bytes together
         (:meth:`SegmentStore.read`), checked (header always, the bytes' xxh3_64 per ``--verify-entries``),
@@ -1016,11 +1020,7 @@ class TieredCache:
         except OSError as e:
             if e.errno not in ENTRY_GONE_ERRNOS:
                 raise  # another failure of this open, not of the entry: the open fails, the entry stays
-            with self.lock:
-                corrupt = self._current(fid, gen)  # else it was evicted or promoted meanwhile
-            if corrupt:
-                self._drop_corrupt(fid, gen, csum, size,
-                                   f"disk entry for {self.ns.path(fid)!r}: {e.strerror or e}")
+            self._entry_gone(fid, gen, csum, size, e)
             return None
         demote: List[Victim] = []
         promoted = old = None
