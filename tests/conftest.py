@@ -29,6 +29,18 @@ FRONTENDS = ("kernel", "libfuse")
 os.environ.setdefault("SHADEFS_FUSE_CHECK_REPLIES", "1")
 
 
+SCRIPTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts")
+
+
+def load_script(name: str):
+    """The module of ``scripts/<name>.py``, loaded from its file (the scripts are not a package)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(name, os.path.join(SCRIPTS, name + ".py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "both_frontends: run each test that mounts once per FUSE front end")
 

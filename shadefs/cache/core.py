@@ -983,14 +983,7 @@ class TieredCache:
             if keep:
                 self.counts.entry_loads += 1
             if data is not None and self._current(fid, gen):
-                if self._orphans or self._hits_pending():
-                    self._settle()
-                victims = self.ram_index.reserve(fid, size)
-                if victims is not None:
-                    demote = self._evict_ram(victims)
-                    old = self.table.promote(fid, size, data, self.ram)  # resident(ram); the old entry: deleting
-                    self.counts.promotions += 1
-                    promoted = self._pin_ram(fid, size)
+                demote, old, promoted = self._promote_locked(fid, size, data)
         if promoted is not None:
             os.close(fd)
             self.mover.submit(demote, [old])  # the old entry's unlink and the victims' writes
@@ -1025,19 +1018,12 @@ class TieredCache:
         demote: List[Victim] = []
         promoted = old = None
         with self.lock:
-            if self._orphans:
-                self._settle()
-            current = fid in self.disk_index and int(self.entries.gen[fid]) == gen
+            current = self._current(fid, gen)
             if current:
                 self.verified[fid] = True
             self._count(fid, size, "disk")
             if current and self.ram_index.capacity_bytes > 0:
-                victims = self.ram_index.reserve(fid, size)
-                if victims is not None:
-                    demote = self._evict_ram(victims)
-                    old = self.table.promote(fid, size, data, self.ram)  # resident(ram); the old entry: deleting
-                    self.counts.promotions += 1
-                    promoted = self._pin_ram(fid, size)
+                demote, old, promoted = self._promote_locked(fid, size, data)
             if promoted is None:
                 if self.loose_bytes + size <= self.loose_budget:
                     self.loose_bytes += size  # the record's bytes, held by the handle (LOOSE_BUFFERS)
@@ -1046,6 +1032,20 @@ class TieredCache:
             self.mover.submit(demote, [old])  # the old entry's unlink and the victims' writes
             return Handle(self, fid, size, "disk", data=data, pin=promoted)
         return Handle(self, fid, size, "disk")  # no loose room: served by ranges from the backend
+
+    def _promote_locked(self, fid: int, size: int, data: bytes):
+        # under self.lock, for a verified disk hit of ``fid`` with its bytes in hand: promote it to RAM if the
+        # RAM tier takes it (resident(ram); its old entry: deleting). Returns (RAM victims to demote, the old
+        # entry to unlink, the pin), ([], None, None) when RAM refuses it
+        if self._orphans or self._hits_pending():
+            self._settle()
+        victims = self.ram_index.reserve(fid, size)
+        if victims is None:
+            return [], None, None
+        demote = self._evict_ram(victims)
+        old = self.table.promote(fid, size, data, self.ram)
+        self.counts.promotions += 1
+        return demote, old, self._pin_ram(fid, size)
 
     def _promotable(self, fid: int, size: int) -> bool:
         # under self.lock: would a disk hit of ``fid`` be promoted now (the RAM tier's policy admits it and

@@ -1,20 +1,10 @@
 """scripts/bench_tta.py: the run limits (--run-timeout, --until) and the GETs per epoch."""
-import importlib.util
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_tta.py"
+from conftest import load_script
 
-
-def _load_script():
-    spec = importlib.util.spec_from_file_location("bench_tta", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-bt = _load_script()
+bt = load_script("bench_tta")
 DAY = 20_000 * 86400  # a UTC midnight
 
 

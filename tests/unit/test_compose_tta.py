@@ -1,5 +1,4 @@
 """scripts/compose_tta.py: the rig's seconds per epoch composed with the in-memory accuracy per epoch."""
-import importlib.util
 import json
 import subprocess
 import sys
@@ -7,17 +6,12 @@ from pathlib import Path
 
 import pytest
 
+from conftest import load_script
+
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "compose_tta.py"
 
 
-def _load_script():
-    spec = importlib.util.spec_from_file_location("compose_tta", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-ct = _load_script()
+ct = load_script("compose_tta")
 
 
 def _epochs(pairs):
