@@ -9,7 +9,14 @@ Cases, all mounted at once and timed in interleaved rounds (every case once per 
 - ``native ...``: a native libfuse3 low-level server holding the tree in RAM with keep_cache (``--ramfs``:
   the binary of an anchor such as ``ramfs.c``; ``mt`` its multi-threaded loop, ``single`` its
   single-threaded loop, ``single, no-open`` OPEN answered ENOSYS so the kernel sends neither OPEN nor
-  RELEASE); skipped without ``--ramfs``;
+  RELEASE); skipped without ``--ramfs``. Each runs in a session of its own, as a FUSE daemon does (and as
+  ``shadefs mount``'s daemon does: it calls setsid): on a kernel with ``CONFIG_SCHED_AUTOGROUP`` (and
+  ``kernel.sched_autogroup_enabled=1``) a session is a scheduling group of its own, which the scheduler
+  shares the CPU with as a whole, so a server in the readers' session competes with 8 readers for its
+  group's share and one in its own session does not;
+- with ``--readers-session``, ``native libfuse3 (single), readers' session`` (the same server started in
+  this script's session) and ``shadefs, readers' session`` (``shadefs mount --foreground``, started in this
+  script's session): both servers in the readers' scheduling group;
 - ``shadefs``: this tree's daemon with default flags and ``--ram-cache 100%`` (the compiled reader loop
   where it is built; RAM hits answered in C), ``shadefs, Python loop`` the same with
   ``SHADEFS_FUSE_PYTHON_LOOP=1``, with ``--gil-opens`` ``shadefs, OPEN under the GIL``
@@ -31,6 +38,7 @@ import os
 import random
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from typing import Dict, List
@@ -89,6 +97,9 @@ def main(argv=None) -> int:
     ap.add_argument("--no-python-loop", action="store_true", help="skip the 'shadefs, Python loop' case")
     ap.add_argument("--readers", type=int, nargs="*", default=[], metavar="N",
                     help="also 'shadefs, N reader threads' (--fuse-readers N) for each N")
+    ap.add_argument("--readers-session", action="store_true",
+                    help="also the single-threaded native server and shadefs (--foreground) in this script's "
+                         "session, i.e. the readers' scheduling group")
     a = ap.parse_args(argv)
     work = os.path.abspath(a.workdir or tempfile.mkdtemp(prefix="shadefs-hitnative-"))
     os.makedirs(work, exist_ok=True)
@@ -118,12 +129,15 @@ def main(argv=None) -> int:
             natives, daemons, pids = [], {}, {}
             try:
                 if a.ramfs:
-                    for name, flags in (("native libfuse3 (mt)", []), ("native libfuse3 (single)", ["-s"]),
-                                        ("native libfuse3 (single, no-open)", ["-s", "-n"])):
+                    anchors = [("native libfuse3 (mt)", [], True), ("native libfuse3 (single)", ["-s"], True),
+                               ("native libfuse3 (single, no-open)", ["-s", "-n"], True)]
+                    if a.readers_session:
+                        anchors.append(("native libfuse3 (single), readers' session", ["-s"], False))
+                    for name, flags, own in anchors:
                         m = os.path.join(work, f"m{len(mnts)}-{size}")
                         os.makedirs(m, exist_ok=True)
                         natives.append((m, subprocess.Popen([a.ramfs, src, m] + flags, stdout=subprocess.DEVNULL,
-                                                            stderr=subprocess.DEVNULL)))
+                                                            stderr=subprocess.DEVNULL, start_new_session=own)))
                         if not wait_for(lambda: os.path.ismount(m), timeout=20):
                             raise RuntimeError(f"{a.ramfs} did not mount {m}")
                         mnts[name] = m
@@ -134,12 +148,28 @@ def main(argv=None) -> int:
                                           log_file=os.path.join(work, f"m{len(mnts)}-{size}.log")).start()
                     mnts[name] = m
                     pids[name] = daemons[name].pid
+                if a.readers_session:  # the daemon in the foreground: this script's session
+                    name = "shadefs, readers' session"
+                    m = os.path.join(work, f"m{len(mnts)}-{size}")
+                    os.makedirs(m, exist_ok=True)
+                    log_file = os.path.join(work, f"m{len(mnts)}-{size}.log")
+                    fg = subprocess.Popen([sys.executable, "-m", "shadefs", "mount", src, m, "--ram-cache", "100%",
+                                           "--foreground", "--log-file", log_file],
+                                          env=dict(os.environ, SHADEFS_FUSE_PYTHON_LOOP="0"),
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                    d = Mount(src, m, log_file=log_file)
+                    d.pid = fg.pid
+                    daemons[name] = d
+                    if not wait_for(lambda: os.path.ismount(m), timeout=60):
+                        raise RuntimeError(f"shadefs --foreground did not mount {m}")
+                    mnts[name] = m
+                    pids[name] = fg.pid
                 res: Dict[str, list] = {k: [] for k in ["direct"] + list(mnts)}
                 cpu = {k: 0.0 for k in pids}
                 opens = {k: 0 for k in pids}
                 with mp.get_context("fork").Pool(a.procs) as pool:
-                    for m in mnts.values():
-                        timed(pool, m, rel, a.procs, 1)  # warm: every file resident, kernel caches filled
+                    for m in mnts.values():  # warm: every file resident, kernel caches filled; the second
+                        timed(pool, m, rel, a.procs, 2)  # pass is shadefs' first RAM hit, which hands it to C
                     timed(pool, src, rel, a.procs, 1)
                     before = {k: d.stats() for k, d in daemons.items()}
                     for _ in range(a.rounds):

@@ -229,6 +229,8 @@ def _kill_group(proc: subprocess.Popen, grace_s: float = 30.0) -> None:
 
 def _unmount(mnt: str) -> None:
     for _ in range(50):
+        if not os.path.ismount(mnt):  # (a mount stopped while it listed the bucket never mounted)
+            return
         if subprocess.run(SHADEFS + ["umount", mnt], capture_output=True).returncode == 0:
             return
         time.sleep(0.2)
@@ -389,10 +391,13 @@ def report(saved: dict, target: list, png: str, traces: str = None) -> None:
           f"proxy; RAM cache {s['pct']}; {s['workers']} DataLoader workers, batch 64; load "
           f"{' '.join(f'{x:.2f}' for x in saved['load_start'])} at the start, "
           f"{' '.join(f'{x:.2f}' for x in saved.get('load_end', []))} at the end")
-    for r in runs:
+    for r in saved["runs"]:
         if r.get("partial"):
             print(f"note: {r['label']} seed {r['seed']} stopped after {len(r['epochs'])} epochs"
                   + (f" ({r['stopped']})" if r.get("stopped") else ""))
+    if not runs:
+        print("no run finished an epoch: nothing to report, no picture drawn")
+        return
     print_runs(runs)
     print("\ntest accuracy per epoch, % (mean (min..max) over seeds)")
     n_ep = max(len(r["epochs"]) for r in runs)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import re
 import urllib.request
+from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -73,3 +74,40 @@ def disk_budget(entry_bytes: int, packed: bool = True) -> int:
     on), a page for the active segment's tail, one for a seal's padding and half a 64 KiB segment of
     compaction headroom. The disk tier's ``overhead_bytes`` in the stats is that overhead."""
     return entry_bytes + (7 * 4096 + (2 * 4096 + 32768 if packed else 0))
+
+
+def mounts_under(path) -> list:
+    with open("/proc/self/mounts") as f:
+        return [line.split()[1] for line in f if line.split()[1].startswith(str(path))]
+
+
+def processes_naming(path) -> list:
+    """Processes (not this one) whose command line names ``path``: a daemon, a trainer, a loader worker."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if str(path) in cmd:
+            found.append((int(pid), cmd))
+    return found
+
+
+def children_of(pid: int) -> list:
+    """(pid, command line) of the live direct children of ``pid``."""
+    out = []
+    for p in os.listdir("/proc"):
+        if not p.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{p}/stat").read_text()
+            cmd = Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        if int(fields[1]) == pid and fields[0] != "Z":
+            out.append((int(p), cmd))
+    return out

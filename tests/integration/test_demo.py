@@ -19,6 +19,8 @@ require("moto.server", "s3fs", "boto3", "matplotlib.pyplot")
 SOURCE = "/usr/share/datasets/fashion-mnist"
 require(f"{SOURCE}/train-images-idx3-ubyte.gz", f"{SOURCE}/t10k-images-idx3-ubyte.gz")
 
+from mountutil import children_of, mounts_under, processes_naming  # noqa: E402
+
 from shadefs import registry  # noqa: E402
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
@@ -52,43 +54,6 @@ def table(stdout: str) -> dict:
             break
         rows[cells[0]] = dict(zip(head, cells))
     return rows
-
-
-def mounts_under(path) -> list:
-    with open("/proc/self/mounts") as f:
-        return [line.split()[1] for line in f if line.split()[1].startswith(str(path))]
-
-
-def processes_naming(path) -> list:
-    """Processes (not this one) whose command line names ``path``: a daemon, a trainer, a loader worker."""
-    found = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit() or int(pid) == os.getpid():
-            continue
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if str(path) in cmd:
-            found.append((int(pid), cmd))
-    return found
-
-
-def children_of(pid: int) -> list:
-    """(pid, command line) of the live direct children of ``pid``."""
-    out = []
-    for p in os.listdir("/proc"):
-        if not p.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{p}/stat").read_text()
-            cmd = Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        if int(fields[1]) == pid and fields[0] != "Z":
-            out.append((int(p), cmd))
-    return out
 
 
 def test_the_default_demo_reads_s3_behind_the_proxy_in_every_mode(tmp_path):
