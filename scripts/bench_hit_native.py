@@ -25,8 +25,9 @@ Cases, all mounted at once and timed in interleaved rounds (every case once per 
   the daemon of git revision REV (its package on PYTHONPATH: the Python loop, its compiled module is not
   built there).
 
-For each server (native or shadefs) the CPU (user + system, ``/proc/PID/stat``) per open over the timed
-passes is reported, and each shadefs daemon's counters must show every timed open as a RAM hit.
+For each server (native or shadefs) the CPU (user + system, ``/proc/PID/stat``) and the context switches
+(voluntary and involuntary, of all its threads: ``/proc/PID/task/*/status``) per open over the timed passes
+are reported, and each shadefs daemon's counters must show every timed open as a RAM hit.
 
     python scripts/bench_hit_native.py --ramfs /tmp/ramfs [--baseline main] [--rounds 3]
 """
@@ -72,6 +73,18 @@ def _reader(args) -> int:
             pass
         os.close(fd)
     return len(part)
+
+
+def ctx_switches(pid: int) -> int:
+    """Context switches (voluntary + involuntary) of all of ``pid``'s threads so far (/proc)."""
+    n = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/status") as f:
+                n += sum(int(line.split()[1]) for line in f if "ctxt_switches:" in line)
+        except OSError:  # a thread that ended meanwhile
+            pass
+    return n
 
 
 def timed(pool, root: str, rel: List[str], procs: int, reps: int) -> float:
@@ -166,6 +179,7 @@ def main(argv=None) -> int:
                     pids[name] = fg.pid
                 res: Dict[str, list] = {k: [] for k in ["direct"] + list(mnts)}
                 cpu = {k: 0.0 for k in pids}
+                switches = {k: 0 for k in pids}
                 opens = {k: 0 for k in pids}
                 with mp.get_context("fork").Pool(a.procs) as pool:
                     for m in mnts.values():  # warm: every file resident, kernel caches filled; the second
@@ -175,10 +189,11 @@ def main(argv=None) -> int:
                     for _ in range(a.rounds):
                         res["direct"].append(timed(pool, src, rel, a.procs, a.reps))
                         for k, m in mnts.items():
-                            c0 = proc_cpu_s(pids[k])
+                            c0, x0 = proc_cpu_s(pids[k]), ctx_switches(pids[k])
                             res[k].append(timed(pool, m, rel, a.procs, a.reps))
                             if k in pids:
                                 cpu[k] += proc_cpu_s(pids[k]) - c0
+                                switches[k] += ctx_switches(pids[k]) - x0
                                 opens[k] += len(rel) * a.reps
                     for k, d in daemons.items():
                         s = d.stats()
@@ -197,12 +212,14 @@ def main(argv=None) -> int:
             d = sorted(res["direct"])[a.rounds // 2]
             print(f"\n{label} files, {a.procs} readers, median of {a.rounds} rounds "
                   f"(load {' '.join(f'{x:.2f}' for x in os.getloadavg())})")
-            print("| case | files/s | x direct | server CPU us per open |\n|---|--:|--:|--:|")
-            print(f"| direct (page cache) | {d:,.0f} | 1.00 | |")
+            print("| case | files/s | x direct | server CPU us per open | server context switches per open |\n"
+                  "|---|--:|--:|--:|--:|")
+            print(f"| direct (page cache) | {d:,.0f} | 1.00 | | |")
             for k in mnts:
                 v = sorted(res[k])[a.rounds // 2]
                 c = f"{cpu[k] / opens[k] * 1e6:.1f}"
-                print(f"| {k} | {v:,.0f} | {v / d:.2f} | {c} |", flush=True)
+                x = f"{switches[k] / opens[k]:.2f}"
+                print(f"| {k} | {v:,.0f} | {v / d:.2f} | {c} | {x} |", flush=True)
     finally:
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)
