@@ -46,9 +46,14 @@ READ_AHEAD_FROM = CHUNK // 2
 """A sequential reader's read past this offset within chunk ``k`` opens chunk ``k + 1`` ahead (not waited
 for)."""
 SEQUENTIAL_RUN = 1 << 20
-"""Bytes read back to back (each read starting where the last ended) that make a reader sequential: it
-then reads chunks no tier holds by whole chunks and has the next chunk opened ahead; a shorter run (the
-kernel's read-ahead around a random ``pread`` or page fault) reads what it asks."""
+"""Bytes read back to back that make a reader sequential: it then reads chunks no tier holds by whole
+chunks and has the next chunk opened ahead; a shorter run (the kernel's read-ahead around a random
+``pread`` or page fault) reads what it asks."""
+
+RUN_WINDOW = 512 << 10
+"""A read that starts within this many bytes of the furthest end read so far (before or after it)
+continues the run: the kernel sends a sequential reader's read-ahead as several READs at once, and the
+reader threads may serve them out of order (four READs of the kernel's 128 KiB read-ahead)."""
 CHUNK_MARK = "/@chunk/"
 """Between a file's path and a chunk number in a chunk's path (trace rows, disk entry keys)."""
 
@@ -256,7 +261,7 @@ class ChunkedHandle:
         self._lock = threading.Lock()
         self._subs: "collections.OrderedDict[int, _Sub]" = collections.OrderedDict()
         self._released = False
-        self._next = 0  # where the last read ended: a read starting there continues a run
+        self._next = 0  # the furthest end of the current run: a read starting near it continues the run
         self._run = 0   # bytes of the current run of back-to-back reads
 
     def backing_fd(self) -> Optional[int]:
@@ -280,8 +285,13 @@ class ChunkedHandle:
         c = self._chunk
         out = []
         pos = offset
-        self._run = self._run + (end - offset) if offset == self._next else end - offset
-        sequential = self._run >= SEQUENTIAL_RUN
+        with self._lock:  # READs of one open come from several reader threads
+            if abs(offset - self._next) <= RUN_WINDOW:
+                self._run += end - offset
+                self._next = max(self._next, end)
+            else:
+                self._run, self._next = end - offset, end
+            sequential = self._run >= SEQUENTIAL_RUN
         while pos < end:
             k = pos // c
             base = k * c
@@ -308,7 +318,6 @@ class ChunkedHandle:
                     self._map.pool().submit(self._ahead, k)
                 except RuntimeError:
                     pass  # shutting down
-        self._next = end
         return out[0] if len(out) == 1 else b"".join(out)
 
     def _ahead(self, k: int) -> None:
