@@ -44,7 +44,7 @@ import tempfile
 import time
 from typing import Dict, List
 
-from shadefs.testing import Mount, baseline, proc_cpu_s, unmount, wait_for
+from shadefs.testing import Mount, baseline, proc_cpu_s, wait_for
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIZES = (("~110 KB", 2000, 110_000), ("~300 B", 4000, 300))

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
 import urllib.request
 from pathlib import Path
 
@@ -110,4 +112,14 @@ def children_of(pid: int) -> list:
         fields = stat[stat.rindex(")") + 2:].split()
         if int(fields[1]) == pid and fields[0] != "Z":
             out.append((int(p), cmd))
+    return out
+
+
+def fashion_tree(tmp_path_factory, train: int, test: int) -> Path:
+    """A Fashion-MNIST ImageFolder tree of ``train`` training and ``test`` test images
+    (``scripts/make_fashion_mnist.py``) in a new temporary folder; its path."""
+    out = tmp_path_factory.mktemp("fm") / "data"
+    subprocess.run([sys.executable, str(Path(__file__).resolve().parents[2] / "scripts" / "make_fashion_mnist.py"),
+                    str(out), "--limit-train", str(train), "--limit-test", str(test)],
+                   check=True, capture_output=True, timeout=120)
     return out

@@ -19,23 +19,27 @@ require("moto.server", "s3fs", "boto3", "matplotlib.pyplot")
 SOURCE = "/usr/share/datasets/fashion-mnist"
 require(f"{SOURCE}/train-images-idx3-ubyte.gz", f"{SOURCE}/t10k-images-idx3-ubyte.gz")
 
-from mountutil import children_of, mounts_under, processes_naming  # noqa: E402
+from mountutil import children_of, fashion_tree, mounts_under, processes_naming  # noqa: E402
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    out = tmp_path_factory.mktemp("fm") / "data"
-    subprocess.run([sys.executable, str(SCRIPTS / "make_fashion_mnist.py"), str(out), "--limit-train", "120",
-                    "--limit-test", "40"], check=True, capture_output=True, timeout=120)
-    return out
+    return fashion_tree(tmp_path_factory, 120, 40)
 
 
 def bench(data, work, *extra):
     return [sys.executable, str(SCRIPTS / "bench_tta.py"), "--data", str(data), "--workdir", str(work),
             "--json", str(work / "tta.json"), "--png", str(work / "tta.png"), "--seeds", "0", "--modes", "shuffle",
             "--workers", "1", *extra]
+
+
+def finished(data, work, *extra, timeout=240):
+    """Run bench_tta to its end: (its stdout, the record of its only run)."""
+    r = subprocess.run(bench(data, work, *extra), capture_output=True, text=True, timeout=timeout)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return r.stdout, only_run(work)
 
 
 def only_run(work) -> dict:
@@ -51,14 +55,11 @@ def left_behind(root) -> list:
 def test_stop_after_ends_the_training_after_that_many_epochs_and_unmounts(data, tmp_path):
     require_fuse()
     work = tmp_path / "work"
-    r = subprocess.run(bench(data, work, "--epochs", "6", "--stop-after", "1", "--delay-ms", "1"),
-                       capture_output=True, text=True, timeout=240)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    run = only_run(work)
+    out, run = finished(data, work, "--epochs", "6", "--stop-after", "1", "--delay-ms", "1")
     assert run["stopped"] == "after 1 epochs (--stop-after)" and run["partial"] is False
     assert len(run["epochs"]) == 1 and run["mount_s"] is not None
     assert run["gets"] >= 120 and len(run["gets_at_epoch"]) >= 1   # epoch 1 read every image through S3
-    assert "stopped: after 1 epochs (--stop-after)" in r.stdout
+    assert "stopped: after 1 epochs (--stop-after)" in out
     assert left_behind(tmp_path) == []
 
 
@@ -66,13 +67,10 @@ def test_a_run_timeout_while_the_mount_lists_the_bucket_stops_the_mount_and_its_
     require_fuse()
     work = tmp_path / "work"
     # 1.5 s each way: the bucket's listing alone takes longer than the run's 2 s
-    r = subprocess.run(bench(data, work, "--epochs", "2", "--delay-ms", "1500", "--run-timeout", "2"),
-                       capture_output=True, text=True, timeout=240)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    run = only_run(work)
+    out, run = finished(data, work, "--epochs", "2", "--delay-ms", "1500", "--run-timeout", "2")
     assert run["stopped"] == "run timeout (mounting)" and run["partial"] is True
     assert run["epochs"] == [] and run["mount_s"] is None and run["limit_s"] == 2
-    assert "no run finished an epoch: nothing to report, no picture drawn" in r.stdout
+    assert "no run finished an epoch: nothing to report, no picture drawn" in out
     assert not (work / "tta.png").exists()
     assert left_behind(tmp_path) == []
 
@@ -81,10 +79,7 @@ def test_a_run_timeout_while_training_kills_the_training_and_keeps_its_epochs(da
     require_fuse()
     work = tmp_path / "work"
     # far more epochs than 40 s hold; the mount of 120 objects takes seconds
-    r = subprocess.run(bench(data, work, "--epochs", "400", "--delay-ms", "1", "--run-timeout", "40"),
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    run = only_run(work)
+    _, run = finished(data, work, "--epochs", "400", "--delay-ms", "1", "--run-timeout", "40", timeout=300)
     assert run["stopped"] == "run timeout (40 s)" and run["partial"] is True
     assert run["mount_s"] is not None and 1 <= len(run["epochs"]) < 400
     assert 40 <= run["run_s"] < 40 + 30 + 60   # the limit, the group's grace and the unmount at most

@@ -19,7 +19,7 @@ require("moto.server", "s3fs", "boto3", "matplotlib.pyplot")
 SOURCE = "/usr/share/datasets/fashion-mnist"
 require(f"{SOURCE}/train-images-idx3-ubyte.gz", f"{SOURCE}/t10k-images-idx3-ubyte.gz")
 
-from mountutil import children_of, mounts_under, processes_naming  # noqa: E402
+from mountutil import children_of, fashion_tree, mounts_under, processes_naming  # noqa: E402
 
 from shadefs import registry  # noqa: E402
 
@@ -30,10 +30,7 @@ HEADER = ["mode", "sampler", "policy", "epoch times (s)", "train hit ratio", "pr
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    out = tmp_path_factory.mktemp("fm") / "data"
-    subprocess.run([sys.executable, str(SCRIPTS / "make_fashion_mnist.py"), str(out), "--limit-train", "200",
-                    "--limit-test", "50"], check=True, capture_output=True, timeout=120)
-    return out
+    return fashion_tree(tmp_path_factory, 200, 50)
 
 
 def demo(data, workdir, *extra):
