@@ -218,7 +218,7 @@ def main(argv=None) -> int:
             for k in mnts:
                 v = sorted(res[k])[a.rounds // 2]
                 c = f"{cpu[k] / opens[k] * 1e6:.1f}"
-                x = f"{switches[k] / opens[k]:.2f}"
+                x = "-" if k.endswith("(mt)") else f"{switches[k] / opens[k]:.2f}"  # (its workers come and go)
                 print(f"| {k} | {v:,.0f} | {v / d:.2f} | {c} | {x} |", flush=True)
     finally:
         if tmp:
