@@ -46,14 +46,17 @@ READ_AHEAD_FROM = CHUNK // 2
 """A sequential reader's read past this offset within chunk ``k`` opens chunk ``k + 1`` ahead (not waited
 for)."""
 SEQUENTIAL_RUN = 1 << 20
-"""Bytes read back to back that make a reader sequential: it then reads chunks no tier holds by whole
+"""Bytes of a run (below) that make a reader sequential: it then reads chunks no tier holds by whole
 chunks and has the next chunk opened ahead; a shorter run (the kernel's read-ahead around a random
 ``pread`` or page fault) reads what it asks."""
 
 RUN_WINDOW = 512 << 10
-"""A read that starts within this many bytes of the furthest end read so far (before or after it)
-continues the run: the kernel sends a sequential reader's read-ahead as several READs at once, and the
-reader threads may serve them out of order (four READs of the kernel's 128 KiB read-ahead)."""
+"""A run is a span of the file read nearly whole: a read that starts within this many bytes of the span
+continues it, and the span counts as sequential while the bytes it has not read come to at most this
+many. The kernel sends a sequential reader's read-ahead as several READs at once, and the reader threads
+may serve them out of order (the gap a later READ leaves is filled by an earlier one, served after it:
+four READs of the kernel's 128 KiB read-ahead fit); a strided reader leaves its gaps unread, and
+re-reads of the same bytes do not grow the span."""
 CHUNK_MARK = "/@chunk/"
 """Between a file's path and a chunk number in a chunk's path (trace rows, disk entry keys)."""
 
@@ -261,8 +264,8 @@ class ChunkedHandle:
         self._lock = threading.Lock()
         self._subs: "collections.OrderedDict[int, _Sub]" = collections.OrderedDict()
         self._released = False
-        self._next = 0  # the furthest end of the current run: a read starting near it continues the run
-        self._run = 0   # bytes of the current run of back-to-back reads
+        self._start = self._next = 0  # the current run's span [start, next): RUN_WINDOW
+        self._run = 0                   # bytes of the span read (at most its length)
 
     def backing_fd(self) -> Optional[int]:
         return None  # its bytes come from several entries: never passthrough
@@ -286,12 +289,13 @@ class ChunkedHandle:
         out = []
         pos = offset
         with self._lock:  # READs of one open come from several reader threads
-            if abs(offset - self._next) <= RUN_WINDOW:
-                self._run += end - offset
-                self._next = max(self._next, end)
+            if self._start - RUN_WINDOW <= offset <= self._next + RUN_WINDOW:
+                self._start, self._next = min(self._start, offset), max(self._next, end)
+                self._run = min(self._run + end - offset, self._next - self._start)
             else:
-                self._run, self._next = end - offset, end
-            sequential = self._run >= SEQUENTIAL_RUN
+                self._start, self._next, self._run = offset, end, end - offset
+            span = self._next - self._start
+            sequential = self._run >= SEQUENTIAL_RUN and span - self._run <= RUN_WINDOW
         while pos < end:
             k = pos // c
             base = k * c

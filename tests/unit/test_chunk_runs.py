@@ -1,6 +1,7 @@
-"""ChunkedHandle's sequential-reader detection: a run of reads near each other (the kernel's read-ahead
-READs, served out of order by several reader threads) makes a reader sequential (whole chunks, the next
-chunk opened ahead); reads far apart do not."""
+"""ChunkedHandle's sequential-reader detection: a run of reads near each other that leaves no more than a
+window unread (the kernel's read-ahead READs, served out of order by several reader threads) makes a
+reader sequential (whole chunks, the next chunk opened ahead); reads far apart, a strided reader and
+re-reads of the same bytes do not."""
 import threading
 
 import numpy as np
@@ -81,5 +82,21 @@ def test_a_jump_ends_the_run():
         h.read(off, 128 * KB)
     h.read(2 * CHUNK, 128 * KB)                  # far away: a new run of 128 KiB
     h.read(2 * CHUNK + 128 * KB, 128 * KB)       # 256 KiB: still ranges
+    assert {k for k, *_ in cache.log} == {"range"}
+    h.release()
+
+
+def test_a_strided_reader_stays_ranges():
+    h, cache, cmap = handle()
+    for off in range(0, 2 * CHUNK, 448 * KB):  # 64 KiB every 448 KiB: gaps inside the window, never read
+        h.read(off, 64 * KB)
+    assert {k for k, *_ in cache.log} == {"range"}
+    h.release()
+
+
+def test_re_reading_the_same_bytes_is_not_a_run():
+    h, cache, cmap = handle()
+    for _ in range(20):  # 20 x 128 KiB read, all of it the same 128 KiB
+        h.read(3 * CHUNK // 2, 128 * KB)
     assert {k for k, *_ in cache.log} == {"range"}
     h.release()
