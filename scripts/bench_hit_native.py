@@ -44,7 +44,7 @@ import tempfile
 import time
 from typing import Dict, List
 
-from shadefs.testing import Mount, baseline, proc_cpu_s, wait_for
+from shadefs.testing import Mount, baseline, ctx_switches, proc_cpu_s, wait_for
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIZES = (("~110 KB", 2000, 110_000), ("~300 B", 4000, 300))
@@ -74,17 +74,6 @@ def _reader(args) -> int:
         os.close(fd)
     return len(part)
 
-
-def ctx_switches(pid: int) -> int:
-    """Context switches (voluntary + involuntary) of all of ``pid``'s threads so far (/proc)."""
-    n = 0
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{tid}/status") as f:
-                n += sum(int(line.split()[1]) for line in f if "ctxt_switches:" in line)
-        except OSError:  # a thread that ended meanwhile
-            pass
-    return n
 
 
 def timed(pool, root: str, rel: List[str], procs: int, reps: int) -> float:

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import glob
 import json
 import os
 import re
@@ -51,7 +50,7 @@ import tempfile
 import time
 from typing import Dict, List, Optional, Tuple
 
-from shadefs.testing import Mount, baseline, shadefs, unmount
+from shadefs.testing import Mount, baseline, ctx_switches, shadefs, unmount
 from shadefs.testing.datasets import random_tree
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -73,18 +72,6 @@ def cpu(pid: int) -> Tuple[float, float]:
     tck = os.sysconf("SC_CLK_TCK")
     return int(fields[11]) / tck, int(fields[12]) / tck
 
-
-def ctx_switches(pid: int) -> int:
-    total = 0
-    for path in glob.glob(f"/proc/{pid}/task/*/status"):
-        try:
-            with open(path) as f:
-                for line in f:
-                    if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
-                        total += int(line.split()[1])
-        except OSError:
-            pass  # a thread that ended
-    return total
 
 
 def stats(mnt: str) -> dict:

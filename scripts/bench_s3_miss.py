@@ -36,6 +36,7 @@ from typing import Dict, List
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+from shadefs.testing import ctx_switches  # noqa: E402
 from shadefs.testing.s3 import LatencyProxyProcess, MotoServer  # noqa: E402
 
 BUCKET = "bench-s3-miss"
@@ -55,17 +56,6 @@ def cpu_s(pid: int) -> float:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
-
-def ctx_switches(pid: int) -> int:
-    """Voluntary + involuntary context switches of the threads of ``pid`` alive now."""
-    n = 0
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{tid}/status") as f:
-                n += sum(int(line.split()[1]) for line in f if "ctxt_switches" in line)
-        except OSError:
-            pass  # the thread ended meanwhile
-    return n
 
 
 def read_all(mnt: str, names: List[str], readers: int, piece: int) -> int:

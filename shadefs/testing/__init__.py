@@ -17,9 +17,9 @@ Used by tests/conftest.py, scripts/bench_*.py and scripts/demo.py; ships with th
 extra only for the S3 pieces).
 """
 from shadefs.testing.mounts import (
-    Mount, ShadefsError, force_unmount, pid_alive, proc_cpu_s, shadefs, tracebacks, unmount, wait_for,
-    wait_pid_gone,
+    Mount, ShadefsError, ctx_switches, force_unmount, pid_alive, proc_cpu_s, shadefs, tracebacks, unmount,
+    wait_for, wait_pid_gone,
 )
 
-__all__ = ["Mount", "ShadefsError", "force_unmount", "pid_alive", "proc_cpu_s", "shadefs", "tracebacks",
+__all__ = ["Mount", "ShadefsError", "ctx_switches", "force_unmount", "pid_alive", "proc_cpu_s", "shadefs", "tracebacks",
            "unmount", "wait_for", "wait_pid_gone"]

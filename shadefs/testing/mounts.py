@@ -77,6 +77,20 @@ def proc_cpu_s(pid: Optional[int]) -> Optional[float]:
         return None
 
 
+def ctx_switches(pid: int) -> int:
+    """Context switches (voluntary + involuntary) of the threads of process ``pid`` alive now, from
+    /proc/PID/task/*/status (a thread that has ended no longer counts)."""
+    n = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/status") as f:
+                n += sum(int(line.split()[1]) for line in f if line.startswith(("voluntary_ctxt_switches:",
+                                                                                  "nonvoluntary_ctxt_switches:")))
+        except OSError:
+            pass  # the thread ended meanwhile
+    return n
+
+
 def wait_for(predicate: Callable[[], object], timeout: float = 10.0, interval: float = 0.02,
              what: str = "condition"):
     """Poll ``predicate()`` every ``interval`` s until it is truthy; return its value.
