@@ -423,15 +423,16 @@ def report(saved: dict, target: list, png: str, traces: str = None) -> None:
         opens = sum(e.get("opens", 0) for r in rs for e in r["epochs"][1:])
         hits = sum(e.get("hits", 0) for r in rs for e in r["epochs"][1:])
 
-        def tt(t):
-            got = [time_to(r, t) for r in full]
-            ok = [x for x in got if x is not None]
-            return (f"{statistics.mean(ok):.0f} ({min(ok):.0f}..{max(ok):.0f}), {len(ok)}/{len(full)} seeds"
-                    if ok else f"not reached (0/{len(full)})")
+        def tt(t):  # every run counts, also one stopped early that got there
+            ok = [x for x in (time_to(r, t) for r in rs) if x is not None]
+            return (f"{statistics.mean(ok):.0f} ({min(ok):.0f}..{max(ok):.0f}), {len(ok)}/{len(rs)} seeds"
+                    if ok else f"not reached (0/{len(rs)})")
         totals = [sum(e["epoch_time_s"] for e in r["epochs"]) for r in full]
-        print(f"{MODES[m][0]} | {len(full)} | {spread(e1)} | {spread(later)} | {spread(totals)} | "
-              f"{100 * hits / opens if opens else 0:.1f}% | "
-              f"{statistics.mean(r['gets'] for r in full) if full else 0:,.0f} | "
+        early = len(rs) - len(full)
+        seeds = f"{len(rs)} ({early} stopped early)" if early else f"{len(rs)}"
+        gets = f"{statistics.mean(r['gets'] for r in full):,.0f}" if full else "-"  # (whole runs only)
+        print(f"{MODES[m][0]} | {seeds} | {spread(e1)} | {spread(later)} | {spread(totals)} | "
+              f"{100 * hits / opens if opens else 0:.1f}% | {gets} | "
               f"{spread([r['epochs'][-1]['test_acc'] for r in full])} | "
               + " | ".join(tt(t) for t in target) + " | "
               + (tt(uniform) if uniform is not None else "-"))

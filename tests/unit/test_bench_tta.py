@@ -1,4 +1,4 @@
-"""scripts/bench_tta.py: the run limits (--run-timeout, --until) and the GETs per epoch."""
+"""scripts/bench_tta.py: the run limits (--run-timeout, --until), the GETs per epoch, and the summary of runs stopped early."""
 
 import pytest
 
@@ -38,3 +38,31 @@ def test_parse_args_turns_until_into_a_time_and_refuses_a_negative_timeout():
 def test_gets_per_epoch_are_the_differences_of_the_counts_at_each_record():
     assert bt.gets_per_epoch({"gets_at_epoch": [100, 250, 330]}) == [100, 150, 80]
     assert bt.gets_per_epoch({}) == []
+
+
+def _epochs(accs, secs=10.0):
+    return [{"epoch": i + 1, "epoch_time_s": secs, "test_acc": a, "opens": 100, "hits": 10, "prefetched": 0}
+            for i, a in enumerate(accs)]
+
+
+def _run(mode, seed, accs, gets, partial=False):
+    return {"mode": mode, "label": bt.MODES[mode][0], "seed": seed, "epochs": _epochs(accs), "gets": gets,
+            "gets_at_epoch": [], "partial": partial, "stopped": "run timeout (30 s)" if partial else None}
+
+
+def test_the_summary_counts_a_run_stopped_early_in_its_times_but_not_its_gets(tmp_path, capsys):
+    saved = {"setup": {"delay_ms": 1, "pct": "10%", "workers": 2, "seeds": [0, 1], "modes": ["shuffle", "shade"],
+                       "train_images": 100},
+             "load_start": [1.0, 1.0, 1.0], "load_end": [1.0, 1.0, 1.0],
+             "runs": [_run("shuffle", 0, [80, 84, 86], 300), _run("shuffle", 1, [81, 85, 87], 320),
+                      _run("shade", 0, [82, 86, 88], 150), _run("shade", 1, [83, 86], 90, partial=True)]}
+    bt.report(saved, [85], str(tmp_path / "tta.png"))
+    rows = {line.split(" | ")[0]: line.split(" | ") for line in capsys.readouterr().out.splitlines()
+            if line.startswith(("shuffle=True + static |", "ShadeSampler + shade |"))
+            and len(line.split(" | ")) == 10}  # the summary's rows (one target)
+    shuffle, shade = rows["shuffle=True + static"], rows["ShadeSampler + shade"]
+    assert shuffle[1] == "2" and shuffle[6] == "310"           # GETs per run: the whole runs' mean
+    assert shuffle[8] == "25 (20..30), 2/2 seeds"              # 85 %: epoch 3 (30 s) and epoch 2 (20 s)
+    assert shade[1] == "2 (1 stopped early)" and shade[6] == "150"  # the stopped run's GETs are not a run's
+    assert shade[8] == "20 (20..20), 2/2 seeds"                # the stopped run reached 85 % at epoch 2
+    assert shade[9] == "30 (30..30), 1/2 seeds"                # uniform's final (86.5 %): only the whole run
