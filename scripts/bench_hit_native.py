@@ -39,12 +39,12 @@ import os
 import random
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from typing import Dict, List
 
 from shadefs.testing import Mount, baseline, ctx_switches, proc_cpu_s, wait_for
+from shadefs.testing.mounts import SHADEFS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIZES = (("~110 KB", 2000, 110_000), ("~300 B", 4000, 300))
@@ -155,7 +155,7 @@ def main(argv=None) -> int:
                     m = os.path.join(work, f"m{len(mnts)}-{size}")
                     os.makedirs(m, exist_ok=True)
                     log_file = os.path.join(work, f"m{len(mnts)}-{size}.log")
-                    fg = subprocess.Popen([sys.executable, "-m", "shadefs", "mount", src, m, "--ram-cache", "100%",
+                    fg = subprocess.Popen(SHADEFS + ["mount", src, m, "--ram-cache", "100%",
                                            "--foreground", "--log-file", log_file],
                                           env=dict(os.environ, SHADEFS_FUSE_PYTHON_LOOP="0"),
                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -601,7 +601,7 @@ class TieredCache:
         waiting on a fetch nobody runs)."""
         fid = int(fid)
         with self.lock:  # the RAM hit first: one critical section, one dict lookup (no size lookup)
-            if self._orphans or self._hits_pending():
+            if self._orphans or self._hits_pending():  # _settle_due, inlined (the hot path)
                 self._settle()
             data = self._ram_data.get(fid)
             if data is not None:  # _ram_hit, inlined (the hot path: one call frame less per hit)
@@ -631,8 +631,7 @@ class TieredCache:
         size = int(self.ns.size(fid))
         while True:
             with self.lock:
-                if self._orphans or self._hits_pending():
-                    self._settle()
+                self._settle_due()
                 h = self._memory_hit(fid, size)
                 if h is not None:
                     return h
@@ -716,6 +715,12 @@ class TieredCache:
             rec = self._pins[fid] = Pin(0, size, PIN_TIER, fid)
         rec.refs += 1
         return rec
+
+    def _settle_due(self) -> None:
+        """Under self.lock, first thing in a critical section that reads or decides on pins or loose bytes:
+        :meth:`_settle` when a released handle or a hit logged without the GIL waits."""
+        if self._orphans or self._hits_pending():
+            self._settle()
 
     def _settle(self) -> None:
         """Under self.lock: apply the pins handed back by released (or dropped) handles. Every critical
@@ -833,8 +838,7 @@ class TieredCache:
         """A handle on bytes no tier holds: kept while :data:`LOOSE_BUFFERS` allows, else dropped and
         served by ranges from the backend."""
         with self.lock:
-            if self._orphans or self._hits_pending():
-                self._settle()
+            self._settle_due()
             if data is not None:
                 if self.loose_bytes + size <= self.loose_budget:
                     self.loose_bytes += size
@@ -891,8 +895,7 @@ class TieredCache:
             if not self._unchecked[fid]:
                 return False  # another open of it checked it meanwhile
             if changed:
-                if self._orphans or self._hits_pending():
-                    self._settle()
+                self._settle_due()
                 old = int(ns.sizes[fid])
                 if self.disk_index is not None and fid in self.disk_index and fid not in self._flights:
                     drop = self.table.drop_entry(fid, old)
@@ -931,8 +934,7 @@ class TieredCache:
         usual way (:meth:`open_nowait`) and must not use its reference to generation ``gen``.
         """
         with self.lock:
-            if self._orphans or self._hits_pending():
-                self._settle()
+            self._settle_due()
             if (self.verify_entries != "first-hit" or self.disk_index is None or fid not in self.disk_index
                     or fid in self._flights or not self.verified[fid] or int(self.entries.gen[fid]) != gen):
                 return None
@@ -977,6 +979,7 @@ class TieredCache:
         demote: List[Victim] = []
         promoted = old = None
         with self.lock:
+            self._settle_due()  # (it may promote: a reservation decides on pins)
             if self._current(fid, gen):
                 self.verified[fid] = True
             self._count(fid, size, "disk")
@@ -1018,6 +1021,7 @@ class TieredCache:
         demote: List[Victim] = []
         promoted = old = None
         with self.lock:
+            self._settle_due()  # (it may promote, or hold the bytes against the loose budget)
             current = self._current(fid, gen)
             if current:
                 self.verified[fid] = True
@@ -1034,11 +1038,9 @@ class TieredCache:
         return Handle(self, fid, size, "disk")  # no loose room: served by ranges from the backend
 
     def _promote_locked(self, fid: int, size: int, data: bytes):
-        # under self.lock, for a verified disk hit of ``fid`` with its bytes in hand: promote it to RAM if the
-        # RAM tier takes it (resident(ram); its old entry: deleting). Returns (RAM victims to demote, the old
-        # entry to unlink, the pin), ([], None, None) when RAM refuses it
-        if self._orphans or self._hits_pending():
-            self._settle()
+        # under self.lock, settled (_settle_due), for a verified disk hit of ``fid`` with its bytes in hand:
+        # promote it to RAM if the RAM tier takes it (resident(ram); its old entry: deleting). Returns (RAM
+        # victims to demote, the old entry to unlink, the pin), ([], None, None) when RAM refuses it
         victims = self.ram_index.reserve(fid, size)
         if victims is None:
             return [], None, None
@@ -1082,8 +1084,7 @@ class TieredCache:
         (``memory``: a fetch kept by no tier, to offer to the shared tier, counts as admitted).
         ``transient`` (an open, whose handle takes the bytes): a file no tier admits of at most
         :attr:`whole_max` bytes is fetched into a transient buffer while :data:`LOOSE_BUFFERS` has room."""
-        if self._orphans or self._hits_pending():
-            self._settle()
+        self._settle_due()
         victims = self.ram_index.reserve(fid, size)
         if victims is not None:
             moving = self._evict_ram(victims)
@@ -1312,8 +1313,7 @@ class TieredCache:
         if h._chunk is None:  # the first read: a chunk buffer and its lock, if the working set has room
             want = min(self.chunk, h.size)
             with self.lock:
-                if self._orphans or self._hits_pending():
-                    self._settle()
+                self._settle_due()
                 if type(h._chunk) is not tuple and self.loose_bytes + want <= self.loose_budget:
                     self.loose_bytes += want
                     h._loose += want

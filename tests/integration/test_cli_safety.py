@@ -13,6 +13,7 @@ import time
 import pytest
 
 from conftest import SHADEFS, is_mounted
+from mountutil import children_of, pid_gone
 
 from shadefs.testing.mounts import wait_for
 
@@ -23,17 +24,6 @@ def one_line_error(r, rc=2):
     assert r.returncode == rc, (r.returncode, r.stderr, r.stdout)
     assert r.stderr.count("\n") == 1, r.stderr
     return r.stderr
-
-
-def pid_gone(pid, timeout=10):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        time.sleep(0.05)
-    return False
 
 
 # -- item 1: umount refuses what shadefs did not mount ------------------------------------------------
@@ -189,20 +179,6 @@ def test_umount_force_of_a_healthy_mount_is_a_normal_unmount(small_tree, mount, 
     assert r.stderr == "" and not is_mounted(m.path)
     assert pid_gone(m.pid)
     assert "final stats" in m.log()  # it exited through its unmount path, not killed
-
-
-def children_of(pid: int) -> list:
-    """Pids whose parent is ``pid`` (from /proc)."""
-    out = []
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                with open(f"/proc/{d}/stat") as f:
-                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
-                        out.append(int(d))
-            except (OSError, ValueError, IndexError):
-                pass
-    return out
 
 
 def test_ctrl_c_while_mount_waits_stops_the_daemon(small_tree, tmp_path, mount):

@@ -1,6 +1,5 @@
 """scripts/bench_shade_accuracy.py: the IDX loader, the emulated SHADE cache, a tiny grid and its report."""
 import gzip
-import importlib.util
 import json
 import subprocess
 import sys
@@ -9,18 +8,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import load_script
+
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 SCRIPT = SCRIPTS / "bench_shade_accuracy.py"
 
 
-def _load_script():
-    spec = importlib.util.spec_from_file_location("bench_shade_accuracy", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-bsa = _load_script()
+bsa = load_script("bench_shade_accuracy")
 
 
 def _write_idx(path: Path, array: np.ndarray) -> None:

@@ -1,14 +1,11 @@
 """The demo's simulator hint replays a trace at the mount's real RAM + NVMe bytes."""
-import importlib.util
 import json
 import subprocess
 import sys
-from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "demo.py"
-spec = importlib.util.spec_from_file_location("demo", SCRIPT)
-demo = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(demo)
+from conftest import load_script
+
+demo = load_script("demo")
 
 
 def stats(ram, disk):

@@ -1,15 +1,10 @@
 """The demo's summary: per mode the epoch times, the training reads' hit ratio and prefetched share, the GETs,
 the test accuracy and the speed-up over the direct reader; and its picture."""
 import argparse
-import importlib.util
-from pathlib import Path
 
-from conftest import require
+from conftest import load_script, require
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "demo.py"
-spec = importlib.util.spec_from_file_location("demo", SCRIPT)
-demo = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(demo)
+demo = load_script("demo")
 
 
 def run(mode, times, gets, acc, cache=None):

@@ -1,6 +1,5 @@
 """Tests for scripts/make_fashion_mnist.py: IDX parsing and a small build."""
 import gzip
-import importlib.util
 import os
 import subprocess
 import sys
@@ -10,21 +9,14 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import require
+from conftest import load_script, require
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 SCRIPT = SCRIPTS / "make_fashion_mnist.py"
 SOURCE = Path("/usr/share/datasets/fashion-mnist")
 
 
-def _load_script():
-    spec = importlib.util.spec_from_file_location("make_fashion_mnist", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-mfm = _load_script()
+mfm = load_script("make_fashion_mnist")
 
 
 def _idx_bytes(array: np.ndarray, code: int, be_dtype: str) -> bytes:

@@ -355,3 +355,28 @@ def test_a_failed_append_is_not_indexed_and_the_next_goes_to_a_new_segment(tmp_p
     _, gens, _, _, _ = t.scan()
     assert sorted(gens.tolist()) == sorted(recs) + [100]
     t.close()
+
+
+def test_a_packed_hit_finds_the_loose_room_of_a_handle_released_just_before(small_tree, tmp_path):
+    """A handle's release takes no lock (its bytes are handed back at the next critical section): a packed
+    hit whose own critical section comes right after one, as on another reader thread, counts the room it
+    freed and serves its record's bytes, not ranges from the source."""
+    from shadefs.testing.handles import open_read
+
+    src, spec = small_tree
+    cache, ns, store = _packed_cache(src, tmp_path, 1 << 20)
+    rel = "dog/04.bin"
+    f, size = ns.file_id(rel), len(spec[rel])
+    assert open_read(cache, f) == (spec[rel], "miss")   # packed into a segment
+    cache.loose_budget = size                           # room for one record's bytes held by a handle
+    h = cache.open(f)
+    assert h.outcome == "disk" and cache.loose_bytes == size
+    h.release()                                         # queued
+    before = cache.stats()["backend_bytes"]             # (settles the release: queue it again)
+    h = cache.open(f)
+    h.release()
+    h2 = cache._packed_hit(f, size, int(cache.entries.gen[f]), int(cache.entries.csum[f]))
+    assert h2.read(0, size) == spec[rel]
+    assert cache.stats()["backend_bytes"] == before     # from the record's bytes: the source not read
+    h2.release()
+    store.close()

@@ -1,22 +1,15 @@
 """scripts/train_fashion_mnist.py's defaults: DataLoader workers follow the machine (min(4, cores))."""
-import importlib.util
 import os
-from pathlib import Path
 
 import pytest
 
-from conftest import require
-
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "train_fashion_mnist.py"
+from conftest import load_script, require
 
 
 @pytest.fixture(scope="module")
 def train():
     require("torch", "torchvision")
-    spec = importlib.util.spec_from_file_location("train_fashion_mnist", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("train_fashion_mnist")
 
 
 @pytest.mark.parametrize("cores,workers", [(1, 1), (2, 2), (4, 4), (64, 4)])
