@@ -17,7 +17,7 @@ WORKDIR ?= /tmp/shadefs-demo
 DEMO_ARGS ?=
 APT_PKGS := fuse3 libfuse2 dataset-fashion-mnist attr redis-server redis-tools
 
-.PHONY: demo test deps venv dataset bench clean
+.PHONY: demo test test-fast deps venv dataset bench clean
 
 deps:
 	@missing=""; for p in $(APT_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -47,6 +47,10 @@ demo: deps venv $(if $(FULL),dataset)
 
 test: deps venv
 	$(PY) -m pytest tests -q
+
+# the quick tier: in-process unit tests under a second each (about a minute); `make test` runs everything
+test-fast: venv
+	$(PY) -m pytest tests -q -m "unit and not slow"
 
 bench: deps venv dataset
 	$(PY) scripts/bench_read.py

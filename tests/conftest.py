@@ -45,6 +45,18 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "both_frontends: run each test that mounts once per FUSE front end")
 
 
+#: the tier of each test folder: ``unit`` tests mount nothing (the quick
+#: ones under a second each: ``make test-fast`` runs ``unit and not slow``), ``mount`` tests start real
+#: FUSE mounts and servers; e2e tests train through a mount, and are ``slow`` as well
+_TIERS = {"unit": ("unit",), "integration": ("mount",), "e2e": ("mount", "slow")}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        for name in _TIERS.get(item.path.parent.name, ()):
+            item.add_marker(name)
+
+
 def pytest_generate_tests(metafunc):
     """Tests marked ``both_frontends`` that mount run once per front end (``[kernel]``, ``[libfuse]``);
     elsewhere ``SHADEFS_TEST_FUSE_IMPL=libfuse`` (or ``kernel``) picks the front end of every mount."""

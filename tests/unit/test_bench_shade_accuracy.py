@@ -17,6 +17,9 @@ SCRIPT = SCRIPTS / "bench_shade_accuracy.py"
 bsa = load_script("bench_shade_accuracy")
 
 
+pytestmark = pytest.mark.slow  # runs a subprocess, an install or a long search
+
+
 def _write_idx(path: Path, array: np.ndarray) -> None:
     header = bytes([0, 0, 0x08, array.ndim]) + np.array(array.shape, dtype=">u4").tobytes()
     with gzip.open(path, "wb") as f:

@@ -80,6 +80,7 @@ op = st.one_of(
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(policy=st.sampled_from(policy_names()), ram=st.integers(0, 12_000), disk=st.integers(0, 16_000),
        ops=st.lists(op, min_size=1, max_size=80), restart_disk=st.integers(0, 16_000))
+@pytest.mark.slow
 def test_tiers_never_exceed_their_budgets(tree, policy, ram, disk, ops, restart_disk):
     src, spec = tree
     cache_dir = tempfile.mkdtemp(prefix="shadefs-budget-")

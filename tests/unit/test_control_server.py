@@ -315,6 +315,7 @@ def classify(frames, namespace):
     return None
 
 
+@pytest.mark.slow
 @settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck))
 @given(st.lists(case(), min_size=20, max_size=80))
 def test_fuzz_exact_counters(small, batch):

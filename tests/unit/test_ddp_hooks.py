@@ -20,6 +20,9 @@ from hookfakes import LiveDaemon  # noqa: E402
 N, BS, EPOCHS, WORLD = 37, 5, 3, 2
 
 
+pytestmark = pytest.mark.slow  # runs a subprocess, an install or a long search
+
+
 class IndexDataset:
     def __init__(self, n, mount_root):
         self.root = mount_root + "/train"

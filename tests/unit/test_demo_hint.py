@@ -3,9 +3,14 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from conftest import load_script
 
 demo = load_script("demo")
+
+
+pytestmark = pytest.mark.slow  # runs a subprocess, an install or a long search
 
 
 def stats(ram, disk):

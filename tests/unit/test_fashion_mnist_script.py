@@ -75,6 +75,7 @@ def test_missing_source_exits_2(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_build_small_tree(tmp_path):
     require(str(SOURCE))  # apt-get install dataset-fashion-mnist (make test installs it)
     out = tmp_path / "fmnist"

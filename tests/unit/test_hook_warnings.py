@@ -80,6 +80,7 @@ def test_missing_control_socket_is_said_so(tmp_path, monkeypatch):
     assert "training continues without prefetch" in text
 
 
+@pytest.mark.slow
 def test_an_endpoint_nobody_answers_warns_once_on_the_users_thread(tmp_path):
     with socket.socket() as s:                                # a port nobody listens on
         s.bind(("127.0.0.1", 0))

@@ -325,6 +325,7 @@ def test_an_isolated_scan_stays_in_process_while_another_thread_runs(tricky):
     check_tree(ns, tricky)
 
 
+@pytest.mark.slow
 def test_posix_scan_in_forked_helpers_equals_the_one_thread_scan(tricky, tmp_path):
     """Where nothing but the main thread runs, the helpers are forked and claim subtrees from a pipe:
     the same bytes of every array as the 1-thread scan, and subtrees listed in more than one process;

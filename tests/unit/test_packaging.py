@@ -3,7 +3,12 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+pytestmark = pytest.mark.slow  # runs a subprocess, an install or a long search
 
 
 def test_regular_install_provides_shadefs_hooks(tmp_path):

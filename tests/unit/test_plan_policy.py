@@ -147,6 +147,7 @@ def full_sort_victims(pol, fid, size, free):
     return None
 
 
+@pytest.mark.slow
 @settings(max_examples=120, deadline=None)
 @given(st.data(), st.sampled_from(["static", "lru", "shade"]))
 def test_the_heaps_decide_as_a_full_sort_under_many_plans(data, inner):

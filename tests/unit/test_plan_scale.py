@@ -8,6 +8,7 @@ import threading
 import weakref
 
 import numpy as np
+import pytest
 
 from shadefs.cache.index import TierIndex
 from shadefs.plan.plans import PlanRegistry
@@ -23,6 +24,7 @@ def tiers(n, capacities, inner="lru"):
     return plans, h, idx
 
 
+@pytest.mark.slow
 def test_a_tier_that_is_off_or_never_evicts_keeps_no_growing_backlog():
     n = 500
     plans, h, (off, big) = tiers(n + 1, [0, n])

@@ -93,6 +93,7 @@ def replay(n, scans):
         set_opener(None)
 
 
+@pytest.mark.slow
 def test_a_scan_of_no_plan_misses_less_and_the_jobs_miss_as_before():
     off, on = replay(3000, 0), replay(3000, 4)       # scans not followed / followed
     assert off[:2] == on[:2] == [3280, 3373]          # the jobs miss as many either way

@@ -74,6 +74,7 @@ def check_invariants(cache, pf):
     assert pf.reserved_bytes == sum(len(d) for d, _ in pf.staged.values()) + sum(z for z, _ in pf.pending.values())
 
 
+@pytest.mark.slow
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.data())
 def test_window_is_never_exceeded_and_outcomes_add_up(tree, data):

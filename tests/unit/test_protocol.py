@@ -308,6 +308,7 @@ def test_protocol_error_attributes():
 
 # -- fuzzing ------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 @FAST
 @given(valid_request())
 def test_fuzz_valid_round_trip(frames):
@@ -320,6 +321,7 @@ def test_fuzz_valid_round_trip(frames):
         assert P.encode_stats_request(msg.request_id) == frames
 
 
+@pytest.mark.slow
 @FAST
 @given(mutated_request())
 def test_fuzz_mutated_matches_reference(frames):

@@ -209,6 +209,7 @@ def test_worker_processes_keep_the_sampler_order():
             np.testing.assert_allclose(s.weights[idx.numpy()[-1]], rank_transform(x[:, 0].numpy())[-1])
 
 
+@pytest.mark.slow
 def test_importing_the_hooks_does_not_import_torch():
     code = (
         "import sys, shadefs.hooks as h\n"
@@ -221,6 +222,7 @@ def test_importing_the_hooks_does_not_import_torch():
 
 
 # -------------------------------------------------------------------------------------- Client
+@pytest.mark.slow
 def test_client_endpoint_discovery_and_sends_that_never_raise(tmp_path, monkeypatch):
     from shadefs.control import client as cc
 

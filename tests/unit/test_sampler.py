@@ -238,6 +238,7 @@ def test_min_miss_fraction_prevents_all_hit_epochs(half_resident, mmf, expect_mi
     assert not misses[: s.plan.hits].any()
 
 
+@pytest.mark.slow
 def test_residency_failure_warns_once_and_degrades(tmp_path):
     n = 30
     # a real client of an endpoint nobody serves: every residency query times out

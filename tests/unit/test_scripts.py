@@ -11,6 +11,9 @@ SCRIPTS = sorted(f for f in os.listdir(os.path.join(ROOT, "scripts")) if f.endsw
 BENCH = [f for f in SCRIPTS if f.startswith("bench_")]
 
 
+pytestmark = pytest.mark.slow  # runs a subprocess, an install or a long search
+
+
 def test_there_are_benchmarks_to_check():
     assert {"bench_read.py", "bench_hit_ratio.py", "bench_epoch.py"} <= set(BENCH)
 

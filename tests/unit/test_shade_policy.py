@@ -352,6 +352,7 @@ def test_capacity_zero_does_not_subscribe():
 @TRACE
 @given(st.integers(0, 120), sizes_st,
        st.lists(st.one_of(op_st, op_st, op_st, update_st), min_size=20, max_size=150), st.booleans())
+@pytest.mark.slow
 def test_matches_brute_force_model(capacity, sizes, ops, deferred):
     """Immediate mode, and deferred mode drained (in slices of 3) after every step, decide as the model."""
     imp = Importance(N_FILES)

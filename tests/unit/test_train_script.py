@@ -6,6 +6,9 @@ import pytest
 from conftest import load_script, require
 
 
+pytestmark = pytest.mark.slow  # runs a subprocess, an install or a long search
+
+
 @pytest.fixture(scope="module")
 def train():
     require("torch", "torchvision")
