@@ -53,6 +53,7 @@ SCORE_REJECTED = "shadefs_score_messages_rejected_total"  # {reason}
 CHECKPOINTS = "shadefs_importance_checkpoints_total"
 # the shared tier (only with --shared-tier; tier="shared" in the TIER_* gauges is this member's share)
 SHARED_ERRORS = "shadefs_shared_errors_total"
+SHARED_DEADLINES = "shadefs_shared_deadlines_total"
 SHARED_SKIPPED = "shadefs_shared_skipped_total"
 SHARED_CORRUPT = "shadefs_shared_corrupt_total"
 SHARED_AUTH_FAILED = "shadefs_shared_auth_failed_total"
@@ -80,7 +81,7 @@ PLAN_MESSAGES = "shadefs_plan_messages_total"
 NAMES = (INFO, UPTIME, OPENS, HITS, MISSES, OPEN_BYTES, HIT_BYTES, BACKEND_BYTES, BACKEND_ERRORS,
          BACKEND_READ_SECONDS, EVICTIONS, PROMOTIONS, DEMOTIONS, TIER_USED, TIER_CAPACITY, TIER_FILES,
          CORRUPT, DISK_WRITE_ERRORS, DISK_WRITES_REFUSED, DISK_RELOAD_ENTRIES, DISK_RELOAD_SECONDS,
-         SCORE_MESSAGES, SCORE_REJECTED, CHECKPOINTS, SHARED_ERRORS, SHARED_SKIPPED, SHARED_CORRUPT,
+         SCORE_MESSAGES, SCORE_REJECTED, CHECKPOINTS, SHARED_ERRORS, SHARED_DEADLINES, SHARED_SKIPPED, SHARED_CORRUPT,
          SHARED_AUTH_FAILED, SHARED_OFFERS, SHARED_GROUP_USED, SHARED_GROUP_CAPACITY, SHARED_GROUP_FILES, SHARED_MEMBERS,
          NAMESPACE_FILES, NAMESPACE_DIRS, NAMESPACE_SKIPPED, NAMESPACE_SCAN_SECONDS,
          PREFETCH_OPENS, PREFETCH_LATE_SECONDS, PREFETCH_FETCHED_BYTES, PREFETCH_SHARED_BYTES, PREFETCH_WASTED_BYTES,
@@ -229,6 +230,8 @@ class CacheCollector:
 def _shared_metrics(sc: dict, st: dict):
     yield CounterMetricFamily(SHARED_ERRORS, "Shared-tier calls that failed or ran past their deadline "
                               "(each cost a hit, never an error).", value=sc["errors"])
+    yield CounterMetricFamily(SHARED_DEADLINES, "Shared-tier calls that ran past their deadline (part of "
+                              "the errors; the caller went on without waiting).", value=sc["deadlines"])
     yield CounterMetricFamily(SHARED_SKIPPED, "Shared-tier calls skipped while backing off after repeated "
                               "failures.", value=sc["skipped"])
     yield CounterMetricFamily(SHARED_CORRUPT, "Shared-tier values that failed verification (deleted).",

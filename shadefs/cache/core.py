@@ -1741,7 +1741,9 @@ class TieredCache:
             if self.shared is not None:  # only with --shared-tier: the keys of a plain mount stay as they are
                 out["hits"]["shared"] = self.hits_shared
                 out["tiers"]["shared"] = self.shared.stats()
-                out["shared_errors"] = self.shared.counters()["errors"]
+                sc = self.shared.counters()
+                out["shared_errors"] = sc["errors"]
+                out["shared_deadlines"] = sc["deadlines"]
             return out
 
 

@@ -419,6 +419,7 @@ class SharedTier:
         self.joined = False
         # counters (under self._lock)
         self.errors = 0          # calls that failed or ran past their deadline
+        self.deadlines = 0       # of those, calls that ran past their deadline (the caller went on without them)
         self.skipped = 0         # calls not made because the tier (or the partition) was backing off
         self.corrupt = 0         # values that failed verification without a secret (deleted)
         self.auth_failed = 0     # values that failed authentication with the group's secret (deleted)
@@ -515,6 +516,7 @@ class SharedTier:
             now = time.monotonic()
             with self._lock:
                 self.errors += 1
+                self.deadlines += isinstance(e, cf.TimeoutError)
                 opened = self._global.fail(now)
                 if partition is not None:
                     opened = self._breakers[partition].fail(now) or opened
@@ -907,7 +909,7 @@ class SharedTier:
 
     def counters(self) -> dict:
         with self._lock:
-            return {"errors": self.errors, "skipped": self.skipped, "corrupt": self.corrupt,
+            return {"errors": self.errors, "deadlines": self.deadlines, "skipped": self.skipped, "corrupt": self.corrupt,
                     "auth_failed": self.auth_failed,
                     "gets": self.gets, "get_hits": self.get_hits, "offers": dict(self.offers),
                     "cap_evictions": self.cap_evictions}

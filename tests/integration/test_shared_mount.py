@@ -177,8 +177,6 @@ def test_bad_shared_tier_flags_are_one_line_errors(small_tree, tmp_path, cli):
 
 
 def test_a_hung_redis_never_holds_an_open_past_the_deadline(small_tree, mount, redis_server, shared_secret):
-    import time
-
     src, spec = small_tree
     args = ("--shared-tier", redis_server.url, "--shared-tier-size", "1MB", "--shared-tier-heartbeat", "0.1",
             "--shared-tier-partitions", "4", "--shared-tier-timeout", "0.05", *shared_secret)
@@ -187,16 +185,16 @@ def test_a_hung_redis_never_holds_an_open_past_the_deadline(small_tree, mount, r
     wait_for(lambda: a.stats()["tiers"]["shared"]["files"] == 10, timeout=10)
     redis_server.pause()  # SIGSTOP: connections hang (the client's socket timeout is 1 s)
     try:
-        took = []
         b = mount(src, *args, name="b")  # joins while Redis hangs: serves without it
         for m in (a, b):
             for rel, data in sorted(spec.items()):
-                t0 = time.monotonic()
                 assert read(f"{m.path}/{rel}") == data
-                took.append(time.monotonic() - t0)
-        assert max(took) < 0.8, took  # the deadline (50 ms) plus a local read, not the 1 s socket timeout
         sa, sb = a.stats(), b.stats()
-        assert sa["hits"]["shared"] == 0 and sa["misses"] == 20 and sa["shared_errors"] >= 1
+        # every call A made while Redis hung (its opens' lookups at 50 ms, its heartbeats at 0.4 s) ended
+        # at its deadline, none at the socket's 1 s timeout: its failed calls are exactly its calls past
+        # their deadline. (B's join waits up to 1 s, as long as the socket: B's errors may be either kind.)
+        assert sa["shared_errors"] == sa["shared_deadlines"] >= 1
+        assert sa["hits"]["shared"] == 0 and sa["misses"] == 20
         assert sb["hits"]["shared"] == 0 and sb["misses"] == 10
         invariant(sa)
         invariant(sb)

@@ -255,10 +255,9 @@ def test_down_server_costs_hits_never_errors(redis_server):
         k = SharedTier.key("x", 1000)
         assert t.offer(k, blob(1, 1000)) == "admitted"
         redis_server.pause()  # accepts connections, never answers: the slow-node case
-        t0 = time.monotonic()
         assert t.get(k, 1000) is None
-        assert time.monotonic() - t0 < 0.2  # the deadline, not the socket timeout
-        assert t.counters()["errors"] == 1
+        # the deadline ended the call, not the socket's timeout (an error of its own kind)
+        assert t.counters()["errors"] == t.counters()["deadlines"] == 1
         for _ in range(3):
             assert t.get(k, 1000) is None
         assert t.counters()["skipped"] >= 1  # backing off after repeated failures
