@@ -40,7 +40,7 @@ Usage::
     bench_epoch.py --results OUT.json --write-doc      # re-render the doc from a saved run
 
 ``--write-doc`` replaces the section between ``<!-- bench_epoch:start -->`` and
-``<!-- bench_epoch:end -->`` in docs/performance.md and writes docs/img/bench_epoch.png.
+``<!-- bench_epoch:end -->`` in docs/results/bench_epoch.md and writes docs/img/bench_epoch.png.
 """
 from __future__ import annotations
 
@@ -72,7 +72,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 
 BUCKET = "shadefs-bench"
-DOC = os.path.join(REPO, "docs", "performance.md")
+DOC = os.path.join(REPO, "docs", "results", "bench_epoch.md")
 PLOT = os.path.join(REPO, "docs", "img", "bench_epoch.png")
 START, END = docsection.markers("bench_epoch")
 MEAN, STD = (0.2860,) * 3, (0.3530,) * 3
@@ -448,7 +448,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--run-timeout", type=float, default=1800, help="seconds per training run")
     p.add_argument("--json", metavar="OUT.json", help="also write the results here")
     p.add_argument("--write-doc", action="store_true",
-                   help="replace the bench_epoch section of docs/performance.md and the plot")
+                   help="replace the bench_epoch section of docs/results/bench_epoch.md and the plot")
     p.add_argument("--results", metavar="IN.json", nargs="+",
                    help="render from saved results (several: chunks of one grid, merged); run nothing")
     p.add_argument("--child", help=argparse.SUPPRESS)
@@ -1031,7 +1031,7 @@ def render_section(results: Dict[str, Any]) -> str:
         "",
         table(results),
         "",
-        "![epoch time and hit ratio](img/bench_epoch.png)",
+        "![epoch time and hit ratio](../img/bench_epoch.png)",
         "",
         f"Where the time went, per run ({m['cpus']} cores). \"epochs, sum\" is wall time; the CPU "
         "columns are CPU seconds of the whole run; \"training + workers\" is the training process and "

@@ -21,7 +21,7 @@ import time
 from shadefs.testing import Mount, docsection
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-DOC = os.path.join(HERE, "..", "docs", "performance.md")
+DOC = os.path.join(HERE, "..", "docs", "results", "bench_imagefolder.md")
 START, END = docsection.markers("bench_imagefolder")
 
 
@@ -47,7 +47,7 @@ def main(argv=None) -> int:
     p.add_argument("--data", default="data/fmnist/train", help="an ImageFolder root (class folders)")
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--drop-caches", action="store_true", help="drop dentry/inode caches before cold runs (root)")
-    p.add_argument("--write-doc", action="store_true", help="replace the section in docs/performance.md")
+    p.add_argument("--write-doc", action="store_true", help="replace the section in docs/results/bench_imagefolder.md")
     args = p.parse_args(argv)
     src = os.path.abspath(args.data)
     n_files = sum(len(fs) for _, _, fs in os.walk(src))

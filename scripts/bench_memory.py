@@ -28,7 +28,7 @@ import time
 from shadefs.testing import Mount, baseline, docsection
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DOC = os.path.join(ROOT, "docs", "performance.md")
+DOC = os.path.join(ROOT, "docs", "results", "bench_memory.md")
 MiB = 1 << 20
 
 
@@ -95,7 +95,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--baseline", default=None, help="git revision to compare against")
     ap.add_argument("--work", default="/tmp/shadefs-bench-memory", help="sources and mountpoints go here")
-    ap.add_argument("--write-doc", action="store_true", help="rewrite the section in docs/performance.md")
+    ap.add_argument("--write-doc", action="store_true", help="rewrite the section in docs/results/bench_memory.md")
     args = ap.parse_args()
     os.makedirs(args.work, exist_ok=True)
     os.chdir(args.work)  # ``python -m shadefs`` puts the cwd first on sys.path: not this tree's package

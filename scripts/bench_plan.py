@@ -33,7 +33,7 @@ parallel, no FUSE, no cache, and the link's byte rate.
 
 Each invocation appends its runs to ``--json`` after every run (so a grid can be run in chunks, one bench
 lock hold each); ``--render`` merges several files (grouped by delay), prints the tables and with
-``--write-doc`` writes the ``bench_plan`` section of docs/performance.md and docs/img/plan_grid_*.png.
+``--write-doc`` writes the ``bench_plan`` section of docs/results/bench_plan.md and docs/img/plan_grid_*.png.
 """
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ from shadefs import sim
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
-DOC = os.path.join(REPO, "docs", "performance.md")
+DOC = os.path.join(REPO, "docs", "results", "bench_plan.md")
 IMG_DIR = os.path.join(REPO, "docs", "img")
 SHADEFS = [sys.executable, "-m", "shadefs"]
 BUCKET = "bench-plan"
@@ -535,7 +535,7 @@ def render(files, write_doc):
         if write_doc:
             try:
                 plot(g, delay, os.path.join(IMG_DIR, img))
-                L += [f"![epoch time and GETs vs cache size, {2 * delay:g} ms RTT](img/{img})", ""]
+                L += [f"![epoch time and GETs vs cache size, {2 * delay:g} ms RTT](../img/{img})", ""]
             except ImportError as e:
                 print(f"no plot: {e}", file=sys.stderr)
         print_out.append(f"== {delay:g} ms each way ==\n" + "\n".join(limit_line(g)) + "\n" + table_md(rows))
@@ -571,7 +571,7 @@ def main(argv=None):
     ap.add_argument("--json", metavar="OUT", help="save the runs here (after every run)")
     ap.add_argument("--keep-traces", metavar="DIR", help="copy each mount run's trace (and scores) here")
     ap.add_argument("--render", nargs="+", metavar="JSON", help="render saved runs instead of measuring")
-    ap.add_argument("--write-doc", action="store_true", help="with --render: write docs/performance.md and plots")
+    ap.add_argument("--write-doc", action="store_true", help="with --render: write docs/results/bench_plan.md and plots")
     args = ap.parse_args(argv)
     if args.render:
         render(args.render, args.write_doc)

@@ -33,7 +33,7 @@ reaches the slow source). With ``--fuse-loop single`` a hit waits behind whichev
 
     .venv/bin/python scripts/bench_read.py                 # full run (~5 min on 2 cores)
     .venv/bin/python scripts/bench_read.py --quick         # ~1 min smoke run
-    .venv/bin/python scripts/bench_read.py --write-doc     # also rewrite docs/performance.md "Read path"
+    .venv/bin/python scripts/bench_read.py --write-doc     # also rewrite docs/results/bench_read.md "Read path"
                                                            # and docs/img/bench_read.png
 
 ``--baseline REV`` also mounts every selected case with the ``shadefs`` package of git revision REV (its
@@ -43,7 +43,7 @@ so the working tree and the baseline are timed side by side on the same files:
     .venv/bin/python scripts/bench_read.py --sizes large --readers 8 --cases ram-kernel nvme-kernel \
         --no-slow --no-hung --baseline main
 
-Only the part of docs/performance.md between ``<!-- bench_read:start -->`` and
+Only the part of docs/results/bench_read.md between ``<!-- bench_read:start -->`` and
 ``<!-- bench_read:end -->`` is replaced. Every mount is unmounted in ``finally`` blocks (also on Ctrl-C).
 """
 from __future__ import annotations
@@ -1362,7 +1362,7 @@ def parse_args(argv=None):
     p.add_argument("--keep", action="store_true", help="keep the work directory")
     p.add_argument("--quick", action="store_true", help="smoke run (~1 min): 400 files, 1 and 8 readers, 1 pass")
     p.add_argument("--write-doc", action="store_true", help="rewrite the 'Read path' section of --doc and the plot")
-    p.add_argument("--doc", default=os.path.join(ROOT, "docs", "performance.md"))
+    p.add_argument("--doc", default=os.path.join(ROOT, "docs", "results", "bench_read.md"))
     p.add_argument("--plot", default=os.path.join(ROOT, "docs", "img", "bench_read.png"))
     p.add_argument("--json", metavar="FILE", help="also write the raw results as JSON")
     p.add_argument("--baseline", metavar="REV", help="also run every selected case against the shadefs package "

@@ -28,7 +28,7 @@ Usage::
     bench_shared.py --results OUT.json --write-doc      # re-render the doc from a saved run
 
 ``--write-doc`` replaces the section between ``<!-- bench_shared:start -->`` and
-``<!-- bench_shared:end -->`` in docs/performance.md and writes docs/img/bench_shared.png.
+``<!-- bench_shared:end -->`` in docs/results/bench_shared.md and writes docs/img/bench_shared.png.
 """
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 BUCKET = "shadefs-bench"
 PREFIX = "shared"
-DOC = os.path.join(REPO, "docs", "performance.md")
+DOC = os.path.join(REPO, "docs", "results", "bench_shared.md")
 PLOT = os.path.join(REPO, "docs", "img", "bench_shared.png")
 
 
@@ -261,7 +261,7 @@ RTT, ~0.05-0.2 ms in one rack, plus size / bandwidth) and a copy through the dae
 hit served from a local file; both are far below a miss. The shared tier pays off when its hit replaces a
 backend GET, not an NVMe hit: size the NVMe tier first, then share what no node can hold.
 
-![bench_shared](img/bench_shared.png)
+![bench_shared](../img/bench_shared.png)
 {end}"""
 
 
