@@ -315,8 +315,10 @@ class TieredCache:
         self._residents = None
         self._hits_pending = int   # () -> 0 without them
         self.loose_budget = LOOSE_BUFFERS
-        # called with a file id right after one of its disk entries is unlinked, before its bytes leave the
-        # budget (outside the lock): a front end that pins entry files (passthrough backing ids) lets go
+        # called with (file id, entry generation) right after that generation of the file's disk entry is
+        # unlinked, before its bytes leave the budget (outside the lock): a front end that pins entry files
+        # (passthrough backing ids) lets go of that generation's, never of a newer one's (the mover may
+        # unlink an old generation after a refill wrote and registered the next)
         self.entry_unlinked: List = []
         # called with (file id, entry generation) right after a disk entry is dropped as corrupt (outside the
         # lock): a front end that serves entry files itself (passthrough) never serves that generation again
@@ -1071,9 +1073,9 @@ class TieredCache:
             hook(fid, gen)
         self.mover.submit([], [dying], done)
 
-    def _unlinked_hooks(self, fid: int) -> None:
+    def _unlinked_hooks(self, fid: int, gen: int) -> None:
         for hook in self.entry_unlinked:
-            hook(fid)
+            hook(fid, gen)
 
     # -- misses: one leader per file, admission decided before the read -----------------------------
     def _start_fetch(self, fid: int, size: int, memory: bool = True, transient: bool = False,
@@ -1124,7 +1126,7 @@ class TieredCache:
         # entries, then let the fill use their bytes (credited to it: the budget never counts them twice)
         for entry in doomed:
             self.disk.delete(self.ns.path(entry.fid), entry.gen, entry.csum)
-            self._unlinked_hooks(entry.fid)
+            self._unlinked_hooks(entry.fid, entry.gen)
         with self.lock:
             self.disk_index.release(fid)
 

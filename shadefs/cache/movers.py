@@ -143,10 +143,11 @@ class Mover:
 
     def unlink(self, entry: DyingEntry) -> None:
         """deleting -> gone: delete the entry's file (one generation: never a newer entry of the file),
-        tell the front end (``entry_unlinked`` hooks), then stop counting its bytes."""
+        tell the front end (``entry_unlinked`` hooks, with the generation: the file may have a newer entry
+        by now, whose passthrough backing id stays), then stop counting its bytes."""
         c = self.cache
         c.disk.delete(c.ns.path(entry.fid), entry.gen, entry.csum)
-        c._unlinked_hooks(entry.fid)
+        c._unlinked_hooks(entry.fid, entry.gen)
         with c.lock:
             c.table.entry_unlinked(entry)
 

@@ -391,15 +391,21 @@ class _Modes:
         for bid in drop:
             self._backing_close(bid)
 
-    def forget(self, fid: int) -> None:
-        """``fid``'s disk entry was unlinked: close a backing id kept for it (which pins the unlinked file
-        on the cache filesystem, outside the disk budget), and keep none at its last release."""
+    def forget(self, fid: int, gen: int) -> None:
+        """Generation ``gen`` of ``fid``'s disk entry was unlinked (``cache.entry_unlinked``): close a backing
+        id kept for that generation (it pins the unlinked file on the cache filesystem, outside the disk
+        budget), and keep none of it at its last release. A backing id of another generation stays: the
+        mover may unlink an old generation after a refill of the file wrote a new one and its open
+        registered (and kept) the new entry's id."""
         with self.lock:
-            kept = self.kept.pop(fid, None)
-            if kept is not None:
+            kept = self.kept.get(fid)
+            if kept is not None and kept[2] == gen:
+                del self.kept[fid]
                 self.kept_bytes -= kept[1]
+            else:
+                kept = None
             st = self.files.get(fid)
-            if st is not None:
+            if st is not None and st[4] == gen:
                 st[3] = False  # its entry is gone: closed at the last release
         if kept is not None:
             self._backing_close(kept[0])

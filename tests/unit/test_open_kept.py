@@ -124,10 +124,13 @@ def _modes_generations(m, tmp_path):
         os.close(fd)
     m.release(7)
     assert 7 not in m.kept and m.kept_bytes == 0
-    # a kept id, then its entry is unlinked (evicted, replaced, dropped as corrupt): forgotten
+    # a kept id, then an older generation's entry is unlinked (late, by the mover): the id stays
     m.kept[9] = (43, 100, 2)
     m.kept_bytes = 100
-    m.forget(9)
+    m.forget(9, 1)
+    assert m.kept[9] == (43, 100, 2) and m.gen_of(9) == 2 and m.kept_bytes == 100
+    # then its own generation's entry is unlinked (evicted, replaced, dropped as corrupt): forgotten
+    m.forget(9, 2)
     assert m.gen_of(9) is None and m.kept_bytes == 0
 
 
