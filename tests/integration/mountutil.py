@@ -1,6 +1,9 @@
 """Helpers shared by the operations tests (persistence, faults, load, metrics, security)."""
 from __future__ import annotations
 
+import ctypes
+import errno
+import mmap
 import os
 import re
 import subprocess
@@ -123,3 +126,52 @@ def fashion_tree(tmp_path_factory, train: int, test: int) -> Path:
                     str(out), "--limit-train", str(train), "--limit-test", str(test)],
                    check=True, capture_output=True, timeout=120)
     return out
+
+
+class LockedPages:
+    """The pages of an open file, mapped (``MAP_SHARED``, read-only) and locked in memory (``mlock``) until
+    :meth:`close`: no reclaim drops them meanwhile. Use: a test that asserts what re-reads of a file through
+    a mount reach the daemon, when the kernel keeps the file's pages between opens (``FOPEN_KEEP_CACHE``).
+
+    Why: the kernel may reclaim clean page-cache pages with no memory pressure at all. This machine runs
+    DAMON (``kdamond``, ``/sys/kernel/mm/damon/admin``) with a ``paddr`` ``pageout`` scheme, which pages
+    out physical memory it sampled as unaccessed, now and then, whoever's pages it holds: ``/proc/vmstat``
+    ``pgsteal_file`` grows while ``pgsteal_kswapd`` and ``pgsteal_direct`` stay 0. A file's pages dropped
+    between two opens make the re-read reach the daemon again. Locked pages are not reclaimed.
+
+    ``fd``: an open file (through the mount: locking faults in every page not resident yet, by READs of
+    that open). Raises OSError when ``mmap`` or ``mlock`` fails (EPERM/ENOMEM: ``RLIMIT_MEMLOCK`` without
+    ``CAP_IPC_LOCK``). The fd may be closed once this returns; the mapping holds the file.
+    """
+
+    def __init__(self, fd: int):
+        self.size = os.fstat(fd).st_size
+        self.addr = None
+        libc = self._libc = ctypes.CDLL(None, use_errno=True)
+        libc.mmap.restype = ctypes.c_void_p
+        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                              ctypes.c_long]
+        libc.mlock.argtypes = libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        if self.size == 0:
+            return
+        addr = libc.mmap(None, self.size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        if addr in (None, ctypes.c_void_p(-1).value):
+            e = ctypes.get_errno()
+            raise OSError(e, f"mmap of {self.size} bytes: {os.strerror(e)}")
+        if libc.mlock(addr, self.size) != 0:
+            e = ctypes.get_errno() or errno.ENOMEM
+            libc.munmap(addr, self.size)
+            raise OSError(e, f"mlock of {self.size} bytes: {os.strerror(e)}")
+        self.addr = addr
+
+    def close(self) -> None:
+        """Unmap (and so unlock) the pages. Idempotent."""
+        addr, self.addr = self.addr, None
+        if addr is not None:
+            self._libc.munmap(addr, self.size)
+
+    def __enter__(self) -> "LockedPages":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
