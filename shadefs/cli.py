@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -20,7 +21,7 @@ from typing import List, Optional
 
 from .cmdutil import UserError, is_mounted, mount_client as _client  # noqa: F401  (shadefs.cli.* for callers)
 from .cmdutil import check_daemon_alive as _check_daemon_alive, is_stale as _is_stale
-from .config import ConfigError, MountConfig, format_bytes, parse_size
+from .config import ConfigError, MountConfig, format_bytes, parse_size, pause_point
 
 STATS_KEYS = ("policy", "uptime_s", "opens", "hits", "misses", "hit_ratio", "byte_hit_ratio",
               "backend_bytes", "corrupt_entries", "tiers", "shared_errors", "shared_deadlines", "namespace", "prefetch")  # shared_*: only with --shared-tier
@@ -613,6 +614,9 @@ def _hold_mountpoint(mountpoint: str):
 
 
 def cmd_mount(args) -> int:
+    """Mount (see the module's docstring). Ctrl-C before the mount is reported ends with one line, status
+    130 and nothing mounted: a daemon already forked is stopped (its process group), a mount it made is
+    unmounted; Ctrl-C before the fork has changed nothing (:func:`main` says so)."""
     cfg = build_config(args)
     check_machine(cfg)
     mp_lock = _hold_mountpoint(cfg.mountpoint)  # held until the daemon exits (inherited by the fork)
@@ -620,16 +624,27 @@ def cmd_mount(args) -> int:
     check_trace_overwrite(cfg, getattr(args, "trace_overwrite", False))
     if cfg.foreground:
         _setup_logging(cfg.log_level, cfg.log_file)
-        return _run_daemon(cfg, None)
+        try:
+            return _run_daemon(cfg, None)
+        except KeyboardInterrupt:  # during the build (once mounted, SIGINT unmounts: the front end's)
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            print(f"shadefs: interrupted; nothing is mounted at {cfg.mountpoint}", file=sys.stderr, flush=True)
+            return 130
     log_file = cfg.log_file or _default_log_file(cfg.mountpoint)
+    pause_point("cli-checked")
     r, w = os.pipe()
+    # SIGINT stays pending across the fork: the child starts with no KeyboardInterrupt of its parent's
+    # (nor one inside the at-fork handlers, which would leave a lock held), and the parent takes it only
+    # once the daemon's pid is known, inside the try below that stops it
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     pid = os.fork()
     if pid == 0:  # the daemon
         code = 1
         try:
             os.close(r)
             _registry().note_holder(mp_lock)
-            os.setsid()
+            os.setsid()  # a terminal's Ctrl-C reaches the command, which stops the daemon
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
             _setup_logging(cfg.log_level, log_file)
             devnull = os.open(os.devnull, os.O_RDWR)
             err = tempfile.TemporaryFile()  # what libfuse / fusermount say about a failed mount
@@ -639,25 +654,21 @@ def cmd_mount(args) -> int:
             code = _run_daemon(cfg, w, err)
         finally:
             os._exit(code)
-    os.close(w)
-    mp_lock.close()  # the daemon holds it now
     try:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        os.close(w)
+        mp_lock.close()  # the daemon holds it now
+        pause_point("cli-forked")
         line = _wait_ready(r, cfg.source)
+        if line == "ok" or line.startswith("ok "):
+            pause_point("cli-ready")
+            _print_mounted(cfg, pid, log_file, line[3:])
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # reported mounted: it stays
+            return 0
     except KeyboardInterrupt:
-        # Ctrl-C while waiting: the daemon (its own session, so it did not get the SIGINT) must not mount
-        # later behind the user's back.
-        _stop_daemon(pid)
-        if is_mounted(cfg.mountpoint) and _registry().is_shadefs(_registry().mount_entry(cfg.mountpoint)):
-            try:
-                _unmount(cfg.mountpoint, lazy=True)
-            except UserError:
-                pass
-        print(f"shadefs: interrupted; stopped the daemon (pid {pid}), nothing is mounted at {cfg.mountpoint}",
-              file=sys.stderr)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        print(f"shadefs: interrupted; {_abort_start(cfg, pid)}", file=sys.stderr, flush=True)
         return 130
-    if line == "ok" or line.startswith("ok "):
-        _print_mounted(cfg, pid, log_file, line[3:])
-        return 0
     os.waitpid(pid, 0)
     kind, sep, msg = line.partition(": ")
     if not sep or kind not in ("error", "refused"):
@@ -666,6 +677,22 @@ def cmd_mount(args) -> int:
         raise UserError(msg)
     print(f"shadefs: mount failed: {msg}", file=sys.stderr)
     return 1
+
+
+def _abort_start(cfg: MountConfig, pid: int) -> str:
+    """Undo a mount the user interrupted: stop the daemon ``pid`` (wherever its start is: its process
+    group, SIGTERM then SIGKILL), unmount what it mounted, and say what was done (one phrase)."""
+    _stop_daemon(pid)  # the daemon runs in its own session: the SIGINT did not reach it
+    reg = _registry()
+    if is_mounted(cfg.mountpoint) and reg.is_shadefs(reg.mount_entry(cfg.mountpoint)):
+        try:
+            _unmount(cfg.mountpoint, lazy=True)  # a daemon killed while mounted left its mount behind
+        except UserError as e:
+            return f"stopped the daemon (pid {pid}), {e}; run: shadefs umount --force {cfg.mountpoint}"
+    left = reg.lookup(cfg.mountpoint, alive_only=False)
+    if left is not None and left.pid == pid:  # killed after it registered: its entry and control socket
+        reg.remove(left)
+    return f"stopped the daemon (pid {pid}), nothing is mounted at {cfg.mountpoint}"
 
 
 SCAN_QUIET_S = 2.0      # a scan done sooner says nothing
@@ -1169,7 +1196,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     except UserError as e:
         print(f"shadefs: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # one the command did not handle itself: it had changed nothing yet
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        print("shadefs: interrupted" + ("; nothing is mounted" if args.func is cmd_mount else ""), file=sys.stderr,
+              flush=True)
         return 130
     except BrokenPipeError:  # `shadefs stats MNT | head`: the reader left; not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -27,7 +27,7 @@ from .cache import persist
 from .cache.index import TierIndex
 from .cache.tiers import DiskTier, MemoryTier
 from .cache.trace import TraceWriter
-from .config import MountConfig, format_bytes
+from .config import Environment, MountConfig, format_bytes, pause_point
 from .namespace import SNAPSHOT_FILE, Namespace
 from .plan.plans import PlanError, PlanRegistry
 from .plan.policy import PlanPolicy
@@ -121,6 +121,7 @@ class Daemon:
             FileNotFoundError, OSError, ValueError: the source cannot be listed or a setting is invalid.
         """
         cfg = self.cfg
+        pause_point("daemon-build")
         t0 = time.monotonic()
         soft, hard = raise_nofile()   # each open handle of a disk entry holds a descriptor
         log.info("file descriptors: soft limit %d (hard limit %d)", soft, hard)
@@ -346,6 +347,7 @@ class Daemon:
 
     def on_mounted(self) -> None:
         """FUSE ``init``: the mount exists; start threads and tell the parent."""
+        pause_point("daemon-mounted")
         try:
             self._start_services()
         except Exception as e:
