@@ -31,7 +31,8 @@ import threading
 import time
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, TypeVar
 
-from .base import Backend, BackendError, DirChunk, Entry, ScanReport, chunks_from_entries, mtime_ns
+from .base import (Backend, BackendError, DirChunk, Entry, NoSuchBucket, ScanReport, chunks_from_entries,
+                   mtime_ns)
 from .retry import TRANSIENT_CODES, RetryPolicy, is_transient, redact
 
 try:
@@ -359,7 +360,8 @@ class ObstoreBackend(Backend):
         """Yield every object below the root as an Entry (path relative to the root, ETag kept).
 
         Raises:
-            FileNotFoundError: nothing exists below the prefix (or the bucket does not exist).
+            FileNotFoundError: nothing exists below the prefix.
+            NoSuchBucket: the bucket does not exist at the endpoint.
             BackendError: a listing request failed (after retries).
         """
         lister = self._fsspec_lister()
@@ -395,8 +397,9 @@ class ObstoreBackend(Backend):
                 if isinstance(cause, _obx.InvalidPathError):
                     raise BackendError(f"{e} (install the fsspec implementation, e.g. s3fs, to list keys "
                                        f"that are not file paths)") from cause
-                if "status code: 404" in str(cause or ""):
-                    raise FileNotFoundError(f"no bucket {self.bucket!r} ({self.describe()})") from None
+                if "status code: 404" in str(cause or ""):  # a listing of an existing bucket never is
+                    raise NoSuchBucket(self.bucket, self.options.get("endpoint_url")
+                                       or self.options.get("endpoint")) from None
                 raise
             if page is None:
                 break
