@@ -953,20 +953,54 @@ def format_stats(s: dict) -> str:
     return "\n".join(lines)
 
 
+def _interval_line(prev: dict, cur: dict, seconds: float) -> str:
+    """What happened between two stats samples ``seconds`` apart: opens per second, the hit ratio of
+    those opens, backend bytes per second (the live view's last line)."""
+    opens = cur["opens"] - prev["opens"]
+    hits = sum(cur["hits"].values()) - sum(prev["hits"].values())
+    ratio = f"{hits / opens * 100:.2f} %" if opens > 0 else "-"
+    rate = format_bytes(max(0, cur["backend_bytes"] - prev["backend_bytes"]) / seconds)
+    return (f"last {seconds:.1f} s     {opens / seconds:.1f} opens/s, hit ratio {ratio}, backend read "
+            f"{rate}/s")
+
+
 def cmd_stats(args) -> int:
+    """Print the stats once, or with ``--watch SECONDS`` every SECONDS until Ctrl-C (or ``--count N``
+    samples): a table with the last interval's rates (redrawn in place on a terminal), or with ``--json``
+    one JSON object a line."""
+    if args.count is not None and args.watch is None:
+        raise UserError("--count needs --watch")
     client = _client(args.mountpoint, args.timeout)
+    live = args.watch is not None and not args.json and sys.stdout.isatty()
+    prev, n = None, 0
     try:
-        s = client.stats()
-    except TimeoutError:
-        raise UserError(f"the daemon of {args.mountpoint} did not answer within {args.timeout:g} s "
-                        f"(if it hangs: shadefs umount --force)") from None
+        while True:
+            t = time.monotonic()
+            try:
+                s = client.stats()
+            except TimeoutError:
+                raise UserError(f"the daemon of {args.mountpoint} did not answer within {args.timeout:g} s "
+                                f"(if it hangs: shadefs umount --force)") from None
+            n += 1
+            if args.json:
+                doc = {k: s[k] for k in STATS_KEYS if k in s}
+                print(json.dumps(doc) if args.watch is not None else json.dumps(doc, indent=2), flush=True)
+            else:
+                text = format_stats(s)
+                if args.watch is not None:
+                    last = _interval_line(prev[1], s, t - prev[0]) if prev else "last -        (first sample)"
+                    head = f"{args.mountpoint}  {time.strftime('%H:%M:%S')}  every {args.watch:g} s (Ctrl-C ends)"
+                    text = ("\x1b[H\x1b[2J" if live else ("" if n == 1 else "\n")) + f"{head}\n{text}\n{last}"
+                print(text, flush=True)
+            if args.watch is None or (args.count is not None and n >= args.count):
+                return 0
+            prev = (t, s)
+            time.sleep(max(0.0, t + args.watch - time.monotonic()))
+    except KeyboardInterrupt:  # the way a watch ends
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        return 0
     finally:
         client.close()
-    if args.json:
-        print(json.dumps({k: s[k] for k in STATS_KEYS if k in s}, indent=2))
-    else:
-        print(format_stats(s))
-    return 0
 
 
 def cmd_endpoint(args) -> int:
@@ -1036,6 +1070,17 @@ def _positive_seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
     if not 0 < value < float("inf"):
         raise argparse.ArgumentTypeError(f"{text}: seconds must be a finite number > 0")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    """argparse type of a count: a whole number >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text}: must be at least 1")
     return value
 
 
@@ -1166,7 +1211,13 @@ def make_parser() -> argparse.ArgumentParser:
     s.add_argument("mountpoint", metavar="MOUNTPOINT")
     s.add_argument("--timeout", type=_positive_seconds, default=5.0, metavar="SECONDS",
                    help="how long to wait for the daemon's answer (default 5)")
-    s.add_argument("--json", action="store_true", help="print the stats JSON (docs/metrics.md)")
+    s.add_argument("--json", action="store_true", help="print the stats JSON (docs/metrics.md); with --watch "
+                   "one object a line")
+    s.add_argument("--watch", type=_positive_seconds, nargs="?", const=2.0, default=None, metavar="SECONDS",
+                   help="a live view: print again every SECONDS (default 2) with the last interval's opens/s, "
+                        "hit ratio and backend bytes/s, until Ctrl-C")
+    s.add_argument("--count", type=_positive_int, default=None, metavar="N",
+                   help="with --watch: stop after N samples")
     s.set_defaults(func=cmd_stats)
 
     e = sub.add_parser("endpoint", help="print the control endpoint URL of a mount")

@@ -1,4 +1,5 @@
 """Edges a new user meets at the command line: a missing bucket, a busy unmount, a live stats view."""
+import json
 import os
 import re
 
@@ -22,3 +23,34 @@ def test_a_missing_bucket_is_a_refusal_naming_the_bucket_and_the_endpoint(moto_s
     assert r.stderr.splitlines()[-1] == (f"shadefs: error: bucket 'shadefs-no-such-bucket' does not exist at "
                                          f"{moto_server.endpoint}")
     assert not os.path.ismount(mnt)
+
+
+def test_stats_watch_prints_count_samples_with_the_interval_rates(mount, small_tree):
+    src, files = small_tree
+    m = mount(src, "--ram-cache", "1MiB")
+    name = sorted(files)[0]
+    with open(os.path.join(m.path, name), "rb") as f:
+        f.read()
+    r = shadefs("stats", m.path, "--watch", "0.2", "--count", "3", timeout=60)
+    tables = r.stdout.split("\n\n")
+    assert len(tables) == 3, r.stdout
+    for i, table in enumerate(tables):
+        lines = table.splitlines()
+        assert lines[0].startswith(f"{m.path}  ") and lines[0].endswith("every 0.2 s (Ctrl-C ends)")
+        assert "opens           1" in lines  # the one open before the watch, nothing since
+        if i == 0:
+            assert lines[-1] == "last -        (first sample)"
+        else:
+            assert re.fullmatch(r"last 0\.\d s     0\.0 opens/s, hit ratio -, backend read 0 B/s", lines[-1]), lines
+    j = shadefs("stats", m.path, "--watch", "0.1", "--count", "2", "--json", timeout=60)
+    docs = [json.loads(line) for line in j.stdout.splitlines()]
+    assert len(docs) == 2 and [d["opens"] for d in docs] == [1, 1] and [d["misses"] for d in docs] == [1, 1]
+
+
+def test_stats_count_without_watch_is_refused(mount, small_tree):
+    src, _ = small_tree
+    m = mount(src)
+    r = shadefs("stats", m.path, "--count", "2", check=False)
+    assert r.returncode == 2 and r.stderr == "shadefs: error: --count needs --watch\n"
+    r = shadefs("stats", m.path, "--watch", "0", check=False)
+    assert r.returncode == 2 and "seconds must be a finite number > 0" in r.stderr
