@@ -887,7 +887,21 @@ def cmd_umount(args) -> int:
         if entry is not None:
             reg.remove(entry)  # its entry and its control socket
         return 0
-    _unmount(mp)
+    try:
+        _unmount(mp)
+    except UserError as e:
+        busy = _busy_text(mp, str(e))
+        if busy is None:
+            raise
+        if not args.force:
+            raise UserError(f"{busy}; close or end them and run again, or run: shadefs umount --force {mp} "
+                            f"(detaches the mount at once and ends its daemon: those processes' next access to "
+                            f"it fails, ENOTCONN)") from None
+        _unmount(mp, lazy=True)
+        print(f"shadefs: {busy}; detached it", file=sys.stderr)
+        if entry is None:
+            return 0
+        return _end_daemon(entry, mp, args.timeout, "its mount was busy, and is detached")
     why = _wait_exit(entry)
     if why is None:
         return 0
@@ -896,6 +910,21 @@ def cmd_umount(args) -> int:
     print(f"shadefs: error: unmounted {mp}, but its daemon (pid {entry.pid}) {why}; a new mount there is "
           f"refused until it exits: end it with: shadefs umount --force {mp}", file=sys.stderr)
     return 1
+
+
+def _busy_text(mp: str, error: str) -> Optional[str]:
+    """``MP is busy: held by pid N (COMMAND: USES), ...`` when the unmount failed because processes use the
+    mount (fusermount's "Device or resource busy", umount's "target is busy"), else None."""
+    from .procutil import holders
+
+    if "busy" not in error.lower():
+        return None
+    found = holders(mp)
+    if not found:
+        return f"{mp} is busy (no process that this user may inspect holds it: {error})"
+    named = [f"pid {pid} ({command}: {', '.join(uses)})" for pid, command, uses in found[:10]]
+    more = f" and {len(found) - 10} more" if len(found) > 10 else ""
+    return f"{mp} is busy: held by {'; '.join(named)}{more}"
 
 
 def _end_daemon(entry, mp: str, grace_s: float, why: str) -> int:

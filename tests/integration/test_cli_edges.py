@@ -2,11 +2,14 @@
 import json
 import os
 import re
+import subprocess
+import sys
 
 import pytest
 
 from conftest import require
-from shadefs.testing.mounts import shadefs
+from shadefs.cmdutil import is_mounted
+from shadefs.testing.mounts import pid_alive, shadefs, wait_pid_gone
 
 
 @pytest.mark.parametrize("args", [["--backend", "obstore"], ["--backend", "fsspec"],
@@ -54,3 +57,33 @@ def test_stats_count_without_watch_is_refused(mount, small_tree):
     assert r.returncode == 2 and r.stderr == "shadefs: error: --count needs --watch\n"
     r = shadefs("stats", m.path, "--watch", "0", check=False)
     assert r.returncode == 2 and "seconds must be a finite number > 0" in r.stderr
+
+
+def test_umount_of_a_busy_mount_names_the_holders_and_force_detaches_it(mount, small_tree, tmp_path):
+    src, files = small_tree
+    m = mount(src, "--ram-cache", "1MiB")
+    name = sorted(files)[0]
+    held = os.path.join(m.path, name)
+    holder = subprocess.Popen([sys.executable, "-c", "import sys; f = open(sys.argv[1], 'rb'); print('open', flush=True); "
+                               "sys.stdin.read()", held], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                              cwd=str(tmp_path))
+    try:
+        assert holder.stdout.readline() == "open\n"
+        r = shadefs("umount", m.path, check=False)
+        assert r.returncode == 2, r
+        assert r.stderr.startswith(f"shadefs: error: {m.path} is busy: held by pid {holder.pid} ({sys.executable} -c ")
+        assert f": open file {held})" in r.stderr
+        assert r.stderr.endswith(f"run: shadefs umount --force {m.path} (detaches the mount at once and ends its "
+                                 "daemon: those processes' next access to it fails, ENOTCONN)\n")
+        assert len(r.stderr.splitlines()) == 1
+        assert is_mounted(m.path) and pid_alive(m.pid)
+
+        f = shadefs("umount", "--force", m.path, check=False)
+        assert f.returncode == 0, f
+        assert f.stderr.startswith(f"shadefs: {m.path} is busy: held by pid {holder.pid} (")
+        assert f"; detached it\nshadefs: ending the daemon of {m.path} (pid {m.pid}): its mount was busy" in f.stderr
+        assert not is_mounted(m.path)
+        assert wait_pid_gone(m.pid, timeout=10)
+    finally:
+        holder.kill()
+        holder.wait()
