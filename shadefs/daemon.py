@@ -111,7 +111,8 @@ class Daemon:
         self.reload_report: Optional[persist.ReloadReport] = None
         self._transform = None
         self._stopped = threading.Event()
-        self._audit = os.environ.get("SHADEFS_AUDIT", "") == "1"
+        self._env = Environment.from_env()  # SHADEFS_AUDIT, SHADEFS_LOOSE_BUFFERS: testing switches
+        self._audit = self._env.audit
 
     # -- construction (after the fork, before the mount) -----------------------------------------------
     def build(self) -> None:
@@ -189,8 +190,8 @@ class Daemon:
         self.cache.verify_entries = cfg.verify_entries
         if disk is not None:
             disk[1].bind(disk[0], self.cache.lock)  # the budget in device bytes
-        if self._audit and os.environ.get("SHADEFS_LOOSE_BUFFERS"):  # tests only: a smaller working-set bound
-            self.cache.loose_budget = int(os.environ["SHADEFS_LOOSE_BUFFERS"])
+        if self._audit and self._env.loose_buffers is not None:  # tests only: a smaller working-set bound
+            self.cache.loose_budget = self._env.loose_buffers
         self.plans.lock = self.cache.lock  # cursors advance under the lock that counts the opens
         window = (cfg.prefetch_window.resolve(0) if cfg.prefetch_window is not None else default_prefetch_window())
         if cfg.prefetch_concurrency <= 0:
