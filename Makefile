@@ -16,6 +16,7 @@ FULL    ?=
 WORKDIR ?= /tmp/shadefs-demo
 DEMO_ARGS ?=
 APT_PKGS := fuse3 libfuse2 dataset-fashion-mnist attr redis-server redis-tools
+# another apt (unattended-upgrades on a fresh machine) may hold the dpkg lock: wait for it up to 10 minutes
 
 .PHONY: demo test test-fast deps venv dataset bench clean
 
@@ -24,7 +25,8 @@ deps:
 	if [ -n "$$missing" ]; then \
 	  echo "installing:$$missing"; \
 	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
-	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
+	  $$SUDO apt-get -o DPkg::Lock::Timeout=600 update -qq && \
+	    DEBIAN_FRONTEND=noninteractive $$SUDO apt-get -o DPkg::Lock::Timeout=600 install -y -qq $$missing; \
 	fi
 
 $(VENV)/.installed: setup.py

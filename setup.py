@@ -74,5 +74,5 @@ setup(
             "xxhash>=3",
         ],
     },
-    entry_points={"console_scripts": ["shadefs=shadefs.cli:main"]},
+    entry_points={"console_scripts": ["shadefs=shadefs.entry:console"]},  # Ctrl-C: one line, rc 130
 )

@@ -25,7 +25,7 @@ __all__ = ["Client", "DatasetPaths", "EndpointNotFound", "XATTR_ENDPOINT", "find
 log = logging.getLogger(__name__)
 
 XATTR_ENDPOINT = "user.shadefs.endpoint"
-ENV_ENDPOINT = "SHADEFS_ENDPOINT"
+ENV_ENDPOINT = "SHADEFS_ENDPOINT"  # its name, for messages; shadefs.config.Environment reads it
 
 
 try:  # the daemon-side codec is optional at import time; see _control_module()
@@ -302,7 +302,9 @@ class Client:
         cc = _control_module()
         if endpoint is None:
             if path_inside_mount is None:
-                env = os.environ.get(ENV_ENDPOINT)
+                from shadefs.config import Environment
+
+                env = Environment.from_env().endpoint
                 if not env:
                     raise EndpointNotFound(
                         f"no endpoint: pass endpoint=, a path inside the mount, or set {ENV_ENDPOINT}"

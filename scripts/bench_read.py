@@ -623,7 +623,6 @@ CASES = [
     # key, label, tier, front end ("kernel", "kernel-nopt": --no-passthrough, or a libfuse loop), kernel cache, trace
     ("ram-kernel", "RAM hit, kernel", "ram", "kernel", True, False),
     ("ram-kernel-nokc", "RAM hit, kernel, no kernel cache", "ram", "kernel", False, False),
-    ("ram-kernel-memfd", "RAM hit, kernel, passthrough from a memfd (experiment)", "ram", "kernel-memfd", True, False),
     ("ram-multi", "RAM hit, libfuse multi", "ram", "multi", True, False),
     ("ram-single", "RAM hit, libfuse single", "ram", "single", True, False),
     ("ram-multi-nokc", "RAM hit, libfuse multi, no kernel cache", "ram", "multi", False, False),
@@ -666,7 +665,7 @@ def add_baseline_cases(keys: Sequence[str], package_dir: str, rev: str) -> List[
 
 def frontend_options(loop: str) -> List[str]:
     """CLI flags of a front end: ``kernel``, ``kernel-nopt`` (no passthrough) or a libfuse loop."""
-    if loop in ("kernel", "kernel-memfd"):
+    if loop == "kernel":
         return ["--fuse-impl", "kernel"]
     if loop == "kernel-nopt":
         return ["--fuse-impl", "kernel", "--no-passthrough", "--verify-entries", "first-hit"]
@@ -800,7 +799,7 @@ def run_size(args, pool: ReaderPool, mounts: Mounts, size_name: str, src: str, f
                 os.makedirs(os.path.dirname(trace_file), exist_ok=True)
             opts = mount_options(tier, loop, kc, trace_file, cache_dir, sum(size for _, size in files))
             progress(f"{size_name}: {label}: shadefs mount {' '.join(opts)}")
-            env = dict(os.environ, SHADEFS_EXPERIMENT_RAM_MEMFD="1") if loop == "kernel-memfd" else None
+            env = None
             if key in BASELINE_ENV:
                 env = dict(env or os.environ, PYTHONPATH=BASELINE_ENV[key])
             mounts.mount_shadefs(src, mnt, opts, os.path.join(work, "logs", f"{size_name}-{key}.log"), env=env)
@@ -1078,8 +1077,6 @@ def kernel_limits_text(results: Dict[str, dict], readers: List[int]) -> str:
             n1 = per_open_us(res, "nvme-kernel", one)
             ncpu = res["nvme-kernel"][one].get("cpu_us")
             b += (f"; NVMe hit by passthrough {n1:.0f} us" + (f" ({ncpu:.0f} us daemon CPU)" if ncpu is not None else ""))
-        if "ram-kernel-memfd" in res:
-            b += f"; RAM hit by passthrough from a memfd {per_open_us(res, 'ram-kernel-memfd', one):.0f} us"
         bits.append(b)
     return (
         "Kernel front end (the default): a kernel-cached hit is two round trips, OPEN and RELEASE (LOOKUP "
@@ -1245,7 +1242,6 @@ def build_report(args, info: dict, results: Dict[str, dict], slow: Optional[dict
                                         ("ram-kernel", "ram-single", "RAM hit, vs libfuse single"),
                                         ("nvme-kernel", "nvme-kernel-nopt", "NVMe hit, passthrough vs not"),
                                         ("nvme-kernel", "ram-kernel", "NVMe hit (passthrough) vs RAM hit"),
-                                        ("ram-kernel-memfd", "ram-kernel", "RAM hit, memfd passthrough vs keep_cache"),
                                         ("miss-kernel", "miss-multi", "miss, vs libfuse multi")], readers))
     tables.append(targets_table(results, slow, getattr(args, "hung_result", None), readers))
     t, _ = target_table(results, readers)
@@ -1283,8 +1279,7 @@ def build_report(args, info: dict, results: Dict[str, dict], slow: Optional[dict
           f"`--ram-cache 100%`; `NVMe hit`: `--ram-cache 0 --disk-cache DIR --disk-cache-size 100%` (the "
           f"entries sit in the page cache: the daemon's path, not the device, is measured); `miss`: "
           f"`--ram-cache 0 --policy static --no-kernel-cache` (source page cache warm; every open reads it through the daemon); `kernel`: `--fuse-impl kernel` (the "
-          f"default front end; NVMe hits by passthrough unless `--no-passthrough`; `passthrough from a memfd`: "
-          f"the experiment `SHADEFS_EXPERIMENT_RAM_MEMFD=1`); `libfuse multi`/`single`: `--fuse-impl libfuse "
+          f"default front end; NVMe hits by passthrough unless `--no-passthrough`); `libfuse multi`/`single`: `--fuse-impl libfuse "
           f"--fuse-loop multi|single`. Slow backend: every front end mounted over the same latency-injecting "
           f"source, measured in turn; hung backend: the source is a FUSE view whose opens of `hang/` files "
           f"block until released (`{args.hung}` readers blocked on them), hits and other misses measured "

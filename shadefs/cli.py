@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -20,7 +21,7 @@ from typing import List, Optional
 
 from .cmdutil import UserError, is_mounted, mount_client as _client  # noqa: F401  (shadefs.cli.* for callers)
 from .cmdutil import check_daemon_alive as _check_daemon_alive, is_stale as _is_stale
-from .config import ConfigError, MountConfig, format_bytes, parse_size
+from .config import ConfigError, MountConfig, format_bytes, parse_size, pause_point
 
 STATS_KEYS = ("policy", "uptime_s", "opens", "hits", "misses", "hit_ratio", "byte_hit_ratio",
               "backend_bytes", "corrupt_entries", "tiers", "shared_errors", "shared_deadlines", "namespace", "prefetch")  # shared_*: only with --shared-tier
@@ -613,6 +614,9 @@ def _hold_mountpoint(mountpoint: str):
 
 
 def cmd_mount(args) -> int:
+    """Mount (see the module's docstring). Ctrl-C before the mount is reported ends with one line, status
+    130 and nothing mounted: a daemon already forked is stopped (its process group), a mount it made is
+    unmounted; Ctrl-C before the fork has changed nothing (:func:`main` says so)."""
     cfg = build_config(args)
     check_machine(cfg)
     mp_lock = _hold_mountpoint(cfg.mountpoint)  # held until the daemon exits (inherited by the fork)
@@ -620,16 +624,27 @@ def cmd_mount(args) -> int:
     check_trace_overwrite(cfg, getattr(args, "trace_overwrite", False))
     if cfg.foreground:
         _setup_logging(cfg.log_level, cfg.log_file)
-        return _run_daemon(cfg, None)
+        try:
+            return _run_daemon(cfg, None)
+        except KeyboardInterrupt:  # during the build (once mounted, SIGINT unmounts: the front end's)
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            print(f"shadefs: interrupted; nothing is mounted at {cfg.mountpoint}", file=sys.stderr, flush=True)
+            return 130
     log_file = cfg.log_file or _default_log_file(cfg.mountpoint)
+    pause_point("cli-checked")
     r, w = os.pipe()
+    # SIGINT stays pending across the fork: the child starts with no KeyboardInterrupt of its parent's
+    # (nor one inside the at-fork handlers, which would leave a lock held), and the parent takes it only
+    # once the daemon's pid is known, inside the try below that stops it
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     pid = os.fork()
     if pid == 0:  # the daemon
         code = 1
         try:
             os.close(r)
             _registry().note_holder(mp_lock)
-            os.setsid()
+            os.setsid()  # a terminal's Ctrl-C reaches the command, which stops the daemon
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
             _setup_logging(cfg.log_level, log_file)
             devnull = os.open(os.devnull, os.O_RDWR)
             err = tempfile.TemporaryFile()  # what libfuse / fusermount say about a failed mount
@@ -639,25 +654,21 @@ def cmd_mount(args) -> int:
             code = _run_daemon(cfg, w, err)
         finally:
             os._exit(code)
-    os.close(w)
-    mp_lock.close()  # the daemon holds it now
     try:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        os.close(w)
+        mp_lock.close()  # the daemon holds it now
+        pause_point("cli-forked")
         line = _wait_ready(r, cfg.source)
+        if line == "ok" or line.startswith("ok "):
+            pause_point("cli-ready")
+            _print_mounted(cfg, pid, log_file, line[3:])
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # reported mounted: it stays
+            return 0
     except KeyboardInterrupt:
-        # Ctrl-C while waiting: the daemon (its own session, so it did not get the SIGINT) must not mount
-        # later behind the user's back.
-        _stop_daemon(pid)
-        if is_mounted(cfg.mountpoint) and _registry().is_shadefs(_registry().mount_entry(cfg.mountpoint)):
-            try:
-                _unmount(cfg.mountpoint, lazy=True)
-            except UserError:
-                pass
-        print(f"shadefs: interrupted; stopped the daemon (pid {pid}), nothing is mounted at {cfg.mountpoint}",
-              file=sys.stderr)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        print(f"shadefs: interrupted; {_abort_start(cfg, pid)}", file=sys.stderr, flush=True)
         return 130
-    if line == "ok" or line.startswith("ok "):
-        _print_mounted(cfg, pid, log_file, line[3:])
-        return 0
     os.waitpid(pid, 0)
     kind, sep, msg = line.partition(": ")
     if not sep or kind not in ("error", "refused"):
@@ -666,6 +677,22 @@ def cmd_mount(args) -> int:
         raise UserError(msg)
     print(f"shadefs: mount failed: {msg}", file=sys.stderr)
     return 1
+
+
+def _abort_start(cfg: MountConfig, pid: int) -> str:
+    """Undo a mount the user interrupted: stop the daemon ``pid`` (wherever its start is: its process
+    group, SIGTERM then SIGKILL), unmount what it mounted, and say what was done (one phrase)."""
+    _stop_daemon(pid)  # the daemon runs in its own session: the SIGINT did not reach it
+    reg = _registry()
+    if is_mounted(cfg.mountpoint) and reg.is_shadefs(reg.mount_entry(cfg.mountpoint)):
+        try:
+            _unmount(cfg.mountpoint, lazy=True)  # a daemon killed while mounted left its mount behind
+        except UserError as e:
+            return f"stopped the daemon (pid {pid}), {e}; run: shadefs umount --force {cfg.mountpoint}"
+    left = reg.lookup(cfg.mountpoint, alive_only=False)
+    if left is not None and left.pid == pid:  # killed after it registered: its entry and control socket
+        reg.remove(left)
+    return f"stopped the daemon (pid {pid}), nothing is mounted at {cfg.mountpoint}"
 
 
 SCAN_QUIET_S = 2.0      # a scan done sooner says nothing
@@ -860,7 +887,21 @@ def cmd_umount(args) -> int:
         if entry is not None:
             reg.remove(entry)  # its entry and its control socket
         return 0
-    _unmount(mp)
+    try:
+        _unmount(mp)
+    except UserError as e:
+        busy = _busy_text(mp, str(e))
+        if busy is None:
+            raise
+        if not args.force:
+            raise UserError(f"{busy}; close or end them and run again, or run: shadefs umount --force {mp} "
+                            f"(detaches the mount at once and ends its daemon: those processes' next access to "
+                            f"it fails, ENOTCONN)") from None
+        _unmount(mp, lazy=True)
+        print(f"shadefs: {busy}; detached it", file=sys.stderr)
+        if entry is None:
+            return 0
+        return _end_daemon(entry, mp, args.timeout, "its mount was busy, and is detached")
     why = _wait_exit(entry)
     if why is None:
         return 0
@@ -869,6 +910,21 @@ def cmd_umount(args) -> int:
     print(f"shadefs: error: unmounted {mp}, but its daemon (pid {entry.pid}) {why}; a new mount there is "
           f"refused until it exits: end it with: shadefs umount --force {mp}", file=sys.stderr)
     return 1
+
+
+def _busy_text(mp: str, error: str) -> Optional[str]:
+    """``MP is busy: held by pid N (COMMAND: USES), ...`` when the unmount failed because processes use the
+    mount (fusermount's "Device or resource busy", umount's "target is busy"), else None."""
+    from .procutil import holders
+
+    if "busy" not in error.lower():
+        return None
+    found = holders(mp)
+    if not found:
+        return f"{mp} is busy (no process that this user may inspect holds it: {error})"
+    named = [f"pid {pid} ({command}: {', '.join(uses)})" for pid, command, uses in found[:10]]
+    more = f" and {len(found) - 10} more" if len(found) > 10 else ""
+    return f"{mp} is busy: held by {'; '.join(named)}{more}"
 
 
 def _end_daemon(entry, mp: str, grace_s: float, why: str) -> int:
@@ -926,20 +982,54 @@ def format_stats(s: dict) -> str:
     return "\n".join(lines)
 
 
+def _interval_line(prev: dict, cur: dict, seconds: float) -> str:
+    """What happened between two stats samples ``seconds`` apart: opens per second, the hit ratio of
+    those opens, backend bytes per second (the live view's last line)."""
+    opens = cur["opens"] - prev["opens"]
+    hits = sum(cur["hits"].values()) - sum(prev["hits"].values())
+    ratio = f"{hits / opens * 100:.2f} %" if opens > 0 else "-"
+    rate = format_bytes(max(0, cur["backend_bytes"] - prev["backend_bytes"]) / seconds)
+    return (f"last {seconds:.1f} s     {opens / seconds:.1f} opens/s, hit ratio {ratio}, backend read "
+            f"{rate}/s")
+
+
 def cmd_stats(args) -> int:
+    """Print the stats once, or with ``--watch SECONDS`` every SECONDS until Ctrl-C (or ``--count N``
+    samples): a table with the last interval's rates (redrawn in place on a terminal), or with ``--json``
+    one JSON object a line."""
+    if args.count is not None and args.watch is None:
+        raise UserError("--count needs --watch")
     client = _client(args.mountpoint, args.timeout)
+    live = args.watch is not None and not args.json and sys.stdout.isatty()
+    prev, n = None, 0
     try:
-        s = client.stats()
-    except TimeoutError:
-        raise UserError(f"the daemon of {args.mountpoint} did not answer within {args.timeout:g} s "
-                        f"(if it hangs: shadefs umount --force)") from None
+        while True:
+            t = time.monotonic()
+            try:
+                s = client.stats()
+            except TimeoutError:
+                raise UserError(f"the daemon of {args.mountpoint} did not answer within {args.timeout:g} s "
+                                f"(if it hangs: shadefs umount --force)") from None
+            n += 1
+            if args.json:
+                doc = {k: s[k] for k in STATS_KEYS if k in s}
+                print(json.dumps(doc) if args.watch is not None else json.dumps(doc, indent=2), flush=True)
+            else:
+                text = format_stats(s)
+                if args.watch is not None:
+                    last = _interval_line(prev[1], s, t - prev[0]) if prev else "last -        (first sample)"
+                    head = f"{args.mountpoint}  {time.strftime('%H:%M:%S')}  every {args.watch:g} s (Ctrl-C ends)"
+                    text = ("\x1b[H\x1b[2J" if live else ("" if n == 1 else "\n")) + f"{head}\n{text}\n{last}"
+                print(text, flush=True)
+            if args.watch is None or (args.count is not None and n >= args.count):
+                return 0
+            prev = (t, s)
+            time.sleep(max(0.0, t + args.watch - time.monotonic()))
+    except KeyboardInterrupt:  # the way a watch ends
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        return 0
     finally:
         client.close()
-    if args.json:
-        print(json.dumps({k: s[k] for k in STATS_KEYS if k in s}, indent=2))
-    else:
-        print(format_stats(s))
-    return 0
 
 
 def cmd_endpoint(args) -> int:
@@ -1009,6 +1099,17 @@ def _positive_seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
     if not 0 < value < float("inf"):
         raise argparse.ArgumentTypeError(f"{text}: seconds must be a finite number > 0")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    """argparse type of a count: a whole number >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text}: must be at least 1")
     return value
 
 
@@ -1139,7 +1240,13 @@ def make_parser() -> argparse.ArgumentParser:
     s.add_argument("mountpoint", metavar="MOUNTPOINT")
     s.add_argument("--timeout", type=_positive_seconds, default=5.0, metavar="SECONDS",
                    help="how long to wait for the daemon's answer (default 5)")
-    s.add_argument("--json", action="store_true", help="print the stats JSON (docs/metrics.md)")
+    s.add_argument("--json", action="store_true", help="print the stats JSON (docs/metrics.md); with --watch "
+                   "one object a line")
+    s.add_argument("--watch", type=_positive_seconds, nargs="?", const=2.0, default=None, metavar="SECONDS",
+                   help="a live view: print again every SECONDS (default 2) with the last interval's opens/s, "
+                        "hit ratio and backend bytes/s, until Ctrl-C")
+    s.add_argument("--count", type=_positive_int, default=None, metavar="N",
+                   help="with --watch: stop after N samples")
     s.set_defaults(func=cmd_stats)
 
     e = sub.add_parser("endpoint", help="print the control endpoint URL of a mount")
@@ -1169,7 +1276,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     except UserError as e:
         print(f"shadefs: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # one the command did not handle itself: it had changed nothing yet
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        print("shadefs: interrupted" + ("; nothing is mounted" if args.func is cmd_mount else ""), file=sys.stderr,
+              flush=True)
         return 130
     except BrokenPipeError:  # `shadefs stats MNT | head`: the reader left; not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

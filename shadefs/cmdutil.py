@@ -82,13 +82,14 @@ def mount_client(path: str, timeout_s: float = 5.0):
             found.
     """
     from . import registry as reg
-    from .control.client import ENV_ENDPOINT, ControlClient, EndpointNotFound, find_endpoint
+    from .config import Environment
+    from .control.client import ControlClient, EndpointNotFound, find_endpoint
 
     check_daemon_alive(path)
     entry = reg.lookup_path(path)
     if entry is not None:
         return ControlClient(entry.endpoint, timeout_s=timeout_s, credentials=entry.credentials)
-    if not os.environ.get(ENV_ENDPOINT, "").strip() and not reg.is_shadefs(reg.mount_entry_for(path)):
+    if not Environment.from_env().endpoint and not reg.is_shadefs(reg.mount_entry_for(path)):
         raise UserError(f"{path!r} is not inside a shadefs mount")
     try:
         endpoint = find_endpoint(path)

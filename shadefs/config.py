@@ -6,11 +6,13 @@ never sees a raw string. Parsing errors raise :class:`ConfigError` with one line
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import sys
-from typing import Optional
+import time
+from typing import Mapping, Optional
 
-__all__ = ["ConfigError", "Size", "parse_size", "MountConfig"]
+__all__ = ["ConfigError", "Size", "parse_size", "MountConfig", "Environment", "ENV_VARS", "pause_point"]
 
 
 class ConfigError(ValueError):
@@ -146,3 +148,80 @@ class MountConfig:
     prefetch_window: Optional[Size] = None    # None: min(256 MiB, 5 % of RAM); 0 disables prefetching
     prefetch_concurrency: int = 32            # prefetch reads in flight at most
     plan_window: int = 8192                   # positions ahead of a plan's cursor an open may match
+
+
+# -- the environment ---------------------------------------------------------------------------------------
+#: every ``SHADEFS_*`` variable shadefs reads, and how far it is to be relied on (docs/configuration.md,
+#: "Environment"): ``stable`` (a user's switch), ``experimental`` (for measurements; may go), ``testing``
+#: (the test suite's; never needed in use). No other module reads a ``SHADEFS_*`` variable.
+ENV_VARS = {
+    "SHADEFS_ENDPOINT": "stable",              # the control endpoint of the hooks and `shadefs stats`
+    "SHADEFS_CREDENTIALS": "stable",           # the control credentials file that goes with it
+    "SHADEFS_NO_OPENAT2": "stable",            # 1: open source files one O_NOFOLLOW component at a time
+    "SHADEFS_FUSE_PYTHON_LOOP": "experimental",  # 1: the kernel front end's Python reader loop
+    "SHADEFS_FUSE_GIL_OPENS": "experimental",  # 1: the compiled loop hands every OPEN to Python
+    "SHADEFS_FUSE_CHECK_REPLIES": "testing",   # 1: check every FUSE reply's length against its opcode
+    "SHADEFS_AUDIT": "testing",                # 1: the state machine's audit in the stats JSON
+    "SHADEFS_LOOSE_BUFFERS": "testing",        # with SHADEFS_AUDIT=1: a smaller loose-buffer bound
+    "SHADEFS_TESTING_PAUSE": "testing",        # POINT:FILE: stop at a start-up point (pause_point)
+}
+
+
+def _flag(environ: Mapping[str, str], name: str) -> bool:
+    return environ.get(name, "") == "1"
+
+
+@dataclasses.dataclass(frozen=True)
+class Environment:
+    """The ``SHADEFS_*`` environment switches, read in one place (:meth:`from_env`).
+
+    ``endpoint`` / ``credentials``: strings, "" when unset. ``loose_buffers``: bytes or None. The flags
+    are True only for the value ``1``. ``testing_pause``: ``(point, file)`` or None."""
+
+    endpoint: str = ""
+    credentials: str = ""
+    no_openat2: bool = False
+    fuse_python_loop: bool = False
+    fuse_gil_opens: bool = False
+    fuse_check_replies: bool = False
+    audit: bool = False
+    loose_buffers: Optional[int] = None
+    testing_pause: Optional[tuple] = None
+
+    @classmethod
+    def from_env(cls, environ: Optional[Mapping[str, str]] = None) -> "Environment":
+        """Read the switches from ``environ`` (default ``os.environ``) now. A malformed value
+        (``SHADEFS_LOOSE_BUFFERS=lots``, a pause without ``:FILE``) counts as unset; raises nothing."""
+        env = os.environ if environ is None else environ
+        loose = env.get("SHADEFS_LOOSE_BUFFERS", "").strip()
+        point, sep, path = env.get("SHADEFS_TESTING_PAUSE", "").partition(":")
+        return cls(endpoint=env.get("SHADEFS_ENDPOINT", "").strip(),
+                   credentials=env.get("SHADEFS_CREDENTIALS", "").strip(),
+                   no_openat2=_flag(env, "SHADEFS_NO_OPENAT2"),
+                   fuse_python_loop=_flag(env, "SHADEFS_FUSE_PYTHON_LOOP"),
+                   fuse_gil_opens=_flag(env, "SHADEFS_FUSE_GIL_OPENS"),
+                   fuse_check_replies=_flag(env, "SHADEFS_FUSE_CHECK_REPLIES"),
+                   audit=_flag(env, "SHADEFS_AUDIT"),
+                   loose_buffers=int(loose) if loose.isdigit() else None,
+                   testing_pause=(point, path) if point and sep and path else None)
+
+
+#: the start-up points :func:`pause_point` knows, in the order a mount passes them
+PAUSE_POINTS = ("cli-start", "cli-checked", "cli-forked", "daemon-build", "daemon-mounted", "cli-ready")
+PAUSE_MAX_S = 60.0
+
+
+def pause_point(name: str) -> None:
+    """Testing only: with ``SHADEFS_TESTING_PAUSE=NAME:FILE`` in the environment, write this process's pid
+    to FILE and wait there (up to PAUSE_MAX_S seconds; a signal handler that raises ends it), so that a
+    test can signal the start at a known point (tests/integration/test_cli_interrupt.py). Without the
+    variable, or at another point, returns at once. ``name`` is one of PAUSE_POINTS."""
+    pause = Environment.from_env().testing_pause
+    if pause is None or pause[0] != name:
+        return
+    with open(pause[1] + ".tmp", "w") as f:  # renamed into place: the test never reads half a pid
+        f.write(f"{os.getpid()}\n")
+    os.replace(pause[1] + ".tmp", pause[1])
+    deadline = time.monotonic() + PAUSE_MAX_S
+    while time.monotonic() < deadline:
+        time.sleep(0.01)

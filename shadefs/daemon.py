@@ -27,7 +27,7 @@ from .cache import persist
 from .cache.index import TierIndex
 from .cache.tiers import DiskTier, MemoryTier
 from .cache.trace import TraceWriter
-from .config import MountConfig, format_bytes
+from .config import Environment, MountConfig, format_bytes, pause_point
 from .namespace import SNAPSHOT_FILE, Namespace
 from .plan.plans import PlanError, PlanRegistry
 from .plan.policy import PlanPolicy
@@ -111,7 +111,8 @@ class Daemon:
         self.reload_report: Optional[persist.ReloadReport] = None
         self._transform = None
         self._stopped = threading.Event()
-        self._audit = os.environ.get("SHADEFS_AUDIT", "") == "1"
+        self._env = Environment.from_env()  # SHADEFS_AUDIT, SHADEFS_LOOSE_BUFFERS: testing switches
+        self._audit = self._env.audit
 
     # -- construction (after the fork, before the mount) -----------------------------------------------
     def build(self) -> None:
@@ -121,6 +122,7 @@ class Daemon:
             FileNotFoundError, OSError, ValueError: the source cannot be listed or a setting is invalid.
         """
         cfg = self.cfg
+        pause_point("daemon-build")
         t0 = time.monotonic()
         soft, hard = raise_nofile()   # each open handle of a disk entry holds a descriptor
         log.info("file descriptors: soft limit %d (hard limit %d)", soft, hard)
@@ -188,8 +190,8 @@ class Daemon:
         self.cache.verify_entries = cfg.verify_entries
         if disk is not None:
             disk[1].bind(disk[0], self.cache.lock)  # the budget in device bytes
-        if self._audit and os.environ.get("SHADEFS_LOOSE_BUFFERS"):  # tests only: a smaller working-set bound
-            self.cache.loose_budget = int(os.environ["SHADEFS_LOOSE_BUFFERS"])
+        if self._audit and self._env.loose_buffers is not None:  # tests only: a smaller working-set bound
+            self.cache.loose_budget = self._env.loose_buffers
         self.plans.lock = self.cache.lock  # cursors advance under the lock that counts the opens
         window = (cfg.prefetch_window.resolve(0) if cfg.prefetch_window is not None else default_prefetch_window())
         if cfg.prefetch_concurrency <= 0:
@@ -346,6 +348,7 @@ class Daemon:
 
     def on_mounted(self) -> None:
         """FUSE ``init``: the mount exists; start threads and tell the parent."""
+        pause_point("daemon-mounted")
         try:
             self._start_services()
         except Exception as e:

@@ -16,12 +16,21 @@ from typing import Any, Dict, Iterable, Iterator, List, NamedTuple, Optional, Tu
 import numpy as np
 from xxhash import xxh3_64_intdigest as _xxh3
 
-__all__ = ["Backend", "BackendError", "StaleSource", "PASSED_ERRNOS", "reply_errno", "Entry", "DirChunk", "ScanReport", "make_chunk", "encode_name",
+__all__ = ["Backend", "BackendError", "NoSuchBucket", "StaleSource", "PASSED_ERRNOS", "reply_errno", "Entry", "DirChunk", "ScanReport", "make_chunk", "encode_name",
            "etag_hash", "chunks_from_entries", "register", "open_backend", "backend_for"]
 
 
 class BackendError(OSError):
     """A backend read or listing failed for a reason other than a missing file (EIO)."""
+
+
+class NoSuchBucket(BackendError):
+    """The bucket (or container) of an object-store URL does not exist at the endpoint asked; the
+    message names both: ``bucket 'NAME' does not exist at ENDPOINT``. A mount refuses it (exit 2)."""
+
+    def __init__(self, bucket: str, endpoint: Optional[str]):
+        super().__init__(f"bucket {bucket!r} does not exist at {endpoint or 'the default endpoint'}")
+        self.bucket, self.endpoint = bucket, endpoint
 
 
 #: errnos a failed open or read is answered with as they are (anything else but ENOENT is EIO):

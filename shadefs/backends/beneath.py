@@ -48,7 +48,9 @@ def _probe() -> bool:
     with _lock:
         if _have is None:
             _have = False
-            if os.environ.get("SHADEFS_NO_OPENAT2", "") == "1":
+            from ..config import Environment
+
+            if Environment.from_env().no_openat2:
                 log.info("SHADEFS_NO_OPENAT2=1: source files are opened one O_NOFOLLOW component at a time")
                 return False
             try:

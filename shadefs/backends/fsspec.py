@@ -17,7 +17,8 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, TypeVar
 import fsspec
 from fsspec.registry import known_implementations
 
-from .base import Backend, BackendError, DirChunk, Entry, ScanReport, chunks_from_entries, mtime_ns
+from .base import (Backend, BackendError, DirChunk, Entry, NoSuchBucket, ScanReport, chunks_from_entries,
+                   mtime_ns)
 from .retry import RetryPolicy, redact
 
 __all__ = ["FsspecBackend", "parse_options"]
@@ -97,6 +98,15 @@ def _secret_values(options: Any, name: str = "") -> List[str]:
     return [options] if _is_secret(name) and isinstance(options, str) else []
 
 
+
+
+def _is_no_such_bucket(exc: Optional[BaseException]) -> bool:
+    """True when ``exc`` or one of its causes is S3's NoSuchBucket (s3fs raises it as FileNotFoundError)."""
+    while exc is not None:
+        if type(exc).__name__ == "NoSuchBucket" or "NoSuchBucket" in str(exc):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 def _is_invalid_range(exc: BaseException) -> bool:
@@ -322,8 +332,13 @@ class FsspecBackend(Backend):
         page_no = 0
         while True:
             page_no += 1
-            page = self._call(lambda: self.fs.call_s3("list_objects_v2", **request),
-                              f"list {self.describe()} (page {page_no})")
+            try:
+                page = self._call(lambda: self.fs.call_s3("list_objects_v2", **request),
+                                  f"list {self.describe()} (page {page_no})")
+            except FileNotFoundError as e:
+                if _is_no_such_bucket(e):
+                    raise NoSuchBucket(bucket, self._endpoint()) from None
+                raise
             for obj in page.get("Contents", ()):
                 keys += 1
                 entry = self._entry(obj["Key"][len(prefix):], obj["Size"], mtime_ns(obj), skipped, dirs,

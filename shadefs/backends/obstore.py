@@ -31,7 +31,8 @@ import threading
 import time
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, TypeVar
 
-from .base import Backend, BackendError, DirChunk, Entry, ScanReport, chunks_from_entries, mtime_ns
+from .base import (Backend, BackendError, DirChunk, Entry, NoSuchBucket, ScanReport, chunks_from_entries,
+                   mtime_ns)
 from .retry import TRANSIENT_CODES, RetryPolicy, is_transient, redact
 
 try:
@@ -65,6 +66,24 @@ _S3_KEYS = {"endpoint_url": "endpoint", "endpoint": "endpoint", "region": "regio
             "aws_secret_access_key": "secret_access_key", "token": "session_token",
             "session_token": "session_token", "aws_session_token": "session_token",
             "requester_pays": "request_payer", "virtual_hosted_style_request": "virtual_hosted_style_request"}
+# The options the fsspec lister of each store kind takes (s3fs, gcsfs, adlfs spellings); obstore's own
+# spellings of the same settings are translated to them, and everything else (``allow_http``, obstore's
+# other store config keys) goes to obstore alone: s3fs fails its first request on a keyword it does not know.
+_LISTER_KEYS = {
+    "s3": {"endpoint_url", "region", "connect_timeout", "read_timeout", "max_pool_connections", "anon",
+           "key", "secret", "token", "requester_pays"},
+    "gcs": {"token", "project", "endpoint_url", "requester_pays"},
+    "azure": {"account_name", "account_key", "sas_token", "connection_string", "tenant_id", "client_id",
+              "client_secret", "anon"},
+}
+_LISTER_NAMES = {
+    "s3": {"endpoint": "endpoint_url", "region_name": "region", "access_key_id": "key",
+           "aws_access_key_id": "key", "secret_access_key": "secret", "aws_secret_access_key": "secret",
+           "session_token": "token", "aws_session_token": "token"},
+    "gcs": {"service_account_path": "token"},
+    "azure": {},
+}
+_LISTER_NESTS = {"s3": ("client_kwargs.", "config_kwargs.", "s3_additional_kwargs."), "gcs": (), "azure": ()}
 _SECRET_NAME = re.compile(r"key|secret|token|password|passwd|credential|signature|sas", re.IGNORECASE)
 _STATUS = re.compile(r"status code: (\d{3})")
 _CODE = re.compile(r"<Code>([A-Za-z]+)</Code>")
@@ -80,6 +99,21 @@ def _seconds(value: Any, name: str) -> float:
         raise BackendError(f"backend option {name}={value!r}: expected seconds") from e
     if not out > 0:
         raise BackendError(f"backend option {name}={value!r}: expected seconds > 0")
+    return out
+
+
+def lister_options(kind: str, options: Dict[str, Any]) -> Dict[str, Any]:
+    """The subset of ``--backend-opt`` pairs that the fsspec lister of a ``kind`` store (``s3``, ``gcs``,
+    ``azure``) takes, in its spelling: ``service_account_path`` becomes gcsfs's ``token``, obstore's
+    ``access_key_id`` s3fs's ``key``, and so on. Options only obstore takes (``allow_http``, the store
+    config keys s3fs does not know) are left out; ``pool_connections`` is kept (the fsspec backend's own
+    parameter), the retry options travel separately. Returns a new dict; raises nothing."""
+    keys, names, nests = _LISTER_KEYS[kind], _LISTER_NAMES[kind], _LISTER_NESTS[kind]
+    out: Dict[str, Any] = {}
+    for key, value in options.items():
+        key = names.get(key, key)
+        if key in keys or key == "pool_connections" or (nests and key.startswith(nests)):
+            out[key] = value
     return out
 
 
@@ -171,7 +205,7 @@ class ObstoreBackend(Backend):
         if listing not in ("auto", "fsspec", "obstore"):
             raise BackendError(f"backend option listing={listing!r}: choose auto, fsspec or obstore")
         self.listing = listing
-        self._fsspec_options = dict(options)
+        self._options = dict(options)  # as given, for the fsspec lister (lister_options picks its part)
         self._fsspec_retry = dict(retries=retries, retry_base_s=retry_base_s, retry_max_s=retry_max_s,
                                   retry_seed=retry_seed, timeout_s=timeout_s)
         options = self._flatten(options)
@@ -313,7 +347,8 @@ class ObstoreBackend(Backend):
             try:
                 from .fsspec import FsspecBackend
 
-                self._lister = FsspecBackend(url, **self._fsspec_retry, **self._fsspec_options)
+                self._lister = FsspecBackend(url, **self._fsspec_retry,
+                                             **lister_options(self.kind, self._options))
             except (ImportError, BackendError) as e:
                 if self.listing == "fsspec":
                     raise BackendError(f"listing={self.listing}: {e}") from e
@@ -325,7 +360,8 @@ class ObstoreBackend(Backend):
         """Yield every object below the root as an Entry (path relative to the root, ETag kept).
 
         Raises:
-            FileNotFoundError: nothing exists below the prefix (or the bucket does not exist).
+            FileNotFoundError: nothing exists below the prefix.
+            NoSuchBucket: the bucket does not exist at the endpoint.
             BackendError: a listing request failed (after retries).
         """
         lister = self._fsspec_lister()
@@ -361,8 +397,9 @@ class ObstoreBackend(Backend):
                 if isinstance(cause, _obx.InvalidPathError):
                     raise BackendError(f"{e} (install the fsspec implementation, e.g. s3fs, to list keys "
                                        f"that are not file paths)") from cause
-                if "status code: 404" in str(cause or ""):
-                    raise FileNotFoundError(f"no bucket {self.bucket!r} ({self.describe()})") from None
+                if "status code: 404" in str(cause or ""):  # a listing of an existing bucket never is
+                    raise NoSuchBucket(self.bucket, self.options.get("endpoint_url")
+                                       or self.options.get("endpoint")) from None
                 raise
             if page is None:
                 break

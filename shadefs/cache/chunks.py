@@ -490,9 +490,3 @@ def take_disk_chunks(cache, fid: int) -> list:
         if cid in ix and cid not in cache._flights:
             out.append(cache.table.drop_entry(cid, int(cache.ns.size(cid))))
     return out
-    first, count = cache.chunks.span(fid)
-    for cid in range(first, first + count):
-        if cid in ix and cid not in cache._flights:
-            out.append((cid, int(cache.entries.gen[cid]), int(cache.entries.csum[cid]), int(cache.ns.size(cid))))
-            ix.remove(cid, dying=True)
-    return out

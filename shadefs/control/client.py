@@ -14,13 +14,14 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from ..config import Environment
 from . import protocol as P
 
 __all__ = ["ControlClient", "ControlError", "EndpointNotFound", "find_endpoint", "load_credentials", "ENV_ENDPOINT",
            "ENV_CREDENTIALS", "XATTR"]
 
-ENV_ENDPOINT = "SHADEFS_ENDPOINT"
-ENV_CREDENTIALS = "SHADEFS_CREDENTIALS"
+# the variables' names, for messages; their values are read by shadefs.config.Environment
+ENV_ENDPOINT, ENV_CREDENTIALS = "SHADEFS_ENDPOINT", "SHADEFS_CREDENTIALS"
 XATTR = "user.shadefs.endpoint"
 
 
@@ -81,7 +82,7 @@ def find_endpoint(path_inside_mount: str) -> str:
     Raises:
         EndpointNotFound: none is available (the message says how to fix it).
     """
-    env = os.environ.get(ENV_ENDPOINT, "").strip()
+    env = Environment.from_env().endpoint
     if env:
         return env
     from .. import registry
@@ -197,7 +198,7 @@ class ControlClient:
         if creds is False:
             return None
         if creds is None and self.endpoint.startswith("tcp://"):
-            env = os.environ.get(ENV_CREDENTIALS, "").strip()
+            env = Environment.from_env().credentials
             if env:
                 creds = env
             else:

@@ -10,7 +10,7 @@ Threads and the path of one request (docs/architecture.md, "The front ends"):
   ``cache.open_ticket`` does not look the file up again).
 - **The compiled loop** (:mod:`shadefs.fuse._fastloop`, built by ``pip install`` where a C compiler is
   found; the default where it is built, ``SHADEFS_FUSE_PYTHON_LOOP=1`` selects the Python loop, see
-  :data:`PURE_LOOP_ENV`): the readers' loop in C. It reads requests without the GIL, answers RELEASE
+  :class:`shadefs.config.Environment`): the readers' loop in C. It reads requests without the GIL, answers RELEASE
   itself and drops the released handles in batches (:meth:`_release_many`, before its next dispatch, at
   256, or ~2 ms after the first RELEASE of the batch), answers IOCTL (ENOTTY) itself, writes a hit's
   OPEN reply from the triple
@@ -79,7 +79,8 @@ from ..cache.core import OpenTicket
 from ..plan.plans import set_opener
 from . import protocol as P
 from .mount import mount_fuse, unmount_fuse
-from .ops import ENDPOINT_XATTR, endpoint_of, ns_api, statfs_values
+from ..config import Environment
+from .ops import ENDPOINT_XATTR, endpoint_of, statfs_values
 
 try:  # the reader loop in C, built by `pip install` where a compiler is found (setup.py); else the Python loop
     from . import _fastloop
@@ -118,10 +119,6 @@ RELEASE_WAIT_S = 2.0
 SOURCE_RELEASE_WAIT_S = 0.02
 APPLY_HITS_S = 0.05   # at most this long between the logging and the counting of a RAM hit answered in C
 READERS = 2      # measured: 2 reader threads cost less CPU per open than 4 (GIL handoffs), same throughput
-CHECK_REPLIES_ENV = "SHADEFS_FUSE_CHECK_REPLIES"
-PURE_LOOP_ENV = "SHADEFS_FUSE_PYTHON_LOOP"       # 1: the Python reader loop even where the C one is built
-RAM_MEMFD_ENV = "SHADEFS_EXPERIMENT_RAM_MEMFD"   # measured, not a feature: RAM hits by passthrough from a memfd
-GIL_OPENS_ENV = "SHADEFS_FUSE_GIL_OPENS"         # 1: the compiled loop hands every OPEN to Python (as before)
 
 
 _OUT_HEADER_PACK = P.OUT_HEADER.pack
@@ -233,9 +230,8 @@ class _Modes:
     ``cache.open_kept(fid, gen)``, which counts the hit without opening the entry when that generation is
     still resident and verified; a backing id is reused for a disk hit only of the same generation."""
 
-    def __init__(self, dev_fd: int, ram_memfd: bool = False, keep_ids: int = KEEP_BACKING_IDS):
+    def __init__(self, dev_fd: int, keep_ids: int = KEEP_BACKING_IDS):
         self.dev_fd = dev_fd
-        self.ram_memfd = ram_memfd
         self.lock = threading.Lock()
         # notified when the last open of a dropped generation is released (acquire may wait for it)
         self.cond = threading.Condition(self.lock)
@@ -317,8 +313,6 @@ class _Modes:
                         bid = self._backing_open(source_fd)
                         keep = False
                         gen = -1
-                    elif self.ram_memfd and h.outcome == "ram":
-                        bid = self._memfd_backing(h)
                 if gen >= 0 and self.bad.get(fid, gen) != gen:
                     del self.bad[fid]  # a newer generation is open: the dropped one is never opened again
                 st = self.files[fid] = [bid, 0, h.size, keep, gen]
@@ -374,7 +368,7 @@ class _Modes:
                 return
             drop = []
             if st[0] is not None:
-                if st[3] and self.keep_ids > 0 and not self.ram_memfd:
+                if st[3] and self.keep_ids > 0:
                     # kept before the state goes: gen_of (no lock) finds the id in one or the other
                     self.kept[fid] = (st[0], st[2], st[4])
                     self.kept_bytes += st[2]
@@ -416,19 +410,6 @@ class _Modes:
         except OSError as e:
             log.warning("FUSE_DEV_IOC_BACKING_CLOSE %d: %s", bid, e)
 
-    def _memfd_backing(self, h) -> Optional[int]:
-        """Experiment (``SHADEFS_EXPERIMENT_RAM_MEMFD=1``): a RAM hit copied into a memfd per open and
-        answered by passthrough, to compare with ``keep_cache`` (docs/performance.md, "Read path")."""
-        fd = os.memfd_create("shadefs-ram", os.MFD_CLOEXEC)
-        try:
-            view = h.read(0, h.size)
-            while view:
-                n = os.write(fd, view)
-                view = view[n:]
-            return self._backing_open(fd)
-        finally:
-            os.close(fd)  # the kernel holds its own reference to the backing file
-
     def _backing_open(self, bfd: int) -> Optional[int]:
         try:
             return fcntl.ioctl(self.dev_fd, P.DEV_IOC_BACKING_OPEN, bytearray(P.BACKING_MAP.pack(bfd, 0, 0)), True)
@@ -466,7 +447,7 @@ class KernelFrontend:
     def __init__(self, namespace, cache, daemon=None, *, mountpoint: str, fsname: str = "shadefs",
                  allow_other: bool = False, kernel_cache: bool = True, passthrough: bool = True,
                  readers: int = READERS, max_workers: int = 256, source_passthrough: str = "off"):
-        self.ns = ns_api(namespace)
+        self.ns = namespace
         self.cache = cache
         self.daemon = daemon
         self.mountpoint = os.path.abspath(mountpoint)
@@ -492,14 +473,14 @@ class KernelFrontend:
         # INIT when passthrough is on and the cache verifies entries at their first hit only (every-open reads
         # the entry at every hit)
         self._open_kept = None
-        self.check_replies = os.environ.get(CHECK_REPLIES_ENV, "") not in ("", "0")
-        self.ram_memfd = os.environ.get(RAM_MEMFD_ENV, "") not in ("", "0")
+        env = Environment.from_env()  # the front end's switches of the environment (docs/configuration.md)
+        self.check_replies = env.fuse_check_replies
         # the reader loop in C (shadefs.fuse._fastloop) where it was built
-        self.compiled_loop = _fastloop is not None and os.environ.get(PURE_LOOP_ENV, "") in ("", "0")
+        self.compiled_loop = _fastloop is not None and not env.fuse_python_loop
         # the RAM tier's residents whose OPEN, READ and RELEASE the compiled loop answers without the GIL
         # (set at INIT: _fastloop.Residents, attached to the cache), or None
         self.residents = None
-        self.gil_opens = os.environ.get(GIL_OPENS_ENV, "") not in ("", "0")
+        self.gil_opens = env.fuse_gil_opens
         self.fd: Optional[int] = None
         self._fds: List[int] = []
         self._stop = _StopFlag()
@@ -649,8 +630,7 @@ class KernelFrontend:
                                       "built with CONFIG_FUSE_PASSTHROUGH)"
         elif not _has_cap_sys_admin():
             self.passthrough_reason = "off (needs CAP_SYS_ADMIN)"
-        elif ((self.cache is None or getattr(self.cache, "disk", None) is None) and not self.ram_memfd
-              and self.want_source == "off"):
+        elif (self.cache is None or getattr(self.cache, "disk", None) is None) and self.want_source == "off":
             self.passthrough_reason = "off (no NVMe tier, and no passthrough to the source: --source-passthrough " \
                                       "off, or a source other than a directory)"
         else:
@@ -665,7 +645,7 @@ class KernelFrontend:
                 self.passthrough_reason += f"; files served from the source, from the source file: " \
                                            f"{self.source_mode}"
             self.passthrough_reason += ")"
-            self.modes = _Modes(fd, self.ram_memfd)
+            self.modes = _Modes(fd)
             if getattr(self.cache, "verify_entries", None) == "first-hit":
                 self._open_kept = getattr(self.cache, "open_kept", None)
             hooks = getattr(self.cache, "entry_unlinked", None)

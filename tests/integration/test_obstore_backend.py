@@ -15,6 +15,7 @@ boto3 = require("boto3")
 require("s3fs", "obstore.store", "moto.server")
 
 from shadefs.backends import BackendError, open_backend  # noqa: E402
+from shadefs.backends.base import NoSuchBucket  # noqa: E402
 from shadefs.backends import obstore as obstore_backend  # noqa: E402
 from shadefs.backends.obstore import ObstoreBackend  # noqa: E402
 
@@ -231,6 +232,6 @@ def test_listing_through_obstore_without_the_fsspec_implementation(proxy):  # no
             list(b.walk())
         b.close()
     b = open_backend("s3://no-such-bucket-shadefs/x", endpoint_url=proxy.endpoint, retries="0", listing="obstore")
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(NoSuchBucket, match=f"^bucket 'no-such-bucket-shadefs' does not exist at {proxy.endpoint}$"):
         list(b.walk())
     b.close()

@@ -23,6 +23,7 @@ require("s3fs", "moto.server")
 from shadefs.testing.s3 import MotoServer  # noqa: E402
 
 from shadefs.backends import BackendError, open_backend  # noqa: E402
+from shadefs.backends.base import NoSuchBucket  # noqa: E402
 from shadefs.backends.fsspec import FsspecBackend  # noqa: E402
 
 BUCKET = "shadefs-test"
@@ -281,14 +282,14 @@ def test_missing_object_is_enoent_and_not_retried(backend, proxy):
     assert proxy.count("GET", "missing.png") == 1
 
 
-def test_missing_bucket_or_prefix_is_enoent(proxy):
+def test_missing_prefix_is_enoent_and_missing_bucket_names_bucket_and_endpoint(proxy):
     for prefix in ("no/such/prefix",):
         b = make_backend(proxy.endpoint, prefix=prefix)
         with pytest.raises(FileNotFoundError):
             list(b.walk())
         b.close()
     b = open_backend("s3://no-such-bucket-shadefs/x", "fsspec", endpoint_url=proxy.endpoint, retries="0")
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(NoSuchBucket, match=f"^bucket 'no-such-bucket-shadefs' does not exist at {proxy.endpoint}$"):
         list(b.walk())
     b.close()
 

@@ -96,3 +96,19 @@ def test_deadline_bounds_each_attempt_to_half_of_it():
     assert b._store.client_options == {"pool_max_idle_per_host": "64", "connect_timeout": "2.0s",
                                        "read_timeout": "2.0s", "timeout": "2.0s"}
     b.close()
+
+
+def test_each_option_reaches_only_the_component_that_takes_it():
+    """The fsspec lister gets s3fs's options in s3fs's spelling; allow_http and obstore's own store keys
+    stay with obstore (s3fs failed the listing on them: an unexpected keyword argument)."""
+    from shadefs.backends.obstore import lister_options
+
+    given = {"endpoint_url": "http://127.0.0.1:9", "allow_http": "true", "virtual_hosted_style_request": "false",
+             "access_key_id": "AKID", "secret": "s", "pool_connections": "16", "client_kwargs.region_name": "r",
+             "connect_timeout": "3"}
+    assert lister_options("s3", given) == {"endpoint_url": "http://127.0.0.1:9", "key": "AKID", "secret": "s",
+                                           "pool_connections": "16", "client_kwargs.region_name": "r",
+                                           "connect_timeout": "3"}
+    assert lister_options("gcs", {"service_account_path": "/sa.json", "allow_http": "true"}) == {
+        "token": "/sa.json"}
+    assert lister_options("azure", {"account_name": "acct", "allow_http": "true"}) == {"account_name": "acct"}

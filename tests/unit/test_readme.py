@@ -20,6 +20,15 @@ def test_use_says_how_to_reach_the_venv_and_build_the_dataset():
     assert "DIR.complete" in USE  # the marker is not part of the mounted tree
 
 
+def test_the_use_block_builds_what_it_mounts_before_mounting_it():
+    block = USE.split("```")[1]
+    source = re.search(r"^shadefs mount (\S+) ", block, flags=re.M).group(1)
+    assert source == "data/fmnist"
+    makefile = (Path(__file__).resolve().parents[2] / "Makefile").read_text()
+    assert re.search(r"^DATA\s*\?=\s*data/fmnist$", makefile, flags=re.M)  # what `make dataset` builds
+    assert block.index("make dataset") < block.index("shadefs mount")
+
+
 def test_every_size_the_readme_names_parses_as_it_says():
     binary = re.search(r"binary units \(([^)]*)\)", USE).group(1)
     decimal = re.search(r"decimal units \(([^)]*)\)", USE).group(1)
