@@ -34,7 +34,7 @@ from .plan.policy import PlanPolicy
 from .plan.prefetch import Prefetcher
 from .policies.base import Importance, get_policy
 from .policies.shade import get_transform
-from .procutil import raise_nofile
+from .procutil import FdReserve, raise_nofile
 from .sysinfo import memory_limit
 
 __all__ = ["Daemon"]
@@ -123,7 +123,8 @@ class Daemon:
         cfg = self.cfg
         t0 = time.monotonic()
         soft, hard = raise_nofile()   # each open handle of a disk entry holds a descriptor
-        log.info("file descriptors: soft limit %d (hard limit %d)", soft, hard)
+        log.info("file descriptors: soft limit %d (hard limit %d), %d kept free for control, the tiers and the "
+                 "source (--fd-reserve)", soft, hard, cfg.fd_reserve)
         options = dict(cfg.backend_options)
         if "://" not in cfg.source:
             options.setdefault("scan_workers", cfg.scan_workers)
@@ -186,6 +187,7 @@ class Daemon:
         self.cache = TieredCache(ns, self.backend, ram, disk, self.importance, trace=self.trace,
                                  on_backend_read=self._on_backend_read, shared=self.shared, chunks=chunks)
         self.cache.verify_entries = cfg.verify_entries
+        self.cache.fds = FdReserve(cfg.fd_reserve)
         if disk is not None:
             disk[1].bind(disk[0], self.cache.lock)  # the budget in device bytes
         if self._audit and os.environ.get("SHADEFS_LOOSE_BUFFERS"):  # tests only: a smaller working-set bound
@@ -484,6 +486,7 @@ class Daemon:
             self.trace.flush()  # its own lock: never the cache lock
         out = self.cache.stats()
         out["namespace"] = self.namespace.info()
+        out["descriptors"] = self.cache.fds.stats()
         if self._audit:  # SHADEFS_AUDIT=1: the state machine's consistent view, for tests (docs/metrics.md)
             out["audit"] = self.cache.audit()
         return out
