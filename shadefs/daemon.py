@@ -399,6 +399,7 @@ class Daemon:
                                      curve_secret_key_file=cfg.curve_server_secret,
                                      curve_authorized_keys=cfg.control_authorized_keys,
                                      insecure=cfg.control_insecure)
+        self.control.fds = self.cache.fds   # unbound while descriptors run out (libzmq aborts at EMFILE)
         self.control.start()
         self.endpoint = self.control.endpoint
         self.cache.start_background()  # threads only now: after the FUSE fork

@@ -160,6 +160,16 @@ class FdReserve:
             est = self._estimate(time.monotonic())
         return limit < 0 or est < 0 or limit - est - 1 >= self.reserve
 
+    def free(self) -> int:
+        """Descriptors free below the soft limit now (the count at most :attr:`count_every_s` old, the read
+        path's holds exact); 0 when they cannot be counted (none left to list them with). Never raises."""
+        limit = self.limit()
+        with self._lock:
+            est = self._estimate(time.monotonic())
+        if limit < 0:
+            return 1 << 20
+        return max(0, limit - est) if est >= 0 else 0
+
     def refuse(self) -> None:
         """Count a hold refused by the caller after :meth:`room` said no."""
         with self._lock:

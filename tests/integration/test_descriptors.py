@@ -73,9 +73,9 @@ def test_a_reader_holding_opens_past_the_limit_leaves_the_daemon_answering(tmp_p
         rels = list(spec)
         held = {rel: os.open(os.path.join(m.path, rel), os.O_RDONLY) for rel in rels[:HELD]}
         try:
-            assert _fds(m.pid) == rest   # 200 NVMe hits open, no descriptor held for them
-            _prlimit(m.pid, rest + 40)   # 40 free: inside the reserve of 64
+            _prlimit(m.pid, rest + 40)   # 40 above its use at rest: inside the reserve of 64
             s = m.stats()                # a new control connection: accepted, answered
+            assert _fds(m.pid) == rest   # 200 NVMe hits open, no descriptor held for them
             d = s["descriptors"]
             assert (d["limit"], d["reserve"], d["held"], d["refused"], d["failed"]) == (rest + 40, RESERVE, 0, 0, 0)
             assert s["hits"]["disk"] == HELD and s["misses"] == FILES
@@ -131,6 +131,41 @@ def test_without_passthrough_opens_past_the_reserve_hold_no_descriptor(tmp_path)
             for fd in again.values():
                 os.close(fd)
         assert pid_alive(m.pid)
+    finally:
+        m.umount()
+    assert not m.tracebacks()
+
+
+def test_a_limit_lowered_below_the_descriptors_open_closes_the_control_endpoint_until_they_are_free(tmp_path, cli):
+    # without passthrough, 200 open NVMe hits hold 200 entry fds; the limit is then lowered below them:
+    # no descriptor is free, so the control endpoint is unbound (an accept there would abort the daemon),
+    # readers keep reading, and once the opens are released it is bound again
+    m, spec = _warm(tmp_path, "--no-passthrough")
+    try:
+        rest = _fds(m.pid)
+        rels = list(spec)
+        held = {rel: os.open(os.path.join(m.path, rel), os.O_RDONLY) for rel in rels[:HELD]}
+        try:
+            _prlimit(m.pid, rest + 40)   # 40 above its use at rest, 160 below its use now
+            wait_for(lambda: "control endpoint" in m.log() and " closed: 0 file descriptors free" in m.log())
+            r = cli("stats", m.path, "--json", "--timeout", "1", check=False)
+            assert r.returncode != 0 and "did not answer" in r.stderr and pid_alive(m.pid)
+            _check_bytes(held, spec)     # the held entry fds serve their reads
+            assert _fds(m.pid) == rest + HELD - 1   # the unbound listener's descriptor is free
+            # new opens: each entry opened on that one free descriptor, read into a buffer, closed
+            for rel in rels[HELD:HELD + 3]:
+                assert read(os.path.join(m.path, rel)) == spec[rel]
+        finally:
+            for fd in held.values():
+                os.close(fd)
+        wait_for(lambda: " open again: " in m.log())
+        s = m.stats()
+        d = s["descriptors"]
+        assert (d["limit"], d["held"], d["refused"], d["failed"]) == (rest + 40, 0, 3, 0)
+        for rel in rels[HELD:]:          # 40 free: opens inside the reserve, from buffers, the bytes right
+            assert read(os.path.join(m.path, rel)) == spec[rel]
+        d = m.stats()["descriptors"]
+        assert (d["held"], d["refused"], d["failed"]) == (0, 3 + FILES - HELD, 0) and pid_alive(m.pid)
     finally:
         m.umount()
     assert not m.tracebacks()
