@@ -13,6 +13,7 @@ effects and is what the CLI calls before forking, so a bad ``--control`` fails i
 from __future__ import annotations
 
 import concurrent.futures as cf
+import errno
 import hashlib
 import ipaddress
 import logging
@@ -241,6 +242,10 @@ def _check_ipc_path_free(path: str) -> None:
 MAX_WARM_QUEUED = 4
 # seconds between two checks of the descriptors free while serving (ControlServer._guard_listener)
 LISTENER_CHECK_S = 0.1
+# descriptors a ZeroMQ context needs to start serving: its pollers and mailboxes (epoll, eventfd: 6), the
+# socket's mailbox, the listener, the CURVE authenticator's sockets; libzmq aborts the process, not fails,
+# when it cannot create a poller (EMFILE), so ControlServer.start refuses with fewer free
+CONTEXT_DESCRIPTORS = 16
 
 
 class _AllowedKeys:
@@ -345,11 +350,17 @@ class ControlServer:
         Raises:
             RuntimeError: already started.
             PermissionError, ValueError, zmq.ZMQError: the endpoint cannot be bound (nothing is left running).
+            OSError: EMFILE, fewer than :data:`CONTEXT_DESCRIPTORS` file descriptors free below the soft
+                limit (with :attr:`fds`): libzmq would abort the process creating its pollers.
         """
         import zmq
 
         if self._thread is not None:
             raise RuntimeError("control server already started")
+        free = self.fds.free() if self.fds is not None else CONTEXT_DESCRIPTORS
+        if free < CONTEXT_DESCRIPTORS:
+            raise OSError(errno.EMFILE, f"control endpoint not started: {free} file descriptors free below the "
+                          f"soft limit, a ZeroMQ context needs {CONTEXT_DESCRIPTORS}")
         url = self._requested
         if url is None:
             url = "ipc://" + os.path.join(runtime_dir(), default_socket_name(self._mountpoint, os.getpid()))

@@ -1,6 +1,7 @@
 """The descriptor reserve (``shadefs.procutil.FdReserve``): holds granted while ``reserve`` descriptors stay
 free below the soft NOFILE limit, refused past it; a disk hit refused a held entry fd is served from a buffer.
 Real limits (``setrlimit`` on this process, restored), real descriptors, a real disk tier in tmp_path."""
+import errno
 import os
 import resource
 
@@ -96,3 +97,16 @@ def test_a_disk_hit_past_the_reserve_is_served_from_a_buffer_without_a_held_fd(s
     s = cache.stats()
     assert (s["opens"], s["hits"]["disk"], s["misses"]) == (3, 2, 1) and len(backend.reads) == 1
     assert cache.loose_bytes == 0   # the buffer's bytes were handed back at release (settled by stats)
+
+
+def test_the_control_server_refuses_to_start_a_zeromq_context_without_descriptors_for_it(soft_limit, tmp_path):
+    # libzmq aborts the process when its pollers cannot be created (EMFILE): start() refuses first
+    from shadefs.control.server import CONTEXT_DESCRIPTORS, ControlServer
+
+    srv = ControlServer(f"ipc://{tmp_path}/c.sock", object(), mountpoint="/mnt/x")
+    srv.fds = FdReserve(count_every_s=0.0)
+    soft_limit(FdReserve.count() + CONTEXT_DESCRIPTORS - 1)
+    with pytest.raises(OSError) as e:
+        srv.start()
+    assert e.value.errno == errno.EMFILE and "a ZeroMQ context needs 16" in str(e.value)
+    assert srv.endpoint is None and not os.path.exists(f"{tmp_path}/c.sock")
