@@ -2,6 +2,7 @@
 descriptor limit."""
 from __future__ import annotations
 
+import errno
 import functools
 import os
 import signal
@@ -81,6 +82,8 @@ class FdReserve:
     EMFILE only at the limit itself).
     """
 
+    FULL = 1 << 40   # the count of a table with no descriptor free to list it with
+
     def __init__(self, reserve: int = FD_RESERVE, count_every_s: float = FD_COUNT_EVERY_S):
         if reserve < 0:
             raise ValueError(f"descriptor reserve {reserve}: must be >= 0")
@@ -119,16 +122,29 @@ class FdReserve:
         except OSError:
             return -1
 
-    def _estimate(self, now: float) -> int:
-        # under self._lock: the open descriptors, counted again when the last count is older than
-        # count_every_s (one listing per interval, whatever the rate of opens)
-        if self._counted < 0 or now - self._counted >= self.count_every_s:
-            n = self.count()
-            if n < 0:
-                return -1
-            self._others = max(0, n - self.held)
-            self._counted = now
-        return self._others + self.held
+    @staticmethod
+    def _count_or_full() -> int:
+        # count(), or FULL when not even the listing's descriptor could be opened (EMFILE, ENFILE)
+        try:
+            return len(os.listdir("/proc/self/fd")) - 1
+        except OSError as e:
+            return FdReserve.FULL if e.errno in (errno.EMFILE, errno.ENFILE) else -1
+
+    def _estimate(self) -> int:
+        # the open descriptors: counted again when the last count is older than count_every_s (one listing
+        # per interval, whatever the rate of opens; listed outside the lock, which a listing of a large
+        # table would hold for milliseconds), the read path's holds since then added exactly
+        now = time.monotonic()
+        with self._lock:
+            due = self._counted < 0 or now - self._counted >= self.count_every_s
+            if due:
+                self._counted = now   # one thread lists; the others use the last count meanwhile
+        if due:
+            n = self._count_or_full()   # FULL: every hold refused until the next count
+            with self._lock:
+                self._others = max(0, n - self.held) if n >= 0 else -1
+        with self._lock:
+            return self._others + self.held if self._others >= 0 else -1
 
     def hold(self, fd: int) -> bool:
         """May the caller keep ``fd`` (just opened, already counted among the open descriptors) open across
@@ -140,8 +156,8 @@ class FdReserve:
                 self.held += 1
             return True
         limit = self.limit()
+        est = self._estimate()
         with self._lock:
-            est = self._estimate(time.monotonic())
             # the kernel hands out the lowest free number: every number below ``fd`` is in use
             in_use = max(est, fd + 1) if est >= 0 else fd + 1
             if limit < 0 or limit - in_use >= self.reserve:
@@ -156,16 +172,14 @@ class FdReserve:
         if self.reserve == 0:
             return True
         limit = self.limit()
-        with self._lock:
-            est = self._estimate(time.monotonic())
+        est = self._estimate()
         return limit < 0 or est < 0 or limit - est - 1 >= self.reserve
 
     def free(self) -> int:
         """Descriptors free below the soft limit now (the count at most :attr:`count_every_s` old, the read
         path's holds exact); 0 when they cannot be counted (none left to list them with). Never raises."""
         limit = self.limit()
-        with self._lock:
-            est = self._estimate(time.monotonic())
+        est = self._estimate()
         if limit < 0:
             return 1 << 20
         return max(0, limit - est) if est >= 0 else 0

@@ -68,6 +68,17 @@ def test_the_descriptor_number_alone_refuses_past_the_reserve(soft_limit):
             os.close(fd)
 
 
+def test_no_descriptor_left_to_count_with_refuses_every_hold(soft_limit):
+    r = FdReserve(reserve=8, count_every_s=0.0)
+    fd = os.open(os.devnull, os.O_RDONLY)
+    try:
+        soft_limit(FdReserve.count())   # every descriptor below the limit in use: the listing itself fails
+        assert not r.hold(fd) and r.free() == 0 and not r.room()
+        assert (r.refused, r.held) == (1, 0)
+    finally:
+        os.close(fd)
+
+
 def test_reserve_zero_grants_every_hold_and_a_negative_one_is_refused():
     r = FdReserve(reserve=0)
     assert all(r.hold(fd) for fd in range(3)) and r.held == 3 and r.refused == 0 and r.room()
