@@ -41,7 +41,7 @@ def _prlimit(pid: int, soft: int) -> None:
     assert _soft_nofile(pid) == soft
 
 
-def _warm(tmp_path, *args) -> tuple:
+def _warm(tmp_path, *args, fuse_impl=None) -> tuple:
     """A mount with a disk tier holding all FILES files (read once: each a miss that fills the tier)."""
     spec = _spec()
     src = tmp_path / "src"
@@ -49,7 +49,7 @@ def _warm(tmp_path, *args) -> tuple:
     mp = tmp_path / "mp"
     mp.mkdir()
     m = Mount(src, mp, ("--disk-cache", tmp_path / "cache", "--disk-cache-size", "64MiB", "--disk-pack-below", "0",
-                        *args), tmp_path / "mp.log")
+                        *args), tmp_path / "mp.log", fuse_impl=fuse_impl)
     m.start()
     for rel, data in spec.items():
         assert read(os.path.join(m.path, rel)) == data
@@ -98,9 +98,11 @@ def test_a_reader_holding_opens_past_the_limit_leaves_the_daemon_answering(tmp_p
     assert not m.tracebacks()
 
 
-def test_without_passthrough_opens_past_the_reserve_hold_no_descriptor(tmp_path):
-    # without passthrough each open NVMe hit reads its entry fd: held until RELEASE, up to the reserve
-    m, spec = _warm(tmp_path, "--no-passthrough")
+@pytest.mark.both_frontends
+def test_without_passthrough_opens_past_the_reserve_hold_no_descriptor(tmp_path, fuse_impl):
+    # without passthrough (or through libfuse) each open NVMe hit reads its entry fd: held until RELEASE,
+    # up to the reserve
+    m, spec = _warm(tmp_path, "--no-passthrough", fuse_impl=fuse_impl)
     try:
         rest = _fds(m.pid)
         rels = list(spec)
