@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import functools
 import os
+import resource
 import signal
 import threading
 import time
@@ -99,8 +100,6 @@ class FdReserve:
     @staticmethod
     def limit() -> int:
         """The soft ``RLIMIT_NOFILE`` now (``RLIM_INFINITY`` as ``/proc/sys/fs/nr_open``); -1 if unknown."""
-        import resource
-
         try:
             soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
         except (OSError, ValueError):
@@ -156,15 +155,23 @@ class FdReserve:
                 self.held += 1
             return True
         limit = self.limit()
+        now = time.monotonic()
+        with self._lock:   # the common case: a recent count, one critical section
+            if 0 <= self._counted and now - self._counted < self.count_every_s:
+                return self._decide(limit, self._others + self.held if self._others >= 0 else -1, fd)
         est = self._estimate()
         with self._lock:
-            # the kernel hands out the lowest free number: every number below ``fd`` is in use
-            in_use = max(est, fd + 1) if est >= 0 else fd + 1
-            if limit < 0 or limit - in_use >= self.reserve:
-                self.held += 1
-                return True
-            self.refused += 1
-            return False
+            return self._decide(limit, est, fd)
+
+    def _decide(self, limit: int, est: int, fd: int) -> bool:
+        # under self._lock: grant or refuse a hold of ``fd`` with ``est`` descriptors open (-1: unknown);
+        # the kernel hands out the lowest free number, so every number below ``fd`` is in use
+        in_use = max(est, fd + 1) if est >= 0 else fd + 1
+        if limit < 0 or limit - in_use >= self.reserve:
+            self.held += 1
+            return True
+        self.refused += 1
+        return False
 
     def room(self) -> bool:
         """Is there room to open and hold one more descriptor without entering the reserve? (A check
