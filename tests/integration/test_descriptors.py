@@ -99,7 +99,7 @@ def test_a_reader_holding_opens_past_the_limit_leaves_the_daemon_answering(tmp_p
 
 
 @pytest.mark.both_frontends
-def test_without_passthrough_opens_past_the_reserve_hold_no_descriptor(tmp_path, fuse_impl):
+def test_without_passthrough_opens_past_the_reserve_hold_no_descriptor(tmp_path, fuse_impl, cli):
     # without passthrough (or through libfuse) each open NVMe hit reads its entry fd: held until RELEASE,
     # up to the reserve
     m, spec = _warm(tmp_path, "--no-passthrough", fuse_impl=fuse_impl)
@@ -119,6 +119,9 @@ def test_without_passthrough_opens_past_the_reserve_hold_no_descriptor(tmp_path,
                 (rest + HELD + 40, RESERVE, HELD, FILES - HELD, 0)
             assert s["hits"]["disk"] == FILES and s["misses"] == FILES
             _check_bytes(held, spec)
+            text = cli("stats", m.path).stdout
+            assert f"(reserve 64), {HELD} held by open files, {FILES - HELD} opens served without one, 0 failed" \
+                in text
         finally:
             for fd in held.values():
                 os.close(fd)
