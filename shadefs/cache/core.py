@@ -113,7 +113,7 @@ class Handle:
     """
 
     __slots__ = ("fid", "size", "outcome", "_cache", "_data", "_fd", "_released", "_pin", "_loose", "gen",
-                 "keep_pages", "_chunk")
+                 "keep_pages", "_chunk", "_csum")
 
     def __init__(self, cache: "TieredCache", fid: int, size: int, outcome: Outcome,
                  data: Optional[bytes] = None, fd: Optional[int] = None, pin: Optional[Pin] = None,
@@ -130,6 +130,7 @@ class Handle:
         self._pin = pin      # the Pin of the RAM tier buffer this handle holds
         self._loose = loose  # bytes of a buffer counted against LOOSE_BUFFERS
         self._chunk = None   # served by ranges: (offset, bytes, lock) of the last whole chunk read (loose)
+        self._csum = None    # the checksum naming the entry file of generation gen (an entry fd's handle)
 
     @property
     def source(self) -> str:
@@ -154,6 +155,10 @@ class Handle:
             return self._data[offset:end]
         if self._fd is not None:
             return _pread_exact(self._fd, end - offset, offset)
+        if self._csum is not None:  # its entry fd was closed (close_entry_fd): the entry opened per read
+            piece = self._cache._entry_read(self, offset, end)
+            if piece is not None:
+                return piece
         return self._cache._stream_read(self, offset, end)
 
     def backing_fd(self) -> Optional[int]:
@@ -198,8 +203,9 @@ class Handle:
     def close_entry_fd(self) -> None:
         """Close the disk entry fd of a handle whose bytes the kernel reads from its own reference to the
         entry file (a FUSE passthrough backing id): the open then holds no descriptor of the daemon. Call
-        it before the handle is served (a READ through it, which passthrough never sends, would be served
-        by ranges from the backend). No-op without an fd."""
+        it before the handle is served. A READ that still reaches the daemon (the kernel's read-ahead
+        into the mount's pages, ``POSIX_FADV_WILLNEED``) opens the entry for that read, or, when it was
+        evicted or no descriptor is free, is served by ranges from the backend. No-op without an fd."""
         fd, self._fd = self._fd, None
         if fd is not None:
             try:
@@ -999,7 +1005,7 @@ class TieredCache:
                 if passed:
                     self._count(fid, size, "disk")
             if passed:
-                return self._entry_handle(fid, size, "disk", fd, gen)
+                return self._entry_handle(fid, size, "disk", fd, gen, csum)
         try:
             data = self.disk.verify(fd, size, csum, keep=keep)
         except CorruptEntry as e:
@@ -1021,9 +1027,9 @@ class TieredCache:
             os.close(fd)
             self.mover.submit(demote, [old])  # the old entry's unlink and the victims' writes
             return Handle(self, fid, size, "disk", data=data, pin=promoted)
-        return self._entry_handle(fid, size, "disk", fd, gen, data)
+        return self._entry_handle(fid, size, "disk", fd, gen, csum, data)
 
-    def _entry_handle(self, fid: int, size: int, outcome: Outcome, fd: int, gen: int,
+    def _entry_handle(self, fid: int, size: int, outcome: Outcome, fd: int, gen: int, csum: int,
                       data: Optional[bytes] = None) -> Handle:
         """A handle serving generation ``gen`` of ``fid``'s disk entry from ``fd`` (already checked as the
         caller's ``--verify-entries`` requires), which the handle then owns. Past the descriptor reserve
@@ -1031,7 +1037,9 @@ class TieredCache:
         caller read them already) are read now and ``fd`` is closed; they are served from a buffer counted
         against :data:`LOOSE_BUFFERS`, or, with no room there, by ranges from the backend."""
         if self.fds.hold(fd):
-            return Handle(self, fid, size, outcome, fd=fd, gen=gen)
+            h = Handle(self, fid, size, outcome, fd=fd, gen=gen)
+            h._csum = csum   # names the entry file again after close_entry_fd
+            return h
         try:
             if data is None and size <= self.loose_budget - self.loose_bytes:  # a hint: _loose_handle decides
                 data = _pread_exact(fd, size, 0)
@@ -1324,7 +1332,7 @@ class TieredCache:
         if fl.tier == "disk" and not (self.disk.segments is not None and self.disk.packed(size)):
             try:
                 return self._entry_handle(fid, size, outcome, self.disk.open_entry(self.ns.path(fid), fl.gen,
-                                                                                    fl.csum), fl.gen)
+                                                                                    fl.csum), fl.gen, fl.csum)
             except OSError as e:
                 if e.errno in (errno.EMFILE, errno.ENFILE):
                     self.fds.out_of_descriptors()
@@ -1356,6 +1364,22 @@ class TieredCache:
             self.counts.backend_bytes += length
             self.counts.range_reads += 1
         return data
+
+    def _entry_read(self, h: Handle, offset: int, end: int) -> Optional[bytes]:
+        """Bytes ``[offset, end)`` of the disk entry a handle served before it closed its fd
+        (:meth:`Handle.close_entry_fd`), read through a descriptor opened for this read only; None when
+        the entry is gone (evicted, promoted, dropped), short, or cannot be opened (EMFILE): the caller
+        reads the backend."""
+        try:
+            fd = self.disk.open_entry(self.ns.path(h.fid), h.gen, h._csum)
+        except OSError:
+            return None
+        try:
+            return _pread_exact(fd, end - offset, offset)
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
 
     def _stream_read(self, h: Handle, offset: int, end: int) -> bytes:
         """Bytes ``[offset, end)`` of a file served by ranges (``end`` within its size): read from the

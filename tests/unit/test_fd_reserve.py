@@ -121,3 +121,23 @@ def test_the_control_server_refuses_to_start_a_zeromq_context_without_descriptor
         srv.start()
     assert e.value.errno == errno.EMFILE and "a ZeroMQ context needs 16" in str(e.value)
     assert srv.endpoint is None and not os.path.exists(f"{tmp_path}/c.sock")
+
+
+def test_a_disk_hit_that_closed_its_entry_fd_reads_the_entry_per_read_else_the_backend(small_tree, tmp_path):
+    # a passthrough open closes its handle's entry fd (the kernel reads the entry itself); a READ that
+    # still comes (read-ahead) opens the entry for that read, or reads the backend when the entry is gone
+    src, spec = small_tree
+    cache, ns, backend = build(src, tmp_path, "static", ram=0, disk=100000)
+    name = "cat/09.bin"
+    f = fid(ns, name)
+    assert open_read(cache, f) == (spec[name], "miss")
+    h = cache.open(f)
+    assert (h.outcome, h.source, cache.fds.held) == ("disk", "entry", 1)
+    h.close_entry_fd()
+    assert (h.backing_fd(), cache.fds.held) == (None, 0)
+    assert h.read(100, 5000) == spec[name][100:5100]   # from the entry
+    assert (len(backend.reads), cache.range_reads) == (1, 0)
+    os.unlink(cache.disk.entry_file(name, h.gen, h._csum))
+    assert h.read(0, 20000) == spec[name]               # from the backend, by ranges
+    assert (len(backend.reads), cache.range_reads) == (1, 1)
+    h.release()
