@@ -24,7 +24,7 @@ from .cmdutil import check_daemon_alive as _check_daemon_alive, is_stale as _is_
 from .config import ConfigError, MountConfig, format_bytes, parse_size, pause_point
 
 STATS_KEYS = ("policy", "uptime_s", "opens", "hits", "misses", "hit_ratio", "byte_hit_ratio",
-              "backend_bytes", "corrupt_entries", "tiers", "shared_errors", "shared_deadlines", "namespace", "prefetch")  # shared_*: only with --shared-tier
+              "backend_bytes", "corrupt_entries", "tiers", "shared_errors", "shared_deadlines", "namespace", "prefetch", "descriptors")  # shared_*: only with --shared-tier
 
 
 # -- helpers -------------------------------------------------------------------------------------------------
@@ -216,6 +216,8 @@ def build_config(args) -> MountConfig:
     if not 0 <= args.backend_timeout < float("inf"):
         raise UserError(f"--backend-timeout {args.backend_timeout:g}: seconds must be a finite number >= 0 "
                         "(0 = no deadline)")
+    if not 0 <= args.fd_reserve <= 1 << 20:
+        raise UserError(f"--fd-reserve {args.fd_reserve}: choose 0 (off) to 1048576 descriptors")
     if not 1 <= args.fuse_readers <= 64:
         raise UserError(f"--fuse-readers {args.fuse_readers}: choose 1-64 threads")
     if args.score_transform not in ("rank", "raw"):
@@ -234,7 +236,7 @@ def build_config(args) -> MountConfig:
         score_transform=args.score_transform, checkpoint_interval_s=args.checkpoint_interval,
         follow_symlinks=args.follow_symlinks, rescan=args.rescan,
         backend_timeout_s=float(args.backend_timeout), backend=args.backend,
-        disk_pack_below=_pack_below(args),
+        disk_pack_below=_pack_below(args), fd_reserve=args.fd_reserve,
     )
     kwargs.update(_shared_tier_config(args))
     if "ram_cache" in sizes:
@@ -979,6 +981,10 @@ def format_stats(s: dict) -> str:
     if "scores_received" in s:
         rejected = sum(s.get("scores_rejected", {}).values())
         lines.append(f"score messages  {s['scores_received']} received, {rejected} rejected")
+    d = s.get("descriptors")
+    if d:
+        lines.append(f"descriptors     {d['open']} open of {d['limit']} (reserve {d['reserve']}), {d['held']} held "
+                     f"by open files, {d['refused']} opens served without one, {d['failed']} failed")
     return "\n".join(lines)
 
 
@@ -1192,6 +1198,10 @@ def make_parser() -> argparse.ArgumentParser:
                    "when installed, fsspec for every other URL), obstore, or fsspec (s3fs, gcsfs, ...)")
     m.add_argument("--backend-timeout", type=float, default=60.0, metavar="SECONDS",
                    help="a backend read that takes longer fails with EIO (default 60; 0 = no deadline)")
+    m.add_argument("--fd-reserve", type=int, default=64, metavar="N",
+                   help="file descriptors kept free below the soft NOFILE limit for control connections, the "
+                   "tiers and the source: past it an NVMe hit is served without holding its entry's "
+                   "descriptor (default 64; 0 = off)")
     # the shared tier (docs/operations.md, "A shared tier across nodes")
     m.add_argument("--shared-tier", metavar="URL[,URL...]",
                    help="a Redis Cluster (or one Redis server) shared by the mounts of this source on all "

@@ -132,6 +132,7 @@ class MountConfig:
     backend: str = "auto"                     # --backend: auto (by URL scheme), obstore, fsspec
     scan_workers: Optional[int] = None        # posix listing threads; None: 1 on local filesystems, 16 on others
     backend_timeout_s: float = 60.0           # deadline of one backend read (EIO after); 0 = none
+    fd_reserve: int = 64                      # descriptors kept free below the soft NOFILE (procutil.FdReserve)
     # the shared tier: None = off
     shared_tier: Optional[tuple] = dataclasses.field(default=None, repr=False)  # Redis URLs: may hold a password
     shared_tier_size: Size = Size(nbytes=0)   # this mount's contribution to the group's budget

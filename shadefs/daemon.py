@@ -34,7 +34,7 @@ from .plan.policy import PlanPolicy
 from .plan.prefetch import Prefetcher
 from .policies.base import Importance, get_policy
 from .policies.shade import get_transform
-from .procutil import raise_nofile
+from .procutil import FdReserve, raise_nofile
 from .sysinfo import memory_limit
 
 __all__ = ["Daemon"]
@@ -125,7 +125,8 @@ class Daemon:
         pause_point("daemon-build")
         t0 = time.monotonic()
         soft, hard = raise_nofile()   # each open handle of a disk entry holds a descriptor
-        log.info("file descriptors: soft limit %d (hard limit %d)", soft, hard)
+        log.info("file descriptors: soft limit %d (hard limit %d), %d kept free for control, the tiers and the "
+                 "source (--fd-reserve)", soft, hard, cfg.fd_reserve)
         options = dict(cfg.backend_options)
         if "://" not in cfg.source:
             options.setdefault("scan_workers", cfg.scan_workers)
@@ -188,6 +189,7 @@ class Daemon:
         self.cache = TieredCache(ns, self.backend, ram, disk, self.importance, trace=self.trace,
                                  on_backend_read=self._on_backend_read, shared=self.shared, chunks=chunks)
         self.cache.verify_entries = cfg.verify_entries
+        self.cache.fds = FdReserve(cfg.fd_reserve)
         if disk is not None:
             disk[1].bind(disk[0], self.cache.lock)  # the budget in device bytes
         if self._audit and self._env.loose_buffers is not None:  # tests only: a smaller working-set bound
@@ -400,6 +402,7 @@ class Daemon:
                                      curve_secret_key_file=cfg.curve_server_secret,
                                      curve_authorized_keys=cfg.control_authorized_keys,
                                      insecure=cfg.control_insecure)
+        self.control.fds = self.cache.fds   # unbound while descriptors run out (libzmq aborts at EMFILE)
         self.control.start()
         self.endpoint = self.control.endpoint
         self.cache.start_background()  # threads only now: after the FUSE fork
@@ -487,6 +490,7 @@ class Daemon:
             self.trace.flush()  # its own lock: never the cache lock
         out = self.cache.stats()
         out["namespace"] = self.namespace.info()
+        out["descriptors"] = self.cache.fds.stats()
         if self._audit:  # SHADEFS_AUDIT=1: the state machine's consistent view, for tests (docs/metrics.md)
             out["audit"] = self.cache.audit()
         return out

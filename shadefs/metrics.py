@@ -77,6 +77,8 @@ PREFETCH_WINDOW = "shadefs_prefetch_window_bytes"         # {kind="capacity"|"us
 PLANS_ACTIVE = "shadefs_plans_active"
 PLANS_ENDED = "shadefs_plans_ended_total"                 # {why="retired"|"finished"}
 PLAN_MESSAGES = "shadefs_plan_messages_total"
+DESCRIPTORS = "shadefs_descriptors"                       # {kind="open"|"limit"|"reserve"|"held"}
+DESCRIPTOR_REFUSALS = "shadefs_descriptor_refusals_total"  # {result="served"|"failed"}
 
 NAMES = (INFO, UPTIME, OPENS, HITS, MISSES, OPEN_BYTES, HIT_BYTES, BACKEND_BYTES, BACKEND_ERRORS,
          BACKEND_READ_SECONDS, EVICTIONS, PROMOTIONS, DEMOTIONS, TIER_USED, TIER_CAPACITY, TIER_FILES,
@@ -86,7 +88,7 @@ NAMES = (INFO, UPTIME, OPENS, HITS, MISSES, OPEN_BYTES, HIT_BYTES, BACKEND_BYTES
          NAMESPACE_FILES, NAMESPACE_DIRS, NAMESPACE_SKIPPED, NAMESPACE_SCAN_SECONDS,
          PREFETCH_OPENS, PREFETCH_LATE_SECONDS, PREFETCH_FETCHED_BYTES, PREFETCH_SHARED_BYTES, PREFETCH_WASTED_BYTES,
          PREFETCH_ERRORS,
-         PREFETCH_WINDOW, PLANS_ACTIVE, PLANS_ENDED, PLAN_MESSAGES)
+         PREFETCH_WINDOW, PLANS_ACTIVE, PLANS_ENDED, PLAN_MESSAGES, DESCRIPTORS, DESCRIPTOR_REFUSALS)
 
 # 100 us (page-cached NFS) .. 30 s (a throttled object store)
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
@@ -210,6 +212,18 @@ class CacheCollector:
             ended.add_metric(["finished"], p.get("plans_finished", 0))
             ended.add_metric(["withdrawn"], p.get("plans_withdrawn", 0))
             yield ended
+        fds = d.cache.fds.stats()
+        gauge = GaugeMetricFamily(DESCRIPTORS, "The daemon's file descriptors: open now, the soft NOFILE limit, "
+                                  "the reserve kept free below it, those open files hold.", labels=["kind"])
+        for kind in ("open", "limit", "reserve", "held"):
+            gauge.add_metric([kind], fds[kind])
+        yield gauge
+        refusals = CounterMetricFamily(DESCRIPTOR_REFUSALS, "Opens that found the descriptor reserve reached: "
+                                       "served without a held descriptor, or failed (EMFILE, ENFILE).",
+                                       labels=["result"])
+        refusals.add_metric(["served"], fds["refused"])
+        refusals.add_metric(["failed"], fds["failed"])
+        yield refusals
         checkpointer = getattr(d, "checkpointer", None)
         if checkpointer is not None:
             yield CounterMetricFamily(CHECKPOINTS, "Importance checkpoints written.", value=checkpointer.saves)

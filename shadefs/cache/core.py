@@ -50,6 +50,7 @@ from ..logutil import RateLimitedLog
 from ..namespace import Namespace
 from ..plan.plans import opener, set_opener
 from ..policies.base import Importance
+from ..procutil import FdReserve
 from .counters import COUNTER_NAMES, OpenCounters
 from .chunks import ChunkedHandle, ChunkedNamespace, ChunkMap, take_disk_chunks
 from .index import TierIndex
@@ -112,7 +113,7 @@ class Handle:
     """
 
     __slots__ = ("fid", "size", "outcome", "_cache", "_data", "_fd", "_released", "_pin", "_loose", "gen",
-                 "keep_pages", "_chunk")
+                 "keep_pages", "_chunk", "_csum")
 
     def __init__(self, cache: "TieredCache", fid: int, size: int, outcome: Outcome,
                  data: Optional[bytes] = None, fd: Optional[int] = None, pin: Optional[Pin] = None,
@@ -129,6 +130,7 @@ class Handle:
         self._pin = pin      # the Pin of the RAM tier buffer this handle holds
         self._loose = loose  # bytes of a buffer counted against LOOSE_BUFFERS
         self._chunk = None   # served by ranges: (offset, bytes, lock) of the last whole chunk read (loose)
+        self._csum = None    # the checksum naming the entry file of generation gen (an entry fd's handle)
 
     @property
     def source(self) -> str:
@@ -153,6 +155,10 @@ class Handle:
             return self._data[offset:end]
         if self._fd is not None:
             return _pread_exact(self._fd, end - offset, offset)
+        if self._csum is not None:  # its entry fd was closed (close_entry_fd): the entry opened per read
+            piece = self._cache._entry_read(self, offset, end)
+            if piece is not None:
+                return piece
         return self._cache._stream_read(self, offset, end)
 
     def backing_fd(self) -> Optional[int]:
@@ -172,6 +178,7 @@ class Handle:
                     os.close(self._fd)
                 except OSError:
                     pass
+                self._cache.fds.drop()
 
     def release(self) -> None:
         """Close the fd and drop the buffer. Idempotent. Lock-free: the pin is handed back at the
@@ -191,6 +198,21 @@ class Handle:
             except OSError:
                 pass
             self._fd = None
+            self._cache.fds.drop()
+
+    def close_entry_fd(self) -> None:
+        """Close the disk entry fd of a handle whose bytes the kernel reads from its own reference to the
+        entry file (a FUSE passthrough backing id): the open then holds no descriptor of the daemon. Call
+        it before the handle is served. A READ that still reaches the daemon (the kernel's read-ahead
+        into the mount's pages, ``POSIX_FADV_WILLNEED``) opens the entry for that read, or, when it was
+        evicted or no descriptor is free, is served by ranges from the backend. No-op without an fd."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+            self._cache.fds.drop()
 
 
 def _pread_exact(fd: int, length: int, offset: int) -> bytes:
@@ -315,6 +337,10 @@ class TieredCache:
         self._residents = None
         self._hits_pending = int   # () -> 0 without them
         self.loose_budget = LOOSE_BUFFERS
+        # descriptors kept free for control, the tiers and the source: an open that would hold an entry fd
+        # past it is served without one (_entry_handle); the daemon sets its own (--fd-reserve)
+        self.fds = FdReserve()
+        self._fd_log = RateLimitedLog(log, 60.0)
         # called with (file id, entry generation) right after that generation of the file's disk entry is
         # unlinked, before its bytes leave the budget (outside the lock): a front end that pins entry files
         # (passthrough backing ids) lets go of that generation's, never of a newer one's (the mover may
@@ -546,6 +572,12 @@ class TieredCache:
                     if not self._chunks_untiered(fid):
                         return None
         elif not (type(h) is Handle and h.outcome == "miss" and h.gen == 0 and h.source == "backend"):
+            return None
+        if not self.fds.room():  # past the descriptor reserve: served by ranges, as without passthrough
+            self.fds.refuse()
+            self._fd_log(logging.WARNING, "descriptor reserve reached (soft limit %d, %d kept free for control, "
+                         "the tiers and the source): files are served from the source without passthrough to "
+                         "it (counted in stats 'descriptors', refused)", self.fds.limit(), self.fds.reserve)
             return None
         return opener(self.ns.path(fid), int(self.ns.size(fid)))
 
@@ -941,6 +973,8 @@ class TieredCache:
             if e.errno not in ENTRY_GONE_ERRNOS:
                 # out of descriptors (EMFILE, ENFILE) or another failure of this open, not of the entry:
                 # the open fails with that errno and the entry stays
+                if e.errno in (errno.EMFILE, errno.ENFILE):
+                    self.fds.out_of_descriptors()
                 raise
             self._entry_gone(fid, gen, csum, size, e)
             return None
@@ -948,9 +982,11 @@ class TieredCache:
             keep = self._promotable(fid, size)
         if not keep and self.verify_entries == "first-hit":
             with self.lock:  # this generation passed at an earlier hit (cleared with every new one)
-                if self._current(fid, gen) and self.verified[fid]:
+                passed = self._current(fid, gen) and self.verified[fid]
+                if passed:
                     self._count(fid, size, "disk")
-                    return Handle(self, fid, size, "disk", fd=fd, gen=gen)
+            if passed:
+                return self._entry_handle(fid, size, "disk", fd, gen, csum)
         try:
             data = self.disk.verify(fd, size, csum, keep=keep)
         except CorruptEntry as e:
@@ -972,7 +1008,30 @@ class TieredCache:
             os.close(fd)
             self.mover.submit(demote, [old])  # the old entry's unlink and the victims' writes
             return Handle(self, fid, size, "disk", data=data, pin=promoted)
-        return Handle(self, fid, size, "disk", fd=fd, gen=gen)
+        return self._entry_handle(fid, size, "disk", fd, gen, csum, data)
+
+    def _entry_handle(self, fid: int, size: int, outcome: Outcome, fd: int, gen: int, csum: int,
+                      data: Optional[bytes] = None) -> Handle:
+        """A handle serving generation ``gen`` of ``fid``'s disk entry from ``fd`` (already checked as the
+        caller's ``--verify-entries`` requires), which the handle then owns. Past the descriptor reserve
+        (:class:`~shadefs.procutil.FdReserve`) the open holds no descriptor: its bytes (``data`` when the
+        caller read them already) are read now and ``fd`` is closed; they are served from a buffer counted
+        against :data:`LOOSE_BUFFERS`, or, with no room there, by ranges from the backend."""
+        if self.fds.hold(fd):
+            h = Handle(self, fid, size, outcome, fd=fd, gen=gen)
+            h._csum = csum   # names the entry file again after close_entry_fd
+            return h
+        try:
+            if data is None and size <= self.loose_budget - self.loose_bytes:  # a hint: _loose_handle decides
+                data = _pread_exact(fd, size, 0)
+        except OSError:
+            data = None  # the entry failed mid-read: served by ranges from the backend
+        finally:
+            os.close(fd)
+        self._fd_log(logging.WARNING, "descriptor reserve reached (soft limit %d, %d kept free for control, the "
+                     "tiers and the source): NVMe hits are served without holding their entry's descriptor "
+                     "(counted in stats 'descriptors', refused)", self.fds.limit(), self.fds.reserve)
+        return self._loose_handle(fid, size, outcome, data)
 
     def _entry_gone(self, fid: int, gen: int, csum: int, size: int, e: OSError) -> None:
         # a disk hit's entry could not be opened or read (ENTRY_GONE_ERRNOS): dropped as corrupt when it
@@ -1253,10 +1312,12 @@ class TieredCache:
             return self._loose_handle(fid, size, outcome, fl.data)  # evicted already: bytes in hand
         if fl.tier == "disk" and not (self.disk.segments is not None and self.disk.packed(size)):
             try:
-                return Handle(self, fid, size, outcome,
-                              fd=self.disk.open_entry(self.ns.path(fid), fl.gen, fl.csum), gen=fl.gen)
-            except OSError:
-                pass  # evicted already: serve from the backend
+                return self._entry_handle(fid, size, outcome, self.disk.open_entry(self.ns.path(fid), fl.gen,
+                                                                                    fl.csum), fl.gen, fl.csum)
+            except OSError as e:
+                if e.errno in (errno.EMFILE, errno.ENFILE):
+                    self.fds.out_of_descriptors()
+                # evicted already, or no descriptor left: serve from the backend
         if fl.tier is None:  # no tier took it (a transient buffer, or read whole for the shared tier)
             with self.lock:
                 keep = not self._stale_pages or self._pages_trusted(fid)
@@ -1284,6 +1345,22 @@ class TieredCache:
             self.counts.backend_bytes += length
             self.counts.range_reads += 1
         return data
+
+    def _entry_read(self, h: Handle, offset: int, end: int) -> Optional[bytes]:
+        """Bytes ``[offset, end)`` of the disk entry a handle served before it closed its fd
+        (:meth:`Handle.close_entry_fd`), read through a descriptor opened for this read only; None when
+        the entry is gone (evicted, promoted, dropped), short, or cannot be opened (EMFILE): the caller
+        reads the backend."""
+        try:
+            fd = self.disk.open_entry(self.ns.path(h.fid), h.gen, h._csum)
+        except OSError:
+            return None
+        try:
+            return _pread_exact(fd, end - offset, offset)
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
 
     def _stream_read(self, h: Handle, offset: int, end: int) -> bytes:
         """Bytes ``[offset, end)`` of a file served by ranges (``end`` within its size): read from the

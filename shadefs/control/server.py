@@ -13,6 +13,7 @@ effects and is what the CLI calls before forking, so a bad ``--control`` fails i
 from __future__ import annotations
 
 import concurrent.futures as cf
+import errno
 import hashlib
 import ipaddress
 import logging
@@ -239,6 +240,12 @@ def _check_ipc_path_free(path: str) -> None:
 # -- the server ---------------------------------------------------------------------------------
 #: Warm requests queued or running at once (one runs at a time); one more is refused (``flood``).
 MAX_WARM_QUEUED = 4
+# seconds between two checks of the descriptors free while serving (ControlServer._guard_listener)
+LISTENER_CHECK_S = 0.1
+# descriptors a ZeroMQ context needs to start serving: its pollers and mailboxes (epoll, eventfd: 6), the
+# socket's mailbox, the listener, the CURVE authenticator's sockets; libzmq aborts the process, not fails,
+# when it cannot create a poller (EMFILE), so ControlServer.start refuses with fewer free
+CONTEXT_DESCRIPTORS = 16
 
 
 class _AllowedKeys:
@@ -325,6 +332,11 @@ class ControlServer:
         self._warm_pool: Optional[cf.ThreadPoolExecutor] = None
         self._warm_done: "queue.SimpleQueue" = queue.SimpleQueue()
         self._warm_pending = 0
+        #: the daemon's descriptor reserve (:class:`shadefs.procutil.FdReserve`), or None: with it the
+        #: endpoint is unbound while descriptors run out (:meth:`_guard_listener`)
+        self.fds = None
+        self._guard_at = 0.0
+        self._unbound = False
 
     # -- lifecycle --------------------------------------------------------------------------------
     @property
@@ -338,11 +350,17 @@ class ControlServer:
         Raises:
             RuntimeError: already started.
             PermissionError, ValueError, zmq.ZMQError: the endpoint cannot be bound (nothing is left running).
+            OSError: EMFILE, fewer than :data:`CONTEXT_DESCRIPTORS` file descriptors free below the soft
+                limit (with :attr:`fds`): libzmq would abort the process creating its pollers.
         """
         import zmq
 
         if self._thread is not None:
             raise RuntimeError("control server already started")
+        free = self.fds.free() if self.fds is not None else CONTEXT_DESCRIPTORS
+        if free < CONTEXT_DESCRIPTORS:
+            raise OSError(errno.EMFILE, f"control endpoint not started: {free} file descriptors free below the "
+                          f"soft limit, a ZeroMQ context needs {CONTEXT_DESCRIPTORS}")
         url = self._requested
         if url is None:
             url = "ipc://" + os.path.join(runtime_dir(), default_socket_name(self._mountpoint, os.getpid()))
@@ -459,6 +477,7 @@ class ControlServer:
             while not self._stop.is_set():
                 try:
                     ready = poller.poll(5 if self._warm_pending else 100)
+                    self._guard_listener(sock)
                     self._send_warm_replies(sock)
                     if not ready:
                         continue
@@ -480,6 +499,39 @@ class ControlServer:
             if self._term_on_exit:
                 self._ctx.term()
                 self._ctx = None
+
+    def _guard_listener(self, sock) -> None:
+        # libzmq's ipc listener aborts the whole process when an accept fails with EMFILE (its tcp listener
+        # drops the connection instead): with fewer than a quarter of the reserve free (2 at least) the
+        # endpoint is unbound, so that no accept runs at the limit; clients' connects are refused and
+        # retried (ZeroMQ reconnects) until it is bound again, with half the reserve free (4 at least).
+        # Connected clients keep being served. Checked at most every LISTENER_CHECK_S.
+        fds = self.fds
+        now = time.monotonic()
+        if fds is None or now - self._guard_at < LISTENER_CHECK_S:
+            return
+        self._guard_at = now
+        free = fds.free()
+        if not self._unbound and free < max(2, fds.reserve // 4):
+            try:
+                sock.unbind(self._endpoint)
+            except Exception as e:  # noqa: BLE001  (zmq.ZMQError: it stays bound; tried again next check)
+                self._log_error(logging.WARNING, "control: unbinding %s failed (%s)", self._endpoint, e)
+                return
+            self._unbound = True
+            log.warning("control endpoint %s closed: %d file descriptors free below the soft limit %d (a "
+                        "connection accepted at the limit would abort the daemon); open again once %d are free",
+                        self._endpoint, free, fds.limit(), max(4, fds.reserve // 2))
+        elif self._unbound and free >= max(4, fds.reserve // 2):
+            try:
+                sock.bind(self._endpoint)
+                if self._ipc_path:
+                    os.chmod(self._ipc_path, 0o600)
+            except Exception as e:  # noqa: BLE001  (zmq.ZMQError, OSError: tried again next check)
+                self._log_error(logging.WARNING, "control: binding %s again failed (%s)", self._endpoint, e)
+                return
+            self._unbound = False
+            log.warning("control endpoint %s open again: %d file descriptors free", self._endpoint, free)
 
     def _recv_rest(self, sock):
         # Keep at most MAX_FRAMES + 1 frames and at most max_message_bytes; count the true total.

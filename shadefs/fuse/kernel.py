@@ -75,7 +75,7 @@ from collections import OrderedDict
 from typing import Dict, List, Optional, Tuple
 
 from ..backends.base import BackendError, reply_errno
-from ..cache.core import OpenTicket
+from ..cache.core import Handle, OpenTicket
 from ..plan.plans import set_opener
 from . import protocol as P
 from .mount import mount_fuse, unmount_fuse
@@ -132,12 +132,13 @@ class _SourceReads:
     column chunk or row group it is about to read). They are served from the checked source file's fd,
     kept for the open: no chunk is opened or admitted for them. ``bytes_read`` counts them (all handles)."""
 
-    __slots__ = ("h", "fd", "size")
+    __slots__ = ("h", "fd", "size", "fds")
     source = "source"
     bytes_read = 0
 
-    def __init__(self, h, fd: int):
-        self.h, self.fd, self.size = h, fd, h.size
+    def __init__(self, h, fd: int, fds):
+        # ``fds``: the cache's descriptor reserve (shadefs.procutil.FdReserve), which granted holding ``fd``
+        self.h, self.fd, self.size, self.fds = h, fd, h.size, fds
 
     def read(self, offset: int, length: int) -> bytes:
         end = min(self.size, offset + length)
@@ -154,6 +155,7 @@ class _SourceReads:
         fd, self.fd = self.fd, -1
         if fd >= 0:
             os.close(fd)
+            self.fds.drop()
         self.h.release()
 
 
@@ -1088,8 +1090,13 @@ class KernelFrontend:
             if st is not None and st[4] == -1:  # the kernel reads the source file for it
                 self.source_opens += 1
                 self.cache.source_opened(h)
-                if src is not None:
-                    h, src = _SourceReads(h, src), None  # its read-ahead READs: from the source file
+                if src is not None and self.cache.fds.hold(src):
+                    h, src = _SourceReads(h, src, self.cache.fds), None  # its read-ahead READs: the source file
+                # (past the descriptor reserve they are served by ranges from the backend; src closed below)
+            elif type(h) is Handle:
+                # the kernel reads the entry file through its own reference (the backing id): the open holds
+                # no descriptor of the daemon, however many opens a reader keeps (the descriptor reserve)
+                h.close_entry_fd()
         elif self.kernel_cache and h.keep_pages:
             # a hit, or a file no tier holds, serves the bytes the kernel may still hold (the mount is a
             # snapshot); a miss that fills a tier drops them (Handle.keep_pages)

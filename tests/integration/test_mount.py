@@ -41,7 +41,9 @@ def test_stats_counters_are_exact_for_a_scripted_sequence(small_tree, mount, tmp
         assert read(os.path.join(m.path, rel)) == spec[rel]
     s = m.stats()
     assert set(s) == {"policy", "uptime_s", "opens", "hits", "misses", "hit_ratio", "byte_hit_ratio",
-                      "backend_bytes", "corrupt_entries", "tiers", "namespace", "prefetch"}
+                      "backend_bytes", "corrupt_entries", "tiers", "namespace", "prefetch", "descriptors"}
+    d = s["descriptors"]   # no file is open: none held, none refused
+    assert (d["reserve"], d["held"], d["refused"], d["failed"]) == (64, 0, 0, 0) and 0 < d["open"] < d["limit"]
     assert s["namespace"]["files"] == 10 and s["namespace"]["directories"] == 3
     assert set(s["namespace"]["skipped"].values()) == {0}
     assert s["policy"] == "static"

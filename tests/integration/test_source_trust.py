@@ -145,9 +145,10 @@ def test_running_out_of_descriptors_deletes_no_entry(tmp_path, monkeypatch, fuse
         "runpy.run_module('shadefs', run_name='__main__', alter_sys=True)"])
     mp = tmp_path / "mp"
     mp.mkdir()
-    # one entry file per entry (--disk-pack-below 0): each open disk hit holds a descriptor of its own
-    m = Mount(src, mp, (*_disk_tier(tmp_path / "cache"), "--disk-pack-below", "0"), tmp_path / "mp.log",
-              fuse_impl=fuse_impl)
+    # one entry file per entry (--disk-pack-below 0): each open disk hit holds a descriptor of its own (no
+    # passthrough; no descriptor reserve, which would serve the opens past it from buffers: test_descriptors)
+    m = Mount(src, mp, (*_disk_tier(tmp_path / "cache"), "--disk-pack-below", "0", "--no-passthrough",
+                        "--fd-reserve", "0"), tmp_path / "mp.log", fuse_impl=fuse_impl)
     m.start()
     try:
         with open(f"/proc/{m.pid}/limits") as f:
@@ -169,6 +170,7 @@ def test_running_out_of_descriptors_deletes_no_entry(tmp_path, monkeypatch, fuse
         assert sum(len(fs) for _, _, fs in os.walk(tmp_path / "cache")) == entries
         # the opens past the limit failed with the daemon's own errno, not EIO
         assert failed and set(failed) <= {errno.EMFILE, errno.ENFILE}, failed
+        assert s["descriptors"]["failed"] == len(failed) and s["descriptors"]["reserve"] == 0
         before = s["hits"]["disk"]
         for rel, data in spec.items():   # every entry still there: all hits, none read from the source
             assert read(os.path.join(m.path, rel)) == data
