@@ -5,7 +5,7 @@
 sequentially (1 MiB reads), through a real mount with ``--ram-cache 24MiB``, ``--passes`` times; each
 reader drops the file's pages after each pass on the same open (the ``dontneed`` regime: no pass is served
 by the kernel's page cache, every READ reaches the daemon). Two cases: the RAM tier alone (``ram``), and
-with an NVMe tier of ``--disk-mib`` MiB (``ram+disk``). The daemon's VmRSS is sampled from
+with an NVMe tier of ``--disk-mib`` MiB (``ram+disk``); no plan is announced (``--prefetch-window 0``). The daemon's VmRSS is sampled from
 /proc/PID/status every 20 ms; VmHWM is read at the end.
 
 The bound the table compares with: ``--ram-cache`` + the daemon's documented working set outside the RAM
@@ -83,7 +83,7 @@ def make_source(root: str, n: int, size: int) -> str:
 
 def one(case: str, src: str, work: str, env: dict, readers: int, passes: int, disk_mib: int) -> dict:
     mnt = tempfile.mkdtemp(prefix=f"memr-{case}-", dir=work)
-    args = ["--ram-cache", "24MiB"]
+    args = ["--ram-cache", "24MiB", "--prefetch-window", "0"]  # no plan is announced: no prefetch window
     disk = None
     if case == "ram+disk":
         disk = tempfile.mkdtemp(prefix="memr-disk-", dir=work)

@@ -515,7 +515,28 @@ class Daemon:
             parts["offer_queue"] = self.shared.offer_queue_memory()
         out.update(parts)
         out["bound_bytes"] = sum(p["bound_bytes"] for p in parts.values())
+        out["per_file_bytes"] = self._per_file_bytes()
         return out
+
+    def _per_file_bytes(self) -> int:
+        """Bytes of the arrays sized by the number of files and chunks (the namespace snapshot with its
+        names, importance, residency, entry, plan and prefetch tables): fixed at the mount, part of the
+        daemon's size after it (not of ``bound_bytes``)."""
+        cache = self.cache
+        objs = [self.namespace, cache, self.importance, self.plans, self.prefetcher, cache.chunks,
+                cache.entries, cache.ram_index, cache.disk_index]
+        for ix in (cache.ram_index, cache.disk_index):
+            pol = getattr(ix, "policy", None)
+            objs += [pol, getattr(pol, "inner", None)]
+        seen, total = set(), 0
+        for o in objs:
+            for v in (vars(o).values() if o is not None and hasattr(o, "__dict__") else ()):
+                if isinstance(v, memoryview) and isinstance(v.obj, np.ndarray):
+                    continue  # a view of an array counted as itself
+                if isinstance(v, (np.ndarray, memoryview)) and id(v) not in seen:
+                    seen.add(id(v))
+                    total += v.nbytes
+        return total
 
     def apply_scores(self, fids: np.ndarray, values: np.ndarray) -> None:
         """One minibatch of raw per-sample scores (losses): transform, then update importance."""

@@ -44,7 +44,8 @@ def test_stats_counters_are_exact_for_a_scripted_sequence(small_tree, mount, tmp
                       "backend_bytes", "corrupt_entries", "tiers", "namespace", "prefetch", "memory"}
     mem = s["memory"]
     assert set(mem) == {"rss_bytes", "peak_rss_bytes", "bound_bytes", "ram_tier", "fill_buffers",
-                        "loose_buffers", "prefetch_window"}
+                        "loose_buffers", "prefetch_window", "per_file_bytes"}
+    assert mem["per_file_bytes"] > 0
     parts = ("ram_tier", "fill_buffers", "loose_buffers", "prefetch_window")
     assert mem["bound_bytes"] == sum(mem[p]["bound_bytes"] for p in parts)
     assert mem["ram_tier"]["bound_bytes"] == s["tiers"]["ram"]["capacity_bytes"]
