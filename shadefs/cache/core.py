@@ -1173,6 +1173,8 @@ class TieredCache:
                     self.fills.give(grant)
             if self.on_backend_read is not None:
                 self.on_backend_read(time.monotonic() - t0)
+        except GeneratorExit:
+            raise  # closed by its consumer (the disk write failed): not a backend failure
         except BaseException as e:
             failed.append(e)
             raise
