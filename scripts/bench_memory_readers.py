@@ -5,8 +5,8 @@
 sequentially (1 MiB reads), through a real mount with ``--ram-cache 24MiB``, ``--passes`` times; each
 reader drops the file's pages after each pass on the same open (the ``dontneed`` regime: no pass is served
 by the kernel's page cache, every READ reaches the daemon). Two cases: the RAM tier alone (``ram``), and
-with an NVMe tier of ``--disk-mib`` MiB (``ram+disk``); no plan is announced (``--prefetch-window 0``). The daemon's VmRSS is sampled from
-/proc/PID/status every 20 ms; VmHWM is read at the end.
+with an NVMe tier of ``--disk-mib`` MiB (``ram+disk``); no plan is announced (``--prefetch-window 0``).
+The daemon's VmRSS is sampled from /proc/PID/status every 20 ms; VmHWM is read at the end.
 
 The bound the table compares with: ``--ram-cache`` + the daemon's documented working set outside the RAM
 tier (docs/operations.md, "The daemon's memory": fill buffers + loose buffers + queues), above the RSS
@@ -192,7 +192,8 @@ def main() -> None:
             f"{regime}.",
             f"{args.readers} reader processes each read their own {args.file_mib} MiB file (8 MiB chunks) whole,",
             f"{args.passes} times, through one mount with `--ram-cache 24MiB` (`ram+disk`: and a {args.disk_mib} MiB",
-            "NVMe tier). Peak VmRSS sampled every 20 ms; growth = peak - the idle daemon's RSS after the mount.",
+            "NVMe tier; `--prefetch-window 0`: no plan). Peak VmRSS sampled every 20 ms; growth = peak - the",
+            "idle daemon's RSS after the mount.",
             "The bound: `--ram-cache` + fill buffers + loose buffers + queues (the `memory` key of `shadefs",
             "stats`, docs/operations.md \"The daemon's memory\"); `-` where the code reports none.",
             "",
