@@ -11,7 +11,7 @@ kernel asked for (:meth:`FillBuffers.try_take`).
 No deadlock: a thread holds at most one grant at a time (a disk fill gives a piece back before it takes
 the next), no thread waits on another read while it holds a grant, and a grant larger than the bound is
 given when nothing else is in flight (it then runs alone: ``used`` may exceed the bound by that one read,
-counted in ``oversize``).
+counted in ``oversize``; while it waits for that, no other read starts).
 
 Also here: :func:`tune_malloc`, glibc's allocator set so that freed read buffers go back to the system.
 """
@@ -56,6 +56,7 @@ class FillBuffers:
         self.waits = 0
         self.refused = 0
         self.oversize = 0
+        self._big_waiting = 0  # takes larger than the bound waiting to run alone: new grants wait behind them
         self.cond = threading.Condition(threading.Lock())
 
     def _grant(self, n: int) -> None:
@@ -67,7 +68,11 @@ class FillBuffers:
             self.oversize += 1
 
     def _fits(self, n: int) -> bool:
-        return self.used + n <= self.bound or self.used == 0
+        # a read larger than the bound runs once nothing is in flight; while one waits for that, no other
+        # read starts (else a steady stream of small reads could keep it waiting for ever)
+        if self._big_waiting and n <= self.bound:
+            return False
+        return self.used == 0 or self.used + n <= self.bound
 
     def take(self, n: int) -> int:
         """Take ``n`` bytes (>= 0), waiting until they fit (or nothing else is in flight). Returns ``n``
@@ -78,8 +83,13 @@ class FillBuffers:
         with self.cond:
             if not self._fits(n):
                 self.waits += 1
-                while not self._fits(n):
-                    self.cond.wait()
+                big = n > self.bound
+                self._big_waiting += big
+                try:
+                    while not self._fits(n):
+                        self.cond.wait()
+                finally:
+                    self._big_waiting -= big
             self._grant(n)
         return n
 
@@ -90,7 +100,7 @@ class FillBuffers:
         if n <= 0:
             return 0
         with self.cond:
-            if self.used + n > self.bound:
+            if self.used + n > self.bound or self._big_waiting:
                 self.refused += 1
                 return 0
             self._grant(n)

@@ -82,3 +82,25 @@ def test_listdir_slice_is_the_listing_s_slice():
     for a, b in ((0, 0), (0, 7), (7, 20), (45, 60), (60, 70)):
         assert ns.listdir_slice(d, a, b) == whole[a:b]
         assert listdir_slice(ns, d, a, b) == whole[a:b]
+
+
+def test_a_read_larger_than_the_bound_waiting_to_run_alone_holds_back_new_reads():
+    fb = FillBuffers(100)
+    assert fb.take(60) == 60
+    got = []
+    big = threading.Thread(target=lambda: got.append(fb.take(250)))
+    big.start()
+    with fb.cond:
+        assert fb.cond.wait_for(lambda: fb.waits == 1, timeout=10)
+    assert fb.try_take(10) == 0  # room for it, but the large read waits first
+    small = threading.Thread(target=lambda: got.append(fb.take(10)))
+    small.start()
+    with fb.cond:
+        assert fb.cond.wait_for(lambda: fb.waits == 2, timeout=10)
+    fb.give(60)
+    big.join(10)
+    assert got == [250] and fb.used == 250
+    fb.give(250)
+    small.join(10)
+    assert got == [250, 10] and fb.snapshot() == {"bound_bytes": 100, "used_bytes": 10, "high_water_bytes": 250,
+                                                  "waits": 2, "refused": 1, "oversize": 1}
