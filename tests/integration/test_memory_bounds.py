@@ -4,6 +4,7 @@
   process whose ``hang/`` opens block until the test opens the gate) hold at most ``SHADEFS_FILL_BUFFERS``
   bytes of reads in flight; the others wait for room, counted, and every reader gets its exact bytes. A
   single read larger than the bound runs alone.
+- Streamed reads: with no room for a whole chunk, each READ of a streamed file reads the bytes it asked.
 - Listings: a directory of thousands of entries lists exactly (names, types) over many READDIR replies,
   from the snapshot each time.
 """
@@ -34,6 +35,7 @@ def gated_source(tmp_path):
     root = tmp_path / "gated-src"
     spec = {f"hang/{i:02d}.bin": os.urandom(SIZE) for i in range(READERS)}
     spec["big.bin"] = os.urandom(300_000)
+    spec["plain/s.bin"] = os.urandom(SIZE)
     for rel, data in spec.items():
         os.makedirs(root / os.path.dirname(rel), exist_ok=True)
         (root / rel).write_bytes(data)
@@ -89,6 +91,41 @@ def test_concurrent_fills_hold_at_most_the_fill_buffer_bound(gated_source, mount
     fb = m.stats()["memory"]["fill_buffers"]
     assert fb["oversize"] == 1 and fb["high_water_bytes"] == 300_000 and fb["used_bytes"] == 0
     assert fb["waits"] == READERS - 2
+
+
+def test_a_streamed_read_without_room_for_a_whole_chunk_reads_the_bytes_asked(gated_source, mount):
+    src, spec, gate, cache = gated_source
+    env = dict(AUDIT, SHADEFS_FILL_BUFFERS=str(BOUND))
+    m = mount(src, "--ram-cache", "0", "--no-kernel-cache", "--fuse-impl", "kernel", env=env)
+    s_path = os.path.join(m.path, "plain/s.bin")
+    assert read(s_path) == spec["plain/s.bin"]  # read whole once (no tier): its next opens are streamed
+    out = {}
+
+    def reader(rel):
+        out[rel] = read(os.path.join(m.path, rel))
+
+    hung = sorted(r for r in spec if r.startswith("hang/"))
+    threads = [threading.Thread(target=reader, args=(rel,)) for rel in hung]
+    for t in threads:
+        t.start()
+    try:
+        wait_for(lambda: cache.waiting == 2, timeout=20)
+        wait_for(lambda: m.stats()["memory"]["fill_buffers"]["waits"] == READERS - 2, timeout=20)
+        # 200,000 bytes in flight: no room for the streamed file's whole chunk (100,000 more)
+        streamed = threading.Thread(target=reader, args=("plain/s.bin",))
+        streamed.start()
+        wait_for(lambda: m.stats()["memory"]["fill_buffers"]["refused"] >= 1, timeout=20)
+    finally:
+        gate.set()
+    for th in threads + [streamed]:
+        th.join(30)
+    assert out == {rel: spec[rel] for rel in hung + ["plain/s.bin"]}
+    s = m.full_stats()
+    fb = s["memory"]["fill_buffers"]
+    # every READ of the streamed open that found no room read the bytes it asked: one range read each
+    assert fb["refused"] == s["audit"]["counters"]["range_reads"] >= 1
+    assert fb["high_water_bytes"] == 2 * SIZE and fb["used_bytes"] == 0 and fb["oversize"] == 0
+    assert s["audit"]["counters"]["streamed"] == 1
 
 
 def test_a_large_directory_lists_exactly_over_many_readdir_replies(tmp_path, mount):
