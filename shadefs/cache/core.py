@@ -983,6 +983,9 @@ class TieredCache:
             os.close(fd)
             self._drop_corrupt(fid, gen, csum, size, f"{e} ({self.ns.path(fid)!r})")
             return None
+        except BaseException:
+            self.fills.give(grant)
+            raise
         demote: List[Victim] = []
         promoted = old = None
         with self.lock:
