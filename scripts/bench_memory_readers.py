@@ -119,7 +119,8 @@ def one(case: str, src: str, work: str, env: dict, readers: int, passes: int, di
         if disk:
             shutil.rmtree(disk, ignore_errors=True)
     mem = s.get("memory") or {}
-    return {"idle": idle, "peak": max(peak[0], end["VmRSS"]), "hwm": end["VmHWM"], "end": end["VmRSS"],
+    # the peak: VmHWM (the kernel's own high-water mark), or a sample above it (never, in practice)
+    return {"idle": idle, "peak": max(peak[0], end["VmRSS"], end["VmHWM"]), "hwm": end["VmHWM"], "end": end["VmRSS"],
             "wall": wall, "bound": mem.get("bound_bytes"), "fill_hwm": (mem.get("fill_buffers") or {}).get(
                 "high_water_bytes")}
 
@@ -165,15 +166,14 @@ def main() -> None:
     for (case, label), rs in res.items():
         peak = max(r["peak"] for r in rs)
         idle = min(r["idle"] for r in rs)
-        hwm = max(r["hwm"] for r in rs)
         bound = rs[-1]["bound"]
         fill = max((r["fill_hwm"] or 0) for r in rs) if rs[-1]["fill_hwm"] is not None else None
-        rows.append([case, label, f"{idle / MiB:.0f}", f"{peak / MiB:.0f}", f"{hwm / MiB:.0f}",
+        rows.append([case, label, f"{idle / MiB:.0f}", f"{peak / MiB:.0f}",
                      f"{(peak - idle) / MiB:+.0f}", "-" if bound is None else f"{bound / MiB:.0f}",
                      "-" if fill is None else f"{fill / MiB:.0f}"])
-    headers = ["case", "code", "idle RSS (MiB)", "peak VmRSS (MiB)", "VmHWM (MiB)", "growth (MiB)",
+    headers = ["case", "code", "idle RSS (MiB)", "peak RSS (MiB)", "growth (MiB)",
                "bound (MiB)", "fill buffers peak (MiB)"]
-    table = docsection.markdown_table(headers, rows, "llrrrrrr")
+    table = docsection.markdown_table(headers, rows, "llrrrrr")
     base = f" --baseline {args.baseline}" if args.baseline else (
         f" --baseline-tree {args.baseline_tree}" if args.baseline_tree else "")
     cmd = (f"python scripts/bench_memory_readers.py{base} --readers {args.readers} --file-mib {args.file_mib} "
@@ -192,8 +192,8 @@ def main() -> None:
             f"{regime}.",
             f"{args.readers} reader processes each read their own {args.file_mib} MiB file (8 MiB chunks) whole,",
             f"{args.passes} times, through one mount with `--ram-cache 24MiB` (`ram+disk`: and a {args.disk_mib} MiB",
-            "NVMe tier; `--prefetch-window 0`: no plan). Peak VmRSS sampled every 20 ms; growth = peak - the",
-            "idle daemon's RSS after the mount.",
+            "NVMe tier; `--prefetch-window 0`: no plan). Peak RSS: VmHWM (and VmRSS sampled every 20 ms); growth =",
+            "peak - the idle daemon's RSS after the mount.",
             "The bound: `--ram-cache` + fill buffers + loose buffers + queues (the `memory` key of `shadefs",
             "stats`, docs/operations.md \"The daemon's memory\"); `-` where the code reports none.",
             "",
