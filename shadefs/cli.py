@@ -24,7 +24,8 @@ from .cmdutil import check_daemon_alive as _check_daemon_alive, is_stale as _is_
 from .config import ConfigError, MountConfig, format_bytes, parse_size, pause_point
 
 STATS_KEYS = ("policy", "uptime_s", "opens", "hits", "misses", "hit_ratio", "byte_hit_ratio",
-              "backend_bytes", "corrupt_entries", "tiers", "shared_errors", "shared_deadlines", "namespace", "prefetch", "descriptors")  # shared_*: only with --shared-tier
+              "backend_bytes", "corrupt_entries", "tiers", "shared_errors", "shared_deadlines", "namespace", "prefetch",
+              "descriptors", "memory")  # shared_*: only with --shared-tier
 
 
 # -- helpers -------------------------------------------------------------------------------------------------

@@ -164,6 +164,7 @@ ENV_VARS = {
     "SHADEFS_FUSE_CHECK_REPLIES": "testing",   # 1: check every FUSE reply's length against its opcode
     "SHADEFS_AUDIT": "testing",                # 1: the state machine's audit in the stats JSON
     "SHADEFS_LOOSE_BUFFERS": "testing",        # with SHADEFS_AUDIT=1: a smaller loose-buffer bound
+    "SHADEFS_FILL_BUFFERS": "testing",         # with SHADEFS_AUDIT=1: a smaller bound on reads in flight
     "SHADEFS_TESTING_PAUSE": "testing",        # POINT:FILE: stop at a start-up point (pause_point)
 }
 
@@ -176,7 +177,7 @@ def _flag(environ: Mapping[str, str], name: str) -> bool:
 class Environment:
     """The ``SHADEFS_*`` environment switches, read in one place (:meth:`from_env`).
 
-    ``endpoint`` / ``credentials``: strings, "" when unset. ``loose_buffers``: bytes or None. The flags
+    ``endpoint`` / ``credentials``: strings, "" when unset. ``loose_buffers``, ``fill_buffers``: bytes or None. The flags
     are True only for the value ``1``. ``testing_pause``: ``(point, file)`` or None."""
 
     endpoint: str = ""
@@ -187,6 +188,7 @@ class Environment:
     fuse_check_replies: bool = False
     audit: bool = False
     loose_buffers: Optional[int] = None
+    fill_buffers: Optional[int] = None
     testing_pause: Optional[tuple] = None
 
     @classmethod
@@ -195,6 +197,7 @@ class Environment:
         (``SHADEFS_LOOSE_BUFFERS=lots``, a pause without ``:FILE``) counts as unset; raises nothing."""
         env = os.environ if environ is None else environ
         loose = env.get("SHADEFS_LOOSE_BUFFERS", "").strip()
+        fill = env.get("SHADEFS_FILL_BUFFERS", "").strip()
         point, sep, path = env.get("SHADEFS_TESTING_PAUSE", "").partition(":")
         return cls(endpoint=env.get("SHADEFS_ENDPOINT", "").strip(),
                    credentials=env.get("SHADEFS_CREDENTIALS", "").strip(),
@@ -204,6 +207,7 @@ class Environment:
                    fuse_check_replies=_flag(env, "SHADEFS_FUSE_CHECK_REPLIES"),
                    audit=_flag(env, "SHADEFS_AUDIT"),
                    loose_buffers=int(loose) if loose.isdigit() else None,
+                   fill_buffers=int(fill) if fill.isdigit() else None,
                    testing_pause=(point, path) if point and sep and path else None)
 
 

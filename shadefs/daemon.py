@@ -21,6 +21,7 @@ import numpy as np
 
 from .backends.base import backend_for
 from .backends.timeout import TimeoutBackend
+from .cache.buffers import FillBuffers, tune_malloc
 from .cache.chunks import ChunkMap, EntryIds
 from .cache.core import TieredCache
 from .cache import persist
@@ -194,6 +195,8 @@ class Daemon:
             disk[1].bind(disk[0], self.cache.lock)  # the budget in device bytes
         if self._audit and self._env.loose_buffers is not None:  # tests only: a smaller working-set bound
             self.cache.loose_budget = self._env.loose_buffers
+        if self._audit and self._env.fill_buffers is not None:  # tests only: a smaller fill-buffer bound
+            self.cache.fills = FillBuffers(self._env.fill_buffers)
         self.plans.lock = self.cache.lock  # cursors advance under the lock that counts the opens
         window = (cfg.prefetch_window.resolve(0) if cfg.prefetch_window is not None else default_prefetch_window())
         if cfg.prefetch_concurrency <= 0:
@@ -397,6 +400,7 @@ class Daemon:
         from .control.server import ControlServer  # zmq: imported after the fork, started after the mount
 
         cfg = self.cfg
+        tune_malloc()  # freed read buffers go back to the system (shadefs.cache.buffers)
         self.control = ControlServer(cfg.control, self, mountpoint=cfg.mountpoint,
                                      allow_remote=cfg.control_allow_remote,
                                      curve_secret_key_file=cfg.curve_server_secret,
@@ -491,9 +495,56 @@ class Daemon:
         out = self.cache.stats()
         out["namespace"] = self.namespace.info()
         out["descriptors"] = self.cache.fds.stats()
+        if self._audit and self._env.fill_buffers is not None:  # tests only: a smaller fill-buffer bound
+            self.cache.fills = FillBuffers(self._env.fill_buffers)
         if self._audit:  # SHADEFS_AUDIT=1: the state machine's consistent view, for tests (docs/metrics.md)
             out["audit"] = self.cache.audit()
         return out
+
+    def memory(self) -> dict:
+        """The stats JSON's ``memory`` object (docs/metrics.md; docs/operations.md, "The daemon's memory"):
+        the daemon's resident set now and at its peak (``rss_bytes``, ``peak_rss_bytes``: VmRSS, VmHWM of
+        /proc/self/status; 0 where there is none), each bounded part of its working set (``{"bound_bytes",
+        "used_bytes"}``, bytes) and ``bound_bytes``, their sum: what the daemon holds above its size after
+        the mount."""
+        out = {"rss_bytes": 0, "peak_rss_bytes": 0}
+        try:
+            with open("/proc/self/status", encoding="ascii") as f:
+                for line in f:
+                    k, _, v = line.partition(":")
+                    if k == "VmRSS":
+                        out["rss_bytes"] = int(v.split()[0]) * 1024
+                    elif k == "VmHWM":
+                        out["peak_rss_bytes"] = int(v.split()[0]) * 1024
+        except (OSError, ValueError, IndexError):
+            pass
+        parts = self.cache.memory()
+        if self.shared is not None:
+            parts["offer_queue"] = self.shared.offer_queue_memory()
+        out.update(parts)
+        out["bound_bytes"] = sum(p["bound_bytes"] for p in parts.values())
+        out["per_file_bytes"] = self._per_file_bytes()
+        return out
+
+    def _per_file_bytes(self) -> int:
+        """Bytes of the arrays sized by the number of files and chunks (the namespace snapshot with its
+        names, importance, residency, entry, plan and prefetch tables): fixed at the mount, part of the
+        daemon's size after it (not of ``bound_bytes``)."""
+        cache = self.cache
+        objs = [self.namespace, cache, self.importance, self.plans, self.prefetcher, cache.chunks,
+                cache.entries, cache.ram_index, cache.disk_index]
+        for ix in (cache.ram_index, cache.disk_index):
+            pol = getattr(ix, "policy", None)
+            objs += [pol, getattr(pol, "inner", None)]
+        seen, total = set(), 0
+        for o in objs:
+            for v in (vars(o).values() if o is not None and hasattr(o, "__dict__") else ()):
+                if isinstance(v, memoryview) and isinstance(v.obj, np.ndarray):
+                    continue  # a view of an array counted as itself
+                if isinstance(v, (np.ndarray, memoryview)) and id(v) not in seen:
+                    seen.add(id(v))
+                    total += v.nbytes
+        return total
 
     def apply_scores(self, fids: np.ndarray, values: np.ndarray) -> None:
         """One minibatch of raw per-sample scores (losses): transform, then update importance."""

@@ -40,6 +40,8 @@ PROMOTIONS = "shadefs_promotions_total"
 DEMOTIONS = "shadefs_demotions_total"
 DEMOTIONS_SKIPPED = "shadefs_demotions_skipped_total"
 LOOSE_BYTES = "shadefs_loose_bytes"
+FILL_BUFFER_BYTES = "shadefs_fill_buffer_bytes"
+FILL_BUFFER_WAITS = "shadefs_fill_buffer_waits_total"
 TIER_USED = "shadefs_tier_used_bytes"             # {tier}
 TIER_CAPACITY = "shadefs_tier_capacity_bytes"     # {tier}
 TIER_FILES = "shadefs_tier_files"                 # {tier}
@@ -155,6 +157,11 @@ class CacheCollector:
         yield GaugeMetricFamily(LOOSE_BYTES, "Bytes the daemon holds outside the tiers (held-open RAM "
                                 "victims, victims being demoted, buffers no tier keeps); at most LOOSE_BUFFERS.",
                                 value=c["loose_bytes"])
+        fb = d.cache.fills.snapshot()
+        yield GaugeMetricFamily(FILL_BUFFER_BYTES, "Bytes of backend reads in flight; at most FILL_BUFFERS "
+                                "(one larger read alone may exceed it).", value=fb["used_bytes"])
+        yield CounterMetricFamily(FILL_BUFFER_WAITS, "Backend reads that waited for room under FILL_BUFFERS.",
+                                  value=fb["waits"])
         yield CounterMetricFamily(CORRUPT, "Disk entries dropped as partial or unreadable (at reload) "
                                   "or failing their checksum (on a read).", value=c["corrupt_entries"])
         yield CounterMetricFamily(DISK_WRITE_ERRORS, "Disk tier writes that failed (ENOSPC, EIO); the "

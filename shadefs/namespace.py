@@ -560,6 +560,12 @@ class Namespace:
         name = self.name
         return [(name(i), i) for i in self._kid_ids(node).tolist()]
 
+    def listdir_slice(self, node: int, start: int, stop: int) -> List[Tuple[str, int]]:
+        """``listdir(node)[start:stop]`` (``start``, ``stop`` >= 0), building only those entries: a READDIR
+        reply of a large directory costs its own entries, not the whole listing."""
+        name = self.name
+        return [(name(i), i) for i in self._kid_ids(node)[start:stop].tolist()]
+
     def children(self, node: int) -> Tuple[str, ...]:
         """Names directly below directory ``node``, sorted."""
         name = self.name

@@ -51,6 +51,7 @@ from ..namespace import Namespace
 from ..plan.plans import opener, set_opener
 from ..policies.base import Importance
 from ..procutil import FdReserve
+from .buffers import FILL_BUFFERS, FillBuffers
 from .counters import COUNTER_NAMES, OpenCounters
 from .chunks import ChunkedHandle, ChunkedNamespace, ChunkMap, take_disk_chunks
 from .index import TierIndex
@@ -337,6 +338,10 @@ class TieredCache:
         self._residents = None
         self._hits_pending = int   # () -> 0 without them
         self.loose_budget = LOOSE_BUFFERS
+        # the bytes of backend reads in flight (fills, their pieces, streamed ranges, promotions' entry
+        # reads): at most FILL_BUFFERS (shadefs.cache.buffers); past it a fill waits for room and a streamed
+        # read takes the bytes asked, not a whole chunk
+        self.fills = FillBuffers(FILL_BUFFERS)
         # descriptors kept free for control, the tiers and the source: an open that would hold an entry fd
         # past it is served without one (_entry_handle); the daemon sets its own (--fd-reserve)
         self.fds = FdReserve()
@@ -987,12 +992,17 @@ class TieredCache:
                     self._count(fid, size, "disk")
             if passed:
                 return self._entry_handle(fid, size, "disk", fd, gen, csum)
+        grant = self.fills.take(size) if keep else 0  # an entry read whole is a fill buffer until promoted
         try:
             data = self.disk.verify(fd, size, csum, keep=keep)
         except CorruptEntry as e:
+            self.fills.give(grant)
             os.close(fd)
             self._drop_corrupt(fid, gen, csum, size, f"{e} ({self.ns.path(fid)!r})")
             return None
+        except BaseException:
+            self.fills.give(grant)
+            raise
         demote: List[Victim] = []
         promoted = old = None
         with self.lock:
@@ -1004,6 +1014,7 @@ class TieredCache:
                 self.counts.entry_loads += 1
             if data is not None and self._current(fid, gen):
                 demote, old, promoted = self._promote_locked(fid, size, data)
+        self.fills.give(grant)
         if promoted is not None:
             os.close(fd)
             self.mover.submit(demote, [old])  # the old entry's unlink and the victims' writes
@@ -1193,13 +1204,20 @@ class TieredCache:
             t0 = time.monotonic()
             for off in range(0, size, FILL_CHUNK):
                 n = min(FILL_CHUNK, size - off)
-                piece = self.backend.read_range(path, off, n)
-                if len(piece) != n:
-                    raise OSError(f"backend returned {len(piece)} bytes at {off} of {path!r}, expected {n} "
-                                  f"(the file changed under the mount)")
-                yield piece
+                grant = self.fills.take(n)  # one piece in flight per fill: given back before the next
+                try:
+                    piece = self.backend.read_range(path, off, n)
+                    if len(piece) != n:
+                        raise OSError(f"backend returned {len(piece)} bytes at {off} of {path!r}, expected {n} "
+                                      f"(the file changed under the mount)")
+                    yield piece  # resumed once the disk tier wrote it
+                    del piece
+                finally:
+                    self.fills.give(grant)
             if self.on_backend_read is not None:
                 self.on_backend_read(time.monotonic() - t0)
+        except GeneratorExit:
+            raise  # closed by its consumer (the disk write failed): not a backend failure
         except BaseException as e:
             failed.append(e)
             raise
@@ -1214,6 +1232,12 @@ class TieredCache:
         """
         self.mover.submit(demote)  # the victims move now, never behind this file's read
         offer = None
+        # a read of the whole file (into RAM, a buffer no tier keeps, or a disk fill of one piece) holds its
+        # bytes against the fill-buffer bound from the request until they are committed; a larger disk fill
+        # holds one piece at a time (_backend_chunks)
+        grant = 0
+        if data is None and (fl.tier in ("ram", "memory") or size <= FILL_CHUNK):
+            grant = self.fills.take(size)
         try:
             shared = self.shared
             if data is None and shared is not None and size <= shared.max_file:
@@ -1244,6 +1268,7 @@ class TieredCache:
             raise
         finally:
             fl.done.set()
+            self.fills.give(grant)
         if offer is not None and fl.tier is None:
             self._offer_shared(fid, offer)  # read from the backend, kept by no tier of this node
 
@@ -1270,6 +1295,9 @@ class TieredCache:
         try:
             csum = self.disk.put(self.ns.path(fid), gen, chunks, size, mtime_ns=self._mtime_ns(fid))
         except BaseException as e:
+            close = getattr(chunks, "close", None)
+            if close is not None:
+                close()  # its piece's fill buffer goes back now, not when the error is collected
             if failed:
                 raise failed[0]  # the backend failed: _lead aborts and reports it
             whole = data if data is not None else (keep[0] if keep else None)
@@ -1329,13 +1357,18 @@ class TieredCache:
             return self._loose_handle(fid, size, outcome, fl.data, keep_pages=keep)
         return self._loose_handle(fid, size, outcome, fl.data)
 
-    def _read_range(self, fid: int, offset: int, length: int) -> bytes:
+    def _read_range(self, fid: int, offset: int, length: int, grant: Optional[int] = None) -> bytes:
+        # ``grant``: fill-buffer bytes the caller took for this read (given back here); None: taken here
+        grant = self.fills.take(length) if grant is None else grant
         t0 = time.monotonic()
-        if fid >= self._nfiles:  # a chunk: a range of its file
-            path, base = self.ns.source(fid)
-            data = self.backend.read_range(path, base + offset, length)
-        else:
-            data = self.backend.read_range(self.ns.path(fid), offset, length)
+        try:
+            if fid >= self._nfiles:  # a chunk: a range of its file
+                path, base = self.ns.source(fid)
+                data = self.backend.read_range(path, base + offset, length)
+            else:
+                data = self.backend.read_range(self.ns.path(fid), offset, length)
+        finally:
+            self.fills.give(grant)  # the caller hands them on at once (the reply, or the handle's chunk)
         if self.on_backend_read is not None:
             self.on_backend_read(time.monotonic() - t0)
         if len(data) != length:
@@ -1388,7 +1421,14 @@ class TieredCache:
                     offset += len(piece)
                     continue
                 start = offset - offset % self.chunk
-                h._chunk = (start, self._read_range(h.fid, start, min(self.chunk, h.size - start)), lock)
+                n = min(self.chunk, h.size - start)
+                grant = self.fills.try_take(n)
+                if not grant:
+                    # the fill buffers are full: the bytes asked, not a whole chunk (streamed without one)
+                    out.append(self._read_range(h.fid, offset, end - offset))
+                    break
+                h._chunk = (start, b"", lock)  # the old chunk's bytes go before the new one is read
+                h._chunk = (start, self._read_range(h.fid, start, n, grant), lock)
         return out[0] if len(out) == 1 else b"".join(out)
 
     def read_range(self, fid: int, offset: int, length: int) -> bytes:
@@ -1803,6 +1843,24 @@ class TieredCache:
                 out["shared_errors"] = sc["errors"]
                 out["shared_deadlines"] = sc["deadlines"]
             return out
+
+
+    def memory(self) -> dict:
+        """The cache's part of the stats JSON's ``memory`` object (docs/metrics.md): each bounded part of
+        the working set as ``{"bound_bytes", "used_bytes"}`` (bytes): ``ram_tier`` (its budget; in-flight
+        fills and held-open victims included), ``fill_buffers`` (backend reads in flight; with
+        ``high_water_bytes``, ``waits``, ``refused``, ``oversize``: :class:`~shadefs.cache.buffers.FillBuffers`),
+        ``loose_buffers`` (bytes held outside the tiers), ``prefetch_window``."""
+        with self.lock:
+            self._settle()
+            ram = self.ram_index.snapshot()
+            out = {"ram_tier": {"bound_bytes": int(ram["capacity_bytes"]), "used_bytes": int(ram["used_bytes"])},
+                   "loose_buffers": {"bound_bytes": int(self.loose_budget), "used_bytes": int(self.loose_bytes)}}
+            pf = self.prefetcher
+            out["prefetch_window"] = ({"bound_bytes": int(pf.window_bytes), "used_bytes": int(pf.reserved_bytes)}
+                                      if pf is not None else {"bound_bytes": 0, "used_bytes": 0})
+        out["fill_buffers"] = self.fills.snapshot()
+        return out
 
 
 def _tee(chunks: Iterator[bytes], keep: list) -> Iterator[bytes]:

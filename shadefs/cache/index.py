@@ -51,7 +51,7 @@ class TierIndex:
         self.name = name
         self.capacity_bytes = int(capacity_bytes)
         self.policy = policy
-        self.sizes: Dict[int, int] = {}       # resident fid -> bytes
+        self.sizes: Dict[int, int] = {}       # resident fid -> bytes (the policy reads these: one per resident)
         self.pending: Dict[int, List[int]] = {}  # reserved (being filled) fid -> [bytes, credit]
         self.used_bytes = 0
         self.reserved_bytes = 0                # sum of max(0, bytes - credit) over pending fills
@@ -69,6 +69,7 @@ class TierIndex:
         self.overhead_bytes = 0                # bytes of the store no entry owns (metadata, slack)
         self.headroom_bytes = 0                # kept from fills for the store's own copies (hold())
         self.on_deferred = None                # optional (fids): deferred victims evicted ahead of a refusal
+        policy.share_sizes(self.sizes)
 
     def track_residency(self, flags: np.ndarray, bit: int, keep_order: bool = False) -> None:
         """Keep ``flags[fid] & bit`` set exactly while ``fid`` is resident here.

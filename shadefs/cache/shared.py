@@ -76,6 +76,8 @@ AUTH_LOG_BURST = 10       # failed authentications logged per AUTH_LOG_WINDOW_S 
 AUTH_LOG_WINDOW_S = 10.0
 PER_MIB_S = 0.010         # the deadline grows by 10 ms per MiB of value (a 16 MiB value: 210 ms)
 # policy name -> admission mode of the partition script
+OFFER_QUEUE_BYTES = 64 << 20  # bytes of values queued for the offer thread at most (an offer past it is dropped)
+CAP_BATCH = 1000          # values one SET_CAP call evicts at most (Redis runs a script alone: ~10-20 ms per call)
 MODES = {"shade": "imp", "static": "static", "lru": "lru", "fifo": "fifo"}
 
 
@@ -235,16 +237,18 @@ redis.call('HINCRBY', m, 'files', 1 - #victims)
 return {2, #victims}
 """
 
-# KEYS: zset, sizes, meta.  ARGV: cap, gen, value-key prefix.  Returns {applied, evicted}.
+# KEYS: zset, sizes, meta.  ARGV: cap, gen, value-key prefix, most victims per call.
+# Returns {applied, evicted, more}: more = 1 when the partition is still over its cap (call again). One call
+# evicts at most ARGV[4] values, so Redis, which runs a script alone, is never blocked for long by a shrink.
 SET_CAP = r"""
 local z, s, m = KEYS[1], KEYS[2], KEYS[3]
-local cap, gen, prefix = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
+local cap, gen, prefix, most = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
 local g = tonumber(redis.call('HGET', m, 'gen') or '-1')
-if gen < g then return {0, 0} end
+if gen < g then return {0, 0, 0} end
 redis.call('HSET', m, 'cap', cap, 'gen', gen)
 local used = tonumber(redis.call('HGET', m, 'used') or '0')
 local n = 0
-while used > cap do
+while used > cap and n < most do
   local v = redis.call('ZRANGE', z, 0, 0)[1]
   if not v then used = 0; break end
   used = used - tonumber(redis.call('HGET', s, v) or '0')
@@ -258,7 +262,8 @@ if n > 0 then
   redis.call('HINCRBY', m, 'files', -n)
   redis.call('HINCRBY', m, 'evictions', n)
 end
-return {1, n}
+if used > cap then return {1, n, 1} end
+return {1, n, 0}
 """
 
 # KEYS: zset, sizes, meta, value key.  ARGV: member.  Returns 1 when it was resident.
@@ -405,6 +410,11 @@ class SharedTier:
         self._breakers = [_Breaker(fail_threshold, backoff_s, backoff_max_s) for _ in range(self.K)]
         self._global = _Breaker(fail_threshold * 3, backoff_s, backoff_max_s)
         self._offers: "queue.Queue" = queue.Queue(maxsize=offer_queue)
+        # the bytes of the values queued: at most offer_queue_bytes (an offer past it is dropped)
+        self.offer_queue_bytes = OFFER_QUEUE_BYTES
+        self._queued_bytes = 0
+        self.cap_batch = CAP_BATCH  # values one SET_CAP call evicts at most
+        self.cap_calls = 0       # SET_CAP calls made (one per partition per batch)
         self._stop = threading.Event()
         self._threads: List[threading.Thread] = []
         self._err_log = RateLimitedLog(log, 10.0)
@@ -429,6 +439,12 @@ class SharedTier:
         self.cap_evictions = 0   # evicted by a budget shrink (a member left), as applied by this member
         self._group = {"used_bytes": 0, "files": 0, "evictions": 0}
         self._free: List[Optional[int]] = [None] * self.K  # per partition, as of the last refresh
+
+    def offer_queue_memory(self) -> dict:
+        """``{"bound_bytes", "used_bytes"}``: the bytes of offers queued for the offer thread and its
+        bound (:attr:`offer_queue_bytes`)."""
+        with self._lock:
+            return {"bound_bytes": self.offer_queue_bytes, "used_bytes": self._queued_bytes}
 
     # -- keys ------------------------------------------------------------------------------------------------
     @staticmethod
@@ -690,10 +706,18 @@ class SharedTier:
             if free is not None and free < len(data):
                 self._count_offer("refused")
                 return False
+        n = len(data)
+        with self._lock:
+            if self._queued_bytes + n > self.offer_queue_bytes:
+                self.offers["dropped"] += 1
+                return False
+            self._queued_bytes += n
         try:
             self._offers.put_nowait((key, data, score))
             return True
         except queue.Full:
+            with self._lock:
+                self._queued_bytes -= n
             self._count_offer("dropped")
             return False
 
@@ -711,6 +735,10 @@ class SharedTier:
                 else:
                     self.offer(*item)
             finally:
+                if item[0] is not None:
+                    with self._lock:
+                        self._queued_bytes -= len(item[1])
+                item = None  # its bytes go now, not when the next one arrives
                 self._offers.task_done()
 
     def drain(self, timeout_s: float = 5.0) -> bool:
@@ -786,22 +814,35 @@ class SharedTier:
         return [q + (p < r) for p in range(self.K)]
 
     def apply_caps(self, gen: int, total: int) -> int:
-        """Set every partition's budget for membership ``gen``, evicting the least important excess.
-        Returns the number evicted (-1 when Redis failed; retried on the next heartbeat)."""
+        """Set every partition's budget for membership ``gen``, evicting the least important excess in
+        batches of at most :attr:`cap_batch` values per script call (Redis runs one script at a time: a
+        shrink that evicts 150,000 values in one call blocked it for seconds). Rounds of one pipelined call
+        per partition still over its cap, until none is. Returns the number evicted (-1 when Redis failed;
+        retried on the next heartbeat; the batches already applied stay applied)."""
         caps = self.caps(total)
+        todo = list(range(self.K))
+        n = 0
+        calls = 0
+        while todo:
+            def call(c, todo=todo):
+                pipe = c.pipeline(transaction=False)
+                for p in todo:
+                    pipe.execute_command("EVAL", SET_CAP, 3, *self._pkeys(p), caps[p], gen, self._tags[p] + "v:",
+                                         self.cap_batch)
+                return pipe.execute()
 
-        def call(c):
-            pipe = c.pipeline(transaction=False)
-            for p in range(self.K):
-                pipe.execute_command("EVAL", SET_CAP, 3, *self._pkeys(p), caps[p], gen, self._tags[p] + "v:")
-            return pipe.execute()
-
-        res = self._run(call, None, max(2.0, self.timeout_s * 40))
-        if res is _SKIP:
-            return -1
-        n = sum(int(r[1]) for r in res)
+            res = self._run(call, None, max(2.0, self.timeout_s * 40))
+            if res is _SKIP:
+                with self._lock:
+                    self.cap_calls += calls
+                    self.cap_evictions += n
+                return -1
+            calls += len(todo)
+            n += sum(int(r[1]) for r in res)
+            todo = [p for p, r in zip(todo, res) if len(r) > 2 and int(r[2])]
         with self._lock:
             self.gen = gen
+            self.cap_calls += calls
             self.cap_evictions += n
         if n:
             log.info("shared tier: group budget now %d bytes (%d members); evicted %d files over it",
@@ -912,4 +953,4 @@ class SharedTier:
             return {"errors": self.errors, "deadlines": self.deadlines, "skipped": self.skipped, "corrupt": self.corrupt,
                     "auth_failed": self.auth_failed,
                     "gets": self.gets, "get_hits": self.get_hits, "offers": dict(self.offers),
-                    "cap_evictions": self.cap_evictions}
+                    "cap_evictions": self.cap_evictions, "cap_calls": self.cap_calls}

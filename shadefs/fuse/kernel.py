@@ -80,7 +80,7 @@ from ..plan.plans import set_opener
 from . import protocol as P
 from .mount import mount_fuse, unmount_fuse
 from ..config import Environment
-from .ops import ENDPOINT_XATTR, endpoint_of, statfs_values
+from .ops import ENDPOINT_XATTR, endpoint_of, listdir_slice, statfs_values
 
 try:  # the reader loop in C, built by `pip install` where a compiler is found (setup.py); else the Python loop
     from . import _fastloop
@@ -98,7 +98,6 @@ TIMEOUT_S = 3600          # entry, attribute and negative-entry cache timeouts (
 MAX_PAGES = 256           # 1 MiB per READ
 MAX_WRITE = 4096          # read-only: keeps the request buffer at FUSE_MIN_READ_BUFFER
 BUFSIZE = 4 * P.MIN_READ_BUFFER
-_DIR_ENTRY_CACHE = 64     # directories whose listing is kept between READDIR chunks
 
 # backing ids kept between opens, at most: each holds ~0.5 KB of unreclaimable kernel memory (a struct file and
 # a fuse_backing: measured +192 B filp and +64 B kmalloc-64 slab objects per id, 470 B of SUnreclaim) and keeps
@@ -491,7 +490,6 @@ class KernelFrontend:
         self._pending: Dict[int, int] = {}       # unique -> fd, requests a worker is serving
         self._plock = threading.Lock()
         self._early_interrupts = set()           # INTERRUPTs read before their request was registered
-        self._dirs: Dict[int, list] = {}         # node -> [(name bytes, node, dtype)], READDIR chunks
         self.modes: Optional[_Modes] = None
         self.passthrough = False
         self.passthrough_reason = "not negotiated"
@@ -903,17 +901,20 @@ class KernelFrontend:
         # the snapshot is immutable: let the kernel cache the listing in its page cache
         self._send(fd, unique, P.OPENDIR, 0, (P.encode_open_out(0, P.FOPEN_CACHE_DIR | P.FOPEN_KEEP_CACHE),))
 
-    def _listing(self, node: int) -> list:
-        entries = self._dirs.get(node)
-        if entries is None:
-            nf = self._num_files
-            entries = [(b".", node, 4), (b"..", self.ns.parent(node), 4)]
-            entries += [(name.encode("utf-8", "surrogateescape"), child, 4 if child >= nf else 8)
-                        for name, child in self.ns.listdir(node)]
-            if len(self._dirs) >= _DIR_ENTRY_CACHE:
-                self._dirs.clear()
-            self._dirs[node] = entries
-        return entries
+    def _listing(self, node: int, start: int, count: int) -> list:
+        """Entries ``[start, start + count)`` of directory ``node``'s listing (``.``, ``..``, then the
+        snapshot's children in name order) as ``(name bytes, node, d_type)``: built from the snapshot for
+        each READDIR, never kept (a listing of a 1M-entry directory kept between READDIRs took ~139 MiB)."""
+        nf = self._num_files
+        out = []
+        if start < 2:
+            out = [(b".", node, 4), (b"..", self.ns.parent(node), 4)][start:start + count]
+        first = max(0, start - 2)
+        stop = start + count - 2
+        if stop > first:
+            out += [(name.encode("utf-8", "surrogateescape"), child, 4 if child >= nf else 8)
+                    for name, child in listdir_slice(self.ns, node, first, stop)]
+        return out
 
     def _readdir_common(self, fd, unique, nodeid, buf, opcode: int, plus: bool) -> None:
         node = self.node_of(nodeid)
@@ -921,10 +922,10 @@ class KernelFrontend:
             self._send(fd, unique, opcode, errno.ENOTDIR, ())
             return
         _, offset, size, _, _, _, _ = P.READ_IN.unpack_from(buf, P.IN_HEADER.size)
-        entries = self._listing(node)
+        # at most this many entries fit in the reply (each takes at least a header and 8 bytes of name)
+        entries = self._listing(node, offset, size // P.dirent_size(1, plus) + 1)
         out, used = [], 0
-        for i in range(offset, len(entries)):
-            name, child, dtype = entries[i]
+        for i, (name, child, dtype) in enumerate(entries, offset):
             need = P.dirent_size(len(name), plus)
             if used + need > size:
                 break

@@ -79,7 +79,7 @@ class PlanPolicy(Policy):
         self.inner = inner
         self.plans = plans
         self.name = inner.name  # the stats keep naming the mount's --policy
-        self._sizes: Dict[int, int] = {}
+        inner.share_sizes(self.sizes)               # one size per resident: ours (or the tier index's)
         n = int(plans.num_files)
         self._resident = np.zeros(n, dtype=bool)     # the residents, readable without the lock (a snapshot)
         self._tracking: List[Set[int]] = []          # files changed since a preparation's snapshot began
@@ -152,7 +152,7 @@ class PlanPolicy(Policy):
             self._spent_heap.clear()
             self._spent_parked.clear()
             self._spent_recheck.clear()
-        elif fid in self._sizes and fid not in self._spent:
+        elif fid in self.sizes and fid not in self._spent:
             self._spent_add(fid)
 
     def _spent_add(self, fid: int) -> None:
@@ -166,7 +166,8 @@ class PlanPolicy(Policy):
     def on_insert(self, fid: int, size: int) -> None:
         if self.plans.spent(fid) and fid not in self._spent:
             self._spent_add(fid)
-        self._sizes[fid] = size
+        if self.owns_sizes:
+            self.sizes[fid] = size
         self._resident[fid] = True
         for changed in self._tracking:
             changed.add(fid)
@@ -175,7 +176,9 @@ class PlanPolicy(Policy):
             self._rehome(fid)
 
     def on_remove(self, fid: int) -> None:
-        if self._sizes.pop(fid, None) is not None:
+        if self.owns_sizes:
+            self.sizes.pop(fid, None)
+        if self._resident[fid]:
             self._resident[fid] = False
             for changed in self._tracking:
                 changed.add(fid)
@@ -185,6 +188,10 @@ class PlanPolicy(Policy):
             self._spent.discard(fid)
             self._spent_parked.discard(fid)
         self.inner.on_remove(fid)
+
+    def share_sizes(self, sizes) -> None:
+        super().share_sizes(sizes)
+        self.inner.share_sizes(sizes)
 
     def defer(self, wake=None) -> bool:
         deferred = self.inner.defer(wake)
@@ -399,7 +406,7 @@ class PlanPolicy(Policy):
         return install
 
     def _current(self) -> None:
-        bloated = (self._entries > 2 * len(self._sizes) + 1024
+        bloated = (self._entries > 2 * len(self.sizes) + 1024
                    or len(self._never_heap) > 2 * len(self._never) + 1024)
         if self.plans.installs_off_lock and self._usable():
             # a changed plan set or heaps full of stale entries: the registry's installer builds the next
@@ -453,7 +460,7 @@ class PlanPolicy(Policy):
             self._recheck_parked()
         h, mark, spent, parked, seen = self._spent_heap, self._spent, self.plans.spent, self._spent_parked, []
         recheck = self._spent_recheck
-        never = self._sizes if unplanned else self._never
+        never = self.sizes if unplanned else self._never
         try:
             while h or recheck:
                 f = -heapq.heappop(h) if h else recheck.pop()
@@ -545,7 +552,7 @@ class PlanPolicy(Policy):
         order = self._spent_order(True) if unplanned else self._never_order()
         try:
             for v in order:
-                size = self._sizes.get(v)
+                size = self.sizes.get(v)
                 if size is None:
                     continue  # (not resident: only a structure being replaced may still name it)
                 out.append(v)
@@ -581,7 +588,7 @@ class PlanPolicy(Policy):
         self._current()
         out: List[int] = []
         freed = 0
-        sizes = self._sizes
+        sizes = self.sizes
         if self._never:
             order = self._never_order()
             try:

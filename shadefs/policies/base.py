@@ -12,7 +12,7 @@ must be deterministic given the same sequence of calls. Policies are not thread-
 from __future__ import annotations
 
 import abc
-from typing import ClassVar, Dict, Iterable, List, Optional, Type
+from typing import ClassVar, Dict, Iterable, List, Mapping, Optional, Type
 
 import numpy as np
 
@@ -102,6 +102,16 @@ class Policy(abc.ABC):
     def __init__(self, capacity_bytes: int, importance: Optional[Importance] = None):
         self.capacity_bytes = int(capacity_bytes)
         self.importance = importance
+        # resident id -> bytes: the tier index's own table once it shares it (share_sizes: one size per
+        # resident in the daemon), else this policy's (a policy used alone keeps them in on_insert)
+        self.sizes: Mapping[int, int] = {}
+        self.owns_sizes = True
+
+    def share_sizes(self, sizes: Mapping[int, int]) -> None:
+        """Read residents' sizes from ``sizes`` (``{id: bytes}``, kept by the caller: the tier index sets
+        its entry before ``on_insert`` and removes it before ``on_remove``) instead of keeping a copy."""
+        self.sizes = sizes
+        self.owns_sizes = False
 
     def on_hit(self, fid: int) -> None:
         """A resident file was read."""
@@ -169,7 +179,7 @@ def _load_builtin() -> None:
     import shadefs.policies  # noqa: F401
 
 
-def sizes_to_free(order: Iterable[int], sizes: Dict[int, int], need: int) -> Optional[List[int]]:
+def sizes_to_free(order: Iterable[int], sizes: Mapping[int, int], need: int) -> Optional[List[int]]:
     """Take ids from ``order`` until their sizes sum to ``need`` bytes; None if they never do."""
     out: List[int] = []
     freed = 0

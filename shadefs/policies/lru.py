@@ -17,7 +17,7 @@ class LRUPolicy(Policy):
 
     def __init__(self, capacity_bytes, importance=None):
         super().__init__(capacity_bytes, importance)
-        self._order: "OrderedDict[int, int]" = OrderedDict()  # fid -> size, oldest first
+        self._order: "OrderedDict[int, None]" = OrderedDict()  # resident ids, oldest first (sizes: self.sizes)
         if self.touch_on_hit and type(self).on_hit is LRUPolicy.on_hit:
             # the RAM-hit path calls on_hit under the cache lock: the OrderedDict's own method, no
             # Python frame (docs/performance.md, "Lock hold")
@@ -29,12 +29,16 @@ class LRUPolicy(Policy):
             self._order.move_to_end(fid)
 
     def on_insert(self, fid, size):
-        self._order[fid] = size
+        self._order[fid] = None
+        if self.owns_sizes:
+            self.sizes[fid] = size
 
     def on_remove(self, fid):
         self._order.pop(fid, None)
+        if self.owns_sizes:
+            self.sizes.pop(fid, None)
 
     def victims(self, fid, size, free_bytes) -> Optional[List[int]]:
         if size > self.capacity_bytes:
             return None
-        return sizes_to_free(iter(self._order), self._order, size - free_bytes)
+        return sizes_to_free(iter(self._order), self.sizes, size - free_bytes)

@@ -115,7 +115,8 @@ class ShadePolicy(Policy):
 
     def __init__(self, capacity_bytes, importance=None, max_pending: int = 65536):
         super().__init__(capacity_bytes, importance)
-        self._levels: "SortedDict[float, collections.OrderedDict[int, int]]" = SortedDict()
+        # each level: its resident ids, least recent first (their sizes: self.sizes)
+        self._levels: "SortedDict[float, collections.OrderedDict[int, None]]" = SortedDict()
         self._level_of: Dict[int, float] = {}   # resident fid -> the importance it is ranked by
         self.max_pending = int(max_pending)
         self._deferred = False
@@ -172,16 +173,16 @@ class ShadePolicy(Policy):
             if touch:
                 level.move_to_end(fid)
             return
-        size = level.pop(fid)
+        del level[fid]
         if not level:
             del self._levels[lvl]
-        self._place(fid, new, size)
+        self._place(fid, new)
 
-    def _place(self, fid: int, imp: float, size: int) -> None:
+    def _place(self, fid: int, imp: float) -> None:
         level = self._levels.get(imp)
         if level is None:
             level = self._levels[imp] = collections.OrderedDict()
-        level[fid] = size
+        level[fid] = None
         self._level_of[fid] = imp
 
     def defer(self, wake: Optional[Callable[[], None]] = None) -> bool:
@@ -253,9 +254,13 @@ class ShadePolicy(Policy):
 
     def on_insert(self, fid: int, size: int) -> None:
         self.on_remove(fid)
-        self._place(fid, self._imp(fid), int(size))
+        if self.owns_sizes:
+            self.sizes[fid] = int(size)
+        self._place(fid, self._imp(fid))
 
     def on_remove(self, fid: int) -> None:
+        if self.owns_sizes:
+            self.sizes.pop(fid, None)
         lvl = self._level_of.pop(fid, None)
         if lvl is not None:
             level = self._levels[lvl]
@@ -272,12 +277,13 @@ class ShadePolicy(Policy):
         imp = self._imp(fid)
         out: List[int] = []
         freed = 0
+        sizes = self.sizes
         for lvl, level in self._levels.items():
             if lvl >= imp:
                 return None
-            for victim, vsize in level.items():
+            for victim in level:
                 out.append(victim)
-                freed += vsize
+                freed += sizes[victim]
                 if freed >= need:
                     return out
         return None

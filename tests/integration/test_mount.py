@@ -41,9 +41,18 @@ def test_stats_counters_are_exact_for_a_scripted_sequence(small_tree, mount, tmp
         assert read(os.path.join(m.path, rel)) == spec[rel]
     s = m.stats()
     assert set(s) == {"policy", "uptime_s", "opens", "hits", "misses", "hit_ratio", "byte_hit_ratio",
-                      "backend_bytes", "corrupt_entries", "tiers", "namespace", "prefetch", "descriptors"}
+                      "backend_bytes", "corrupt_entries", "tiers", "namespace", "prefetch", "descriptors", "memory"}
     d = s["descriptors"]   # no file is open: none held, none refused
     assert (d["reserve"], d["held"], d["refused"], d["failed"]) == (64, 0, 0, 0) and 0 < d["open"] < d["limit"]
+    mem = s["memory"]
+    assert set(mem) == {"rss_bytes", "peak_rss_bytes", "bound_bytes", "ram_tier", "fill_buffers",
+                        "loose_buffers", "prefetch_window", "per_file_bytes"}
+    assert mem["per_file_bytes"] > 0
+    parts = ("ram_tier", "fill_buffers", "loose_buffers", "prefetch_window")
+    assert mem["bound_bytes"] == sum(mem[p]["bound_bytes"] for p in parts)
+    assert mem["ram_tier"]["bound_bytes"] == s["tiers"]["ram"]["capacity_bytes"]
+    assert mem["fill_buffers"]["used_bytes"] == 0 and mem["fill_buffers"]["bound_bytes"] == 64 << 20
+    assert 0 < mem["rss_bytes"] <= mem["peak_rss_bytes"]
     assert s["namespace"]["files"] == 10 and s["namespace"]["directories"] == 3
     assert set(s["namespace"]["skipped"].values()) == {0}
     assert s["policy"] == "static"

@@ -50,6 +50,10 @@ def test_what_node_a_read_is_a_shared_hit_on_node_b(small_tree, mount, redis_ser
     sb = b.stats()
     assert sb["hits"] == {"ram": 0, "disk": 0, "shared": 10} and sb["misses"] == 0
     assert sb["backend_bytes"] == 0 and sb["shared_errors"] == 0
+    # the offer queue is part of the daemon's bounded memory; A's ten offers all ran: nothing queued
+    assert sa["memory"]["offer_queue"] == {"bound_bytes": 64 << 20, "used_bytes": 0}
+    assert sa["memory"]["bound_bytes"] == sum(sa["memory"][p]["bound_bytes"] for p in (
+        "ram_tier", "fill_buffers", "loose_buffers", "prefetch_window", "offer_queue"))
     invariant(sa)
     invariant(sb)
     m = scrape(metrics_port(b))

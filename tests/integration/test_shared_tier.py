@@ -500,3 +500,40 @@ def test_the_plan_prefetcher_reads_from_the_group_and_offers_what_no_tier_keeps(
         shared_a.close()
         if b is not None:
             shared_b.close()
+
+
+def test_a_budget_shrink_evicts_in_batches_of_cap_batch_values(redis_server):
+    # one partition holding 2,500 values of 64 B; its budget halves: 938 values must go, at most 100 per
+    # script call (Redis runs a script alone: no single call may evict a whole shrink's worth)
+    a = tier(redis_server.url, size=200_000, partitions=1, heartbeat_s=60, member_id="a")
+    try:
+        for i in range(2500):
+            assert a.offer(SharedTier.key(f"s/{i}", 64), blob(i, 64)) == "admitted"
+        a.cap_batch = 100
+        calls = a.counters()["cap_calls"]
+        assert a.apply_caps(a.gen + 1, 100_000) == 938  # ceil((160,000 - 100,000) / 64)
+        c = a.counters()
+        assert c["cap_calls"] - calls == 10 and c["cap_evictions"] == 938
+        a.refresh()
+        assert check_exact(a)["used"] == (2500 - 938) * 64
+        assert a.apply_caps(a.gen, 100_000) == 0  # nothing over: one call
+        assert a.counters()["cap_calls"] - calls == 11
+    finally:
+        a.close()
+
+
+def test_the_offer_queue_holds_at_most_its_bytes(redis_server):
+    t = SharedTier(parse_urls(redis_server.url), "s3://bucket/ds", 100_000, secret=SECRET, partitions=4,
+                   timeout_s=0.5, heartbeat_s=60)
+    try:
+        t.offer_queue_bytes = 10_000
+        assert t.heartbeat() and t.joined  # joined, no offer thread yet: the queue only fills
+        got = [t.offer_async(SharedTier.key(f"q/{i}", 3000), blob(i, 3000)) for i in range(5)]
+        assert got == [True, True, True, False, False]
+        assert t.offer_queue_memory() == {"bound_bytes": 10_000, "used_bytes": 9000}
+        assert t.counters()["offers"]["dropped"] == 2
+        t.start()  # the offer thread drains the queue
+        assert t.drain(10)
+        assert t.offer_queue_memory()["used_bytes"] == 0 and t.counters()["offers"]["admitted"] == 3
+    finally:
+        t.close()

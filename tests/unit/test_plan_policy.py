@@ -130,7 +130,7 @@ def full_sort_victims(pol, fid, size, free):
     if need <= 0:
         return []
     mine = plans.distance(fid)
-    res = np.array(sorted(pol._sizes), dtype=np.int64)
+    res = np.array(sorted(pol.sizes), dtype=np.int64)
     dist = plans.distances(res)
     never = set(res[dist == NOT_PLANNED].tolist())
     ranking = getattr(pol.inner, "ranking", None)
@@ -141,7 +141,7 @@ def full_sort_victims(pol, fid, size, free):
     out, freed = [], 0
     for v in order:
         out.append(v)
-        freed += pol._sizes[v]
+        freed += pol.sizes[v]
         if freed >= need:
             return out
     return None

@@ -145,7 +145,7 @@ def test_plan_memory_follows_the_plan_not_the_namespace():
 
 def belady_victim(plans, idx):
     """The resident Belady evicts first: the furthest next use over the plans, ties to the highest id."""
-    return max((plans.distance(f), f) for f in idx.policy._sizes)[1]
+    return max((plans.distance(f), f) for f in idx.policy.sizes)[1]
 
 
 def test_an_install_only_swaps_under_the_lock_and_what_changed_meanwhile_is_rekeyed_at_the_next_search():
