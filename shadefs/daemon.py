@@ -495,8 +495,7 @@ class Daemon:
         out = self.cache.stats()
         out["namespace"] = self.namespace.info()
         out["descriptors"] = self.cache.fds.stats()
-        if self._audit and self._env.fill_buffers is not None:  # tests only: a smaller fill-buffer bound
-            self.cache.fills = FillBuffers(self._env.fill_buffers)
+        out["memory"] = self.memory()
         if self._audit:  # SHADEFS_AUDIT=1: the state machine's consistent view, for tests (docs/metrics.md)
             out["audit"] = self.cache.audit()
         return out
