@@ -29,11 +29,12 @@ import numpy as np
 
 from .cache.chunks import CHUNK_MARK
 from .cache.index import TierIndex
+from .cache.tiers import entry_cost
 from .cache.trace import HEADER as TRACE_HEADER
 from .config import Size, format_bytes, parse_size
 from .fsutil import atomic_write
 from .namespace import normalize
-from .policies.base import Importance, get_policy, policy_names
+from .policies.base import Importance, PolicyError, get_policy, policy_names
 
 __all__ = [
     "OPT", "SCORES_HEADER", "Trace", "Result", "read_trace", "simulate", "simulate_plan", "next_use", "belady",
@@ -280,13 +281,16 @@ class Result:
     request_bytes: int
     hit_ratio: float
     byte_hit_ratio: float
+    residents: Optional[Tuple[str, ...]] = None  # the tier's files at the end (``residents=True``), sorted
 
 
-def _result(policy: str, cache_bytes: int, hits: int, hit_bytes: int, trace: Trace) -> Result:
+def _result(policy: str, cache_bytes: int, hits: int, hit_bytes: int, trace: Trace,
+            residents: Optional[Tuple[str, ...]] = None) -> Result:
     return Result(policy=policy, cache_bytes=cache_bytes, hits=hits, requests=trace.requests,
                   hit_bytes=hit_bytes, request_bytes=trace.request_bytes,
                   hit_ratio=hits / trace.requests if trace.requests else 0.0,
-                  byte_hit_ratio=hit_bytes / trace.request_bytes if trace.request_bytes else 0.0)
+                  byte_hit_ratio=hit_bytes / trace.request_bytes if trace.request_bytes else 0.0,
+                  residents=residents)
 
 
 def _cache_bytes(cache_bytes: int) -> int:
@@ -297,7 +301,8 @@ def _cache_bytes(cache_bytes: int) -> int:
 
 
 def simulate(trace: Trace, policy_name: str, cache_bytes: int,
-             importance: Optional[Importance] = None) -> Result:
+             importance: Optional[Importance] = None, pack_below: Optional[int] = None,
+             block: int = 4096, residents: bool = False) -> Result:
     """Replay ``trace`` through one tier of ``cache_bytes`` run by the registered policy ``policy_name``.
 
     Exactly the daemon's single-tier read path, without data: an access to a resident file is a hit
@@ -312,11 +317,19 @@ def simulate(trace: Trace, policy_name: str, cache_bytes: int,
         cache_bytes: the tier's budget in bytes (0: no cache).
         importance: per-file importance indexed by trace id (``load_scores``), or None for the default
             1.0 everywhere. Copied, so policies never see each other's subscriptions.
+        pack_below: replay the NVMe tier, whose entries take device bytes
+            (:func:`shadefs.cache.tiers.entry_cost`: a record of 64 + size bytes below ``pack_below``,
+            else whole ``block``-byte blocks); ``cache_bytes`` is then the tier's budget for entries (its
+            ``entry_bytes`` in ``shadefs stats --json``: the size less metadata and segment slack).
+            None: bytes as they are (the RAM tier).
+        residents: also return the files resident at the end (``Result.residents``, sorted paths).
 
     Raises:
-        PolicyError: unknown policy name.
+        PolicyError: unknown policy name, or ``opt`` with ``pack_below``.
         ValueError: negative cache size, or ``importance`` of a different length than the trace's files.
     """
+    if policy_name == OPT and pack_below is not None:
+        raise PolicyError("opt replays bytes as they are; it has no --disk-pack-below")
     if policy_name == OPT:
         return belady(trace, cache_bytes)
     cls = get_policy(policy_name)
@@ -327,7 +340,9 @@ def simulate(trace: Trace, policy_name: str, cache_bytes: int,
         if len(importance) != trace.distinct_files:
             raise ValueError(f"importance has {len(importance)} files, the trace {trace.distinct_files}")
         imp.values[rank] = importance.values
-    index = TierIndex("ram", cache_bytes, cls(cache_bytes, imp))
+    index = TierIndex("ram" if pack_below is None else "disk", cache_bytes, cls(cache_bytes, imp))
+    if pack_below is not None:
+        index.charge = functools.partial(entry_cost, pack_below=int(pack_below), block=int(block))
     sizes = np.empty_like(trace.sizes)
     sizes[rank] = trace.sizes
     sizes = sizes.tolist()
@@ -339,7 +354,12 @@ def simulate(trace: Trace, policy_name: str, cache_bytes: int,
             hit_bytes += sizes[fid]
         else:
             index.admit(fid, sizes[fid])
-    return _result(cls.name, cache_bytes, hits, hit_bytes, trace)
+    kept = None
+    if residents:
+        path_of = np.empty(len(rank), dtype=np.int64)
+        path_of[rank] = np.arange(len(rank))
+        kept = tuple(sorted(trace.paths[int(path_of[f])] for f in index.sizes))
+    return _result(cls.name, cache_bytes, hits, hit_bytes, trace, kept)
 
 
 PLAN_SUFFIX = "+plan"

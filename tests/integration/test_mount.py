@@ -54,7 +54,9 @@ def test_stats_counters_are_exact_for_a_scripted_sequence(small_tree, mount, tmp
     assert s["corrupt_entries"] == 0
     assert s["tiers"]["ram"] == {"used_bytes": 3000, "capacity_bytes": 3000, "files": 2, "evictions": 0}
     assert s["tiers"]["disk"] == {"used_bytes": 3064, "capacity_bytes": disk_budget(3064), "files": 1,
-                                  "evictions": 0, "overhead_bytes": disk_budget(0), "dying_bytes": 0}
+                                  "evictions": 0, "overhead_bytes": disk_budget(0), "dying_bytes": 0,
+                                  "metadata_bytes": disk_budget(0) - (192 << 10), "slack_bytes": 192 << 10,
+                                  "entry_bytes": 3064, "pack_below": 64 << 10}
 
 
 def test_percent_sizes_resolve_against_source_bytes(small_tree, mount):

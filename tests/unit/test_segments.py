@@ -245,7 +245,8 @@ def test_a_packed_hit_is_one_record_and_a_damaged_one_is_dropped_and_read_again(
     for rel, data in sorted(spec.items()):
         assert open_read(cache, ns.file_id(rel)) == (data, "miss")
     assert cache.disk_index.used_bytes == sum(HEADER + len(d) for d in spec.values())
-    assert cache.disk_index.overhead_bytes > 0 and cache.disk_index.headroom_bytes == 32 << 10
+    # the segments' slack: dead records up to 2 x 64 KiB (an eighth of 1 MiB), one 64 KiB segment to copy
+    assert cache.disk_index.overhead_bytes > 0 and cache.disk_index.headroom_bytes == (128 + 64) << 10
     for rel, data in sorted(spec.items()):
         assert open_read(cache, ns.file_id(rel)) == (data, "disk")
     # flip one byte of dog/04.bin's record: its next hit finds it, drops it, reads the source again
@@ -309,10 +310,11 @@ def test_evicted_records_are_reclaimed_and_the_device_bytes_stay_within_the_budg
 
     src, spec = small_tree
     names = sorted(spec)
-    cache, ns, store = _packed_cache(src, tmp_path, 90_000)
+    cache, ns, store = _packed_cache(src, tmp_path, 20_000 + (8 << 12) + (192 << 10))
     idx = cache.disk_index
     room = idx.capacity_bytes - idx.overhead_bytes - idx.headroom_bytes
-    assert 10_000 < room < 25_000  # 9 pages of overhead, 32 KiB of headroom: ~4 of the 10 files fit
+    assert room == idx.entry_bytes
+    assert 10_000 < room < 25_000  # 8 pages of overhead, 192 KiB of slack: ~4 of the 10 files fit
     seg = store.segments
     rng = random.Random(5)
     for _ in range(300):
@@ -322,9 +324,12 @@ def test_evicted_records_are_reclaimed_and_the_device_bytes_stay_within_the_budg
         seg.drain()
         seg.compact_once()
         on_disk = sum(os.stat(os.path.join(seg.dir, n)).st_blocks * 512 for n in seg_files(seg.dir))
-        assert idx.used_bytes + idx.reserved_bytes + idx.dying_bytes <= idx.capacity_bytes - idx.overhead_bytes
-        # the segments' allocated bytes are what the index counts, but for the active segment's last page
-        assert on_disk <= idx.used_bytes + idx.dying_bytes + 4096
+        assert idx.used_bytes + idx.reserved_bytes + idx.dying_bytes <= idx.entry_bytes
+        # the segments' allocated bytes are the entries the index counts and the slack (dead records,
+        # padding), within its limit, but for the active segment's last page
+        assert seg.slack_bytes() <= seg.slack_limit
+        assert on_disk <= idx.used_bytes + idx.dying_bytes + seg.slack_bytes() + 4096
+        assert on_disk <= idx.capacity_bytes - idx.overhead_bytes
     s = cache.stats()
     assert s["tiers"]["disk"]["evictions"] > 0 and s["hits"]["disk"] > 0 and seg.reclaimed_segments > 0
     store.close()
