@@ -54,11 +54,12 @@ try:  # the read of a record from the page cache with the GIL kept (optional: bu
 except ImportError:
     _pread_cached = None
 
-__all__ = ["SegmentStore", "Record", "HEADER", "PACK_BELOW", "SEG_DIR", "pack_header", "segment_bytes_for"]
+__all__ = ["SegmentStore", "Record", "HEADER", "PACK_BELOW", "SLACK_SHARE", "SEG_DIR", "pack_header", "segment_bytes_for"]
 
 log = logging.getLogger("shadefs.segments")
 
 PACK_BELOW = 64 << 10   # an entry is packed when its record (header + bytes) is smaller than this
+SLACK_SHARE = 8         # a record is charged 1/8 more for the dead bytes compaction lets lie (the slack)
 SEG_DIR = "seg"
 _HDR = struct.Struct("<IQQq32sI")
 HEADER = _HDR.size      # 64
@@ -143,11 +144,12 @@ class SegmentStore:
         self.on_hold: Optional[Callable[[int], bool]] = None
         self.on_unhold: Optional[Callable[[int], None]] = None
         # the slack: bytes of the segments on disk that no live record holds (dead records, page padding,
-        # the old copies of a compaction in progress). With ``slack_limit`` set (the disk tier does), a
-        # fill's deletes wait in :meth:`make_room` until the slack is at most that many bytes, and the
-        # compaction thread keeps it under half of it: the tier's budget keeps ``slack_limit`` plus one
-        # segment (a compaction's copy) for the slack, so its entries are counted as live bytes only
-        self.slack_limit: Optional[int] = None
+        # the old copies of a compaction in progress). With ``slack_base`` set (the disk tier does), a
+        # fill's deletes wait in :meth:`make_room` until the slack is at most :meth:`slack_limit`
+        # (``slack_base`` + a ``SLACK_SHARE``-th of the live bytes), and the compaction thread keeps it
+        # under half of that: the tier charges each record its bytes and that share, and keeps
+        # ``slack_base`` plus one segment (a compaction's copy) from its entries
+        self.slack_base: Optional[int] = None
         self._room = threading.Condition(self._lock)
         self._on_disk = 0          # bytes of the segment files not yet closed (records, padding)
         self._live = 0             # bytes of live records
@@ -375,17 +377,22 @@ class SegmentStore:
         with self._lock:
             return self._on_disk - self._live
 
+    def slack_limit(self) -> Optional[int]:
+        """The slack a fill may leave: ``slack_base`` + the live bytes / :data:`SLACK_SHARE` (None: no
+        limit)."""
+        return None if self.slack_base is None else self.slack_base + self._live // SLACK_SHARE
+
     def _over_trigger(self) -> bool:
         # under self._lock: the compaction thread should reclaim (the slack is over half its limit, or a
         # fill waits for room)
-        limit = self.slack_limit
+        limit = self.slack_limit()
         return limit is not None and (self._waiting > 0 or
                                       self._on_disk - self._live + self._promised > limit // 2)
 
     def make_room(self, gens, timeout: float) -> bool:
         """Before a fill deletes the records ``gens`` (its victims; generations not in the store are
         ignored): wait until their bytes fit in the slack (the slack, the bytes other fills were granted
-        and theirs at most :attr:`slack_limit`; or the slack empty), waking the compaction thread. The
+        and theirs at most :meth:`slack_limit`; or the slack empty), waking the compaction thread. The
         bytes granted are counted until each record is deleted with ``promised=True``.
 
         Returns:
@@ -394,14 +401,14 @@ class SegmentStore:
         """
         with self._lock:
             n = sum(HEADER + self._map[g].size for g in gens if g in self._map)
-            if not n or self.slack_limit is None:
+            if not n or self.slack_base is None:
                 return True
             deadline = None
             self._waiting += 1
             try:
                 while True:
                     slack = self._on_disk - self._live + self._promised
-                    if slack + n <= self.slack_limit or slack == 0:
+                    if slack + n <= self.slack_limit() or slack == 0:
                         self._promised += n
                         return True
                     self._wake.set()
@@ -417,7 +424,7 @@ class SegmentStore:
     def compact_once(self) -> int:
         """Compact every sealed segment whose live bytes are below ``compact_below`` of its length (and
         for whose live bytes :attr:`on_hold` grants room); then, while the slack is over half of
-        :attr:`slack_limit` (or a fill waits for room), the segment with the fewest live bytes next.
+        :meth:`slack_limit` (or a fill waits for room), the segment with the fewest live bytes next.
         Returns how many segments were reclaimed."""
         pad = None
         with self._append_lock:

@@ -34,7 +34,8 @@ import numpy as np
 import xxhash
 
 from ..fsutil import removing_on_error, rename_into
-from .segments import HEADER, PACK_BELOW, SEG_DIR, CorruptEntry, SegmentStore, segment_bytes_for  # noqa: F401
+from .segments import (HEADER, PACK_BELOW, SEG_DIR, SLACK_SHARE, CorruptEntry, SegmentStore,  # noqa: F401
+                       segment_bytes_for)
 
 __all__ = ["MemoryTier", "DiskTier", "EntryTable", "CorruptEntry", "DiskFloorReached", "CompactionBehind",
            "CacheDirInUse",
@@ -44,11 +45,13 @@ ENTRY_NAME_LEN = 64 + 1 + 16 + 1 + 16  # <sha256 hex>.<generation, 16 hex>.<xxh3
 
 
 def entry_cost(size: int, pack_below: int, block: int = 4096) -> int:
-    """Device bytes a disk-tier entry of ``size`` bytes takes: its record (``HEADER + size``) when that
-    is below ``pack_below`` (packed into a segment), else its file's blocks (``size`` rounded up to
-    ``block``). The disk tier and the simulator (``shadefs simulate --disk-pack-below``) charge this."""
+    """Device bytes a disk-tier entry of ``size`` bytes is charged: when its record (``HEADER + size``) is
+    below ``pack_below`` (packed into a segment), the record and a :data:`SLACK_SHARE`-th of it (the dead
+    bytes compaction lets lie, :meth:`SegmentStore.slack_limit`), else its file's blocks (``size``
+    rounded up to ``block``). The disk tier and the simulator (``shadefs simulate --disk-pack-below``)
+    charge this."""
     if size + HEADER < pack_below:
-        return size + HEADER
+        return size + HEADER + (size + HEADER) // SLACK_SHARE
     return -(-size // block) * block
 
 
@@ -207,8 +210,8 @@ class DiskTier:
         return size + HEADER < self.pack_below
 
     def cost(self, size: int) -> int:
-        """Device bytes an entry of ``size`` bytes takes: its record (``HEADER + size``) when packed,
-        else its file's allocated blocks (``size`` rounded up to the filesystem block)."""
+        """Device bytes an entry of ``size`` bytes is charged (:func:`entry_cost`): its record and its
+        share of the segments' slack when packed, else its file's allocated blocks."""
         return entry_cost(size, self.pack_below, self.block)
 
     def metadata_bytes(self) -> int:
@@ -256,7 +259,8 @@ class DiskTier:
         the tier's overhead (:meth:`account`), with ``extra`` metadata bytes still to be written."""
         sizes = np.asarray(sizes, dtype=np.int64)
         packed = sizes + HEADER < self.pack_below
-        need = int(np.sum(np.where(packed, sizes + HEADER, -(-sizes // self.block) * self.block)))
+        need = int(np.sum(np.where(packed, (sizes + HEADER) + (sizes + HEADER) // SLACK_SHARE,
+                                   -(-sizes // self.block) * self.block)))
         meta = self.metadata_bytes() + -(-int(extra) // self.block) * self.block
         budget = need
         for _ in range(4):
@@ -266,17 +270,12 @@ class DiskTier:
         return budget
 
     def slack_for(self, budget: int) -> int:
-        """Device bytes a tier of ``budget`` bytes keeps from its entries for the segments' slack: dead
-        records until compaction reclaims them (an eighth of the budget, at least two ``pack_below``:
-        a fill's victims always fit), and one segment for a compaction's copy. 0 without packing."""
+        """Device bytes a tier of ``budget`` bytes keeps from its entries for the segments' slack, besides
+        each record's share (:func:`entry_cost`): ``2 * pack_below`` of dead records (a fill's victims
+        always fit) and one segment for a compaction's copy. 0 without packing."""
         if self.segments is None:
             return 0
-        return self.slack_limit_for(budget) + self._segment_bytes_for(budget)
-
-    def slack_limit_for(self, budget: int) -> int:
-        """The dead bytes a tier of ``budget`` bytes lets its segments hold before a fill waits for a
-        compaction (:attr:`SegmentStore.slack_limit`): ``max(2 * pack_below, budget / 8)``, whole pages."""
-        return max(2 * self.pack_below, (budget // 8) // self.block * self.block)
+        return 2 * self.pack_below + self._segment_bytes_for(budget)
 
     def _segment_bytes_for(self, budget: int) -> int:
         if self._segment_bytes_set:
@@ -288,8 +287,8 @@ class DiskTier:
         entries by :meth:`cost`, the metadata as overhead (:meth:`account`) and, with packing, the
         segments' slack (:meth:`slack_for`) as headroom. A packed victim's record frees its bytes for
         admission at once, as a file victim's does: the dead record is the segments' slack, which a fill
-        keeps within :meth:`slack_limit_for` by waiting for compaction (:meth:`make_room`) before it
-        deletes its victims. So admission follows the policy's ranking whatever the packing, and the
+        keeps within :meth:`SegmentStore.slack_limit` (``2 * pack_below`` and each live record's share)
+        by waiting for compaction (:meth:`make_room`) before it deletes its victims. So admission follows the policy's ranking whatever the packing, and the
         segments never take more than their entries and the slack. ``lock`` is unused (kept for callers)."""
         index.charge = self.cost
         index.pack_below = self.pack_below if self.segments is not None else 0
@@ -300,8 +299,8 @@ class DiskTier:
         if not self._segment_bytes_set:
             seg.segment_bytes = max(self.pack_below, segment_bytes_for(index.capacity_bytes))
         seg.on_reclaimed = seg.on_dead = seg.on_hold = seg.on_unhold = None
-        seg.slack_limit = self.slack_limit_for(index.capacity_bytes)
-        index.headroom_bytes = seg.slack_limit + seg.segment_bytes
+        seg.slack_base = 2 * self.pack_below
+        index.headroom_bytes = seg.slack_base + seg.segment_bytes
         self.account(index)
 
     def make_room(self, gens, timeout: float) -> bool:

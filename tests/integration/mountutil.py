@@ -74,8 +74,8 @@ def disk_budget(entry_bytes: int, packed: bool = True) -> int:
     overhead is the lock, the snapshot and the path digests (a page each), two pages each for the manifest
     and the scores (a second copy while one is replaced) and, with packed entries (``--disk-pack-below``
     on), two pages for the active segment's tail and the segments' slack: 128 KiB of dead records (twice
-    the 64 KiB ``--disk-pack-below``, more than an eighth of a budget under 1 MiB) and one 64 KiB segment
-    for a compaction's copy. The disk tier's ``overhead_bytes`` in the stats is that overhead."""
+    the 64 KiB ``--disk-pack-below``) and one 64 KiB segment for a compaction's copy (a packed entry's
+    ``entry_bytes`` is its record and an eighth of it). The disk tier's ``overhead_bytes`` in the stats is that overhead."""
     return entry_bytes + (7 * 4096 + (2 * 4096 + (192 << 10) if packed else 0))
 
 
