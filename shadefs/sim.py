@@ -610,7 +610,7 @@ def _policy_list(policies: Union[str, Sequence[str]]) -> List[str]:
 
 
 def run(trace: Trace, sizes: Sequence[Union[Size, str]], policies: Union[str, Sequence[str]] = "all",
-        scores: Optional[Importance] = None, plan: bool = False) -> dict:
+        scores: Optional[Importance] = None, plan: bool = False, pack_below: Optional[int] = None) -> dict:
     """Replay ``trace`` for every cache size and policy, plus ``"opt"``.
 
     Args:
@@ -622,6 +622,8 @@ def run(trace: Trace, sizes: Sequence[Union[Size, str]], policies: Union[str, Se
         scores: per-file importance (:func:`load_scores`) for importance-aware policies.
         plan: also replay every policy with the future known (:func:`simulate_plan`), as ``<policy>+plan``
             right after the policy itself.
+        pack_below: replay the NVMe tier (see :func:`simulate`): the sizes are its budget for entries;
+            Belady's OPT (bytes as they are) and ``plan`` are then left out.
 
     Returns:
         ``{"requests", "distinct_files", "distinct_bytes", "results": [{"policy", "cache_bytes",
@@ -631,13 +633,13 @@ def run(trace: Trace, sizes: Sequence[Union[Size, str]], policies: Union[str, Se
         PolicyError: an unknown policy name.
         ConfigError: a size text that does not parse.
     """
-    names = _policy_list(policies) + [OPT]
+    names = _policy_list(policies) + ([OPT] if pack_below is None else [])
     caps = [(parse_size(s) if isinstance(s, str) else s).resolve(trace.distinct_bytes) for s in sizes]
     results = []
     for cap in caps:
         for name in names:
-            runs = [simulate(trace, name, cap, scores)]
-            if plan and name != OPT:
+            runs = [simulate(trace, name, cap, scores, pack_below=pack_below)]
+            if plan and name != OPT and pack_below is None:
                 runs.append(simulate_plan(trace, name, cap, scores))
             for r in runs:
                 results.append({"policy": r.policy, "cache_bytes": r.cache_bytes,
@@ -796,6 +798,12 @@ def add_simulate_arguments(parser: argparse.ArgumentParser) -> argparse.Argument
     parser.add_argument("--policy", default="all", metavar="NAME|all",
                         help="policy to replay, a comma-separated list, or 'all' (default); "
                              "Belady's OPT is always reported as 'opt'")
+    parser.add_argument("--disk-pack-below", metavar="SIZE",
+                        help="replay the NVMe tier of a mount with this --disk-pack-below (its default is "
+                             "64KiB; 0: no packing): each file is charged its device bytes (a record of 64 + "
+                             "its bytes and an eighth of both below SIZE, else whole 4 KiB blocks), and "
+                             "--cache-size is the tier's budget for entries (entry_bytes in 'shadefs stats "
+                             "--json': its size less metadata and segment slack); opt is not replayed")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--plot", metavar="FILE.png", help="also write a plot of hit ratio vs cache size")
     parser.add_argument("--scores", metavar="FILE",
@@ -840,8 +848,15 @@ def main_simulate(args: argparse.Namespace) -> int:
                 print(f"shadefs simulate: warning: no path in {args.scores} occurs in the trace; "
                       f"every file weighs 1.0", file=sys.stderr)
             scores = scores_to_importance(scored, trace)
+        pack_below = None
+        if getattr(args, "disk_pack_below", None) is not None:
+            what, path = f"--disk-pack-below {args.disk_pack_below!r}", ""
+            pb = parse_size(args.disk_pack_below)
+            if pb.nbytes is None or pb.nbytes % 4096:
+                raise ValueError("a byte size, a multiple of 4 KiB (e.g. 64KiB, or 0)")
+            pack_below = pb.nbytes
         what, path = "the replay", ""
-        result = run(trace, sizes, policies, scores, plan=getattr(args, "plan", False))
+        result = run(trace, sizes, policies, scores, plan=getattr(args, "plan", False), pack_below=pack_below)
         if args.plot:
             what, path = f"--plot {args.plot!r}", args.plot
             plot(result, args.plot)
