@@ -20,6 +20,7 @@ the source's bytes (both splits), as the mount takes them.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -58,24 +59,35 @@ def top_count(paths, values, resident) -> tuple:
     return n, int(np.sum(resident & top))
 
 
-def run_one(data: str, tier: str, size: str, seed: int, work: str) -> dict:
+def run_one(data: str, tier: str, size: str, seed: int, work: str, tree: str = "") -> dict:
     paths = train_files(data)
     rng = random.Random(seed)
     values = np.arange(10, 10 + len(paths), dtype=np.float32)
     values = values[np.random.default_rng(seed).permutation(len(paths))]
     order = list(range(len(paths)))
     rng.shuffle(order)
-    mnt = os.path.join(work, f"mnt-{tier}-{size.rstrip('%')}")
+    tag = f"{os.path.basename(tree or 'this')}-{tier}-{size.rstrip('%')}"
+    mnt = os.path.join(work, f"mnt-{tag}")
     os.makedirs(mnt, exist_ok=True)
-    trace = os.path.join(work, f"trace-{tier}-{size.rstrip('%')}.csv")
+    trace = os.path.join(work, f"trace-{tag}.csv")
     args = ["--policy", "shade", "--score-transform", "raw", "--trace", trace, "--trace-overwrite"]
     if tier == "ram":
         args += ["--ram-cache", size]
     else:
-        cache = os.path.join(work, f"cache-{size.rstrip('%')}")
+        cache = os.path.join(work, f"cache-{tag}")
         os.makedirs(cache, exist_ok=True)
         args += ["--ram-cache", "0", "--disk-cache", cache, "--disk-cache-size", size]
-    with Mount(data, mnt, args, log_file=mnt + ".log") as m:
+    env = None
+    here = os.getcwd()
+    if tree:  # the daemon of another checkout (a side-by-side run against it): ``-m shadefs`` finds the
+        # package in the working directory first, then PYTHONPATH
+        env = dict(os.environ, PYTHONPATH=os.path.abspath(tree))
+        os.chdir(tree)
+    try:
+        m = Mount(data, mnt, args, log_file=mnt + ".log", env=env).start()
+    finally:
+        os.chdir(here)
+    with m:
         with ControlClient(find_endpoint(m.path)) as c:
             for i in range(0, len(paths), 64):  # minibatches of 64, as a training step reports them
                 c.send_scores(paths[i:i + 64], values[i:i + 64])
@@ -86,7 +98,7 @@ def run_one(data: str, tier: str, size: str, seed: int, work: str) -> dict:
         st = m.stats()
     n, in_top = top_count(paths, values, resident)
     t = st["tiers"][tier]
-    out = {"tier": tier, "size": size, "residents": n, "in_top": in_top,
+    out = {"tree": tree or "this", "tier": tier, "size": size, "residents": n, "in_top": in_top,
            "capacity_bytes": t["capacity_bytes"], "used_bytes": t["used_bytes"],
            "overhead_bytes": t.get("overhead_bytes", 0)}
     # the simulator on the same trace and scores: its residents against the daemon's
@@ -94,6 +106,8 @@ def run_one(data: str, tier: str, size: str, seed: int, work: str) -> dict:
     scores = os.path.join(work, "scores.csv")
     sim.write_scores(scores, paths, values)
     imp = sim.load_scores(scores, tr)
+    if tier == "disk" and "entry_bytes" not in t:
+        return out  # a tier without an entry budget in its stats: no replay of its packing to compare
     if tier == "ram":
         r = sim.simulate(tr, "shade", t["capacity_bytes"], imp, residents=True)
     else:
@@ -110,6 +124,9 @@ def main(argv=None) -> int:
     ap.add_argument("--sizes", default="25%,40%")
     ap.add_argument("--tiers", default="ram,disk")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--trees", default="",
+                    help="comma-separated checkouts whose daemons run too, interleaved with this one's "
+                         "(e.g. a worktree of main); empty: this checkout only")
     ap.add_argument("--json", help="write the rows here")
     a = ap.parse_args(argv)
     nbytes = sum(os.path.getsize(os.path.join(a.data, p)) for p in train_files(a.data))
@@ -117,17 +134,18 @@ def main(argv=None) -> int:
     print(f"load: {open('/proc/loadavg').read().split()[:3]}")
     rows = []
     with tempfile.TemporaryDirectory(prefix="tier-ranking-") as work:
-        for size in a.sizes.split(","):
-            for tier in a.tiers.split(","):
-                t0 = time.monotonic()
-                row = run_one(a.data, tier, size, a.seed, work)
-                row["seconds"] = round(time.monotonic() - t0, 1)
-                rows.append(row)
-                print(json.dumps(row), flush=True)
+        trees = [""] + [t for t in a.trees.split(",") if t]
+        # interleaved: one run of each checkout per configuration, in turn
+        for size, tier, tree in itertools.product(a.sizes.split(","), a.tiers.split(","), trees):
+            t0 = time.monotonic()
+            row = run_one(a.data, tier, size, a.seed, work, tree)
+            row["seconds"] = round(time.monotonic() - t0, 1)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
     print(f"load: {open('/proc/loadavg').read().split()[:3]}")
-    print(f"{'tier':5} {'size':>5} {'residents':>9} {'in top 1.2x':>11} {'share':>6} {'sim == daemon':>13}")
+    print(f"{'tree':16} {'tier':5} {'size':>5} {'residents':>9} {'in top 1.2x':>11} {'share':>6} {'sim == daemon':>13}")
     for r in rows:
-        print(f"{r['tier']:5} {r['size']:>5} {r['residents']:>9} {r['in_top']:>11} "
+        print(f"{r['tree'][-16:]:16} {r['tier']:5} {r['size']:>5} {r['residents']:>9} {r['in_top']:>11} "
               f"{100 * r['in_top'] / max(1, r['residents']):5.1f}% {str(r.get('sim_equal')):>13}")
     if a.json:
         with open(a.json, "w") as f:
