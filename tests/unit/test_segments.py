@@ -386,3 +386,52 @@ def test_a_packed_hit_finds_the_loose_room_of_a_handle_released_just_before(smal
     assert cache.stats()["backend_bytes"] == before     # from the record's bytes: the source not read
     h2.release()
     store.close()
+
+
+def test_the_slack_is_dead_records_and_padding_and_a_fill_waits_for_compaction_to_keep_it(tmp_path):
+    d = str(tmp_path / "seg")
+    s = SegmentStore(d, segment_bytes=16 << 10)
+    rec = HEADER + 300
+    recs = fill(s, 100)  # 45 records per segment: two sealed (padded to whole pages), one active
+    gens = sorted(recs)
+    pad = -(45 * rec) % 4096
+    assert s.slack_bytes() == 2 * pad
+    assert s.make_room(gens[:10], 0.0)  # no limit set: always granted
+    s.slack_base = 20 * rec
+    assert s.slack_limit() == 20 * rec + 100 * rec // 8
+    # 20 records of the first segment deleted unpromised: they are slack now
+    for g in gens[:20]:
+        assert s.delete(g)
+    assert s.slack_bytes() == 2 * pad + 20 * rec
+    limit = s.slack_limit()
+    # victims whose records would take the slack past its limit: no room without a compaction
+    many = gens[20:20 + (limit - s.slack_bytes()) // rec + 1]
+    assert len(many) == 10 and not s.make_room(many, 0.0)
+    # a compaction of the segment with the fewest live records (the first) gives the room back
+    assert s.compact_once() >= 1
+    assert s.slack_bytes() <= limit // 2
+    assert s.make_room(many, 0.0)
+    promised = len(many) * rec
+    assert s._promised == promised
+    for g in many:
+        s.delete(g, promised=True)
+    assert s._promised == 0
+    for g in gens[20 + len(many):]:
+        csum, data = recs[g]
+        assert s.read(g, csum, 300) == data  # the records compaction moved read right
+    s.close()
+
+
+def test_a_fill_waiting_for_room_is_granted_when_the_compaction_thread_reclaims(tmp_path):
+    d = str(tmp_path / "seg")
+    s = SegmentStore(d, segment_bytes=16 << 10)
+    recs = fill(s, 135)
+    gens = sorted(recs)
+    s.slack_base = 0
+    for g in gens[:40]:
+        s.delete(g)
+    assert s.slack_bytes() > s.slack_limit()  # over its limit: a fill must wait
+    s.start()  # the thread wakes on the waiter and compacts the segments with the fewest live records
+    assert s.make_room(gens[100:101], 30.0)
+    assert s.slack_bytes() + HEADER + 300 <= s.slack_limit() and s.compactions >= 1
+    s.close()
