@@ -15,7 +15,7 @@ SIZE``, small files packed into segments, the default ``--disk-pack-below``). Si
 the source's bytes (both splits), as the mount takes them.
 
     python scripts/bench_tier_ranking.py --data /tmp/fm [--sizes 25%,40%] [--tiers ram,disk] [--seed 0]
-        [--json out.json] [--write-doc]
+        [--trees /tmp/main-worktree] [--json out.json]
 """
 from __future__ import annotations
 
@@ -25,7 +25,6 @@ import json
 import math
 import os
 import random
-import subprocess
 import sys
 import tempfile
 import time
