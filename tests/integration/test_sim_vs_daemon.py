@@ -99,10 +99,10 @@ def test_the_disk_tier_keeps_the_top_of_the_ranking_and_the_replay_keeps_the_sam
     assert n == disk["files"]
     # SHADE's rule admits any file while the tier has room and, once full, only a file more important
     # than every victim it needs: after a second pass (every non-resident missed once more) the
-    # residents are the top of the ranking. Exact here (sizes, scores and order are seeded); a resident
+    # residents are the top of the ranking. All of them here (sizes, scores and order are seeded); a resident
     # outside the top could only be one admitted while there was room that no more important miss
     # large enough to need it as a victim came to evict
-    assert in_top == n == (207 if size == "25%" else 780)
+    assert in_top == n and n > 150  # (207 at 25 %, 780 at 40 %, with today's metadata sizes)
     # the replay of the same trace with the same importance keeps exactly these files
     t = sim.read_trace(str(trace))
     scores = tmp_path / "scores.csv"
