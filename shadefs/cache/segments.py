@@ -54,7 +54,8 @@ try:  # the read of a record from the page cache with the GIL kept (optional: bu
 except ImportError:
     _pread_cached = None
 
-__all__ = ["SegmentStore", "Record", "HEADER", "PACK_BELOW", "SLACK_SHARE", "SEG_DIR", "pack_header", "segment_bytes_for"]
+__all__ = ["SegmentStore", "Record", "HEADER", "PACK_BELOW", "SLACK_SHARE", "SEG_DIR", "pack_header",
+           "segment_bytes_for"]
 
 log = logging.getLogger("shadefs.segments")
 

@@ -288,8 +288,9 @@ class DiskTier:
         segments' slack (:meth:`slack_for`) as headroom. A packed victim's record frees its bytes for
         admission at once, as a file victim's does: the dead record is the segments' slack, which a fill
         keeps within :meth:`SegmentStore.slack_limit` (``2 * pack_below`` and each live record's share)
-        by waiting for compaction (:meth:`make_room`) before it deletes its victims. So admission follows the policy's ranking whatever the packing, and the
-        segments never take more than their entries and the slack. ``lock`` is unused (kept for callers)."""
+        by waiting for compaction (:meth:`make_room`) before it deletes its victims. So admission follows
+        the policy's ranking whatever the packing, and the segments never take more than their entries and
+        the slack. ``lock`` is unused (kept for callers)."""
         index.charge = self.cost
         index.pack_below = self.pack_below if self.segments is not None else 0
         if self.segments is None:

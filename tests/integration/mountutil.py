@@ -75,7 +75,8 @@ def disk_budget(entry_bytes: int, packed: bool = True) -> int:
     and the scores (a second copy while one is replaced) and, with packed entries (``--disk-pack-below``
     on), two pages for the active segment's tail and the segments' slack: 128 KiB of dead records (twice
     the 64 KiB ``--disk-pack-below``) and one 64 KiB segment for a compaction's copy (a packed entry's
-    ``entry_bytes`` is its record and an eighth of it). The disk tier's ``overhead_bytes`` in the stats is that overhead."""
+    ``entry_bytes`` is its record and an eighth of it). The disk tier's ``overhead_bytes`` in the stats is
+    that overhead."""
     return entry_bytes + (7 * 4096 + (2 * 4096 + (192 << 10) if packed else 0))
 
 

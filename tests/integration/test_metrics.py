@@ -19,7 +19,8 @@ def test_scrape_after_a_scripted_sequence_has_exact_values(small_tree, mount, tm
     src, spec = small_tree
     # as test_mount's scripted sequence: RAM 3000 B holds 00+01, disk 3000 B holds 02, the rest miss
     m = mount(src, "--ram-cache", "3000", "--disk-cache", tmp_path / "cache", "--disk-cache-size",
-              str(disk_budget(3447)), "--no-kernel-cache", "--metrics-port", "0")  # 02: a 3064-byte record, charged 3447
+              str(disk_budget(3447)), "--no-kernel-cache", "--metrics-port", "0")  # 02: a 3064-byte record
+    # (charged 3447: its share of the segments' slack)
     seq = ["dog/00.bin", "cat/01.bin", "dog/02.bin", "cat/03.bin",
            "dog/00.bin", "cat/01.bin", "dog/02.bin", "cat/03.bin", "dog/00.bin"]
     for rel in seq:
