@@ -414,6 +414,10 @@ def preflight(cfg: MountConfig) -> None:
             raise UserError(f"{what} must not be inside the mountpoint")
     _check_outside_source(cfg)
     if cfg.disk_cache_dir:
+        parent = os.path.dirname(cfg.disk_cache_dir.rstrip("/")) or "/"
+        if not os.path.isdir(parent):  # a typo must not become a tree of new folders (and a full disk)
+            raise UserError(f"--disk-cache {cfg.disk_cache_dir!r}: its parent directory {parent!r} does not "
+                            f"exist; create it first (shadefs creates only the last folder)")
         _check_writable_dir(cfg.disk_cache_dir, "cache directory")
         _check_cache_dir_free(cfg)
     for path, option in ((cfg.trace, "--trace"), (cfg.log_file, "--log-file")):
@@ -763,6 +767,8 @@ def _print_mounted(cfg: MountConfig, pid: int, log_file: str, summary_json: str)
         tiers.append(f"shared tier {format_bytes(info['shared_bytes'])}")
     print(f"shadefs: mounted {cfg.source} at {cfg.mountpoint} (pid {pid}, policy {cfg.policy}, "
           f"{', '.join(tiers)}, log {log_file})")
+    if info.get("disk_tier"):
+        print(f"shadefs: {tier_budget('disk', info['disk_tier'])}")
     if info.get("metrics_url"):
         print(f"shadefs: Prometheus metrics on {info['metrics_url']}")
     for w in info.get("warnings", ()):
@@ -953,13 +959,33 @@ def _answers(entry, timeout_s: float) -> bool:
         c.close()
 
 
+def tier_budget(name: str, t: dict) -> str:
+    """One line saying what a tier's budget holds, from its stats entry ``t`` (docs/metrics.md), e.g.
+    ``disk 9.1 MiB: 6.4 MiB metadata, 192.0 KiB segment slack, 2.5 MiB entries (2.4 MiB used), full``.
+    ``full``: less than 1 % of the entries' budget is left (a miss is then admitted only by evicting);
+    otherwise how much is free."""
+    cap = t["capacity_bytes"]
+    entries = t.get("entry_bytes", cap)
+    parts = []
+    if "metadata_bytes" in t:
+        parts.append(f"{format_bytes(t['metadata_bytes'])} metadata")
+        if t.get("slack_bytes"):
+            parts.append(f"{format_bytes(t['slack_bytes'])} segment slack")
+    parts.append(f"{format_bytes(entries)} entries ({format_bytes(t['used_bytes'])} used)")
+    left = entries - t["used_bytes"] - t.get("dying_bytes", 0)
+    parts.append("full" if left < max(1, entries // 100) else f"{format_bytes(left)} free")
+    return f"{name} {format_bytes(cap)}: {', '.join(parts)}"
+
+
 def format_stats(s: dict) -> str:
     """A short human table of the stats JSON."""
     hits = sum(s["hits"].values())
     per_tier = ", ".join(f"{k} {v}" for k, v in s["hits"].items())
+    p = s.get("prefetch") or {}
+    prefetched = p.get("ready", 0) + p.get("late", 0)
     lines = [
         f"policy          {s['policy']}      uptime {s['uptime_s']:.0f} s",
-        f"opens           {s['opens']}",
+        f"opens           {s['opens']}  (= hits + prefetched + misses: {hits} + {prefetched} + {s['misses']})",
         f"hits            {hits}  ({per_tier})",
         f"misses          {s['misses']}",
         f"hit ratio       {s['hit_ratio'] * 100:.2f} %   (byte hit ratio {s['byte_hit_ratio'] * 100:.2f} %)",
@@ -973,7 +999,10 @@ def format_stats(s: dict) -> str:
         t = s["tiers"][name]
         lines.append(f"{name:<6} {format_bytes(t['used_bytes']):>10} / {format_bytes(t['capacity_bytes']):<10} "
                      f"{t['files']:>8} {t['evictions']:>11}")
-    p = s.get("prefetch")
+    for name in ("ram", "disk"):  # what each budget holds
+        t = s["tiers"].get(name)
+        if t and t.get("capacity_bytes"):
+            lines.append(tier_budget(name, t))
     if p:
         lines.append(f"prefetch        {p['ready']} ready, {p['late']} late ({p.get('late_wait_s', 0.0):.3f} s "
                      f"waited), {format_bytes(p['fetched_bytes'])} fetched, {format_bytes(p['wasted_bytes'])} wasted")
@@ -1079,6 +1108,11 @@ Serve SOURCE read-only at MOUNTPOINT through a cache: a RAM tier (--ram-cache), 
 size flags nothing is cached. The daemon forks, scans SOURCE once (progress on stderr after 2 s; Ctrl-C
 stops it), and the command returns once the mount serves, printing the tiers and the log file.
 
+sizes: --ram-cache covers the cached files' bytes; a % is of the source's file bytes. --disk-cache-size
+covers everything the NVMe tier writes (device bytes): its metadata, its segment slack and its entries;
+a % is of what the whole source would take there (every entry, the metadata and the slack), so 100%
+holds every file. The mount prints what the disk budget holds.
+
 example: shadefs mount /nfs/imagenet /mnt/imagenet --ram-cache 16GiB --disk-cache /nvme/shadefs \\
              --disk-cache-size 80%
 """
@@ -1139,9 +1173,13 @@ def make_parser() -> argparse.ArgumentParser:
                    help="the dataset: a directory (an NFS or local path) or an fsspec URL (s3://bucket/prefix)")
     m.add_argument("mountpoint", metavar="MOUNTPOINT", help="an empty directory; the files appear there read-only")
     m.add_argument("--ram-cache", metavar="SIZE", default="0",
-                   help="RAM tier size: bytes, 512KiB, 64MiB, 2GiB, or a %% of the source's bytes; 0 = off")
-    m.add_argument("--disk-cache", metavar="DIR", help="NVMe tier directory")
-    m.add_argument("--disk-cache-size", metavar="SIZE", help="NVMe tier size (units or %%); 0 = off")
+                   help="RAM tier size, the cached files' bytes: 512KiB, 64MiB, 2GiB, or a %% of the source's "
+                        "file bytes; 0 = off")
+    m.add_argument("--disk-cache", metavar="DIR",
+                   help="NVMe tier directory (created if missing; its parent must exist)")
+    m.add_argument("--disk-cache-size", metavar="SIZE",
+                   help="NVMe tier size in device bytes: its metadata, segment slack and entries (units, or a "
+                        "%% of what the whole source would take there); 0 = off")
     m.add_argument("--disk-min-free", metavar="SIZE", help="keep this much free on the cache filesystem (e.g. 5%%)")
     m.add_argument("--disk-pack-below", metavar="SIZE", default="64KiB",
                    help="disk entries smaller than this (plus a 64-byte header) are packed into append-only "

@@ -239,6 +239,13 @@ class Daemon:
         if disk is not None:
             index, store = disk
             out["disk_bytes"], out["disk_dir"] = index.capacity_bytes, store.dir
+            out["disk_tier"] = index.snapshot()
+            if index.overhead_bytes > index.capacity_bytes // 4:
+                out["warnings"].append(
+                    f"the disk tier's metadata ({format_bytes(index.overhead_bytes)}: the snapshot, path digests, "
+                    f"manifest and scores of {self.namespace.num_files} files) takes more than a quarter of its "
+                    f"{format_bytes(index.capacity_bytes)}; {format_bytes(index.entry_bytes)} is left for "
+                    f"entries: give a larger --disk-cache-size")
             fs = os.statvfs(store.dir)
             room = fs.f_bavail * fs.f_frsize + index.used_bytes - min_free  # its own entries count as room
             if index.capacity_bytes > room:

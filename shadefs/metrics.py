@@ -167,7 +167,8 @@ class CacheCollector:
         yield CounterMetricFamily(DISK_WRITE_ERRORS, "Disk tier writes that failed (ENOSPC, EIO); the "
                                   "file is served but not cached.", value=c["disk_write_errors"])
         yield CounterMetricFamily(DISK_WRITES_REFUSED, "Disk tier writes refused to keep --disk-min-free "
-                                  "free on the cache filesystem.", value=c["disk_writes_refused"])
+                                  "free on the cache filesystem, or because the segments' compaction "
+                                  "left no room for a fill's victims in time.", value=c["disk_writes_refused"])
         if c.get("shared") is not None:
             yield from _shared_metrics(c["shared"], c["tiers"]["shared"])
         rep = getattr(d, "reload_report", None)

@@ -29,11 +29,12 @@ import numpy as np
 
 from .cache.chunks import CHUNK_MARK
 from .cache.index import TierIndex
+from .cache.tiers import entry_cost
 from .cache.trace import HEADER as TRACE_HEADER
 from .config import Size, format_bytes, parse_size
 from .fsutil import atomic_write
 from .namespace import normalize
-from .policies.base import Importance, get_policy, policy_names
+from .policies.base import Importance, PolicyError, get_policy, policy_names
 
 __all__ = [
     "OPT", "SCORES_HEADER", "Trace", "Result", "read_trace", "simulate", "simulate_plan", "next_use", "belady",
@@ -280,13 +281,16 @@ class Result:
     request_bytes: int
     hit_ratio: float
     byte_hit_ratio: float
+    residents: Optional[Tuple[str, ...]] = None  # the tier's files at the end (``residents=True``), sorted
 
 
-def _result(policy: str, cache_bytes: int, hits: int, hit_bytes: int, trace: Trace) -> Result:
+def _result(policy: str, cache_bytes: int, hits: int, hit_bytes: int, trace: Trace,
+            residents: Optional[Tuple[str, ...]] = None) -> Result:
     return Result(policy=policy, cache_bytes=cache_bytes, hits=hits, requests=trace.requests,
                   hit_bytes=hit_bytes, request_bytes=trace.request_bytes,
                   hit_ratio=hits / trace.requests if trace.requests else 0.0,
-                  byte_hit_ratio=hit_bytes / trace.request_bytes if trace.request_bytes else 0.0)
+                  byte_hit_ratio=hit_bytes / trace.request_bytes if trace.request_bytes else 0.0,
+                  residents=residents)
 
 
 def _cache_bytes(cache_bytes: int) -> int:
@@ -297,7 +301,8 @@ def _cache_bytes(cache_bytes: int) -> int:
 
 
 def simulate(trace: Trace, policy_name: str, cache_bytes: int,
-             importance: Optional[Importance] = None) -> Result:
+             importance: Optional[Importance] = None, pack_below: Optional[int] = None,
+             block: int = 4096, residents: bool = False) -> Result:
     """Replay ``trace`` through one tier of ``cache_bytes`` run by the registered policy ``policy_name``.
 
     Exactly the daemon's single-tier read path, without data: an access to a resident file is a hit
@@ -312,11 +317,19 @@ def simulate(trace: Trace, policy_name: str, cache_bytes: int,
         cache_bytes: the tier's budget in bytes (0: no cache).
         importance: per-file importance indexed by trace id (``load_scores``), or None for the default
             1.0 everywhere. Copied, so policies never see each other's subscriptions.
+        pack_below: replay the NVMe tier, whose entries take device bytes
+            (:func:`shadefs.cache.tiers.entry_cost`: a record of 64 + size bytes below ``pack_below``,
+            else whole ``block``-byte blocks); ``cache_bytes`` is then the tier's budget for entries (its
+            ``entry_bytes`` in ``shadefs stats --json``: the size less metadata and segment slack).
+            None: bytes as they are (the RAM tier).
+        residents: also return the files resident at the end (``Result.residents``, sorted paths).
 
     Raises:
-        PolicyError: unknown policy name.
+        PolicyError: unknown policy name, or ``opt`` with ``pack_below``.
         ValueError: negative cache size, or ``importance`` of a different length than the trace's files.
     """
+    if policy_name == OPT and pack_below is not None:
+        raise PolicyError("opt replays bytes as they are; it has no --disk-pack-below")
     if policy_name == OPT:
         return belady(trace, cache_bytes)
     cls = get_policy(policy_name)
@@ -327,7 +340,9 @@ def simulate(trace: Trace, policy_name: str, cache_bytes: int,
         if len(importance) != trace.distinct_files:
             raise ValueError(f"importance has {len(importance)} files, the trace {trace.distinct_files}")
         imp.values[rank] = importance.values
-    index = TierIndex("ram", cache_bytes, cls(cache_bytes, imp))
+    index = TierIndex("ram" if pack_below is None else "disk", cache_bytes, cls(cache_bytes, imp))
+    if pack_below is not None:
+        index.charge = functools.partial(entry_cost, pack_below=int(pack_below), block=int(block))
     sizes = np.empty_like(trace.sizes)
     sizes[rank] = trace.sizes
     sizes = sizes.tolist()
@@ -339,7 +354,12 @@ def simulate(trace: Trace, policy_name: str, cache_bytes: int,
             hit_bytes += sizes[fid]
         else:
             index.admit(fid, sizes[fid])
-    return _result(cls.name, cache_bytes, hits, hit_bytes, trace)
+    kept = None
+    if residents:
+        path_of = np.empty(len(rank), dtype=np.int64)
+        path_of[rank] = np.arange(len(rank))
+        kept = tuple(sorted(trace.paths[int(path_of[f])] for f in index.sizes))
+    return _result(cls.name, cache_bytes, hits, hit_bytes, trace, kept)
 
 
 PLAN_SUFFIX = "+plan"
@@ -590,7 +610,7 @@ def _policy_list(policies: Union[str, Sequence[str]]) -> List[str]:
 
 
 def run(trace: Trace, sizes: Sequence[Union[Size, str]], policies: Union[str, Sequence[str]] = "all",
-        scores: Optional[Importance] = None, plan: bool = False) -> dict:
+        scores: Optional[Importance] = None, plan: bool = False, pack_below: Optional[int] = None) -> dict:
     """Replay ``trace`` for every cache size and policy, plus ``"opt"``.
 
     Args:
@@ -602,6 +622,8 @@ def run(trace: Trace, sizes: Sequence[Union[Size, str]], policies: Union[str, Se
         scores: per-file importance (:func:`load_scores`) for importance-aware policies.
         plan: also replay every policy with the future known (:func:`simulate_plan`), as ``<policy>+plan``
             right after the policy itself.
+        pack_below: replay the NVMe tier (see :func:`simulate`): the sizes are its budget for entries;
+            Belady's OPT (bytes as they are) and ``plan`` are then left out.
 
     Returns:
         ``{"requests", "distinct_files", "distinct_bytes", "results": [{"policy", "cache_bytes",
@@ -611,13 +633,13 @@ def run(trace: Trace, sizes: Sequence[Union[Size, str]], policies: Union[str, Se
         PolicyError: an unknown policy name.
         ConfigError: a size text that does not parse.
     """
-    names = _policy_list(policies) + [OPT]
+    names = _policy_list(policies) + ([OPT] if pack_below is None else [])
     caps = [(parse_size(s) if isinstance(s, str) else s).resolve(trace.distinct_bytes) for s in sizes]
     results = []
     for cap in caps:
         for name in names:
-            runs = [simulate(trace, name, cap, scores)]
-            if plan and name != OPT:
+            runs = [simulate(trace, name, cap, scores, pack_below=pack_below)]
+            if plan and name != OPT and pack_below is None:
                 runs.append(simulate_plan(trace, name, cap, scores))
             for r in runs:
                 results.append({"policy": r.policy, "cache_bytes": r.cache_bytes,
@@ -776,6 +798,12 @@ def add_simulate_arguments(parser: argparse.ArgumentParser) -> argparse.Argument
     parser.add_argument("--policy", default="all", metavar="NAME|all",
                         help="policy to replay, a comma-separated list, or 'all' (default); "
                              "Belady's OPT is always reported as 'opt'")
+    parser.add_argument("--disk-pack-below", metavar="SIZE",
+                        help="replay the NVMe tier of a mount with this --disk-pack-below (its default is "
+                             "64KiB; 0: no packing): each file is charged its device bytes (a record of 64 + "
+                             "its bytes and an eighth of both below SIZE, else whole 4 KiB blocks), and "
+                             "--cache-size is the tier's budget for entries (entry_bytes in 'shadefs stats "
+                             "--json': its size less metadata and segment slack); opt is not replayed")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--plot", metavar="FILE.png", help="also write a plot of hit ratio vs cache size")
     parser.add_argument("--scores", metavar="FILE",
@@ -820,8 +848,15 @@ def main_simulate(args: argparse.Namespace) -> int:
                 print(f"shadefs simulate: warning: no path in {args.scores} occurs in the trace; "
                       f"every file weighs 1.0", file=sys.stderr)
             scores = scores_to_importance(scored, trace)
+        pack_below = None
+        if getattr(args, "disk_pack_below", None) is not None:
+            what, path = f"--disk-pack-below {args.disk_pack_below!r}", ""
+            pb = parse_size(args.disk_pack_below)
+            if pb.nbytes is None or pb.nbytes % 4096:
+                raise ValueError("a byte size, a multiple of 4 KiB (e.g. 64KiB, or 0)")
+            pack_below = pb.nbytes
         what, path = "the replay", ""
-        result = run(trace, sizes, policies, scores, plan=getattr(args, "plan", False))
+        result = run(trace, sizes, policies, scores, plan=getattr(args, "plan", False), pack_below=pack_below)
         if args.plot:
             what, path = f"--plot {args.plot!r}", args.plot
             plot(result, args.plot)

@@ -58,7 +58,7 @@ from .index import TierIndex
 from .movers import MOVE_QUEUE, Mover, Victim
 from .state import (JOINER_OUTCOME, LEADER_OUTCOME, PIN_DYING, PIN_LOOSE, PIN_TIER, SOURCE_BACKEND, SOURCE_SHARED,
                     SOURCE_WINDOW, DyingEntry, Fetch, Move, Pin, StateTable)
-from .tiers import CorruptEntry, DiskFloorReached, DiskTier, MemoryTier
+from .tiers import CompactionBehind, CorruptEntry, DiskFloorReached, DiskTier, MemoryTier
 
 __all__ = ["TieredCache", "Handle", "OpenTicket", "Outcome", "PrefetchFuture", "MOVE_QUEUE", "PIN_TIER",
            "PIN_DYING", "PIN_LOOSE"]
@@ -79,6 +79,8 @@ LOOSE_BUFFERS = 64 << 20
 # seconds an open of a file whose corrupt disk entry is being deleted waits for that delete (the mover's)
 # when the tier cannot take the refill without those bytes; past it the refill is decided as things stand
 UNLINK_WAIT = 5.0
+#: seconds a fill waits for the segments' compaction to make room for its packed victims' dead records
+COMPACTION_WAIT = 5.0
 # the errnos of opening a disk entry that mean the entry itself is gone or damaged (dropped as corrupt);
 # any other (EMFILE, ENFILE: the daemon is out of descriptors) fails that open and keeps the entry
 ENTRY_GONE_ERRNOS = frozenset({errno.ENOENT, errno.EIO})
@@ -1172,12 +1174,19 @@ class TieredCache:
 
     def _clear_victims(self, fid: int, doomed: List[DyingEntry]) -> None:
         # outside the lock, by the thread that writes ``fid`` (its own fill's admission): delete the victims'
-        # entries, then let the fill use their bytes (credited to it: the budget never counts them twice)
+        # entries, then let the fill use their bytes (credited to it: the budget never counts them twice).
+        # Packed victims' records stay on disk as the segments' slack until compaction: first wait until
+        # they fit in it (CompactionBehind after COMPACTION_WAIT: the victims are deleted all the same,
+        # the fill is refused, so the device bytes never pass the budget)
+        room = self.disk.make_room([entry.gen for entry in doomed], COMPACTION_WAIT)
         for entry in doomed:
-            self.disk.delete(self.ns.path(entry.fid), entry.gen, entry.csum)
+            self.disk.delete(self.ns.path(entry.fid), entry.gen, entry.csum, promised=room)
             self._unlinked_hooks(entry.fid, entry.gen)
         with self.lock:
             self.disk_index.release(fid)
+        if not room:
+            raise CompactionBehind(f"the segments' compaction left no room for {len(doomed)} victims' "
+                                   f"records within {COMPACTION_WAIT:g} s")
 
     def _backend_read(self, fid: int, size: int) -> bytes:
         if fid >= self._nfiles:  # a chunk: a range of its file
@@ -1282,7 +1291,6 @@ class TieredCache:
         """Fill the reserved disk entry from ``data`` or the backend. Returns the bytes read from the
         backend when they were read whole (to offer to the group), else None."""
         gen, doomed = fl.plan
-        self._clear_victims(fid, doomed)
         failed: list = []
         keep: list = []
         if data is not None:
@@ -1293,6 +1301,15 @@ class TieredCache:
                 chunks = _tee(chunks, keep)  # a small file is in memory anyway: keep it if the write fails
         fetched = data is None
         try:
+            try:
+                self._clear_victims(fid, doomed)
+            except CompactionBehind:
+                if data is None and size <= FILL_CHUNK:  # the open still needs the bytes: read them whole
+                    try:
+                        keep.append(self._backend_read(fid, size))
+                    except BaseException as e:
+                        failed.append(e)
+                raise
             csum = self.disk.put(self.ns.path(fid), gen, chunks, size, mtime_ns=self._mtime_ns(fid))
         except BaseException as e:
             close = getattr(chunks, "close", None)
@@ -1320,7 +1337,7 @@ class TieredCache:
 
     def _count_write_failure(self, e: BaseException) -> None:
         # under self.lock
-        if isinstance(e, DiskFloorReached):
+        if isinstance(e, (DiskFloorReached, CompactionBehind)):
             self.counts.disk_writes_refused += 1
             self._write_error_log(logging.INFO, "disk tier write refused: %s", e)
         else:

@@ -22,7 +22,7 @@ COUNTER_NAMES = (
     "range_reads",          # backend reads of one range (streamed files)
     "open_bytes", "hit_bytes", "backend_bytes", "backend_errors", "corrupt_entries",
     "disk_write_errors",
-    "disk_writes_refused",  # refused by --disk-min-free (not an error)
+    "disk_writes_refused",  # refused by --disk-min-free, or compaction behind (not an error)
     "promotions", "demotions",
     "entry_loads",          # disk entries read whole into memory (disk hits the RAM tier would admit)
     "demotions_skipped",    # RAM victims not demoted: no loose room, or no room in the mover's queue

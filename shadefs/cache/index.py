@@ -18,8 +18,11 @@ capacity when the caller follows that order. Not thread-safe: the caller holds i
 
 A store whose bytes are not a file's size (the disk tier: device bytes) sets :attr:`TierIndex.charge`
 (source bytes -> bytes taken), :attr:`TierIndex.overhead_bytes` (bytes of the store that no entry owns:
-metadata, slack) and, for records freed only when their segment is reclaimed, :attr:`TierIndex.deferred`:
-such a victim's bytes stay dying (never credited to a fill) until :meth:`TierIndex.reclaimed`. Every
+metadata) and :attr:`TierIndex.headroom_bytes` (bytes kept for the store's own slack: the dead records of
+packed segments until compaction reclaims them, a compaction's copy). Admission counts entries only: a
+packed victim frees its record's bytes for admission as a file victim does, and the store keeps its dead
+bytes within the headroom (:meth:`shadefs.cache.segments.SegmentStore.make_room`), so the decisions
+depend on the accesses alone, never on when a compaction ran (the simulator makes the same ones). Every
 method still takes source sizes; ``used_bytes`` and the rest are then device bytes.
 """
 from __future__ import annotations
@@ -65,10 +68,9 @@ class TierIndex:
         self.spill_room = None                 # optional () -> bytes pinned victims may take outside the tier
         self.spill = None                      # optional (fid, bytes): a pinned victim now held outside
         self.charge = None                     # optional source bytes -> bytes the store takes for them
-        self.deferred = None                   # optional charged bytes -> freed only by reclaimed()
-        self.overhead_bytes = 0                # bytes of the store no entry owns (metadata, slack)
-        self.headroom_bytes = 0                # kept from fills for the store's own copies (hold())
-        self.on_deferred = None                # optional (fids): deferred victims evicted ahead of a refusal
+        self.overhead_bytes = 0                # bytes of the store no entry owns (metadata)
+        self.headroom_bytes = 0                # kept from entries for the store's slack (dead records, copies)
+        self.pack_below = 0                    # the store's packing threshold (stats; the simulator's model)
         policy.share_sizes(self.sizes)
 
     def track_residency(self, flags: np.ndarray, bit: int, keep_order: bool = False) -> None:
@@ -110,17 +112,11 @@ class TierIndex:
         room = self.capacity_bytes - self.overhead_bytes - self.headroom_bytes
         return self.dying_bytes > 0 and size <= room and size > room - self.dying_bytes - self.reserved_bytes
 
-    def hold(self, nbytes: int) -> bool:
-        """Reserve ``nbytes`` for the store's own use (a compaction's copy) when free, the headroom
-        included; False otherwise. Given back by subtracting them from ``reserved_bytes``."""
-        if nbytes > self.free_bytes + self.headroom_bytes:
-            return False
-        self.reserved_bytes += nbytes
-        return True
-
-    def reclaimed(self, nbytes: int) -> None:
-        """``nbytes`` of deferred dying bytes (dead records, padding) left the store."""
-        self.dying_bytes -= int(nbytes)
+    @property
+    def entry_bytes(self) -> int:
+        """The budget for entries: capacity less the overhead and the headroom (what the simulator is
+        given to replay this tier)."""
+        return max(0, self.capacity_bytes - self.overhead_bytes - self.headroom_bytes)
 
     def hit(self, fid: int) -> None:
         """Record a read of resident ``fid``."""
@@ -159,7 +155,6 @@ class TierIndex:
             return None
         free = self.free_bytes
         pinned = self.pinned
-        deferred = self.deferred
         room = self.spill_room() if pinned and self.spill_room is not None else 0
         held = 0
         spilled: list = []
@@ -183,23 +178,12 @@ class TierIndex:
                         spilled.append((v, n))
                     else:                    # stays counted here until its last holder lets go
                         was_held += n
-                elif deferred is not None and deferred(n):  # freed when its segment is reclaimed
-                    was_held += n
                 else:
                     freed += n
             if free + freed + out >= size or was_held == held:
                 break
             held = was_held
         if free + freed + out < size:
-            if was_held and deferred is not None and self.on_deferred is not None:
-                # records whose bytes come back only when their segment is reclaimed: evict them now
-                # (the store deletes them off this thread) and refuse this fill; later fills find room
-                ahead = [v for v in victims if deferred(self.sizes[v]) and not (pinned and v in pinned)]
-                for v in ahead:
-                    self.dying_bytes += self._drop(v)
-                    self.evictions += 1
-                if ahead:
-                    self.on_deferred(ahead)
             return None  # the budget is enforced here, not trusted to the policy
         for v in victims:
             self._drop(v)
@@ -336,11 +320,9 @@ class TierIndex:
 
     def unlinked(self, nbytes: int) -> None:
         """``nbytes`` (source bytes) of dying entries (:meth:`remove` with ``dying=True``) are deleted
-        from the store (a deferred one stays dying until :meth:`reclaimed`)."""
+        from the store (a packed record's bytes are then the store's slack)."""
         if self.charge is not None:
             nbytes = self.charge(nbytes)
-            if self.deferred is not None and self.deferred(nbytes):
-                return
         self.dying_bytes -= int(nbytes)
         assert self.dying_bytes >= 0, "unlinked more bytes than were dying"
 
@@ -354,5 +336,9 @@ class TierIndex:
         }
         if self.charge is not None:  # device bytes: what the store keeps from entries, what is dying
             out["overhead_bytes"] = self.overhead_bytes + self.headroom_bytes
+            out["metadata_bytes"] = self.overhead_bytes
+            out["slack_bytes"] = self.headroom_bytes
+            out["entry_bytes"] = self.entry_bytes
+            out["pack_below"] = self.pack_below
             out["dying_bytes"] = self.dying_bytes
         return out

@@ -37,7 +37,7 @@ policy ranks the reloaded entries. Every file is written to ``tmp/`` and renamed
 Packed entries (records in the segments of :class:`~shadefs.cache.segments.SegmentStore`) are not in the
 manifest: their headers carry digest, size, mtime and generation, and the segments are read whole at
 mount (each record's header CRC and checksum checked; a torn record ends its segment), then matched like
-the entry files. The dead bytes left in the segments are the index's dying bytes until reclaimed.
+the entry files. The dead bytes left in the segments are their slack until compaction reclaims them.
 
 Must never: read cached data at mount (but the segments), keep an entry whose size or mtime differs from the snapshot,
 trust a manifest another daemon may have outdated, or leave the tier over its byte budget.
@@ -381,9 +381,8 @@ def reload_disk_tier(disk: DiskTier, index: TierIndex, ns: Namespace,
     finally:
         if seg is not None:
             seg.on_reclaimed, seg.on_dead = callbacks
-            # every dead byte of the segments (records dropped now or before the restart, padding)
-            # stays counted until its segment is reclaimed; all of the index's dying bytes are such
-            index.dying_bytes = seg.dead_bytes()
+            # every dead byte of the segments (records dropped now or before the restart, padding) is
+            # their slack (kept from entries by the index's headroom), reclaimed by compaction
     rep.seconds = time.monotonic() - t0
     return rep
 

@@ -42,6 +42,7 @@ import logging
 import os
 import struct
 import threading
+import time
 import zlib
 from typing import Callable, Dict, List, Optional, Tuple
 
@@ -53,11 +54,13 @@ try:  # the read of a record from the page cache with the GIL kept (optional: bu
 except ImportError:
     _pread_cached = None
 
-__all__ = ["SegmentStore", "Record", "HEADER", "PACK_BELOW", "SEG_DIR", "pack_header", "segment_bytes_for"]
+__all__ = ["SegmentStore", "Record", "HEADER", "PACK_BELOW", "SLACK_SHARE", "SEG_DIR", "pack_header",
+           "segment_bytes_for"]
 
 log = logging.getLogger("shadefs.segments")
 
 PACK_BELOW = 64 << 10   # an entry is packed when its record (header + bytes) is smaller than this
+SLACK_SHARE = 8         # a record is charged 1/8 more for the dead bytes compaction lets lie (the slack)
 SEG_DIR = "seg"
 _HDR = struct.Struct("<IQQq32sI")
 HEADER = _HDR.size      # 64
@@ -141,6 +144,18 @@ class SegmentStore:
         self.on_dead: Optional[Callable[[int], None]] = None
         self.on_hold: Optional[Callable[[int], bool]] = None
         self.on_unhold: Optional[Callable[[int], None]] = None
+        # the slack: bytes of the segments on disk that no live record holds (dead records, page padding,
+        # the old copies of a compaction in progress). With ``slack_base`` set (the disk tier does), a
+        # fill's deletes wait in :meth:`make_room` until the slack is at most :meth:`slack_limit`
+        # (``slack_base`` + a ``SLACK_SHARE``-th of the live bytes), and the compaction thread keeps it
+        # under half of that: the tier charges each record its bytes and that share, and keeps
+        # ``slack_base`` plus one segment (a compaction's copy) from its entries
+        self.slack_base: Optional[int] = None
+        self._room = threading.Condition(self._lock)
+        self._on_disk = 0          # bytes of the segment files not yet closed (records, padding)
+        self._live = 0             # bytes of live records
+        self._promised = 0         # bytes of records a fill is about to delete (make_room granted them)
+        self._waiting = 0          # fills waiting in make_room
         self._queued: collections.deque = collections.deque()  # generations to delete off the caller
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -183,6 +198,7 @@ class SegmentStore:
             with self._lock:
                 self._map[gen] = Record(seg, off, len(data), csum)
                 seg.live += n
+                self._live += n
                 seg.gens.add(gen)
         if sealed:
             self._report_dead(sealed)
@@ -203,6 +219,7 @@ class SegmentStore:
                 seg = self._active = self._new_segment()
             off = seg.length
             seg.length += n      # taken: a failed write leaves dead bytes, never an overlap
+            self._on_disk += n
         try:
             written = os.pwrite(seg.fd, rec, off)
             if written != n:
@@ -222,6 +239,7 @@ class SegmentStore:
         seg.sealed = True
         pad = -seg.length % _PAGE
         seg.padded = pad
+        self._on_disk += pad
         if seg.live < self.compact_below * seg.length:
             self._wake.set()
         return pad
@@ -300,10 +318,10 @@ class SegmentStore:
         return gen in self._map
 
     # -- deleting and reclaiming ----------------------------------------------------------------------
-    def delete(self, gen: int) -> bool:
+    def delete(self, gen: int, promised: bool = False) -> bool:
         """Mark record ``gen`` dead (its bytes stay until its segment is reclaimed). Returns whether it was
         live. A sealed segment left without live records is unlinked; one below ``compact_below`` wakes
-        the compaction thread."""
+        the compaction thread. ``promised``: :meth:`make_room` counted this record's bytes already."""
         doomed = None
         with self._lock:
             r = self._map.pop(gen, None)
@@ -313,6 +331,11 @@ class SegmentStore:
             n = HEADER + r.size
             seg.live -= n
             seg.dead += n
+            self._live -= n
+            if promised:
+                self._promised -= n
+            if self._over_trigger():
+                self._wake.set()
             seg.gens.discard(gen)
             if seg.sealed and not seg.gens:
                 doomed = self._doom_locked(seg)
@@ -341,13 +364,69 @@ class SegmentStore:
             os.close(fd)
         except OSError:
             pass
+        with self._lock:
+            self._on_disk -= seg.length + seg.padded
+            self._room.notify_all()
         self.reclaimed_segments += 1
         if self.on_reclaimed is not None:
             self.on_reclaimed(seg.dead + seg.padded)
 
+    # -- the slack ------------------------------------------------------------------------------------
+    def slack_bytes(self) -> int:
+        """Bytes of the segment files on disk that no live record holds: dead records, page padding, the
+        old copies of a compaction in progress (``_on_disk - _live``)."""
+        with self._lock:
+            return self._on_disk - self._live
+
+    def slack_limit(self) -> Optional[int]:
+        """The slack a fill may leave: ``slack_base`` + the live bytes / :data:`SLACK_SHARE` (None: no
+        limit)."""
+        return None if self.slack_base is None else self.slack_base + self._live // SLACK_SHARE
+
+    def _over_trigger(self) -> bool:
+        # under self._lock: the compaction thread should reclaim (the slack is over half its limit, or a
+        # fill waits for room)
+        limit = self.slack_limit()
+        return limit is not None and (self._waiting > 0 or
+                                      self._on_disk - self._live + self._promised > limit // 2)
+
+    def make_room(self, gens, timeout: float) -> bool:
+        """Before a fill deletes the records ``gens`` (its victims; generations not in the store are
+        ignored): wait until their bytes fit in the slack (the slack, the bytes other fills were granted
+        and theirs at most :meth:`slack_limit`; or the slack empty), waking the compaction thread. The
+        bytes granted are counted until each record is deleted with ``promised=True``.
+
+        Returns:
+            True when granted (also when there is no limit or no such record), False after ``timeout``
+            seconds without room (nothing granted: the caller deletes the records unpromised).
+        """
+        with self._lock:
+            n = sum(HEADER + self._map[g].size for g in gens if g in self._map)
+            if not n or self.slack_base is None:
+                return True
+            deadline = None
+            self._waiting += 1
+            try:
+                while True:
+                    slack = self._on_disk - self._live + self._promised
+                    if slack + n <= self.slack_limit() or slack == 0:
+                        self._promised += n
+                        return True
+                    self._wake.set()
+                    if deadline is None:
+                        deadline = time.monotonic() + timeout
+                    left = deadline - time.monotonic()
+                    if left <= 0 or self._stop.is_set():
+                        return False
+                    self._room.wait(min(left, 0.5))
+            finally:
+                self._waiting -= 1
+
     def compact_once(self) -> int:
         """Compact every sealed segment whose live bytes are below ``compact_below`` of its length (and
-        for whose live bytes :attr:`on_hold` grants room). Returns how many segments were reclaimed."""
+        for whose live bytes :attr:`on_hold` grants room); then, while the slack is over half of
+        :meth:`slack_limit` (or a fill waits for room), the segment with the fewest live bytes next.
+        Returns how many segments were reclaimed."""
         pad = None
         with self._append_lock:
             with self._lock:
@@ -367,6 +446,29 @@ class SegmentStore:
                 break
             if self._compact(seg):
                 done += 1
+        tried = set()
+        while not self._stop.is_set():
+            pad = 0
+            with self._append_lock:
+                with self._lock:
+                    if not self._over_trigger():
+                        break
+                    # the segment with the fewest live bytes among those with any slack (the active one
+                    # too: sealed first), one at a time, so each copy takes at most one segment
+                    cands = [s for s in self._segs.values()
+                             if not s.doomed and s.id not in tried and s.length + s.padded > s.live
+                             and (s.sealed or s.length >= _PAGE)]
+                    if not cands:
+                        break
+                    seg = min(cands, key=lambda s: s.live)
+                    tried.add(seg.id)
+                    if not seg.sealed:
+                        pad = self._seal_locked(seg)
+                        self._active = None
+            if pad:
+                self._report_dead(pad)
+            if self._compact(seg):
+                done += 1
         return done
 
     def _compact(self, seg: _Segment) -> bool:
@@ -374,11 +476,11 @@ class SegmentStore:
             if seg.doomed:
                 return False
             live = seg.live
-            if live == 0:
-                fd = self._doom_locked(seg)
-                if fd is not None:
-                    self._close(seg, fd)
-                return True
+            fd = self._doom_locked(seg) if live == 0 else None
+        if live == 0:
+            if fd is not None:
+                self._close(seg, fd)
+            return True
         if self.on_hold is not None and not self.on_hold(live):
             return False
         moved = 0
@@ -537,6 +639,8 @@ class SegmentStore:
                 fd = self._doom_locked(seg)
                 if fd is not None:
                     os.close(fd)
+        self._on_disk = sum(s.length + s.padded for s in self._segs.values())
+        self._live = sum(s.live for s in self._segs.values())
         rows = [f for f in found if f is not None]
         k = len(rows)
         digests = np.frombuffer(b"".join(r[0] for r in rows), dtype=np.uint8).reshape(k, 32)
@@ -567,6 +671,8 @@ class SegmentStore:
             self._segs.clear()
             self._map.clear()
             self._active = None
+            self._on_disk = self._live = self._promised = 0
+            self._room.notify_all()
         for seg in segs:
             try:
                 os.unlink(seg.path)
@@ -580,6 +686,8 @@ class SegmentStore:
         """Stop the compaction thread and close the segment fds (records stay on disk). Idempotent."""
         self._stop.set()
         self._wake.set()
+        with self._lock:
+            self._room.notify_all()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(30)
         self._thread = None

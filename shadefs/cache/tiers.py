@@ -34,12 +34,25 @@ import numpy as np
 import xxhash
 
 from ..fsutil import removing_on_error, rename_into
-from .segments import HEADER, PACK_BELOW, SEG_DIR, CorruptEntry, SegmentStore, segment_bytes_for  # noqa: F401
+from .segments import (HEADER, PACK_BELOW, SEG_DIR, SLACK_SHARE, CorruptEntry, SegmentStore,  # noqa: F401
+                       segment_bytes_for)
 
-__all__ = ["MemoryTier", "DiskTier", "EntryTable", "CorruptEntry", "DiskFloorReached", "CacheDirInUse",
-           "entry_name", "ENTRY_NAME_LEN"]
+__all__ = ["MemoryTier", "DiskTier", "EntryTable", "CorruptEntry", "DiskFloorReached", "CompactionBehind",
+           "CacheDirInUse",
+           "entry_name", "entry_cost", "ENTRY_NAME_LEN"]
 
 ENTRY_NAME_LEN = 64 + 1 + 16 + 1 + 16  # <sha256 hex>.<generation, 16 hex>.<xxh3_64, 16 hex>
+
+
+def entry_cost(size: int, pack_below: int, block: int = 4096) -> int:
+    """Device bytes a disk-tier entry of ``size`` bytes is charged: when its record (``HEADER + size``) is
+    below ``pack_below`` (packed into a segment), the record and a :data:`SLACK_SHARE`-th of it (the dead
+    bytes compaction lets lie, :meth:`SegmentStore.slack_limit`), else its file's blocks (``size``
+    rounded up to ``block``). The disk tier and the simulator (``shadefs simulate --disk-pack-below``)
+    charge this."""
+    if size + HEADER < pack_below:
+        return size + HEADER + (size + HEADER) // SLACK_SHARE
+    return -(-size // block) * block
 
 
 def entry_name(digest_hex: str, gen: int, csum: int) -> str:
@@ -58,6 +71,15 @@ class EntryTable:
 
 class DiskFloorReached(OSError):
     """A write was refused because it would leave less than ``--disk-min-free`` on the cache filesystem."""
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.errno = errno.ENOSPC
+
+
+class CompactionBehind(OSError):
+    """A fill was refused: its packed victims' records would not fit in the segments' slack within the
+    wait (the compaction thread fell behind). Counted with ``disk_writes_refused``."""
 
     def __init__(self, message: str):
         super().__init__(message)
@@ -177,9 +199,9 @@ class DiskTier:
             raise ValueError(f"pack_below ({self.pack_below}) must be a multiple of the filesystem block "
                              f"({self.block} bytes)")
         self.segments: Optional[SegmentStore] = None
+        self._segment_bytes_set = segment_bytes is not None
         if self.pack_below:
             self.segments = SegmentStore(os.path.join(self.dir, SEG_DIR), segment_bytes or (64 << 20))
-            self._segment_bytes_set = segment_bytes is not None
         self.overhead_bytes = 0  # device bytes kept from entries: metadata, page slack (set by bind)
 
     # -- device bytes ----------------------------------------------------------------------------------
@@ -188,11 +210,9 @@ class DiskTier:
         return size + HEADER < self.pack_below
 
     def cost(self, size: int) -> int:
-        """Device bytes an entry of ``size`` bytes takes: its record (``HEADER + size``) when packed,
-        else its file's allocated blocks (``size`` rounded up to the filesystem block)."""
-        if size + HEADER < self.pack_below:
-            return size + HEADER
-        return -(-size // self.block) * self.block
+        """Device bytes an entry of ``size`` bytes is charged (:func:`entry_cost`): its record and its
+        share of the segments' slack when packed, else its file's allocated blocks."""
+        return entry_cost(size, self.pack_below, self.block)
 
     def metadata_bytes(self) -> int:
         """Allocated bytes (``st_blocks * 512``) of the namespace's files that are not entries: the
@@ -239,56 +259,58 @@ class DiskTier:
         the tier's overhead (:meth:`account`), with ``extra`` metadata bytes still to be written."""
         sizes = np.asarray(sizes, dtype=np.int64)
         packed = sizes + HEADER < self.pack_below
-        need = int(np.sum(np.where(packed, sizes + HEADER, -(-sizes // self.block) * self.block)))
+        need = int(np.sum(np.where(packed, (sizes + HEADER) + (sizes + HEADER) // SLACK_SHARE,
+                                   -(-sizes // self.block) * self.block)))
         meta = self.metadata_bytes() + -(-int(extra) // self.block) * self.block
         budget = need
-        for _ in range(3):
+        for _ in range(4):
             budget = need + self._overhead(budget, meta)
-            if self.segments is not None:  # the compaction headroom (bind), each sealed segment's padding
-                seg_bytes = max(self.pack_below, segment_bytes_for(budget))
-                budget += int(self.segments.compact_below * seg_bytes) + (need // seg_bytes + 1) * self.block
+            if self.segments is not None:  # the segments' slack (bind)
+                budget += self.slack_for(budget)
         return budget
+
+    def slack_for(self, budget: int) -> int:
+        """Device bytes a tier of ``budget`` bytes keeps from its entries for the segments' slack, besides
+        each record's share (:func:`entry_cost`): ``2 * pack_below`` of dead records (a fill's victims
+        always fit) and one segment for a compaction's copy. 0 without packing."""
+        if self.segments is None:
+            return 0
+        return 2 * self.pack_below + self._segment_bytes_for(budget)
+
+    def _segment_bytes_for(self, budget: int) -> int:
+        if self._segment_bytes_set:
+            return self.segments.segment_bytes
+        return max(self.pack_below, segment_bytes_for(budget))
 
     def bind(self, index, lock) -> None:
         """Make ``index`` (this tier's :class:`~shadefs.cache.index.TierIndex`) count device bytes:
-        entries by :meth:`cost`, packed records dying until their segment is reclaimed, the metadata
-        as overhead (:meth:`account`); the segment store's callbacks take ``lock`` (the cache lock)."""
+        entries by :meth:`cost`, the metadata as overhead (:meth:`account`) and, with packing, the
+        segments' slack (:meth:`slack_for`) as headroom. A packed victim's record frees its bytes for
+        admission at once, as a file victim's does: the dead record is the segments' slack, which a fill
+        keeps within :meth:`SegmentStore.slack_limit` (``2 * pack_below`` and each live record's share)
+        by waiting for compaction (:meth:`make_room`) before it deletes its victims. So admission follows
+        the policy's ranking whatever the packing, and the segments never take more than their entries and
+        the slack. ``lock`` is unused (kept for callers)."""
         index.charge = self.cost
+        index.pack_below = self.pack_below if self.segments is not None else 0
         if self.segments is None:
             self.account(index)
             return
-        pack_below = self.pack_below
-        index.deferred = lambda c: c < pack_below
         seg = self.segments
         if not self._segment_bytes_set:
-            seg.segment_bytes = max(pack_below, segment_bytes_for(index.capacity_bytes))
-
-        def reclaimed(n):
-            with lock:
-                index.reclaimed(n)
-
-        def dead(n):
-            with lock:
-                index.dying_bytes += n
-
-        def hold(n):
-            with lock:
-                return index.hold(n)
-
-        def unhold(n):
-            with lock:
-                index.reserved_bytes -= n
-
-        seg.on_reclaimed, seg.on_dead, seg.on_hold, seg.on_unhold = reclaimed, dead, hold, unhold
-        # the largest copy a compaction makes (the live bytes of a segment it reclaims) is kept from fills
-        index.headroom_bytes = int(seg.compact_below * seg.segment_bytes)
-        table = self._table
-
-        def evicted_ahead(fids):  # under the cache lock: the records' deletes run on the compaction thread
-            seg.delete_later([int(table.gen[f]) for f in fids])
-
-        index.on_deferred = evicted_ahead
+            seg.segment_bytes = max(self.pack_below, segment_bytes_for(index.capacity_bytes))
+        seg.on_reclaimed = seg.on_dead = seg.on_hold = seg.on_unhold = None
+        seg.slack_base = 2 * self.pack_below
+        index.headroom_bytes = seg.slack_base + seg.segment_bytes
         self.account(index)
+
+    def make_room(self, gens, timeout: float) -> bool:
+        """Before a fill deletes its victims (generations ``gens``): wait until their packed records fit
+        in the segments' slack (:meth:`SegmentStore.make_room`). True when granted or nothing is packed;
+        False after ``timeout`` seconds (compaction behind: the caller refuses the fill)."""
+        if self.segments is None:
+            return True
+        return self.segments.make_room(gens, timeout)
 
     @staticmethod
     def key(relpath: str) -> str:
@@ -471,12 +493,13 @@ class DiskTier:
             rename_into(tmp, os.path.join(self.dir, h[:2], entry_name(h, gen, csum)))
         return csum
 
-    def delete(self, relpath: str, gen: int, csum: int) -> None:
+    def delete(self, relpath: str, gen: int, csum: int, promised: bool = False) -> None:
         """Unlink one generation of an entry (missing is fine; a failing disk is ignored: the entry is out
         of the index already, and the next reload drops what is left). A packed entry's record is marked
-        dead: its bytes stay counted until its segment is reclaimed."""
+        dead: its bytes are the segments' slack until its segment is reclaimed (``promised``: granted by
+        :meth:`make_room`)."""
         if self.segments is not None and gen in self.segments:
-            self.segments.delete(gen)
+            self.segments.delete(gen, promised=promised)
             return
         self.delete_entry(self.entry_file(relpath, gen, csum))
 

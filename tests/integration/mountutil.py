@@ -76,9 +76,11 @@ def disk_budget(entry_bytes: int, packed: bool = True) -> int:
     small tree (under 63 file entries, a snapshot and path digests of one page each, 4 KiB blocks): the
     overhead is the lock, the snapshot and the path digests (a page each), two pages each for the manifest
     and the scores (a second copy while one is replaced) and, with packed entries (``--disk-pack-below``
-    on), a page for the active segment's tail, one for a seal's padding and half a 64 KiB segment of
-    compaction headroom. The disk tier's ``overhead_bytes`` in the stats is that overhead."""
-    return entry_bytes + (7 * 4096 + (2 * 4096 + 32768 if packed else 0))
+    on), two pages for the active segment's tail and the segments' slack: 128 KiB of dead records (twice
+    the 64 KiB ``--disk-pack-below``) and one 64 KiB segment for a compaction's copy (a packed entry's
+    ``entry_bytes`` is its record and an eighth of it). The disk tier's ``overhead_bytes`` in the stats is
+    that overhead."""
+    return entry_bytes + (7 * 4096 + (2 * 4096 + (192 << 10) if packed else 0))
 
 
 def mounts_under(path) -> list:

@@ -373,3 +373,58 @@ def test_a_quick_scan_prints_no_progress(small_tree, mount):
     src, _ = small_tree
     m = mount(src, "--ram-cache", "1MiB")
     assert m.result.stderr == ""
+
+
+# -- what a budget holds -------------------------------------------------------------------------------------
+def test_mount_line_and_stats_table_say_what_the_disk_budget_holds_and_the_opens_add_up(small_tree, tmp_path,
+                                                                                          mount, cli):
+    from mountutil import disk_budget, read
+
+    src, spec = small_tree
+    cache = tmp_path / "cache"
+    # room for one record: dog/02.bin, 3000 bytes, charged 64 + 3000 and an eighth of both (3447)
+    m = mount(src, "--ram-cache", "0", "--disk-cache", cache, "--disk-cache-size", str(disk_budget(3447)),
+              "--no-kernel-cache")
+    # 9 pages of metadata (lock, snapshot, path digests, manifest and scores twice, the active segment's
+    # tail) and 192 KiB of segment slack (2 x --disk-pack-below of dead records, one segment to copy)
+    assert m.result.stdout.splitlines()[1] == (
+        "shadefs: disk 231.4 KiB: 36.0 KiB metadata, 192.0 KiB segment slack, 3.4 KiB entries (0 B used), "
+        "3.4 KiB free")
+    assert m.result.stderr == ""  # metadata is 16 % of the tier: no warning
+    for rel in ["dog/02.bin", "dog/00.bin", "dog/02.bin"]:  # a miss that fills the tier, one it refuses, a hit
+        assert read(os.path.join(m.path, rel)) == spec[rel]
+    out = cli("stats", m.path).stdout.splitlines()
+    assert "opens           3  (= hits + prefetched + misses: 1 + 0 + 2)" in out
+    assert ("disk 231.4 KiB: 36.0 KiB metadata, 192.0 KiB segment slack, 3.4 KiB entries (3.4 KiB used), "
+            "full") in out
+    assert not any(line.startswith("ram ") and ":" in line for line in out)  # no RAM tier, no RAM budget line
+
+
+def test_metadata_over_a_quarter_of_the_disk_tier_is_warned(tmp_path, mount):
+    from mountutil import class_tree
+
+    src = tmp_path / "src"
+    class_tree(src, 2000, 4, 100, 200, seed=1)  # many small files: their metadata is large next to them
+    cache = tmp_path / "cache"
+    m = mount(src, "--ram-cache", "0", "--disk-cache", cache, "--disk-cache-size", "25%")
+    budget = m.result.stdout.splitlines()[1]
+    meta, entries = re.match(r"shadefs: disk [^:]+: ([\d.]+ \w+) metadata, 192.0 KiB segment slack, "
+                             r"([\d.]+ \w+) entries \(0 B used\), ", budget).groups()
+    (warning,) = m.result.stderr.splitlines()
+    assert re.fullmatch(r"shadefs: warning: the disk tier's metadata \([\d.]+ \w+: the snapshot, path digests, "
+                        r"manifest and scores of 2000 files\) takes more than a quarter of its [\d.]+ \w+; "
+                        rf"{re.escape(entries)} is left for entries: give a larger --disk-cache-size", warning)
+    assert warning[len("shadefs: warning: "):] in m.log()  # and in the daemon's log
+
+
+def test_a_disk_cache_whose_parent_does_not_exist_is_refused(small_tree, tmp_path, cli):
+    src, _ = small_tree
+    mp = tmp_path / "mp"
+    mp.mkdir()
+    cache = tmp_path / "no" / "such" / "cache"
+    r = refused_mount(cli, src, mp, "--disk-cache", cache, "--disk-cache-size", "1MiB",
+                      "--log-file", tmp_path / "m.log")
+    assert one_line_error(r) == (f"shadefs: error: --disk-cache {str(cache)!r}: its parent directory "
+                                 f"{str(cache.parent)!r} does not exist; create it first (shadefs creates "
+                                 f"only the last folder)\n")
+    assert not (tmp_path / "no").exists() and not is_mounted(mp) and not (tmp_path / "m.log").exists()

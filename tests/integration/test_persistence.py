@@ -74,7 +74,9 @@ def test_restart_serves_disk_hits_from_the_first_open(small_tree, mount, tmp_pat
     # device bytes: each entry file takes whole 4 KiB blocks; 100% holds them and the tier's metadata
     assert s["tiers"]["disk"] == {"used_bytes": 18 * 4096, "capacity_bytes": s["tiers"]["disk"]["capacity_bytes"],
                                   "files": 10, "evictions": 0, "overhead_bytes": disk_budget(0, packed=False),
-                                  "dying_bytes": 0}
+                                  "dying_bytes": 0, "metadata_bytes": disk_budget(0, packed=False),
+                                  "slack_bytes": 0, "pack_below": 0,
+                                  "entry_bytes": s["tiers"]["disk"]["capacity_bytes"] - disk_budget(0, packed=False)}
     epoch(m, spec)
     s = m.stats()
     assert s["hits"]["disk"] == 10 and s["misses"] == 0 and s["backend_bytes"] == 0

@@ -244,8 +244,10 @@ def test_a_packed_hit_is_one_record_and_a_damaged_one_is_dropped_and_read_again(
     cache, ns, store = _packed_cache(src, tmp_path, 1 << 20)
     for rel, data in sorted(spec.items()):
         assert open_read(cache, ns.file_id(rel)) == (data, "miss")
-    assert cache.disk_index.used_bytes == sum(HEADER + len(d) for d in spec.values())
-    assert cache.disk_index.overhead_bytes > 0 and cache.disk_index.headroom_bytes == 32 << 10
+    # each record is charged its bytes and an eighth of them (the dead bytes compaction lets lie)
+    assert cache.disk_index.used_bytes == sum(HEADER + len(d) + (HEADER + len(d)) // 8 for d in spec.values())
+    # the segments' slack besides the records' shares: 2 x 64 KiB of dead records, a 64 KiB segment to copy
+    assert cache.disk_index.overhead_bytes > 0 and cache.disk_index.headroom_bytes == (128 + 64) << 10
     for rel, data in sorted(spec.items()):
         assert open_read(cache, ns.file_id(rel)) == (data, "disk")
     # flip one byte of dog/04.bin's record: its next hit finds it, drops it, reads the source again
@@ -309,10 +311,11 @@ def test_evicted_records_are_reclaimed_and_the_device_bytes_stay_within_the_budg
 
     src, spec = small_tree
     names = sorted(spec)
-    cache, ns, store = _packed_cache(src, tmp_path, 90_000)
+    cache, ns, store = _packed_cache(src, tmp_path, 20_000 + (8 << 12) + (192 << 10))
     idx = cache.disk_index
     room = idx.capacity_bytes - idx.overhead_bytes - idx.headroom_bytes
-    assert 10_000 < room < 25_000  # 9 pages of overhead, 32 KiB of headroom: ~4 of the 10 files fit
+    assert room == idx.entry_bytes
+    assert 10_000 < room < 25_000  # 8 pages of overhead, 192 KiB of slack: ~4 of the 10 files fit
     seg = store.segments
     rng = random.Random(5)
     for _ in range(300):
@@ -322,9 +325,12 @@ def test_evicted_records_are_reclaimed_and_the_device_bytes_stay_within_the_budg
         seg.drain()
         seg.compact_once()
         on_disk = sum(os.stat(os.path.join(seg.dir, n)).st_blocks * 512 for n in seg_files(seg.dir))
-        assert idx.used_bytes + idx.reserved_bytes + idx.dying_bytes <= idx.capacity_bytes - idx.overhead_bytes
-        # the segments' allocated bytes are what the index counts, but for the active segment's last page
-        assert on_disk <= idx.used_bytes + idx.dying_bytes + 4096
+        assert idx.used_bytes + idx.reserved_bytes + idx.dying_bytes <= idx.entry_bytes
+        # the segments' allocated bytes are the entries the index counts and the slack (dead records,
+        # padding), within its limit, but for the active segment's last page
+        assert seg.slack_bytes() <= seg.slack_limit()
+        assert on_disk <= idx.used_bytes + idx.dying_bytes + seg.slack_bytes() + 4096
+        assert on_disk <= idx.capacity_bytes - idx.overhead_bytes
     s = cache.stats()
     assert s["tiers"]["disk"]["evictions"] > 0 and s["hits"]["disk"] > 0 and seg.reclaimed_segments > 0
     store.close()
@@ -380,3 +386,52 @@ def test_a_packed_hit_finds_the_loose_room_of_a_handle_released_just_before(smal
     assert cache.stats()["backend_bytes"] == before     # from the record's bytes: the source not read
     h2.release()
     store.close()
+
+
+def test_the_slack_is_dead_records_and_padding_and_a_fill_waits_for_compaction_to_keep_it(tmp_path):
+    d = str(tmp_path / "seg")
+    s = SegmentStore(d, segment_bytes=16 << 10)
+    rec = HEADER + 300
+    recs = fill(s, 100)  # 45 records per segment: two sealed (padded to whole pages), one active
+    gens = sorted(recs)
+    pad = -(45 * rec) % 4096
+    assert s.slack_bytes() == 2 * pad
+    assert s.make_room(gens[:10], 0.0)  # no limit set: always granted
+    s.slack_base = 20 * rec
+    assert s.slack_limit() == 20 * rec + 100 * rec // 8
+    # 20 records of the first segment deleted unpromised: they are slack now
+    for g in gens[:20]:
+        assert s.delete(g)
+    assert s.slack_bytes() == 2 * pad + 20 * rec
+    limit = s.slack_limit()
+    # victims whose records would take the slack past its limit: no room without a compaction
+    many = gens[20:20 + (limit - s.slack_bytes()) // rec + 1]
+    assert len(many) == 10 and not s.make_room(many, 0.0)
+    # a compaction of the segment with the fewest live records (the first) gives the room back
+    assert s.compact_once() >= 1
+    assert s.slack_bytes() <= limit // 2
+    assert s.make_room(many, 0.0)
+    promised = len(many) * rec
+    assert s._promised == promised
+    for g in many:
+        s.delete(g, promised=True)
+    assert s._promised == 0
+    for g in gens[20 + len(many):]:
+        csum, data = recs[g]
+        assert s.read(g, csum, 300) == data  # the records compaction moved read right
+    s.close()
+
+
+def test_a_fill_waiting_for_room_is_granted_when_the_compaction_thread_reclaims(tmp_path):
+    d = str(tmp_path / "seg")
+    s = SegmentStore(d, segment_bytes=16 << 10)
+    recs = fill(s, 135)
+    gens = sorted(recs)
+    s.slack_base = 0
+    for g in gens[:40]:
+        s.delete(g)
+    assert s.slack_bytes() > s.slack_limit()  # over its limit: a fill must wait
+    s.start()  # the thread wakes on the waiter and compacts the segments with the fewest live records
+    assert s.make_room(gens[100:101], 30.0)
+    assert s.slack_bytes() + HEADER + 300 <= s.slack_limit() and s.compactions >= 1
+    s.close()

@@ -592,3 +592,18 @@ def test_plan_replay_plans_chunk_rows_by_their_file():
     # whole files only: the plan is the rows, as before
     whole = sim.Trace.from_requests(["x", "y", "x", "z", "x", "y"])
     assert sim.simulate_plan(whole, "lru", 2).hits == sim.belady(whole, 2).hits
+
+
+def test_a_disk_replay_charges_each_entry_its_device_bytes_and_returns_the_residents():
+    from shadefs.cache.tiers import entry_cost
+    from shadefs.policies import PolicyError as _PolicyError
+
+    # 300 B files are records of 364 B charged 409 B; a 70,000 B file is 18 blocks of 4 KiB
+    t = sim.Trace.from_requests(["a", "b", "c", "big", "a"], [300, 300, 300, 70_000, 300])
+    assert entry_cost(300, 64 << 10) == 364 + 364 // 8 == 409 and entry_cost(70_000, 64 << 10) == 18 * 4096
+    r = sim.simulate(t, "static", 900, pack_below=64 << 10, residents=True)
+    assert r.residents == ("a", "b") and r.hits == 1  # c (a third 409) and big find no room; a hits
+    r = sim.simulate(t, "static", 900, residents=True)  # bytes as they are: a, b and c fit
+    assert r.residents == ("a", "b", "c")
+    with pytest.raises(_PolicyError):
+        sim.simulate(t, "opt", 1000, pack_below=64 << 10)
