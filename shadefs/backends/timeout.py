@@ -30,6 +30,7 @@ import threading
 import time
 from typing import Callable, Dict, Iterator, List, Tuple, TypeVar
 
+from ..procutil import name_thread
 from .base import Backend, BackendError, Entry
 
 __all__ = ["TimeoutBackend"]
@@ -84,6 +85,7 @@ class TimeoutBackend(Backend):
 
     # -- the worker pool ---------------------------------------------------------------------------
     def _run(self, worker: _Worker) -> None:
+        name_thread()
         while True:
             try:
                 task = worker.tasks.get(timeout=60.0)

@@ -77,6 +77,7 @@ from typing import Dict, List, Optional, Tuple
 from ..backends.base import BackendError, reply_errno
 from ..cache.core import OpenTicket
 from ..plan.plans import set_opener
+from ..procutil import name_thread
 from . import protocol as P
 from .mount import mount_fuse, unmount_fuse
 from .ops import ENDPOINT_XATTR, endpoint_of, ns_api, statfs_values
@@ -196,6 +197,7 @@ class _Workers:
             threading.Thread(target=self._run, name="fuse-worker", daemon=True).start()
 
     def _run(self) -> None:
+        name_thread()
         while True:
             try:
                 fn, args = self._q.get(timeout=self.idle_s)
@@ -694,6 +696,7 @@ class KernelFrontend:
 
     # -- the reader loop ---------------------------------------------------------------------------------
     def _reader(self, fd: int) -> None:
+        name_thread()
         if _fastloop is not None and self.compiled_loop:
             self._reader_compiled(fd)
             return
