@@ -75,6 +75,7 @@ from collections import OrderedDict
 from typing import Dict, List, Optional, Tuple
 
 from ..backends.base import BackendError, reply_errno
+from ..backends.timeout import on_deadline
 from ..cache.core import OpenTicket
 from ..plan.plans import set_opener
 from ..procutil import name_thread
@@ -1035,12 +1036,20 @@ class KernelFrontend:
         the reader's lookup of it (:meth:`TieredCache.open_ticket`), or None; ``pid``: the opener."""
         set_opener(pid)
         try:
-            h = self.cache.open(fid) if ticket is None else self._open_ticket(ticket)
+            # the backend's reads run on this thread; at a deadline its watchdog answers the open
+            with on_deadline(lambda e: self._past_deadline(fd, unique)):
+                h = self.cache.open(fid) if ticket is None else self._open_ticket(ticket)
         except Exception as e:
             if self._finish(unique):
                 self._fail(fd, unique, P.OPEN, self.ns.path(fid), e)
             return
         self._opened(fd, unique, fid, h)
+
+    def _past_deadline(self, fd: int, unique: int) -> None:
+        """The backend's watchdog, for a worker whose read is past ``--backend-timeout``: answer its OPEN
+        EIO now (the watchdog logged the path); the worker's late answer is dropped (:meth:`_finish`)."""
+        if self._finish(unique):
+            self._send(fd, unique, P.OPEN, errno.EIO, ())
 
     def _opened(self, fd: int, unique: int, fid: int, h) -> None:
         """Worker: answer a deferred OPEN with a handle for ``h``, unless it was interrupted meanwhile (then
