@@ -222,6 +222,13 @@ class OpenTicket:
     def __init__(self, fid: int, size: int, plan: tuple):
         self.fid, self.size, self.plan = fid, size, plan
 
+    @property
+    def joins(self) -> bool:
+        """Whether serving it waits on another thread's read (a fetch in flight, a prefetch), rather than
+        on a read of its own or nothing (a file no tier admits)."""
+        fl, _, leader, _ = self.plan
+        return fl is not None and not leader
+
 
 class _ResidentsPinned:
     """The RAM index's ``pinned`` (TierIndex.reserve) while a front end answers RAM hits without the GIL: a

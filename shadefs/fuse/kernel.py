@@ -124,6 +124,12 @@ CHECK_REPLIES_ENV = "SHADEFS_FUSE_CHECK_REPLIES"
 PURE_LOOP_ENV = "SHADEFS_FUSE_PYTHON_LOOP"       # 1: the Python reader loop even where the C one is built
 RAM_MEMFD_ENV = "SHADEFS_EXPERIMENT_RAM_MEMFD"   # measured, not a feature: RAM hits by passthrough from a memfd
 GIL_OPENS_ENV = "SHADEFS_FUSE_GIL_OPENS"         # 1: the compiled loop hands every OPEN to Python (as before)
+READER_MISSES_ENV = "SHADEFS_FUSE_READER_MISSES"  # 0: every miss goes to a worker (as before)
+# misses served on a reader thread that take longer than this on average (a moving average over about the
+# last 32: a miss preempted for a few ms on a busy machine does not make the source slow)...
+READER_MISS_MAX_S = 0.002
+# ...sends the misses to the workers for this long (then one is tried on a reader again)
+READER_MISS_BACKOFF_S = 5.0
 
 
 _OUT_HEADER_PACK = P.OUT_HEADER.pack
@@ -497,6 +503,15 @@ class KernelFrontend:
         # (set at INIT: _fastloop.Residents, attached to the cache), or None
         self.residents = None
         self.gil_opens = os.environ.get(GIL_OPENS_ENV, "") not in ("", "0")
+        # a miss of a directory source is served on the reader that read its OPEN (no hand-off to a worker)
+        # while the source answers within READER_MISS_MAX_S; a network backend's misses always go to workers
+        self.reader_misses = (getattr(backend, "scheme", None) == "file" and self._open_ticket is not None
+                              and os.environ.get(READER_MISSES_ENV, "") in ("", "1"))
+        self._reader_misses_after = 0.0   # monotonic time before which misses go to workers (backoff)
+        self._reader_miss_s = 0.0         # moving average of a reader miss's wall time, seconds
+        self.reader_misses_served = 0     # misses served on a reader thread
+        self.reader_misses_slow = 0       # backoffs: the moving average went past READER_MISS_MAX_S
+        self.spare_readers = 0            # reader threads started in place of one stuck on the source
         self.fd: Optional[int] = None
         self._fds: List[int] = []
         self._stop = _StopFlag()
@@ -601,6 +616,10 @@ class KernelFrontend:
             if self.source_opens:
                 log.info("kernel front end: %d bytes of read-ahead READs of opens on the source file served "
                          "from it (posix_fadvise WILLNEED into the mount's own pages)", _SourceReads.bytes_read)
+            log.info("kernel front end: %d misses served on a reader thread (%d times slower than %g ms on "
+                     "average: misses went to the workers for %g s after each), %d spare readers started in place of one "
+                     "stuck on the source", self.reader_misses_served, self.reader_misses_slow,
+                     READER_MISS_MAX_S * 1e3, READER_MISS_BACKOFF_S, self.spare_readers)
             ioctls = self.ioctls + (getattr(_fastloop, "ioctls", int)() if self.compiled_loop else 0)
             log.info("kernel front end: %d IOCTL requests answered ENOTTY", ioctls)
             if self.residents is not None:
@@ -1011,6 +1030,9 @@ class KernelFrontend:
         if h is None:
             self._defer(fd, unique, self._open_slow, node, None, pid)
         elif h.__class__ is OpenTicket:
+            if (self.reader_misses and self.source_mode == "off" and not h.joins
+                    and time.monotonic() >= self._reader_misses_after):
+                return self._open_on_reader(fd, unique, node, h)
             # the ticket is served even if the open is interrupted first: it may lead a fetch that other
             # opens of the file wait on (its handle is then released)
             self._defer(fd, unique, self._open_slow, node, h, pid, always=True)
@@ -1025,6 +1047,65 @@ class KernelFrontend:
             except BackingConflict as e:
                 self._refuse(fd, unique, node, e)
         return None
+
+    def _open_on_reader(self, fd: int, unique: int, fid: int, ticket):
+        """Reader: a miss this open leads (or a file no tier admits), served here rather than handed to a
+        worker (a thread hand-off, two GIL switches), for a directory source that has been answering fast.
+        Returns the reply triple as :meth:`_open_request` does, or None (answered here).
+
+        When misses take longer than :data:`READER_MISS_MAX_S` on average (a slow source), misses go to
+        the workers for :data:`READER_MISS_BACKOFF_S`. A read stuck past ``--backend-timeout`` is answered EIO by the
+        backend's watchdog (:meth:`_reader_stuck`), which also starts a spare reader in this one's place;
+        the request is registered as pending meanwhile, so an INTERRUPT or the watchdog answers it once."""
+        with self._plock:
+            self._pending[unique] = fd
+        self.reader_misses_served += 1
+        t0 = time.monotonic()
+        stuck: list = []  # the watchdog's mark: this miss went past the deadline (its backoff started then)
+        try:
+            with on_deadline(lambda e: self._reader_stuck(fd, unique, stuck)):
+                h = self._open_ticket(ticket)
+            reply = self._open_handle(fid, h, self.nreaders > 1)
+        except BackingConflict as e:
+            self._reader_miss_took(t0, stuck)
+            if self._finish(unique):
+                self._refuse(fd, unique, fid, e)
+            return None
+        except Exception as e:
+            self._reader_miss_took(t0, stuck)
+            if self._finish(unique):
+                self._fail(fd, unique, P.OPEN, self.ns.path(fid), e)
+            return None
+        self._reader_miss_took(t0, stuck)
+        if not self._finish(unique):  # interrupted, or answered EIO at the deadline, meanwhile
+            self._drop(reply[0])
+            return None
+        return reply
+
+    def _reader_miss_took(self, t0: float, stuck: list) -> None:
+        if stuck:
+            return  # counted at its deadline
+        now = time.monotonic()
+        avg = self._reader_miss_s = self._reader_miss_s + (now - t0 - self._reader_miss_s) * 0.03125
+        if avg > READER_MISS_MAX_S:
+            self.reader_misses_slow += 1
+            self._reader_misses_after = now + READER_MISS_BACKOFF_S
+            self._reader_miss_s = 0.0  # after the backoff, misses are tried on a reader afresh
+
+    def _reader_stuck(self, fd: int, unique: int, stuck: list) -> None:
+        """The backend's watchdog, for a reader whose miss is past ``--backend-timeout``: answer the OPEN
+        EIO, send misses to the workers (backoff) and start a spare reader on the same fd (the stuck one
+        goes on serving once its read returns: reader threads grow by at most the reads stuck, which
+        ``TimeoutBackend.max_stuck`` bounds)."""
+        stuck.append(True)
+        self.reader_misses_slow += 1
+        self._reader_misses_after = time.monotonic() + READER_MISS_BACKOFF_S
+        self._reader_miss_s = 0.0
+        if self._finish(unique):
+            self._send(fd, unique, P.OPEN, errno.EIO, ())
+        if not self._stop.stopped:
+            self.spare_readers += 1
+            threading.Thread(target=self._reader, args=(fd,), name="fuse-reader-spare", daemon=True).start()
 
     def _open_source(self, fd: int, unique: int, fid: int, h) -> None:
         """Worker: an open served from the source that the reader handed over (:meth:`_open_handle` may
