@@ -120,8 +120,15 @@ def idle_cpu(pid: int, settle_s: float = 0.2, limit_s: float = 5.0) -> float:
         last = now
 
 
+def user_cpu(pid: int) -> float:
+    """User-mode CPU seconds of process ``pid`` (all threads, ended ones included)."""
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[11]) / os.sysconf("SC_CLK_TCK")
+
+
 def thread_cpu(pid: int) -> Dict[str, float]:
-    """CPU seconds by thread name (``comm``; threads of one name summed) of the threads alive now."""
+    """CPU seconds by thread name (``comm``; threads of one name summed) of the threads alive now, and
+    their system time under ``NAME sys``."""
     out: Dict[str, float] = {}
     tck = os.sysconf("SC_CLK_TCK")
     for tid in os.listdir(f"/proc/{pid}/task"):
@@ -133,6 +140,7 @@ def thread_cpu(pid: int) -> Dict[str, float]:
         name = text[text.index("(") + 1:text.rindex(")")]
         fields = text.rsplit(")", 1)[1].split()
         out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tck
+        out[name + " sys"] = out.get(name + " sys", 0.0) + int(fields[12]) / tck
     return out
 
 
@@ -194,18 +202,18 @@ class Side:
 def measure(m: Mount, files, procs: int, want: str, split: bool) -> dict:
     """One pass over ``m``: CPU and context switches per open, files/s, the counters' outcome check."""
     before = counts_of(m)
-    cpu0, cs0, vol0 = proc_cpu_s(m.pid), ctx_switches(m.pid), voluntary(m.pid)
+    cpu0, cs0, vol0, user0 = proc_cpu_s(m.pid), ctx_switches(m.pid), voluntary(m.pid), user_cpu(m.pid)
     th0 = thread_cpu(m.pid) if split else {}
     n, secs = read_pass(m.path, files, procs)
     cpu1 = idle_cpu(m.pid)
-    cs1, vol1 = ctx_switches(m.pid), voluntary(m.pid)
+    cs1, vol1, user1 = ctx_switches(m.pid), voluntary(m.pid), user_cpu(m.pid)
     after = counts_of(m)
     d = [a - b for a, b in zip(after, before)]
     col = {"miss": 1, "ram": 2, "disk": 3}[want]
     if d[0] != n or d[col] != n:
         raise SystemExit(f"{m.path}: {n} opens, counters say opens {d[0]}, misses {d[1]}, RAM hits {d[2]}, "
                          f"disk hits {d[3]}: not every open a {want}")
-    r = {"us": (cpu1 - cpu0) * 1e6 / n, "files_s": n / secs, "ctx": (cs1 - cs0) / n, "vol": (vol1 - vol0) / n}
+    r = {"us": (cpu1 - cpu0) * 1e6 / n, "user_us": (user1 - user0) * 1e6 / n, "files_s": n / secs, "ctx": (cs1 - cs0) / n, "vol": (vol1 - vol0) / n}
     if split:
         th1 = thread_cpu(m.pid)
         r["threads"] = {k: (v - th0.get(k, 0.0)) * 1e6 / n for k, v in th1.items() if v - th0.get(k, 0.0) > 0}
@@ -309,20 +317,27 @@ def main(argv=None) -> int:
         print("| " + " | ".join(cells) + " |")
     if args.split:
         print()
-        print("split (working tree, last round): CPU us per open by thread; voluntary ctx switches per open; "
+        print("split (working tree, last round): CPU us per open by thread (of it system time); voluntary ctx "
+              "switches per open; "
               "syscalls per open (strace -c -f, one more pass)")
         last = rounds[-1]["tree"]
         for case in CASES:
             c = last[case]
-            th = ", ".join(f"{k} {v:.0f}" for k, v in sorted(c["threads"].items(), key=lambda kv: -kv[1]))
+            t = c["threads"]
+            th = ", ".join(f"{k} {v:.0f} (sys {t.get(k + ' sys', 0.0):.0f})"
+                           for k, v in sorted(t.items(), key=lambda kv: -kv[1]) if not k.endswith(" sys"))
             print(f"- {case}: {c['us']:.0f} us/open = {th}; {c['vol']:.1f} voluntary switches/open")
             if c.get("strace"):
                 n = args.files
                 sc = ", ".join(f"{k} {v / n:.2f}" for k, v in sorted(c["strace"].items(), key=lambda kv: -kv[1])[:10])
                 print(f"  syscalls/open: {sc}")
+        print("ceiling of one daemon (medians): user-mode time holds the GIL, so 1 / (user us per open) bounds "
+              "the files/s of any number of cores; 1 / (CPU us per open) is one core's files/s, fully busy")
         for case in CASES:
             us = med([rec["tree"][case]["us"] for rec in rounds])
-            print(f"- ceiling of one daemon, {case}: {1e6 / us:,.0f} files/s per CPU fully busy")
+            user = med([rec["tree"][case]["user_us"] for rec in rounds])
+            print(f"- {case}: user {user:.0f} us/open -> GIL-serial ceiling {1e6 / user:,.0f} files/s; "
+                  f"one core {1e6 / us:,.0f} files/s; {os.cpu_count()} cores {os.cpu_count() * 1e6 / us:,.0f} files/s")
     return 0
 
 
