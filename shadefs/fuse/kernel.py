@@ -20,8 +20,13 @@ Threads and the path of one request (docs/architecture.md, "The front ends"):
   (``cache.attach_residents``), and the loop answers the file's later OPEN, READ and RELEASE in C and logs
   each open, which the cache applies (counters, policy, plans, trace) in its next critical section, or
   within ~2 ms (``cache.apply_hits``); ``SHADEFS_FUSE_GIL_OPENS=1`` hands every OPEN to Python.
-- **Workers** take what may block: an OPEN that is a miss (``cache.open`` waits on the backend) and a READ
-  of a file streamed by ranges. They reply themselves when the data arrives (a reply may come from any
+- **Misses on the reader**: a miss of a directory source that leads its own read (``OpenTicket.joins`` is
+  False) is served on the reader that read its OPEN, no hand-off, while such misses take under
+  :data:`READER_MISS_MAX_S` on average; a slower source sends misses to the workers for
+  :data:`READER_MISS_BACKOFF_S`; a read stuck past ``--backend-timeout`` is answered EIO by the backend's
+  watchdog (:func:`~shadefs.backends.timeout.on_deadline`), which starts a spare reader on the same fd.
+- **Workers** take what may block: any other OPEN that is a miss (``cache.open`` waits on the backend, or
+  on another open's read of the file) and a READ of a file streamed by ranges. They reply themselves when the data arrives (a reply may come from any
   thread, in any order; it must go to the fd the request was read from). The pool grows with the misses
   in flight (up to ``max_workers``) and shrinks when idle, so a hit never waits behind a miss and hung
   backend reads cannot starve the mount.
