@@ -137,8 +137,8 @@ class Daemon:
             options.setdefault("pool_connections", cfg.prefetch_concurrency + MISS_WORKERS)
         cls = backend_for(cfg.source, cfg.backend)
         # the deadline of every read, whatever the backend does: kept by the backend itself where it can
-        # (obstore: the request is bounded in Rust), else each read is handed to a deadline thread (two
-        # thread hand-offs per miss)
+        # (obstore: the request is bounded in Rust), else by TimeoutBackend: a miss's read runs on the front
+        # end's worker under a watchdog (no hand-off), any other read is handed to a deadline thread
         own = cfg.backend_timeout_s > 0 and cls.bounds_own_reads
         if own:
             options.setdefault("deadline_s", cfg.backend_timeout_s)

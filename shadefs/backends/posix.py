@@ -488,19 +488,21 @@ class PosixBackend(Backend):
     def read(self, path: str, size: int) -> bytes:
         fd = self._open_checked(path, size)
         try:
-            with open(fd, "rb", buffering=0) as f:
-                # FileIO.read allocates the bytes object it returns: one buffer, no copy (a short read
-                # asks again; one byte more than the snapshot's size shows a file that grew)
-                parts = []
-                got = 0
-                while got <= size:
-                    piece = f.read(size + 1 - got)
-                    if not piece:
-                        break
-                    parts.append(piece)
-                    got += len(piece)
+            # os.read allocates the bytes object it returns: one buffer, no copy (a short read asks again;
+            # one byte more than the snapshot's size shows a file that grew). No FileIO around the fd: its
+            # constructor would fstat the file a second time
+            parts = []
+            got = 0
+            while got <= size:
+                piece = os.read(fd, size + 1 - got)
+                if not piece:
+                    break
+                parts.append(piece)
+                got += len(piece)
         except OSError as e:
             raise BackendError(f"read {path!r}: {e.strerror or e}") from e
+        finally:
+            os.close(fd)
         if got != size:
             raise BackendError(f"read {path!r}: {got if got <= size else 'more than'} bytes, "
                                f"the snapshot says {size} (the file changed under the mount)")

@@ -46,6 +46,7 @@ from typing import Dict, Iterator, List, Optional, Tuple
 import numpy as np
 
 from ..backends.base import Backend
+from ..backends.timeout import on_deadline
 from ..logutil import RateLimitedLog
 from ..namespace import Namespace
 from ..plan.plans import opener, set_opener
@@ -245,6 +246,13 @@ class OpenTicket:
 
     def __init__(self, fid: int, size: int, plan: tuple):
         self.fid, self.size, self.plan = fid, size, plan
+
+    @property
+    def joins(self) -> bool:
+        """Whether serving it waits on another thread's read (a fetch in flight, a prefetch), rather than
+        on a read of its own or nothing (a file no tier admits)."""
+        fl, _, leader, _ = self.plan
+        return fl is not None and not leader
 
 
 class _ResidentsPinned:
@@ -1248,25 +1256,28 @@ class TieredCache:
         if data is None and (fl.tier in ("ram", "memory") or size <= FILL_CHUNK):
             grant = self.fills.take(size)
         try:
-            shared = self.shared
-            if data is None and shared is not None and size <= shared.max_file:
-                data = shared.get(self.shared_key(fid), size)  # None past its deadline: a miss, never an error
-                if data is not None:
-                    fl.source = SOURCE_SHARED
-            if fl.tier in ("ram", "memory"):
-                fetched = data is None
-                if fetched:
-                    data = offer = self._backend_read(fid, size)
-                with self.lock:
+            # a backend read of this thread past its deadline (the backend's watchdog) fails the opens
+            # waiting on this fetch, and every open of the file until this read returns, at once
+            with on_deadline(lambda e: _fail_waiters(fl, e), answers=False):
+                shared = self.shared
+                if data is None and shared is not None and size <= shared.max_file:
+                    data = shared.get(self.shared_key(fid), size)  # None past its deadline: a miss, never an error
+                    if data is not None:
+                        fl.source = SOURCE_SHARED
+                if fl.tier in ("ram", "memory"):
+                    fetched = data is None
                     if fetched:
-                        self.counts.backend_reads += 1
-                        self.counts.backend_bytes += size
-                    if fl.tier == "ram":
-                        self.table.commit_fetch(fid, fl, data, self.ram)
-                    else:
-                        self.table.release_fetch(fid, fl, data)  # served from this buffer, kept by no tier
-            else:
-                offer = self._fill_disk(fid, size, fl, data)
+                        data = offer = self._backend_read(fid, size)
+                    with self.lock:
+                        if fetched:
+                            self.counts.backend_reads += 1
+                            self.counts.backend_bytes += size
+                        if fl.tier == "ram":
+                            self.table.commit_fetch(fid, fl, data, self.ram)
+                        else:
+                            self.table.release_fetch(fid, fl, data)  # served from this buffer, kept by no tier
+                else:
+                    offer = self._fill_disk(fid, size, fl, data)
         except BaseException as e:
             with self.lock:
                 self.counts.backend_errors += not isinstance(e, FileNotFoundError)
@@ -1878,6 +1889,13 @@ class TieredCache:
                                       if pf is not None else {"bound_bytes": 0, "used_bytes": 0})
         out["fill_buffers"] = self.fills.snapshot()
         return out
+def _fail_waiters(fl: Fetch, e: BaseException) -> None:
+    """A fetch whose leader's backend read is past its deadline (called by the backend's watchdog): every
+    open waiting on it, and every open that joins it until the leader's read returns and ends the fetch,
+    raises ``e`` (the leader, stuck, cannot tell them)."""
+    if fl.error is None:
+        fl.error = e
+    fl.done.set()
 
 
 def _tee(chunks: Iterator[bytes], keep: list) -> Iterator[bytes]:

@@ -22,6 +22,7 @@ import logging
 import threading
 from typing import List, Optional, Tuple
 
+from ..procutil import name_thread
 from .state import DyingEntry, Move
 
 __all__ = ["Mover", "MOVE_QUEUE"]
@@ -114,6 +115,7 @@ class Mover:
             return len(self._jobs), self._queued_victims
 
     def _loop(self) -> None:
+        name_thread()
         cond = self._cond
         while True:
             with cond:

@@ -20,8 +20,13 @@ Threads and the path of one request (docs/architecture.md, "The front ends"):
   (``cache.attach_residents``), and the loop answers the file's later OPEN, READ and RELEASE in C and logs
   each open, which the cache applies (counters, policy, plans, trace) in its next critical section, or
   within ~2 ms (``cache.apply_hits``); ``SHADEFS_FUSE_GIL_OPENS=1`` hands every OPEN to Python.
-- **Workers** take what may block: an OPEN that is a miss (``cache.open`` waits on the backend) and a READ
-  of a file streamed by ranges. They reply themselves when the data arrives (a reply may come from any
+- **Misses on the reader**: a miss of a directory source that leads its own read (``OpenTicket.joins`` is
+  False) is served on the reader that read its OPEN, no hand-off, while such misses take under
+  :data:`READER_MISS_MAX_S` on average; a slower source sends misses to the workers for
+  :data:`READER_MISS_BACKOFF_S`; a read stuck past ``--backend-timeout`` is answered EIO by the backend's
+  watchdog (:func:`~shadefs.backends.timeout.on_deadline`), which starts a spare reader on the same fd.
+- **Workers** take what may block: any other OPEN that is a miss (``cache.open`` waits on the backend, or
+  on another open's read of the file) and a READ of a file streamed by ranges. They reply themselves when the data arrives (a reply may come from any
   thread, in any order; it must go to the fd the request was read from). The pool grows with the misses
   in flight (up to ``max_workers``) and shrinks when idle, so a hit never waits behind a miss and hung
   backend reads cannot starve the mount.
@@ -75,8 +80,10 @@ from collections import OrderedDict
 from typing import Dict, List, Optional, Tuple
 
 from ..backends.base import BackendError, reply_errno
+from ..backends.timeout import on_deadline
 from ..cache.core import Handle, OpenTicket
 from ..plan.plans import set_opener
+from ..procutil import name_thread
 from . import protocol as P
 from .mount import mount_fuse, unmount_fuse
 from ..config import Environment
@@ -118,6 +125,11 @@ RELEASE_WAIT_S = 2.0
 SOURCE_RELEASE_WAIT_S = 0.02
 APPLY_HITS_S = 0.05   # at most this long between the logging and the counting of a RAM hit answered in C
 READERS = 2      # measured: 2 reader threads cost less CPU per open than 4 (GIL handoffs), same throughput
+# misses served on a reader thread that take longer than this on average (a moving average over about the
+# last 32: a miss preempted for a few ms on a busy machine does not make the source slow)...
+READER_MISS_MAX_S = 0.002
+# ...sends the misses to the workers for this long (then one is tried on a reader again)
+READER_MISS_BACKOFF_S = 5.0
 
 
 _OUT_HEADER_PACK = P.OUT_HEADER.pack
@@ -194,6 +206,7 @@ class _Workers:
             threading.Thread(target=self._run, name="fuse-worker", daemon=True).start()
 
     def _run(self) -> None:
+        name_thread()
         while True:
             try:
                 fn, args = self._q.get(timeout=self.idle_s)
@@ -482,6 +495,15 @@ class KernelFrontend:
         # (set at INIT: _fastloop.Residents, attached to the cache), or None
         self.residents = None
         self.gil_opens = env.fuse_gil_opens
+        # a miss of a directory source is served on the reader that read its OPEN (no hand-off to a worker)
+        # while the source answers within READER_MISS_MAX_S; a network backend's misses always go to workers
+        self.reader_misses = (getattr(backend, "scheme", None) == "file" and self._open_ticket is not None
+                              and env.fuse_reader_misses)
+        self._reader_misses_after = 0.0   # monotonic time before which misses go to workers (backoff)
+        self._reader_miss_s = 0.0         # moving average of a reader miss's wall time, seconds
+        self.reader_misses_served = 0     # misses served on a reader thread
+        self.reader_misses_slow = 0       # backoffs: the moving average went past READER_MISS_MAX_S
+        self.spare_readers = 0            # reader threads started in place of one stuck on the source
         self.fd: Optional[int] = None
         self._fds: List[int] = []
         self._stop = _StopFlag()
@@ -585,6 +607,10 @@ class KernelFrontend:
             if self.source_opens:
                 log.info("kernel front end: %d bytes of read-ahead READs of opens on the source file served "
                          "from it (posix_fadvise WILLNEED into the mount's own pages)", _SourceReads.bytes_read)
+            log.info("kernel front end: %d misses served on a reader thread (%d times slower than %g ms on "
+                     "average: misses went to the workers for %g s after each), %d spare readers started in place of one "
+                     "stuck on the source", self.reader_misses_served, self.reader_misses_slow,
+                     READER_MISS_MAX_S * 1e3, READER_MISS_BACKOFF_S, self.spare_readers)
             ioctls = self.ioctls + (getattr(_fastloop, "ioctls", int)() if self.compiled_loop else 0)
             log.info("kernel front end: %d IOCTL requests answered ENOTTY", ioctls)
             if self.residents is not None:
@@ -680,6 +706,7 @@ class KernelFrontend:
 
     # -- the reader loop ---------------------------------------------------------------------------------
     def _reader(self, fd: int) -> None:
+        name_thread()
         if _fastloop is not None and self.compiled_loop:
             self._reader_compiled(fd)
             return
@@ -996,6 +1023,9 @@ class KernelFrontend:
         if h is None:
             self._defer(fd, unique, self._open_slow, node, None, pid)
         elif h.__class__ is OpenTicket:
+            if (self.reader_misses and self.source_mode == "off" and not h.joins
+                    and time.monotonic() >= self._reader_misses_after):
+                return self._open_on_reader(fd, unique, node, h)
             # the ticket is served even if the open is interrupted first: it may lead a fetch that other
             # opens of the file wait on (its handle is then released)
             self._defer(fd, unique, self._open_slow, node, h, pid, always=True)
@@ -1011,6 +1041,65 @@ class KernelFrontend:
                 self._refuse(fd, unique, node, e)
         return None
 
+    def _open_on_reader(self, fd: int, unique: int, fid: int, ticket):
+        """Reader: a miss this open leads (or a file no tier admits), served here rather than handed to a
+        worker (a thread hand-off, two GIL switches), for a directory source that has been answering fast.
+        Returns the reply triple as :meth:`_open_request` does, or None (answered here).
+
+        When misses take longer than :data:`READER_MISS_MAX_S` on average (a slow source), misses go to
+        the workers for :data:`READER_MISS_BACKOFF_S`. A read stuck past ``--backend-timeout`` is answered EIO by the
+        backend's watchdog (:meth:`_reader_stuck`), which also starts a spare reader in this one's place;
+        the request is registered as pending meanwhile, so an INTERRUPT or the watchdog answers it once."""
+        with self._plock:
+            self._pending[unique] = fd
+        self.reader_misses_served += 1
+        t0 = time.monotonic()
+        stuck: list = []  # the watchdog's mark: this miss went past the deadline (its backoff started then)
+        try:
+            with on_deadline(lambda e: self._reader_stuck(fd, unique, stuck)):
+                h = self._open_ticket(ticket)
+            reply = self._open_handle(fid, h, self.nreaders > 1)
+        except BackingConflict as e:
+            self._reader_miss_took(t0, stuck)
+            if self._finish(unique):
+                self._refuse(fd, unique, fid, e)
+            return None
+        except Exception as e:
+            self._reader_miss_took(t0, stuck)
+            if self._finish(unique):
+                self._fail(fd, unique, P.OPEN, self.ns.path(fid), e)
+            return None
+        self._reader_miss_took(t0, stuck)
+        if not self._finish(unique):  # interrupted, or answered EIO at the deadline, meanwhile
+            self._drop(reply[0])
+            return None
+        return reply
+
+    def _reader_miss_took(self, t0: float, stuck: list) -> None:
+        if stuck:
+            return  # counted at its deadline
+        now = time.monotonic()
+        avg = self._reader_miss_s = self._reader_miss_s + (now - t0 - self._reader_miss_s) * 0.03125
+        if avg > READER_MISS_MAX_S:
+            self.reader_misses_slow += 1
+            self._reader_misses_after = now + READER_MISS_BACKOFF_S
+            self._reader_miss_s = 0.0  # after the backoff, misses are tried on a reader afresh
+
+    def _reader_stuck(self, fd: int, unique: int, stuck: list) -> None:
+        """The backend's watchdog, for a reader whose miss is past ``--backend-timeout``: answer the OPEN
+        EIO, send misses to the workers (backoff) and start a spare reader on the same fd (the stuck one
+        goes on serving once its read returns: reader threads grow by at most the reads stuck, which
+        ``TimeoutBackend.max_stuck`` bounds)."""
+        stuck.append(True)
+        self.reader_misses_slow += 1
+        self._reader_misses_after = time.monotonic() + READER_MISS_BACKOFF_S
+        self._reader_miss_s = 0.0
+        if self._finish(unique):
+            self._send(fd, unique, P.OPEN, errno.EIO, ())
+        if not self._stop.stopped:
+            self.spare_readers += 1
+            threading.Thread(target=self._reader, args=(fd,), name="fuse-reader-spare", daemon=True).start()
+
     def _open_source(self, fd: int, unique: int, fid: int, h) -> None:
         """Worker: an open served from the source that the reader handed over (:meth:`_open_handle` may
         open the source file, which may wait: the request stays interruptible until it is answered)."""
@@ -1021,12 +1110,20 @@ class KernelFrontend:
         the reader's lookup of it (:meth:`TieredCache.open_ticket`), or None; ``pid``: the opener."""
         set_opener(pid)
         try:
-            h = self.cache.open(fid) if ticket is None else self._open_ticket(ticket)
+            # the backend's reads run on this thread; at a deadline its watchdog answers the open
+            with on_deadline(lambda e: self._past_deadline(fd, unique)):
+                h = self.cache.open(fid) if ticket is None else self._open_ticket(ticket)
         except Exception as e:
             if self._finish(unique):
                 self._fail(fd, unique, P.OPEN, self.ns.path(fid), e)
             return
         self._opened(fd, unique, fid, h)
+
+    def _past_deadline(self, fd: int, unique: int) -> None:
+        """The backend's watchdog, for a worker whose read is past ``--backend-timeout``: answer its OPEN
+        EIO now (the watchdog logged the path); the worker's late answer is dropped (:meth:`_finish`)."""
+        if self._finish(unique):
+            self._send(fd, unique, P.OPEN, errno.EIO, ())
 
     def _opened(self, fd: int, unique: int, fid: int, h) -> None:
         """Worker: answer a deferred OPEN with a handle for ``h``, unless it was interrupted meanwhile (then

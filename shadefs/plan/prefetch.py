@@ -44,6 +44,7 @@ from typing import Dict, List, Optional, Tuple
 
 from ..cache.core import PrefetchFuture  # noqa: F401  (re-exported: the in-flight table's entry)
 from ..logutil import RateLimitedLog
+from ..procutil import name_thread
 
 __all__ = ["Prefetcher", "PrefetchFuture"]
 
@@ -243,6 +244,7 @@ class Prefetcher:
 
     # -- reading ---------------------------------------------------------------------------------------
     def _run(self) -> None:
+        name_thread()
         while not self._stop.is_set():
             with self.cond:
                 job = self._claim()

@@ -75,6 +75,12 @@ def test_a_read_stuck_in_the_kernel_is_eio_at_the_deadline_and_others_are_served
         unblock(fifo)
     log = m.log()
     assert "read 'dog/04.bin': no answer from the backend within 1.5 s (--backend-timeout)" in log
-    assert log.count("failing at once (further reads of it fail the same way") == 1   # logged once
+    # the read ran on the worker of the first open, under the backend's watchdog: at the deadline the
+    # watchdog logged it once, answered that open EIO and failed the fetch the other opens had joined;
+    # every later open joined the same failed fetch (the leader was still stuck) and got its error at once:
+    # two joiners and the open "again", each logged by the front end
+    deadline = "read 'dog/04.bin': no answer from the backend within 1.5 s (--backend-timeout)"
+    assert log.count(f"ERROR shadefs.backends.timeout: {deadline}") == 1
+    assert log.count(f"open dog/04.bin: backend error: {deadline}") == 3
     s = m.stats()
     assert s["opens"] == sum(s["hits"].values()) + s["misses"]

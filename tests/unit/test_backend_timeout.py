@@ -10,7 +10,7 @@ import pytest
 
 from shadefs.backends.base import Backend, BackendError
 from shadefs.backends.posix import PosixBackend
-from shadefs.backends.timeout import TimeoutBackend
+from shadefs.backends.timeout import TimeoutBackend, on_deadline
 
 
 class Gated(Backend):
@@ -145,3 +145,53 @@ def test_a_fifo_blocks_open_in_the_kernel_and_becomes_eio_at_the_deadline(tmp_pa
     while b.stuck and time.monotonic() < deadline:
         time.sleep(0.01)
     assert b.stuck == 0
+
+
+def test_a_watched_read_runs_on_the_caller_and_its_deadline_calls_the_handlers():
+    """Under ``on_deadline`` the read runs on the calling thread (no worker thread); at the deadline the
+    watchdog counts it stuck and calls the thread's handlers, innermost first, with the error; the stuck
+    caller, when its read returns, gets that error too (its result dropped), and is no longer stuck."""
+    inner = Gated()
+    b = TimeoutBackend(inner, 0.2)
+    calls = []
+    answered = threading.Event()
+    with on_deadline(lambda e: calls.append(("outer", str(e)))):
+        assert b.read("ok/a", 4) == b"ok/a"
+    assert b.watched == 1 and b.threads == 0        # the caller's own thread read it
+
+    out = {}
+
+    def caller():
+        with on_deadline(lambda e: (calls.append(("request", str(e))), answered.set())):
+            with on_deadline(lambda e: calls.append(("fetch", str(e))), answers=False):
+                try:
+                    out["got"] = b.read("stuck/b", 3)
+                except BackendError as e:
+                    out["err"] = str(e)
+
+    t = threading.Thread(target=caller)
+    t.start()
+    assert answered.wait(10)
+    msg = "read 'stuck/b': no answer from the backend within 0.2 s (--backend-timeout)"
+    assert calls == [("fetch", msg), ("request", msg)]  # innermost first
+    assert b.stuck == 1 and b.timeouts == 1 and b.threads == 0 and t.is_alive()
+    with pytest.raises(BackendError, match="an earlier read of this file has been stuck"):
+        b.read("stuck/b", 3)                          # the stuck path fails at once meanwhile
+    inner.release.set()
+    t.join(10)
+    assert out["err"].startswith(msg + "; answered after") and "got" not in out
+    assert b.stuck == 0 and b.refused == 1 and inner.finished[-1] == "stuck/b"
+    assert b.read("stuck/b", 3) == b"stu"             # tried normally again
+
+
+def test_a_handler_that_does_not_answer_leaves_the_read_to_a_worker():
+    """``answers=False`` alone (a fetch's leader on a thread nobody answers for): handed to a worker, so
+    the caller gets the error at the deadline itself."""
+    inner = Gated()
+    b = TimeoutBackend(inner, 0.2)
+    told = []
+    with on_deadline(told.append, answers=False):
+        with pytest.raises(BackendError, match="no answer from the backend within 0.2 s"):
+            b.read("stuck/c", 1)
+    assert b.threads == 1 and b.watched == 0 and told == []
+    inner.release.set()
