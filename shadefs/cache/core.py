@@ -406,7 +406,8 @@ class TieredCache:
 
     def _plan_open(self, fid: int, size: int) -> tuple:
         """Under self.lock, for an open that is no memory hit (so its file is not ``moving``): what it waits
-        on (``fl``: a :class:`Fetch`, a prefetch ``(kind, x)`` or None), the disk entry it hits
+        on (``fl``: a :class:`Fetch`, a prefetch ``(kind, x)``, ``("ask", None)``: ask the kernel for
+        its pages first, or None: left to them), the disk entry it hits
         (``disk_gen``), whether it leads a new fetch (``leader``, with the RAM victims it evicted, already
         ``moving``). A leading plan must be finished."""
         fl = self._flights.get(fid)
@@ -421,8 +422,12 @@ class TieredCache:
         else:                                        # absent: a prefetch has it, or this open leads
             pf = self._prefetched(fid, size)
             if pf is None:
-                if self.prefetcher is not None and self.prefetcher.kernel_holds(fid):
-                    return None, None, False, demote  # the kernel keeps its pages: no tier fill, no read now
+                p = self.prefetcher
+                if p is not None:
+                    if p.kernel_holds(fid):
+                        return None, None, False, demote  # the kernel keeps its pages: no tier fill, no read now
+                    if p.ask_at_open(fid):
+                        return ("ask", None), None, False, demote  # ask the kernel for its pages first
                 fl, demote = self._start_fetch(fid, size, transient=True)
                 leader = True
             else:
@@ -439,6 +444,9 @@ class TieredCache:
         fetch under :data:`JOINER_OUTCOME` of it (every source maps to one outcome)."""
         if isinstance(fl, tuple):                        # from the plan prefetcher
             kind, x = fl
+            if kind == "ask":
+                self.prefetcher.ask(fid)  # outside the lock; then plan again (nothing was counted)
+                return None
             if kind == "late":
                 t0 = time.monotonic()
                 x = x.result()

@@ -54,7 +54,8 @@ from typing import Callable, Dict, List, Optional, Tuple
 from ..cache.core import PrefetchFuture  # noqa: F401  (re-exported: the in-flight table's entry)
 from ..logutil import RateLimitedLog
 
-__all__ = ["Prefetcher", "PrefetchFuture", "PAGES_UNSEEN", "PAGES_SEEN", "PAGES_LEFT", "PAGES_DROPPED"]
+__all__ = ["Prefetcher", "PrefetchFuture", "PAGES_UNSEEN", "PAGES_SEEN", "PAGES_LEFT", "PAGES_DROPPED",
+           "PAGES_ASKED"]
 
 log = logging.getLogger("shadefs.prefetch")
 
@@ -63,6 +64,7 @@ PAGES_UNSEEN = 0   # never opened through the mount: the kernel holds none of it
 PAGES_SEEN = 1     # opened: the kernel may hold its pages; asked before a prefetch
 PAGES_LEFT = 2     # the kernel returned its first and last page: not prefetched; its next open fills no tier
 PAGES_DROPPED = 3  # a READ of an open left to the kernel reached the daemon: prefetched without asking
+PAGES_ASKED = 4    # asked at an open that found it in no tier and not prefetched: not held, that open reads it
 
 
 class Prefetcher:
@@ -202,6 +204,29 @@ class Prefetcher:
         holds the lock."""
         return self.pages[fid] == PAGES_LEFT
 
+    def ask_at_open(self, fid: int) -> bool:
+        """Whether an open of ``fid`` that finds it in no tier and not prefetched asks the kernel first
+        (:meth:`ask`): a plan is active, a page probe exists, the file was opened before and not asked
+        about since (a planned file resident when the scan passed it, evicted before its open). Caller
+        holds the lock."""
+        return self.page_probe is not None and self.pages[fid] == PAGES_SEEN and bool(self.plans.plans)
+
+    def ask(self, fid: int) -> None:
+        """For an open (:meth:`ask_at_open`), outside the lock: ask the kernel for ``fid``'s pages; held,
+        the file is left to them (the open streams it, filling no tier), else the open reads it."""
+        try:
+            held = self.page_probe(fid)
+        except Exception:  # never fails an open: it reads the file
+            held = None
+        with self.cond:
+            self.probed += 1
+            if self.pages[fid] == PAGES_SEEN:
+                if held:
+                    self.pages[fid] = PAGES_LEFT
+                    self.kernel_kept += 1
+                else:
+                    self.pages[fid] = PAGES_ASKED
+
     def pages_missed(self, fid: int) -> None:
         """A READ of an open left to the kernel reached the daemon: the kernel no longer had those pages.
         Counted (``kernel_reads``); the file's next planned use is prefetched without asking. Caller
@@ -252,6 +277,8 @@ class Prefetcher:
                         break
                     q += 1
                     continue
+                if state == PAGES_ASKED:
+                    state = PAGES_SEEN  # its open (under way, or failed) asked: ask again once it is released
                 if state == PAGES_SEEN and self.page_open is not None and self.page_open(fid):
                     # an open of it may still be reading it into the kernel's pages: ask once it is
                     # released (the threads look again within OPEN_POLL_S, no open wakes them for it)

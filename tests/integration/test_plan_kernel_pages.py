@@ -1,6 +1,8 @@
-"""A planned job over a mount whose kernel cache is on: the pages the kernel keeps from an epoch serve the
-next one, so the prefetcher does not read those files again and their opens fill no tier; the backend
-reads each file once over the whole run, as the same job with ``shuffle=True`` does."""
+"""A planned job over a mount whose kernel cache is on, the page cache unbounded: the pages the kernel keeps
+from an epoch serve the next one. Before prefetching a file again the prefetcher asks the kernel for its
+first and last page (FUSE_NOTIFY_RETRIEVE); the kernel returns them, so those files are left to it: not
+read again, their opens fill no tier. The backend reads each file once over the whole run, as the same
+job with ``shuffle=True`` does."""
 import pytest
 from conftest import require
 
@@ -42,3 +44,7 @@ def test_files_the_kernel_keeps_are_read_once_over_a_planned_run(tree, mount):
     assert s["backend_bytes"] == first["backend_bytes"] == total
     assert s["prefetch"]["fetched_bytes"] == first["prefetch"]["fetched_bytes"] <= total
     assert s["prefetch"]["wasted_bytes"] == 0
+    # epochs 2 and 3: every file no tier held was asked about, the kernel held it, no READ reached us
+    p = s["prefetch"]
+    assert p["kernel_kept"] == p["probed"] == s["opens"] - len(sizes) - sum(s["hits"].values())
+    assert p["kernel_reads"] == 0

@@ -314,3 +314,26 @@ def test_files_the_kernel_holds_are_left_to_it_and_a_read_reaching_the_daemon_dr
         pass
     assert asked[10:] == [6] and backend.reads[23:] == [ns.path(5)]
     assert (pf.probed, pf.kernel_kept) == (11, 6)
+
+
+def test_an_open_the_prefetcher_did_not_serve_asks_the_kernel_first(tree):
+    """A planned file opened before that no prefetch served (here the window is 0; in a mount, one resident
+    when the scan passed it and evicted before its open) asks the kernel at its open: held, the open is
+    left to the kernel's pages (``left``: nothing read now); not held, the open reads it. No tier here
+    (RAM 0): both stream, the second one reading the file by ranges."""
+    src, spec = tree
+    held, asked = {0}, []
+    probe = lambda f: asked.append(f) or f in held  # noqa: E731
+    cache, ns, plans, pf, h, backend = build(src, ram=0, window=0, page_probe=probe)
+    for f in (0, 1, 2):
+        open_read(cache, f)
+    assert asked == []                                   # no plan: nobody asks
+    plans.announce(h, 0, 0, [3], np.array([0, 1, 2], dtype=np.uint32))
+    hd = cache.open(0)
+    assert (hd.outcome, hd.left, hd.keep_pages) == ("miss", True, True)
+    hd.release()
+    hd = cache.open(1)
+    assert (hd.outcome, hd.left) == ("miss", False)
+    assert hd.read(0, hd.size) == spec[ns.path(1)]
+    hd.release()
+    assert asked == [0, 1] and (pf.probed, pf.kernel_kept, pf.kernel_reads) == (2, 1, 0)
