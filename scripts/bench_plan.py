@@ -33,7 +33,7 @@ parallel, no FUSE, no cache, and the link's byte rate.
 
 The regime (``--regime``, printed first as :func:`shadefs.testing.regime.describe` words it): ``dontneed``
 (default: the reader drops each file's pages after reading it, so the kernel keeps nothing between
-epochs), ``cgroup`` (the reader, i.e. this process while it reads and its DataLoader workers, in a
+epochs), ``cgroup`` (the reader, i.e. the DataLoader workers that open and read the files, in a
 :class:`~shadefs.testing.regime.MemoryCgroup` of ``--cgroup-mib``) or ``pagecache`` (unbounded: not the
 regime users have). Mounts keep the kernel cache on. ``--tier disk`` puts the cache on an NVMe tier
 (``--ram-cache 0 --disk-cache DIR --disk-cache-size PCT%``) instead of RAM. Without ``--data`` the script
@@ -160,27 +160,31 @@ def synthetic_losses(n, seed=0):
 
 def run_epochs(ds, mode, args, proxy, mnt=None):
     """Run ``args.epochs`` epochs of a DataLoader over ``ds``; per epoch wall seconds, proxy GETs/bytes
-    and (with ``mnt``) the daemon's counters. In the cgroup regime this process reads inside a fresh
-    :class:`MemoryCgroup` of ``--cgroup-mib`` (its workers are forked there), left again at the end."""
+    and (with ``mnt``) the daemon's counters. In the cgroup regime the DataLoader workers (the processes
+    that open and read the files, so the kernel charges the pages to them) each enter a fresh
+    :class:`MemoryCgroup` of ``--cgroup-mib`` as they start."""
     if args.regime != "cgroup":
         return _run_epochs(ds, mode, args, proxy, mnt, None)
     from shadefs.testing.regime import MemoryCgroup
 
     with MemoryCgroup(args.cgroup_mib << 20) as cg:
-        cg.enter_self()
-        try:
-            return _run_epochs(ds, mode, args, proxy, mnt, cg)
-        finally:
-            with open(os.path.join(cg._parent, "cgroup.procs"), "w", encoding="ascii") as f:
-                f.write(str(os.getpid()))  # back to where the daemons run; the workers have exited
+        return _run_epochs(ds, mode, args, proxy, mnt, cg)
+
+
+def _enter_cgroup(cg, worker_id):
+    cg.enter_self()  # DataLoader worker_init_fn (fork: not pickled)
 
 
 def _run_epochs(ds, mode, args, proxy, mnt, cg):
+    import functools
+
     import torch
     from torch.utils.data import DataLoader
 
     kw = dict(batch_size=args.batch_size, num_workers=args.workers, persistent_workers=True,
               multiprocessing_context="fork")
+    if cg is not None:
+        kw["worker_init_fn"] = functools.partial(_enter_cgroup, cg)
     sampler = reporter = None
     losses = None
     if mode == "plan+static":
