@@ -35,8 +35,11 @@ cache) and keeps the pages, so it costs the backend nothing while they serve it;
 prefetched and its open fills the tiers as a miss would. A READ that reaches the daemon for a file left to
 the kernel is the other observation: the kernel no longer had those pages (counted ``kernel_reads``; the
 READ is served by ranges from the backend), and the file is **dropped**: its next planned use is
-prefetched without asking. Without a probe (the libfuse front end, ``--no-kernel-cache``), every planned
-file no tier holds is prefetched.
+prefetched without asking. A file whose open is under way or not yet released (:attr:`Prefetcher.page_open`)
+is asked about once it is released: its reader may still be reading it into the pages. A planned open that
+no prefetch served (the file was resident when the scan passed it, evicted before its open) asks at the
+open (:meth:`Prefetcher.ask_at_open`, on the front end's worker). Without a probe (the libfuse front end,
+``--no-kernel-cache``), every planned file no tier holds is prefetched.
 
 ``wasted_bytes`` counts prefetched bytes that left the window without being opened (their plan was
 retired, replaced or finished, or the cursor passed them). Threads start with :meth:`Prefetcher.start`
@@ -195,21 +198,22 @@ class Prefetcher:
     def _opened(self, fid: int) -> None:
         # under the lock, every counted open (after the cache asked kernel_holds): its pages may be kept
         # now; a file dropped keeps that state until its next planned use is prefetched without asking
-        if self.pages[fid] != PAGES_DROPPED:
+        if fid < len(self.pages) and self.pages[fid] != PAGES_DROPPED:
             self.pages[fid] = PAGES_SEEN
 
     def kernel_holds(self, fid: int) -> bool:
         """Whether ``fid`` is left to the kernel's pages: the kernel returned its first and last page when
         the prefetcher asked (module docstring): its open fills no tier and reads nothing now. Caller
         holds the lock."""
-        return self.pages[fid] == PAGES_LEFT
+        return fid < len(self.pages) and self.pages[fid] == PAGES_LEFT
 
     def ask_at_open(self, fid: int) -> bool:
         """Whether an open of ``fid`` that finds it in no tier and not prefetched asks the kernel first
         (:meth:`ask`): a plan is active, a page probe exists, the file was opened before and not asked
         about since (a planned file resident when the scan passed it, evicted before its open). Caller
         holds the lock."""
-        return self.page_probe is not None and self.pages[fid] == PAGES_SEEN and bool(self.plans.plans)
+        return (self.page_probe is not None and fid < len(self.pages) and self.pages[fid] == PAGES_SEEN
+                and bool(self.plans.plans))
 
     def ask(self, fid: int) -> None:
         """For an open (:meth:`ask_at_open`), outside the lock: ask the kernel for ``fid``'s pages; held,
@@ -333,11 +337,14 @@ class Prefetcher:
         """Read the claimed ``fid`` through :meth:`TieredCache.prefetch` into the window (outside the lock);
         with ``probe``, first ask the kernel whether it holds the file's pages (then it is left to them)."""
         if probe:
-            held = self.page_probe(fid)
+            try:
+                held = self.page_probe(fid)
+            except Exception:  # cannot tell: prefetch it
+                held = None
             with self.cond:
                 self.probed += 1
                 if held:
-                    if self.pages[fid] == PAGES_SEEN and self._wanted(fid, owner):
+                    if self.pages[fid] in (PAGES_SEEN, PAGES_ASKED) and self._wanted(fid, owner):
                         self.pages[fid] = PAGES_LEFT
                         self.kernel_kept += 1
                     self._unclaim(fid, size, owner)

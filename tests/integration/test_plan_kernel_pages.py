@@ -44,7 +44,9 @@ def test_files_the_kernel_keeps_are_read_once_over_a_planned_run(tree, mount):
     assert s["backend_bytes"] == first["backend_bytes"] == total
     assert s["prefetch"]["fetched_bytes"] == first["prefetch"]["fetched_bytes"] <= total
     assert s["prefetch"]["wasted_bytes"] == 0
-    # epochs 2 and 3: every file no tier held was asked about, the kernel held it, no READ reached us
+    # epochs 2 and 3: every open no tier served was left to the kernel (it held the pages when asked), and
+    # no READ of one reached us. A file is asked about once more when its open comes while the
+    # prefetcher's question is under way (the answer then finds it opened, and the open asks again)
     p = s["prefetch"]
-    assert p["kernel_kept"] == p["probed"] == s["opens"] - len(sizes) - sum(s["hits"].values())
+    assert p["kernel_kept"] == s["opens"] - len(sizes) - sum(s["hits"].values()) <= p["probed"], p
     assert p["kernel_reads"] == 0
