@@ -31,6 +31,18 @@ parallel, no FUSE, no cache, and the link's byte rate.
         --epochs 3 --json /tmp/grid-1ms-a.json
     python scripts/bench_plan.py --render /tmp/grid-*.json [--write-doc]   # tables, plots, the doc section
 
+The regime (``--regime``, printed first as :func:`shadefs.testing.regime.describe` words it): ``dontneed``
+(default: the reader drops each file's pages after reading it, so the kernel keeps nothing between
+epochs), ``cgroup`` (the reader, i.e. the DataLoader workers that open and read the files, in a
+:class:`~shadefs.testing.regime.MemoryCgroup` of ``--cgroup-mib``) or ``pagecache`` (unbounded: not the
+regime users have). Mounts keep the kernel cache on. ``--tier disk`` puts the cache on an NVMe tier
+(``--ram-cache 0 --disk-cache DIR --disk-cache-size PCT%``) instead of RAM. Without ``--data`` the script
+uploads ``--n`` random files of ``--file-kb`` kB. After the runs it prints one row per epoch (time, the
+daemon's outcomes, the page probe's counters, proxy GETs)::
+
+    python scripts/bench_plan.py --n 1200 --file-kb 60 --delay-ms 5 --tier disk --pcts 20 \
+        --modes shuffle+static,plan+static --regime cgroup --cgroup-mib 160 --epochs 3
+
 Each invocation appends its runs to ``--json`` after every run (so a grid can be run in chunks, one bench
 lock hold each); ``--render`` merges several files (grouped by delay), prints the tables and with
 ``--write-doc`` writes the ``bench_plan`` section of docs/results/bench_plan.md and docs/img/plan_grid_*.png.
@@ -67,10 +79,12 @@ LABEL = {"local": "local disk", "direct": "direct S3 (s3fs in the workers)",
 
 
 class Files:
-    """ImageFolder-like: ``samples`` of (path, class) and ``root``; an item is ``(index, bytes read)``."""
+    """ImageFolder-like: ``samples`` of (path, class) and ``root``; an item is ``(index, bytes read)``; with
+    ``drop_pages`` each file's pages are dropped after reading it, on the same open (the dontneed regime)."""
 
-    def __init__(self, root, rel=None):
+    def __init__(self, root, rel=None, drop_pages=False):
         self.root = str(root)
+        self.drop_pages = drop_pages
         rel = rel or sorted(os.path.relpath(os.path.join(d, f), self.root)
                             for d, _, fs in os.walk(self.root) for f in fs)
         self.rel = rel
@@ -86,6 +100,8 @@ class Files:
             while True:
                 b = os.read(fd, 1 << 20)
                 if not b:
+                    if self.drop_pages:
+                        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
                     return i, n
                 n += len(b)
         finally:
@@ -144,12 +160,31 @@ def synthetic_losses(n, seed=0):
 
 def run_epochs(ds, mode, args, proxy, mnt=None):
     """Run ``args.epochs`` epochs of a DataLoader over ``ds``; per epoch wall seconds, proxy GETs/bytes
-    and (with ``mnt``) the daemon's counters."""
+    and (with ``mnt``) the daemon's counters. In the cgroup regime the DataLoader workers (the processes
+    that open and read the files, so the kernel charges the pages to them) each enter a fresh
+    :class:`MemoryCgroup` of ``--cgroup-mib`` as they start."""
+    if args.regime != "cgroup":
+        return _run_epochs(ds, mode, args, proxy, mnt, None)
+    from shadefs.testing.regime import MemoryCgroup
+
+    with MemoryCgroup(args.cgroup_mib << 20) as cg:
+        return _run_epochs(ds, mode, args, proxy, mnt, cg)
+
+
+def _enter_cgroup(cg, worker_id):
+    cg.enter_self()  # DataLoader worker_init_fn (fork: not pickled)
+
+
+def _run_epochs(ds, mode, args, proxy, mnt, cg):
+    import functools
+
     import torch
     from torch.utils.data import DataLoader
 
     kw = dict(batch_size=args.batch_size, num_workers=args.workers, persistent_workers=True,
               multiprocessing_context="fork")
+    if cg is not None:
+        kw["worker_init_fn"] = functools.partial(_enter_cgroup, cg)
     sampler = reporter = None
     losses = None
     if mode == "plan+static":
@@ -185,9 +220,14 @@ def run_epochs(ds, mode, args, proxy, mnt=None):
         ep = {"epoch": e + 1, "seconds": dt, "gets": p["gets"] - pprev["gets"],
               "get_bytes": p["get_body_bytes"] - pprev["get_body_bytes"]}
         pprev = p
+        if cg is not None:
+            ep["cgroup_cache_mib"] = cg.page_cache_bytes() / 2**20
+            ep["cgroup_peak_mib"] = cg.peak_bytes() / 2**20
         if mnt:
             s = stats_of(mnt)
             pf, q = s["prefetch"], prev["prefetch"]
+            for k in ("probed", "kernel_kept", "kernel_reads"):
+                ep[k] = pf.get(k, 0) - q.get(k, 0)
             hits = sum(s["hits"].values()) - sum(prev["hits"].values())
             ep.update({"opens": s["opens"] - prev["opens"], "hits": hits,
                        "ready": pf["ready"] - q["ready"], "late": pf["late"] - q["late"],
@@ -209,13 +249,18 @@ def run_mount(mode, pct, proxy, args, work, total_bytes):
     os.makedirs(mnt, exist_ok=True)
     trace = os.path.join(work, f"{name}.trace.csv")
     cache_bytes = int(total_bytes * pct / 100)
-    subprocess.run(SHADEFS + ["mount", f"s3://{BUCKET}/train", mnt, "--ram-cache", str(cache_bytes),
-                              "--policy", policy, "--trace", trace, "--no-kernel-cache",
+    if args.tier == "disk":
+        disk = os.path.join(work, f"disk-{name}")
+        tier = ["--ram-cache", "0", "--disk-cache", disk, "--disk-cache-size", f"{pct:g}%"]
+    else:
+        tier = ["--ram-cache", str(cache_bytes)]
+    subprocess.run(SHADEFS + ["mount", f"s3://{BUCKET}/train", mnt, *tier,
+                              "--policy", policy, "--trace", trace,
                               "--log-file", os.path.join(work, f"{name}.log"),
                               "--backend-opt", f"endpoint_url={proxy.endpoint}"], check=True,
                    capture_output=True)
     try:
-        epochs = run_epochs(Files(mnt), mode, args, proxy, mnt)
+        epochs = run_epochs(Files(mnt, drop_pages=args.regime == "dontneed"), mode, args, proxy, mnt)
     finally:
         subprocess.run(SHADEFS + ["umount", mnt], capture_output=True)
     for _ in range(100):  # the trace is complete once the daemon exited
@@ -258,15 +303,29 @@ def measure(args):
         raise SystemExit(f"error: unknown --modes {bad}; want some of {','.join(ALL_MODES)}")
     pcts = [float(x) for x in args.pcts.split(",")]
     work = tempfile.mkdtemp(prefix="plan-bench-")
-    src = os.path.join(args.data, "train")
-    rel = sorted(os.path.relpath(os.path.join(d, f), src) for d, _, fs in os.walk(src) for f in fs)[:args.n]
     local = os.path.join(work, "local")
-    for r in rel:
-        os.makedirs(os.path.dirname(os.path.join(local, r)), exist_ok=True)
-        shutil.copyfile(os.path.join(src, r), os.path.join(local, r))
+    if args.data:
+        src = os.path.join(args.data, "train")
+        rel = sorted(os.path.relpath(os.path.join(d, f), src) for d, _, fs in os.walk(src) for f in fs)[:args.n]
+        for r in rel:
+            os.makedirs(os.path.dirname(os.path.join(local, r)), exist_ok=True)
+            shutil.copyfile(os.path.join(src, r), os.path.join(local, r))
+    else:  # --n random files of --file-kb kB in 10 class folders
+        rng = np.random.default_rng(0)
+        rel = [f"c{i % 10}/{i:06d}.bin" for i in range(args.n)]
+        for r in rel:
+            os.makedirs(os.path.dirname(os.path.join(local, r)), exist_ok=True)
+            with open(os.path.join(local, r), "wb") as f:
+                f.write(rng.bytes(args.file_kb * 1000))
     total = sum(os.path.getsize(os.path.join(local, r)) for r in rel)
+    from shadefs.testing.regime import describe
+
+    regime_line = describe("page-cache" if args.regime == "pagecache" else args.regime,
+                           args.cgroup_mib << 20, total)
+    print(regime_line, flush=True)
     out = {"n": len(rel), "bytes": total, "delay_ms": args.delay_ms, "rate": args.rate,
            "workers": args.workers, "batch_size": args.batch_size, "epochs": args.epochs,
+           "regime": regime_line, "tier": args.tier,
            "started": datetime.datetime.utcnow().strftime("%Y-%m-%d %H:%M UTC"),
            "command": "python scripts/bench_plan.py " + shlex.join(sys.argv[1:]),
            "load_start": list(os.getloadavg()), "runs": []}
@@ -547,11 +606,39 @@ def render(files, write_doc):
     return groups
 
 
+def epoch_rows(out):
+    """Markdown: one row per (run, epoch) of a measured ``out``: seconds, the daemon's outcomes, the page
+    probe's counters, proxy GETs, and the plan run's epoch ÷ the shuffle run's at the same cache size."""
+    from shadefs.testing.docsection import markdown_table
+
+    base = {(r["pct"], e["epoch"]): e["seconds"] for r in out["runs"] if r["mode"] == "shuffle+static"
+            for e in r["epochs"]}
+    body = []
+    for r in out["runs"]:
+        for e in r["epochs"]:
+            b = base.get((r["pct"], e["epoch"]))
+            body.append([LABEL[r["mode"]], fmt(r["pct"], "g"), str(e["epoch"]), fmt(r["load"][0], ".1f"),
+                         fmt(e["seconds"]), fmt(e["seconds"] / b) if b and r["mode"] != "shuffle+static" else "",
+                         *(str(e.get(k, "")) for k in ("opens", "hits", "ready", "late", "misses", "probed",
+                                                       "kernel_kept", "kernel_reads", "gets")),
+                         fmt(e.get("cgroup_cache_mib"), ".0f")])
+    head = ["run", "cache %", "epoch", "load", "s", "÷ shuffle", "opens", "hits", "ready", "late", "misses",
+            "probed", "kernel kept", "kernel reads", "GETs", "cgroup cache MiB"]
+    return markdown_table(head, body, "lrrrrrrrrrrrrrrr")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", help="a make_fashion_mnist.py tree (its train/ is used)")
+    ap.add_argument("--data", help="a make_fashion_mnist.py tree (its train/ is used); default: random files")
     ap.add_argument("--n", type=int, default=1000, help="files uploaded (default 1000)")
+    ap.add_argument("--file-kb", type=int, default=60, help="without --data: size of each random file (kB)")
+    ap.add_argument("--regime", choices=("dontneed", "cgroup", "pagecache"), default="dontneed",
+                    help="what the reader's kernel keeps between epochs (module docstring; default dontneed)")
+    ap.add_argument("--cgroup-mib", type=int, default=160,
+                    help="--regime cgroup: the reader's memory cgroup limit (MiB)")
+    ap.add_argument("--tier", choices=("ram", "disk"), default="ram",
+                    help="the cache's tier: RAM (--ram-cache) or NVMe (--disk-cache, no RAM tier)")
     ap.add_argument("--delay-ms", type=float, default=1.0, help="one-way delay of the proxy (default 1: 2 ms RTT)")
     ap.add_argument("--rate", default="1gbit", help="link rate per direction (default 1gbit)")
     ap.add_argument("--pcts", default="0,5,10,20,40", help="RAM cache sizes, %% of the dataset")
@@ -576,9 +663,9 @@ def main(argv=None):
     if args.render:
         render(args.render, args.write_doc)
         return 0
-    if not args.data:
-        ap.error("--data is required (or --render)")
     out = measure(args)
+    print(out["regime"])
+    print(epoch_rows(out))
     if args.json:
         render([args.json], False)
     else:

@@ -36,7 +36,6 @@ from .plan.prefetch import Prefetcher
 from .policies.base import Importance, get_policy
 from .policies.shade import get_transform
 from .procutil import FdReserve, raise_nofile
-from .sysinfo import memory_limit
 
 __all__ = ["Daemon"]
 
@@ -201,11 +200,9 @@ class Daemon:
         window = (cfg.prefetch_window.resolve(0) if cfg.prefetch_window is not None else default_prefetch_window())
         if cfg.prefetch_concurrency <= 0:
             window = 0
-        # the kernel keeps the pages of files opened through the mount (a snapshot): the prefetcher and
-        # the tiers leave the most recent quarter of the memory limit's worth of opened bytes to it
-        kernel_pages = memory_limit()[0] // 4 if cfg.kernel_cache else 0
-        self.prefetcher = Prefetcher(self.cache, self.plans, window, cfg.prefetch_concurrency,
-                                     kernel_pages_bytes=kernel_pages)
+        # what the kernel keeps of a file's pages is observed, not assumed: the kernel front end gives the
+        # prefetcher its page probe at INIT (docs/architecture.md, "Plans")
+        self.prefetcher = Prefetcher(self.cache, self.plans, window, cfg.prefetch_concurrency)
         self.cache.attach_plans(self.plans, self.prefetcher)
         self._transform = get_transform(cfg.score_transform)
         log.info("mount %s -> %s: policy %s, RAM tier %s, disk tier %s%s, kernel cache %s, FUSE front end %s",

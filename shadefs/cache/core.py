@@ -105,6 +105,9 @@ class Handle:
             are the bytes the backend would serve again); False for a miss that fills a tier (the
             kernel drops its pages, so the open sees the bytes the tier now holds) and for the first
             open after the file's disk entry was dropped as corrupt (pages read from it are dropped).
+        left: the open was left to the kernel's pages (the plan prefetcher found them:
+            :meth:`Prefetcher.kernel_holds <shadefs.plan.prefetch.Prefetcher.kernel_holds>`) and no READ of
+            it has reached the daemon yet; the first one tells the prefetcher the pages were gone.
 
     The bytes come from exactly one source: the RAM tier's own ``bytes`` object (no copy; pinned, so
     that if the file is evicted while the handle is open its bytes are counted against
@@ -117,7 +120,7 @@ class Handle:
     """
 
     __slots__ = ("fid", "size", "outcome", "_cache", "_data", "_fd", "_released", "_pin", "_loose", "gen",
-                 "keep_pages", "_chunk", "_csum")
+                 "keep_pages", "_chunk", "_csum", "left")
 
     def __init__(self, cache: "TieredCache", fid: int, size: int, outcome: Outcome,
                  data: Optional[bytes] = None, fd: Optional[int] = None, pin: Optional[Pin] = None,
@@ -135,6 +138,7 @@ class Handle:
         self._loose = loose  # bytes of a buffer counted against LOOSE_BUFFERS
         self._chunk = None   # served by ranges: (offset, bytes, lock) of the last whole chunk read (loose)
         self._csum = None    # the checksum naming the entry file of generation gen (an entry fd's handle)
+        self.left = False
 
     @property
     def source(self) -> str:
@@ -445,7 +449,8 @@ class TieredCache:
 
     def _plan_open(self, fid: int, size: int) -> tuple:
         """Under self.lock, for an open that is no memory hit (so its file is not ``moving``): what it waits
-        on (``fl``: a :class:`Fetch`, a prefetch ``(kind, x)`` or None), the disk entry it hits
+        on (``fl``: a :class:`Fetch`, a prefetch ``(kind, x)``, ``("ask", None)``: ask the kernel for
+        its pages first, or None: left to them), the disk entry it hits
         (``disk_gen``), whether it leads a new fetch (``leader``, with the RAM victims it evicted, already
         ``moving``). A leading plan must be finished."""
         fl = self._flights.get(fid)
@@ -460,8 +465,12 @@ class TieredCache:
         else:                                        # absent: a prefetch has it, or this open leads
             pf = self._prefetched(fid, size)
             if pf is None:
-                if self.prefetcher is not None and self.prefetcher.kernel_holds(fid):
-                    return None, None, False, demote  # the kernel keeps its pages: no tier fill, no read now
+                p = self.prefetcher
+                if p is not None:
+                    if p.kernel_holds(fid):
+                        return None, None, False, demote  # the kernel keeps its pages: no tier fill, no read now
+                    if p.ask_at_open(fid):
+                        return ("ask", None), None, False, demote  # ask the kernel for its pages first
                 fl, demote = self._start_fetch(fid, size, transient=True)
                 leader = True
             else:
@@ -478,6 +487,9 @@ class TieredCache:
         fetch under :data:`JOINER_OUTCOME` of it (every source maps to one outcome)."""
         if isinstance(fl, tuple):                        # from the plan prefetcher
             kind, x = fl
+            if kind == "ask":
+                self.prefetcher.ask(fid)  # outside the lock; then plan again (nothing was counted)
+                return None
             if kind == "late":
                 t0 = time.monotonic()
                 x = x.result()
@@ -549,10 +561,14 @@ class TieredCache:
         """An open of a file no tier admits: streamed from the backend by ranges; the kernel keeps its
         pages between opens (``keep_pages``), so a re-read reaches neither the daemon nor the backend."""
         with self.lock:
+            # asked before the open is counted (counting marks the file opened): left to the kernel's pages
+            left = self.prefetcher is not None and self.prefetcher.kernel_holds(fid)
             self._count(fid, size, "miss")
             self.counts.streamed += 1
             keep = not self._stale_pages or self._pages_trusted(fid)
-        return Handle(self, fid, size, "miss", keep_pages=keep)
+        h = Handle(self, fid, size, "miss", keep_pages=keep)
+        h.left = left
+        return h
 
     # -- passthrough to the source file (the kernel front end) -------------------------------------------
     def source_fd(self, h) -> Optional[int]:
@@ -1429,6 +1445,11 @@ class TieredCache:
         by the backend), the last chunk kept by the handle, counted against :data:`LOOSE_BUFFERS`
         (``min(chunk, size)`` reserved at the first read); with no room, exactly the bytes asked.
         Concurrent READs of one handle take turns (one request per chunk, not one per READ)."""
+        if h.left:  # an open left to the kernel's pages: a READ reaching us means they are gone
+            with self.lock:
+                if h.left:
+                    h.left = False
+                    self.prefetcher.pages_missed(h.fid)
         if h._chunk is None:  # the first read: a chunk buffer and its lock, if the working set has room
             want = min(self.chunk, h.size)
             with self.lock:

@@ -60,6 +60,13 @@ from the source (a file no tier admits; a chunked file no tier would take more o
 against the snapshot on a worker; the id is closed at the file's last release (never kept), so every later
 open checks the source file again. Its ``_Modes`` generation is -1.
 
+The kernel's pages (``FUSE_NOTIFY_RETRIEVE``): with the kernel cache on, the kernel keeps a file's pages
+between opens, in the reader's memory, for as long as that memory lets it. :meth:`KernelFrontend.pages_held`
+asks the kernel whether it still holds a file's first and last page (one retrieve of one byte each; the
+kernel answers with a ``NOTIFY_REPLY`` request carrying the bytes it found), and the plan prefetcher asks
+before reading ahead a file that was opened before (:mod:`shadefs.plan.prefetch`): an observation, not
+an estimate of what the reader's memory keeps.
+
 Set ``SHADEFS_FUSE_CHECK_REPLIES=1`` to check every reply's length against its opcode (the test suite
 does); a bad reply is logged as ``FUSE reply check failed`` with a traceback.
 """
@@ -130,6 +137,10 @@ READERS = 2      # measured: 2 reader threads cost less CPU per open than 4 (GIL
 READER_MISS_MAX_S = 0.002
 # ...sends the misses to the workers for this long (then one is tried on a reader again)
 READER_MISS_BACKOFF_S = 5.0
+# seconds a page probe waits for the kernel's NOTIFY_REPLY before it takes the pages to be gone (the kernel
+# queues the reply before the notify's write returns; a reader thread answers it within a request's time)
+PROBE_TIMEOUT_S = 1.0
+PAGE = 4096
 
 
 _OUT_HEADER_PACK = P.OUT_HEADER.pack
@@ -223,6 +234,24 @@ class _Workers:
                 log.exception("FUSE worker: unexpected error")
             with self._lock:
                 self._idle += 1
+
+
+class _Probe:
+    """One :meth:`KernelFrontend.pages_held`: ``want`` retrieves, ``found`` of them answered with bytes."""
+
+    __slots__ = ("want", "answered", "found", "done", "lock")
+
+    def __init__(self, want: int):
+        self.want, self.answered, self.found = want, 0, 0
+        self.done = threading.Event()
+        self.lock = threading.Lock()
+
+    def answer(self, found: bool) -> None:
+        with self.lock:
+            self.answered += 1
+            self.found += found
+            if self.answered == self.want:
+                self.done.set()
 
 
 class BackingConflict(OSError):
@@ -522,6 +551,14 @@ class KernelFrontend:
         self.source_opens = 0     # opens answered by passthrough to the source file
         self.reply_errors = 0
         self.ioctls = 0           # IOCTL requests answered by the Python handlers (the compiled loop counts its own)
+        # page probes (FUSE_NOTIFY_RETRIEVE) waiting for their NOTIFY_REPLY: notify unique -> _Probe
+        self._probes: Dict[int, "_Probe"] = {}
+        self._opening: Dict[int, int] = {}       # unique -> file id: OPENs whose handle is not yet in _files
+        self._probe_ids = itertools.count(1)
+        self.retrieve = True      # False once a retrieve failed other than ENOENT: probes answer None from then on
+        self.probes = 0           # files probed
+        self.probes_held = 0      # ... whose first and last page the kernel held
+        self.probe_timeouts = 0   # retrieves the kernel did not answer within PROBE_TIMEOUT_S
         nf = self.ns.num_files
         self._root = self.ns.root
         self._num_files = nf
@@ -532,6 +569,7 @@ class KernelFrontend:
             P.GETXATTR: self._getxattr, P.LISTXATTR: self._listxattr, P.INTERRUPT: self._interrupt,
             P.FORGET: self._noreply, P.BATCH_FORGET: self._noreply, P.DESTROY: self._destroy,
             P.INIT: self._reinit, P.FLUSH: self._enosys, P.ACCESS: self._enosys, P.IOCTL: self._enotty,
+            P.NOTIFY_REPLY: self._notify_reply,
         }
 
     # -- node ids -------------------------------------------------------------------------------------
@@ -681,6 +719,11 @@ class KernelFrontend:
             if hooks is not None:  # a corrupt entry's backing id is never given to another generation's open
                 hooks.append(self.modes.dropped)
         self._attach_residents()
+        prefetcher = getattr(self.cache, "prefetcher", None)
+        if self.kernel_cache and prefetcher is not None:
+            # the kernel may keep pages between opens: the prefetcher asks it before reading a file again
+            prefetcher.page_probe = self.pages_held
+            prefetcher.page_open = self.open_now
         body = P.encode_init_out(minor, init.max_readahead, flags, max_background=64, congestion_threshold=48,
                                  max_write=MAX_WRITE, time_gran=1, max_pages=MAX_PAGES,
                                  max_stack_depth=1 if self.passthrough else 0)
@@ -1006,6 +1049,16 @@ class KernelFrontend:
             self._send(fd, unique, P.OPEN, errno.EISDIR, ())
             return None
         set_opener(pid)
+        # until its handle is in self._files (or it failed): the file is opening (open_now)
+        self._opening[unique] = node
+        try:
+            return self._open_counted(fd, unique, node, pid)
+        finally:
+            if unique not in self._pending:  # not handed to a worker (which lets go of it)
+                self._opening.pop(unique, None)
+
+    def _open_counted(self, fd: int, unique: int, node: int, pid: int):
+        # the rest of _open_request: the cache counts the open; a hit's handle is registered here
         try:
             h = None
             if self._open_kept is not None:
@@ -1114,6 +1167,7 @@ class KernelFrontend:
             with on_deadline(lambda e: self._past_deadline(fd, unique)):
                 h = self.cache.open(fid) if ticket is None else self._open_ticket(ticket)
         except Exception as e:
+            self._opening.pop(unique, None)
             if self._finish(unique):
                 self._fail(fd, unique, P.OPEN, self.ns.path(fid), e)
             return
@@ -1139,6 +1193,8 @@ class KernelFrontend:
             if self._finish(unique):
                 self._fail(fd, unique, P.OPEN, self.ns.path(fid), e)
             return
+        finally:
+            self._opening.pop(unique, None)  # registered in self._files, or failed
         if not self._finish(unique):  # interrupted meanwhile: the opener is gone
             self._drop(reply[0])
             return
@@ -1248,6 +1304,68 @@ class KernelFrontend:
         (fh,) = P.RELEASE_IN.unpack_from(buf, P.IN_HEADER.size)[:1]
         self._drop(fh)
         self._send(fd, unique, P.RELEASE, 0, ())
+
+    # -- the kernel's pages ---------------------------------------------------------------------------------
+    def pages_held(self, fid: int) -> Optional[bool]:
+        """Whether the kernel holds the first and the last page of file ``fid`` now (``FUSE_NOTIFY_RETRIEVE``
+        of one byte at each; module docstring). Blocks up to :data:`PROBE_TIMEOUT_S`; thread-safe; any
+        thread but a reader's (a reader answers the kernel's NOTIFY_REPLY).
+
+        Returns:
+            True: the kernel returned both pages. False: it holds neither or only one of them, does not
+            know the inode (``ENOENT``: never looked up, or forgotten), or did not answer in time. None:
+            the mount cannot retrieve (not mounted, or a retrieve failed otherwise: logged once).
+        """
+        fd = self.fd
+        if fd is None or not self.retrieve or self._stop.is_set():
+            return None
+        size = int(self.ns.attr(fid)[1])
+        if size <= 0:
+            return False
+        offsets = [0] if size <= PAGE else [0, (size - 1) - (size - 1) % PAGE]
+        probe = _Probe(len(offsets))
+        ids = [next(self._probe_ids) for _ in offsets]
+        for u in ids:
+            self._probes[u] = probe
+        nodeid = self.nodeid_of(fid)
+        try:
+            for u, off in zip(ids, offsets):
+                try:
+                    os.write(fd, P.encode_notify_retrieve(u, nodeid, off, 1))
+                except OSError as e:
+                    if e.errno != errno.ENOENT:
+                        if self.retrieve:
+                            self.retrieve = False
+                            log.warning("FUSE_NOTIFY_RETRIEVE failed (%s): planned files are prefetched without "
+                                        "asking the kernel for their pages", os.strerror(e.errno))
+                        return None
+                    return False  # the kernel has no inode for it: no pages
+            if not probe.done.wait(PROBE_TIMEOUT_S):
+                self.probe_timeouts += 1
+                return False
+        finally:
+            for u in ids:
+                self._probes.pop(u, None)
+        self.probes += 1
+        held = probe.found == len(offsets)
+        self.probes_held += held
+        return held
+
+    def open_now(self, fid: int) -> bool:
+        """Whether an open of file ``fid`` is under way or not yet released: its reader may still be reading
+        it into the kernel's pages, so what the kernel holds of it is not settled. Every OPEN this front
+        end handles in Python counts from its arrival (before the cache counts it) to its RELEASE (a
+        RELEASE the compiled loop answered, until its batch is dropped: ~2 ms); RAM hits answered in C are
+        not seen. O(opens under way + open files); thread-safe."""
+        return fid in list(self._opening.values()) or any(entry[1] == fid for entry in list(self._files.values()))
+
+    def _notify_reply(self, fd, unique, nodeid, buf, n) -> None:
+        # the kernel's answer to a retrieve (no reply to it is expected): how many bytes it found
+        probe = self._probes.pop(unique, None)
+        if probe is None or n < P.IN_HEADER.size + P.NOTIFY_RETRIEVE_IN.size:
+            return  # a probe that timed out, or a reply from before a restart: nobody waits for it
+        size = P.NOTIFY_RETRIEVE_IN.unpack_from(buf, P.IN_HEADER.size)[2]
+        probe.answer(size > 0)
 
     # -- the rest ---------------------------------------------------------------------------------------------
     def _reply_ok(self, fd, unique, nodeid, buf, n) -> None:

@@ -112,10 +112,17 @@ GETXATTR_OUT = struct.Struct("=II")               # size padding (8)
 ACCESS_IN = struct.Struct("=II")                  # mask padding (8)
 KSTATFS = struct.Struct("=QQQQQIIII24x")          # blocks bfree bavail files ffree bsize namelen frsize padding spare[6] (80)
 DIRENT = struct.Struct("=QQII")                   # ino off namelen type (24), then the name, padded to 8
+# notifications: a write whose fuse_out_header has unique 0 and the notify code in its error field
+NOTIFY_RETRIEVE = 5                               # enum fuse_notify_code FUSE_NOTIFY_RETRIEVE (protocol 7.15)
+NOTIFY_RETRIEVE_OUT = struct.Struct("=QQQII")     # notify_unique nodeid offset size padding (32)
+# the kernel's answer: a FUSE_NOTIFY_REPLY request (no reply expected) whose unique is the notify_unique,
+# its body this struct (the size of fuse_write_in), then the bytes of the pages it found
+NOTIFY_RETRIEVE_IN = struct.Struct("=QQIIQQ")     # dummy1 offset size dummy2 dummy3 dummy4 (40)
 
 assert (IN_HEADER.size, OUT_HEADER.size, INIT_IN.size, INIT_OUT.size, ATTR.size, ENTRY_OUT.size + ATTR.size,
-        ATTR_OUT.size + ATTR.size, OPEN_OUT.size, READ_IN.size, KSTATFS.size, DIRENT.size) == \
-    (40, 16, 64, 64, 88, 128, 104, 16, 40, 80, 24)
+        ATTR_OUT.size + ATTR.size, OPEN_OUT.size, READ_IN.size, KSTATFS.size, DIRENT.size,
+        NOTIFY_RETRIEVE_OUT.size, NOTIFY_RETRIEVE_IN.size) == \
+    (40, 16, 64, 64, 88, 128, 104, 16, 40, 80, 24, 32, 40)
 
 ENTRY_OUT_SIZE = ENTRY_OUT.size + ATTR.size       # 128
 ATTR_OUT_SIZE = ATTR_OUT.size + ATTR.size         # 104
@@ -216,6 +223,15 @@ def encode_statfs(blocks: int, bfree: int, bavail: int, files: int, ffree: int, 
                   frsize: int) -> bytes:
     """``struct fuse_statfs_out`` (80 bytes)."""
     return KSTATFS.pack(blocks, bfree, bavail, files, ffree, bsize, namelen, frsize, 0)
+
+
+def encode_notify_retrieve(notify_unique: int, nodeid: int, offset: int, size: int) -> bytes:
+    """A whole ``FUSE_NOTIFY_RETRIEVE`` write: ask the kernel for the cached bytes of node ``nodeid`` at
+    ``offset`` (bytes), at most ``size`` (the kernel caps it at the connection's ``max_write``). It answers
+    with a ``NOTIFY_REPLY`` request of unique ``notify_unique`` carrying the bytes of the pages it holds
+    from ``offset`` on, up to the first page it does not hold (0 bytes when it holds none of them)."""
+    return out_header(NOTIFY_RETRIEVE_OUT.size, -NOTIFY_RETRIEVE, 0) + \
+        NOTIFY_RETRIEVE_OUT.pack(notify_unique, nodeid, offset, size, 0)
 
 
 def encode_getxattr_out(size: int) -> bytes:

@@ -21,13 +21,25 @@ open that wanted it reads the file itself and is counted a miss. Several plans s
 epoch's first :attr:`Prefetcher.BOUNDARY_OPENS` positions until the cursor enters that epoch: enough to
 take the cold burst off the epoch's start, and no more bytes than that if the epoch never runs.
 
-With the kernel's page cache on (``kernel_pages_bytes`` > 0), a file opened through the mount within the
-last ``kernel_pages_bytes`` bytes of opens is taken to be in the kernel's pages (the mount is a snapshot,
-so its open keeps them: ``Handle.keep_pages``): it is not prefetched, and its open fills no tier
-(:meth:`Prefetcher.kernel_holds`, asked by the cache), so it costs the backend nothing while the pages
-serve it, and one read by ranges if the kernel dropped them. ``kernel_pages_bytes`` is an estimate of the
-page cache this mount's files get (the daemon's: a quarter of the memory limit), an LRU by bytes of opens
-over the files: files opened longer ago are prefetched as before.
+**The kernel's pages.** With the kernel cache on, the kernel keeps the pages of files read through the
+mount between opens (the mount is a snapshot: ``Handle.keep_pages``) for as long as the *reader's* memory
+lets it: a memory cgroup, other jobs or the reader itself (``POSIX_FADV_DONTNEED``) decide, not the
+daemon. So nothing is assumed; it is observed. Each file has a page state (:attr:`Prefetcher.pages`, one
+byte): never opened through the mount (the kernel holds none of its pages: prefetched without asking),
+opened (asked before a prefetch), left to the kernel, or dropped. Before prefetching a file opened
+before, the prefetcher asks the front end's :attr:`Prefetcher.page_probe` (the kernel front end's
+``FUSE_NOTIFY_RETRIEVE`` of its first and last page, :meth:`KernelFrontend.pages_held
+<shadefs.fuse.kernel.KernelFrontend.pages_held>`): if the kernel returns both, the file is **left to the
+kernel**: not prefetched, and its next open fills no tier (:meth:`Prefetcher.kernel_holds`, asked by the
+cache) and keeps the pages, so it costs the backend nothing while they serve it; otherwise it is
+prefetched and its open fills the tiers as a miss would. A READ that reaches the daemon for a file left to
+the kernel is the other observation: the kernel no longer had those pages (counted ``kernel_reads``; the
+READ is served by ranges from the backend), and the file is **dropped**: its next planned use is
+prefetched without asking. A file whose open is under way or not yet released (:attr:`Prefetcher.page_open`)
+is asked about once it is released: its reader may still be reading it into the pages. A planned open that
+no prefetch served (the file was resident when the scan passed it, evicted before its open) asks at the
+open (:meth:`Prefetcher.ask_at_open`, on the front end's worker). Without a probe (the libfuse front end,
+``--no-kernel-cache``), every planned file no tier holds is prefetched.
 
 ``wasted_bytes`` counts prefetched bytes that left the window without being opened (their plan was
 retired, replaced or finished, or the cursor passed them). Threads start with :meth:`Prefetcher.start`
@@ -40,15 +52,23 @@ import threading
 
 import numpy as np
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 from ..cache.core import PrefetchFuture  # noqa: F401  (re-exported: the in-flight table's entry)
 from ..logutil import RateLimitedLog
 from ..procutil import name_thread
 
-__all__ = ["Prefetcher", "PrefetchFuture"]
+__all__ = ["Prefetcher", "PrefetchFuture", "PAGES_UNSEEN", "PAGES_SEEN", "PAGES_LEFT", "PAGES_DROPPED",
+           "PAGES_ASKED"]
 
 log = logging.getLogger("shadefs.prefetch")
+
+# a file's page state (Prefetcher.pages; module docstring, "The kernel's pages")
+PAGES_UNSEEN = 0   # never opened through the mount: the kernel holds none of its pages
+PAGES_SEEN = 1     # opened: the kernel may hold its pages; asked before a prefetch
+PAGES_LEFT = 2     # the kernel returned its first and last page: not prefetched; its next open fills no tier
+PAGES_DROPPED = 3  # a READ of an open left to the kernel reached the daemon: prefetched without asking
+PAGES_ASKED = 4    # asked at an open that found it in no tier and not prefetched: not held, that open reads it
 
 
 class Prefetcher:
@@ -59,17 +79,26 @@ class Prefetcher:
         plans: the :class:`~shadefs.plan.plans.PlanRegistry` (sharing the cache's lock).
         window_bytes: the window (bytes); 0 disables prefetching.
         concurrency: backend reads in flight at most (threads).
-        kernel_pages_bytes: bytes of recently opened files the kernel is taken to keep the pages of (0:
-            none, the kernel cache is off); module docstring.
+        page_probe: ``probe(fid) -> True | False | None``, whether the kernel holds the file's pages now
+            (True: its first and last page; None: cannot tell, prefetched); None: never asked, every
+            planned file is prefetched. Settable before :meth:`start` (the kernel front end sets it at
+            INIT). Module docstring, "The kernel's pages".
+        page_open: ``open_now(fid) -> bool``, whether an open of the file is not yet released (its reader
+            may still be reading it into the kernel's pages: the prefetcher asks about it once it is); None:
+            never. Settable like ``page_probe``.
     """
 
     #: positions of a plan's next epoch read ahead while its cursor is still in the one before: the
     #: DataLoader's first burst after an epoch boundary (W x prefetch_factor x batch size; ~800 opens,
     #: docs/performance.md), not the whole epoch, which may never run (the job stops after this one)
     BOUNDARY_OPENS = 800
+    #: seconds between looks while the scan waits for an open of a file to be released (``page_open``)
+    OPEN_POLL_S = 0.005
 
     def __init__(self, cache, plans, window_bytes: int, concurrency: int = 32,
-                 boundary_opens: Optional[int] = None, kernel_pages_bytes: int = 0):
+                 boundary_opens: Optional[int] = None,
+                 page_probe: Optional[Callable[[int], Optional[bool]]] = None,
+                 page_open: Optional[Callable[[int], bool]] = None):
         self.cache = cache
         self.plans = plans
         self.window_bytes = int(window_bytes)
@@ -93,13 +122,14 @@ class Prefetcher:
         self._stop = threading.Event()
         self._threads: List[threading.Thread] = []
         self._log_error = RateLimitedLog(log, 10.0)
-        self.kernel_pages_bytes = max(0, int(kernel_pages_bytes))
-        self.kernel_kept = 0                                 # files not prefetched: the kernel keeps their pages
-        # per file: the byte clock (bytes of opens so far) at its last open; 0: never opened
-        self._opened_at = np.zeros(plans.num_files, dtype=np.int64) if self.kernel_pages_bytes else None
-        self._open_clock = 0
-        if self._opened_at is not None:
-            plans.on_open = self._opened
+        self.page_probe = page_probe
+        self.page_open = page_open
+        self.pages = np.zeros(plans.num_files, dtype=np.uint8)  # per file: PAGES_* (module docstring)
+        self._settling = False   # the last scan stopped at a file whose open may still be reading it
+        self.probed = 0          # planned files whose pages the prefetcher asked the kernel about
+        self.kernel_kept = 0     # ... that the kernel held: left to it, not prefetched
+        self.kernel_reads = 0    # READs that reached the daemon for a file left to the kernel (pages gone)
+        plans.on_open = self._opened
         plans.listeners.append(self._plan_ended)
 
     # -- lifecycle --------------------------------------------------------------------------------
@@ -167,24 +197,53 @@ class Prefetcher:
             self.owned.pop(owner, None)
 
     def _opened(self, fid: int) -> None:
-        # under the lock, every counted open: advance the byte clock, stamp the file
-        self._open_clock += int(self.cache.ns.size(fid))
-        self._opened_at[fid] = self._open_clock
+        # under the lock, every counted open (after the cache asked kernel_holds): its pages may be kept
+        # now; a file dropped keeps that state until its next planned use is prefetched without asking
+        if fid < len(self.pages) and self.pages[fid] != PAGES_DROPPED:
+            self.pages[fid] = PAGES_SEEN
 
     def kernel_holds(self, fid: int) -> bool:
-        """Whether the kernel is taken to keep ``fid``'s pages while a plan is active: it was opened
-        through the mount within the last ``kernel_pages_bytes`` bytes of opens (module docstring). Caller
+        """Whether ``fid`` is left to the kernel's pages: the kernel returned its first and last page when
+        the prefetcher asked (module docstring): its open fills no tier and reads nothing now. Caller
         holds the lock."""
-        at = self._opened_at
-        if at is None or not self.plans.plans:
-            return False  # without a plan the tiers decide as the mount's --policy always did
-        t = int(at[fid])
-        return t > 0 and self._open_clock - t < self.kernel_pages_bytes
+        return fid < len(self.pages) and self.pages[fid] == PAGES_LEFT
+
+    def ask_at_open(self, fid: int) -> bool:
+        """Whether an open of ``fid`` that finds it in no tier and not prefetched asks the kernel first
+        (:meth:`ask`): a plan is active, a page probe exists, the file was opened before and not asked
+        about since (a planned file resident when the scan passed it, evicted before its open). Caller
+        holds the lock."""
+        return (self.page_probe is not None and fid < len(self.pages) and self.pages[fid] == PAGES_SEEN
+                and bool(self.plans.plans))
+
+    def ask(self, fid: int) -> None:
+        """For an open (:meth:`ask_at_open`), outside the lock: ask the kernel for ``fid``'s pages; held,
+        the file is left to them (the open streams it, filling no tier), else the open reads it."""
+        try:
+            held = self.page_probe(fid)
+        except Exception:  # never fails an open: it reads the file
+            held = None
+        with self.cond:
+            self.probed += 1
+            if self.pages[fid] == PAGES_SEEN:
+                if held:
+                    self.pages[fid] = PAGES_LEFT
+                    self.kernel_kept += 1
+                else:
+                    self.pages[fid] = PAGES_ASKED
+
+    def pages_missed(self, fid: int) -> None:
+        """A READ of an open left to the kernel reached the daemon: the kernel no longer had those pages.
+        Counted (``kernel_reads``); the file's next planned use is prefetched without asking. Caller
+        holds the lock."""
+        self.kernel_reads += 1
+        self.pages[fid] = PAGES_DROPPED
 
     # -- choosing what to read -------------------------------------------------------------------------
-    def _claim(self) -> Optional[Tuple[int, int, tuple]]:
+    def _claim(self) -> Optional[Tuple[int, int, tuple, bool]]:
         """The next file to prefetch, reserved in the window (its read is registered in flight by
-        :meth:`_fetch`, through the cache); or None. Caller holds the lock."""
+        :meth:`_fetch`, through the cache), as ``(fid, size, plan key, ask the kernel first)``; or None.
+        Caller holds the lock."""
         plans = self.plans.active()
         if not plans or self.window_bytes <= 0:
             return None
@@ -216,10 +275,20 @@ class Prefetcher:
                 if not cache.fetchable(fid):
                     q += 1
                     continue
-                if self._opened_at is not None and self.kernel_holds(fid):
-                    self.kernel_kept += 1  # its open is served by the kernel's pages (or reads it by ranges)
+                state = self.pages[fid]
+                if state == PAGES_LEFT:
+                    # left to the kernel for an earlier use: the scan waits for that open, as for a staged copy
+                    if plan.next_position(fid) != q:
+                        break
                     q += 1
                     continue
+                if state == PAGES_ASKED:
+                    state = PAGES_SEEN  # its open (under way, or failed) asked: ask again once it is released
+                if state == PAGES_SEEN and self.page_open is not None and self.page_open(fid):
+                    # an open of it may still be reading it into the kernel's pages: ask once it is
+                    # released (the threads look again within OPEN_POLL_S, no open wakes them for it)
+                    self._settling = True
+                    break
                 size = int(ns.size(fid))
                 if size > self.window_bytes or size > cache.stream_threshold:
                     q += 1  # never fits the window: its open reads it
@@ -231,7 +300,9 @@ class Prefetcher:
                 self.reserved_bytes += size
                 self.owned[plan.key] = owned + size
                 self.peak_bytes = max(self.peak_bytes, self.reserved_bytes)
-                return fid, size, plan.key
+                if state == PAGES_DROPPED:
+                    self.pages[fid] = PAGES_SEEN  # prefetched without asking, this once
+                return fid, size, plan.key, state == PAGES_SEEN and self.page_probe is not None
             plan.prefetch_pos = q
         return None
 
@@ -247,10 +318,11 @@ class Prefetcher:
         name_thread()
         while not self._stop.is_set():
             with self.cond:
+                self._settling = False
                 job = self._claim()
                 if job is None:
                     self.plans.expire()
-                    self.cond.wait(0.5)
+                    self.cond.wait(self.OPEN_POLL_S if self._settling else 0.5)
                     continue
             self._fetch(*job)
 
@@ -263,8 +335,22 @@ class Prefetcher:
         self._fetch(*job)
         return True
 
-    def _fetch(self, fid: int, size: int, owner: tuple) -> None:
-        """Read the claimed ``fid`` through :meth:`TieredCache.prefetch` into the window (outside the lock)."""
+    def _fetch(self, fid: int, size: int, owner: tuple, probe: bool = False) -> None:
+        """Read the claimed ``fid`` through :meth:`TieredCache.prefetch` into the window (outside the lock);
+        with ``probe``, first ask the kernel whether it holds the file's pages (then it is left to them)."""
+        if probe:
+            try:
+                held = self.page_probe(fid)
+            except Exception:  # cannot tell: prefetch it
+                held = None
+            with self.cond:
+                self.probed += 1
+                if held:
+                    if self.pages[fid] in (PAGES_SEEN, PAGES_ASKED) and self._wanted(fid, owner):
+                        self.pages[fid] = PAGES_LEFT
+                        self.kernel_kept += 1
+                    self._unclaim(fid, size, owner)
+                    return
         try:
             got = self.cache.prefetch(fid, hold=lambda f, data, source: self._hold(f, data, source, owner))
         except Exception as e:
@@ -317,4 +403,5 @@ class Prefetcher:
                 "fetched_bytes": self.fetched_bytes, "shared_bytes": self.shared_bytes,
                 "wasted_bytes": self.wasted_bytes,
                 "window_bytes": self.window_bytes, "window_used_bytes": self.reserved_bytes,
-                "window_peak_bytes": self.peak_bytes, "errors": self.errors, "kernel_kept": self.kernel_kept}
+                "window_peak_bytes": self.peak_bytes, "errors": self.errors, "probed": self.probed,
+                "kernel_kept": self.kernel_kept, "kernel_reads": self.kernel_reads}

@@ -81,11 +81,13 @@ class FileDataset:
         samples: ``[(absolute path, 0), ...]``, as ImageFolder's ``samples``.
 
     ``dataset[i]`` reads sample ``i`` whole and returns its size in bytes (int); errors of ``open`` and
-    ``read`` (``OSError``: EIO, ENOENT, ...) propagate.
+    ``read`` (``OSError``: EIO, ENOENT, ...) propagate. With ``drop_pages`` it then drops the file's pages
+    on the same open (:func:`shadefs.testing.regime.read_dropping`): the kernel keeps none between opens.
     """
 
-    def __init__(self, root, rel: Optional[List[str]] = None):
+    def __init__(self, root, rel: Optional[List[str]] = None, drop_pages: bool = False):
         self.root = str(root)
+        self.drop_pages = drop_pages
         if rel is None:
             rel = sorted(os.path.relpath(os.path.join(d, f), self.root)
                          for d, _, fs in os.walk(self.root) for f in fs)
@@ -96,4 +98,8 @@ class FileDataset:
         return len(self.samples)
 
     def __getitem__(self, i: int) -> int:
+        if self.drop_pages:
+            from .regime import read_dropping
+
+            return len(read_dropping(self.samples[i][0]))
         return read_size(self.samples[i][0])

@@ -383,3 +383,37 @@ def test_ram_hits_open_read_and_release_are_answered_by_the_compiled_loop_and_co
     assert wire.call(P.OPEN, 61, 1, struct.pack("<II", 0, 0)) == out_header(16, -errno.EISDIR, 61)
     assert wire.call(P.OPEN, 62, 999, struct.pack("<II", 0, 0)) == out_header(16, -errno.ENOENT, 62)
     assert wire.fe.cache.stats()["opens"] == 4
+
+
+def test_page_probe_writes_notify_retrieve_and_reads_the_kernels_notify_reply(wire):
+    """``pages_held``: one FUSE_NOTIFY_RETRIEVE of 1 byte at the first page (a file of one page), as fuse.h
+    lays it out; the kernel's NOTIFY_REPLY (a request carrying the bytes it found, never answered) says
+    whether it holds it."""
+    wire.start()
+    wire.fe.fd = wire.server.fileno()
+    for found, want in ((b"h", True), (b"", False)):
+        got = []
+        t = threading.Thread(target=lambda: got.append(wire.fe.pages_held(0)))
+        t.start()
+        notify = wire.recv()
+        # fuse_out_header {len, error = FUSE_NOTIFY_RETRIEVE (5), unique 0} + struct fuse_notify_retrieve_out
+        # {u64 notify_unique, u64 nodeid, u64 offset, u32 size, u32 padding}
+        unique = struct.unpack_from("<Q", notify, 16)[0]
+        assert notify == out_header(48, 5, 0) + struct.pack("<QQQII", unique, 2, 0, 1, 0)
+        # struct fuse_notify_retrieve_in {u64 dummy1, u64 offset, u32 size, u32 dummy2, u64 dummy3, u64 dummy4}
+        wire.send(P.NOTIFY_REPLY, unique, 2, struct.pack("<QQIIQQ", 0, 0, len(found), 0, 0, 0) + found)
+        t.join(5)
+        assert got == [want]
+    assert (wire.fe.probes, wire.fe.probes_held, wire.fe._probes) == (2, 1, {})
+    assert wire.call(P.GETATTR, 60, 2, bytes(16))[:16] == out_header(120, 0, 60)  # NOTIFY_REPLY got no reply
+
+
+def test_open_now_covers_an_open_from_its_arrival_to_its_release(wire):
+    wire.start()
+    assert not wire.fe.open_now(0)
+    got = wire.call(P.OPEN, 70, 2, struct.pack("<II", os.O_RDONLY, 0))
+    fh = struct.unpack_from("<Q", got, 16)[0]
+    assert wire.fe.open_now(0) and not wire.fe.open_now(1)
+    assert wire.call(P.RELEASE, 71, 2, struct.pack("<QIIQ", fh, 0, 0, 0)) == out_header(16, 0, 71)
+    wait_for(lambda: not wire.fe.open_now(0), what="the release")
+    assert wire.fe._opening == {}

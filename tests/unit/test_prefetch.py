@@ -52,7 +52,7 @@ def tree(tmp_path_factory):
     return src, spec
 
 
-def build(src, ram, window, policy="static", gate=None, fail=(), kernel_pages=0):
+def build(src, ram, window, policy="static", gate=None, fail=(), page_probe=None):
     backend = CountingBackend(str(src), gate, fail)
     ns = Namespace(backend.walk())
     imp = Importance(ns.num_files)
@@ -60,7 +60,7 @@ def build(src, ram, window, policy="static", gate=None, fail=(), kernel_pages=0)
     index = TierIndex("ram", ram, PlanPolicy(get_policy(policy)(ram, imp), plans))
     cache = TieredCache(ns, backend, (index, MemoryTier()), None, imp)
     plans.lock = cache.lock  # as the daemon wires it
-    pf = Prefetcher(cache, plans, window, concurrency=0, kernel_pages_bytes=kernel_pages)
+    pf = Prefetcher(cache, plans, window, concurrency=0, page_probe=page_probe)
     cache.attach_plans(plans, pf)
     handle, _ = plans.register(None, np.arange(ns.num_files, dtype=np.int64))
     return cache, ns, plans, pf, handle, backend
@@ -272,30 +272,68 @@ def test_across_an_epoch_boundary_only_the_next_epochs_first_burst_is_read_ahead
     assert sorted(backend.reads) == sorted(ns.path(f) for f in e0)
 
 
-def test_files_the_kernel_keeps_are_neither_prefetched_nor_filled_into_a_tier(tree):
-    """Before any plan, files 0-4, then 5-9, then 10-14 are opened (one backend read each) through an LRU
-    RAM tier that ends up holding 10-14 only. The kernel-pages budget covers the bytes of 5-14, so the
-    kernel is taken to keep 5-9 but no longer 0-4. A plan names 5-9 and 0-4: the prefetcher reads 0-4
-    (once each), not 5-9, and an open of 5-9 reads nothing now and fills no tier (Belady would have
-    evicted the unplanned 10-14 for it)."""
+def test_files_the_kernel_holds_are_left_to_it_and_a_read_reaching_the_daemon_drops_that(tree):
+    """The page states, with the front end's page probe answered from ``held`` (the files whose first and
+    last page the kernel returns; the kernel front end asks the kernel, tests/integration/
+    test_plan_kernel_pages.py). Files 0-9 were opened before any plan through an LRU RAM tier that ends
+    up holding 10-14 only; 15-17 never were. A plan names 5-9, 0-4, 15-17: the prefetcher asks about
+    0-9 (opened before) and not about 15-17 (the kernel cannot hold a page of a file never opened), reads
+    0-4 and 15-17 once each and leaves 5-9 to the kernel. An open of 5-9 reads nothing and fills no tier
+    (Belady would have evicted the unplanned 10-14 for it); a READ of one of them reaching the daemon
+    (its pages were gone) is read by ranges, counted, and its next planned use is prefetched without
+    asking."""
     src, spec = tree
-    first, last, other = list(range(0, 5)), list(range(5, 10)), list(range(10, 15))
+    first, last, other, never = list(range(0, 5)), list(range(5, 10)), list(range(10, 15)), [15, 16, 17]
     ns = Namespace(PosixBackend(str(src)).walk())
     size = lambda fs: sum(int(ns.size(f)) for f in fs)  # noqa: E731
-    cache, ns, plans, pf, h, backend = build(src, ram=size(other), window=10**6, policy="lru",
-                                             kernel_pages=size(last) + size(other))
+    held, asked = set(last), []
+    probe = lambda f: asked.append(f) or f in held  # noqa: E731
+    cache, ns, plans, pf, h, backend = build(src, ram=size(other), window=10**6, policy="lru", page_probe=probe)
     for f in first + last + other:
         open_read(cache, f)
     assert len(backend.reads) == 15 and sorted(cache.ram_index.sizes) == other
-    plans.announce(h, 0, 0, [10], np.array(last + first, dtype=np.uint32))
-    assert [pf.kernel_holds(f) for f in last + first] == [True] * 5 + [False] * 5
+    plans.announce(h, 0, 0, [13], np.array(last + first + never, dtype=np.uint32))
     while pf.step():
         pass
-    assert sorted(backend.reads[15:]) == sorted(ns.path(f) for f in first)   # 0-4, once each
-    assert pf.kernel_kept == 5
-    for f in last:
-        hd = cache.open(f)
-        assert (hd.outcome, hd.keep_pages) == ("miss", True)
+    assert asked == last + first                                                  # in plan order
+    assert sorted(backend.reads[15:]) == sorted(ns.path(f) for f in first + never)   # once each
+    assert (pf.probed, pf.kernel_kept, pf.kernel_reads) == (10, 5, 0)
+    assert [pf.kernel_holds(f) for f in last + first + never] == [True] * 5 + [False] * 8
+    handles = [cache.open(f) for f in last]
+    assert [(hd.outcome, hd.keep_pages, hd.left) for hd in handles] == [("miss", True, True)] * 5
+    assert len(backend.reads) == 23 and sorted(cache.ram_index.sizes) == other   # nothing read, nothing filled
+    assert handles[0].read(0, 10) == spec[ns.path(5)][:10]    # the kernel no longer had file 5's pages
+    assert (pf.kernel_reads, handles[0].left) == (1, False)
+    assert len(backend.reads) == 23  # by ranges (read_range), not a whole read
+    for hd in handles:
         hd.release()
-    assert len(backend.reads) == 20 and sorted(cache.ram_index.sizes) == other
-    assert [open_read(cache, f)[1] for f in first] == ["prefetch"] * 5
+    assert [open_read(cache, f)[1] for f in first + never] == ["prefetch"] * 8
+    # the next plan: 5 is prefetched without asking (dropped), 6 asked about again (still held)
+    plans.announce(h, 1, 0, [2], np.array([5, 6], dtype=np.uint32))
+    while pf.step():
+        pass
+    assert asked[10:] == [6] and backend.reads[23:] == [ns.path(5)]
+    assert (pf.probed, pf.kernel_kept) == (11, 6)
+
+
+def test_an_open_the_prefetcher_did_not_serve_asks_the_kernel_first(tree):
+    """A planned file opened before that no prefetch served (here the window is 0; in a mount, one resident
+    when the scan passed it and evicted before its open) asks the kernel at its open: held, the open is
+    left to the kernel's pages (``left``: nothing read now); not held, the open reads it. No tier here
+    (RAM 0): both stream, the second one reading the file by ranges."""
+    src, spec = tree
+    held, asked = {0}, []
+    probe = lambda f: asked.append(f) or f in held  # noqa: E731
+    cache, ns, plans, pf, h, backend = build(src, ram=0, window=0, page_probe=probe)
+    for f in (0, 1, 2):
+        open_read(cache, f)
+    assert asked == []                                   # no plan: nobody asks
+    plans.announce(h, 0, 0, [3], np.array([0, 1, 2], dtype=np.uint32))
+    hd = cache.open(0)
+    assert (hd.outcome, hd.left, hd.keep_pages) == ("miss", True, True)
+    hd.release()
+    hd = cache.open(1)
+    assert (hd.outcome, hd.left) == ("miss", False)
+    assert hd.read(0, hd.size) == spec[ns.path(1)]
+    hd.release()
+    assert asked == [0, 1] and (pf.probed, pf.kernel_kept, pf.kernel_reads) == (2, 1, 0)
