@@ -32,7 +32,11 @@ Usage::
     train_fashion_mnist.py --data DIR [--epochs 2] [--batch-size 64]
         [--workers min(4, cores)] [--lr 0.01] [--limit N] [--device auto|cpu|cuda]
         [--seed 0] [--hook] [--plan] [--progress] [--eval-last]
-        [--json OUT.json] [--endpoint-url URL] [--test-data DIR]
+        [--json OUT.json] [--endpoint-url URL] [--test-data DIR] [--drop-pages]
+
+``--drop-pages`` reads every image with ``shadefs.testing.regime.pil_loader_dropping``
+(its pages dropped from the page cache after the read), so that repeat epochs
+read through to the files, as a job whose dataset outgrows its memory does.
 """
 from __future__ import annotations
 
@@ -100,10 +104,15 @@ def make_loaders(args: argparse.Namespace) -> tuple:
         train_set = S3ImageFolder(args.endpoint_url, root + "/train", transform)
         test_set = S3ImageFolder(args.endpoint_url, root + "/test", transform)
     else:
+        # --drop-pages: the kernel keeps no page of a sample between opens (a dataset larger than memory)
+        loader = {}
+        if getattr(args, "drop_pages", False):
+            from shadefs.testing.regime import pil_loader_dropping
+            loader = {"loader": pil_loader_dropping}
         train_set = datasets.ImageFolder(os.path.join(args.data, "train"),
-                                         transform=transform)
+                                         transform=transform, **loader)
         test_set = datasets.ImageFolder(os.path.join(getattr(args, "test_data", None) or args.data, "test"),
-                                        transform=transform)
+                                        transform=transform, **loader)
     if train_set.classes != test_set.classes:
         raise ValueError(f"{args.data}: train and test class folders differ")
     if args.limit is not None and args.limit < len(train_set):
@@ -366,6 +375,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--progress", action="store_true",
                         help="a progress bar per epoch (images/s; the live hit "
                              "ratio on a shadefs mount, GETs over S3)")
+    parser.add_argument("--drop-pages", action="store_true",
+                        help="read each image with shadefs.testing.regime.pil_loader_dropping: its pages are "
+                             "dropped from the page cache after the read (POSIX_FADV_DONTNEED), so every "
+                             "epoch reads through to the mount, as with a dataset larger than memory")
     parser.add_argument("--endpoint-url", metavar="URL",
                         help="with --data s3://bucket/prefix: the S3 endpoint "
                              "(read directly, no shadefs)")
@@ -379,6 +392,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error("--workers must be >= 0")
     if args.limit is not None and args.limit < 1:
         parser.error("--limit must be >= 1")
+    if args.drop_pages and is_s3(args.data):
+        parser.error("--drop-pages reads files (a directory or a mount), not s3://")
     if is_s3(args.data) != bool(args.endpoint_url):
         parser.error("--endpoint-url goes with --data s3://bucket/prefix "
                      "(and only there)")

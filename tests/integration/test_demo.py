@@ -66,6 +66,9 @@ def test_the_default_demo_reads_s3_behind_the_proxy_in_every_mode(tmp_path):
     assert re.search(r"slow storage: moto's S3 server behind a latency proxy at http://127\.0\.0\.1:\d+, "
                      r"2 ms each way: it stands in for a remote object store", out)
     assert out.count("--- mounting s3://shadefs-demo/fmnist at ") == 3
+    # the regime: the job on a mount drops each image's pages after reading it, and says so
+    assert out.count("regime: reader drops each file's pages after reading it (POSIX_FADV_DONTNEED)") == 2
+    assert len(re.findall(r"train_fashion_mnist\.py .*--drop-pages --data \S+/mnt-", out)) == 3
     # two hit ratios, each named for what it counts: the daemon's (every open) and the table's (training)
     assert out.count("the daemon's counters since the mount (shadefs stats): its \"hit ratio\" counts every "
                      "open, the test set's too; the summary's \"train hit ratio\"") == 3
@@ -85,6 +88,12 @@ def test_the_default_demo_reads_s3_behind_the_proxy_in_every_mode(tmp_path):
             hit, pre = (float(row[k].rstrip("%")) for k in ("train hit ratio", "prefetched"))
             assert 0 <= hit <= 100 and 0 <= pre <= 100 - hit and int(row["GETs"]) > 0
     assert rows["transparent"]["prefetched"] == "0.0%"  # nothing announced: nothing prefetched
+    # In the regime every open the tiers miss reads the bucket: with nothing prefetched, the transparent job's
+    # GETs (training and test reads) are exactly its daemon's misses. With the pages kept by the kernel, the
+    # repeat epoch's misses would be served from the page cache without a GET.
+    misses = [int(m) for m in re.findall(r"^misses\s+(\d+)$", out, re.M)]
+    assert len(misses) == 3 and misses[0] >= 60  # transparent, plan, importance; epoch 1 misses them all
+    assert int(rows["transparent"]["GETs"]) == misses[0]
     assert float(rows["plan"]["prefetched"].rstrip("%")) > 0
     png = work / "demo.png"
     assert f"picture: {png}" in out
