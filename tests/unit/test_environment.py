@@ -50,7 +50,9 @@ def test_from_env_reads_flags_sizes_and_the_pause_and_ignores_malformed_values()
                                 "SHADEFS_FUSE_GIL_OPENS": "1", "SHADEFS_FUSE_CHECK_REPLIES": "1",
                                 "SHADEFS_AUDIT": "1", "SHADEFS_LOOSE_BUFFERS": "4096",
                                 "SHADEFS_TESTING_PAUSE": "cli-forked:/tmp/p:x"})
-    assert env == Environment("ipc:///x", "/c.json", True, True, True, True, True, 4096, ("cli-forked", "/tmp/p:x"))
+    assert env == Environment(endpoint="ipc:///x", credentials="/c.json", no_openat2=True, fuse_python_loop=True,
+                              fuse_gil_opens=True, fuse_check_replies=True, audit=True, loose_buffers=4096,
+                              testing_pause=("cli-forked", "/tmp/p:x"))
     bad = Environment.from_env({"SHADEFS_AUDIT": "yes", "SHADEFS_LOOSE_BUFFERS": "lots",
                                 "SHADEFS_TESTING_PAUSE": "cli-start", "SHADEFS_NO_OPENAT2": "0"})
     assert bad == Environment()

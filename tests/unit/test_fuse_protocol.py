@@ -290,6 +290,7 @@ def test_interrupt_answers_a_waiting_miss_eintr_and_drops_the_late_open(wire, mo
         return real_read(path, size)
 
     monkeypatch.setattr(backend, "read", held_read)
+    wire.fe.reader_misses = False   # the miss goes to a worker, as a network source's does (one reader here)
     wire.start()
     wire.send(P.OPEN, 90, 2, struct.pack("<II", 0, 0))              # a miss: waits on the backend
     # a hit and metadata are answered while the miss waits
