@@ -19,11 +19,9 @@ mount it reads each image with ``pil_loader_dropping`` (``train_fashion_mnist.py
 are dropped from the page cache after the read), so every epoch reads through to shadefs, as a job whose
 dataset outgrows its memory does, and the direct reader holds nothing between epochs anyway; the demo prints
 this regime line. (A subset small enough for the page cache would otherwise make the repeat epochs of every
-mounted mode fast whatever the cache held.) The mounts run with ``--no-kernel-cache``: while a plan is
-active the daemon otherwise takes the files opened within the last quarter of its memory limit's bytes to
-be in the kernel's pages, and neither prefetches nor fills them; on a node whose memory the dataset
-outgrows that is not last epoch's files, but on a machine with memory to spare for this subset it would be
-all of them, though the job dropped their pages.
+mounted mode fast whatever the cache held.) The mounts keep the kernel's page cache on, as a user's do: before
+a plan prefetches a file opened before, the daemon asks the kernel whether it still holds the file's pages
+(``FUSE_NOTIFY_RETRIEVE``), finds them dropped, and prefetches it again.
 
 It prints a line per phase and a progress bar per epoch (images/s, the live hit ratio from the daemon's
 stats), then a table: per mode the epoch times, hit ratio and prefetched share of the training reads,
@@ -214,7 +212,7 @@ def mounted_run(args, name, policy, cmd) -> tuple:
     try:
         _run_child(SHADEFS + ["mount", args.source, mnt, "--ram-cache", args.ram_cache, "--disk-cache", cache,
                               "--disk-cache-size", args.disk_cache_size, "--policy", policy, "--trace", trace,
-                              "--trace-overwrite", "--log-file", log, "--no-kernel-cache", *backend],
+                              "--trace-overwrite", "--log-file", log, *backend],
                    interruptible=False)
         gets0 = args.proxy.snapshot()["gets"] if args.proxy else None  # after the mount's listing
         _run_child(cmd + ["--data", mnt])
