@@ -40,7 +40,8 @@ def test_stats_watch_prints_count_samples_with_the_interval_rates(mount, small_t
     for i, table in enumerate(tables):
         lines = table.splitlines()
         assert lines[0].startswith(f"{m.path}  ") and lines[0].endswith("every 0.2 s (Ctrl-C ends)")
-        assert "opens           1" in lines  # the one open before the watch, nothing since
+        # the one open before the watch, nothing since
+        assert "opens           1  (= hits + prefetched + misses: 0 + 0 + 1)" in lines
         if i == 0:
             assert lines[-1] == "last -        (first sample)"
         else:
