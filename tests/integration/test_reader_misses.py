@@ -1,5 +1,5 @@
 """Misses of a directory source served on the reader thread that read their OPEN (no hand-off to a worker),
-counted exactly; ``SHADEFS_FUSE_READER_MISSES=0`` sends every miss to a worker; a read stuck on the source
+counted exactly; ``SHADEFS_FUSE_READER_MISSES=1`` serves each miss of a directory source on a reader (default: workers); a read stuck on the source
 is answered EIO at ``--backend-timeout`` and a spare reader takes the stuck one's place."""
 import errno
 import os
@@ -20,7 +20,7 @@ def reader_misses(log: str):
     return tuple(int(x) for x in m.groups())
 
 
-@pytest.mark.parametrize("env, on_reader", [(None, 10), ({"SHADEFS_FUSE_READER_MISSES": "0"}, 0)])
+@pytest.mark.parametrize("env, on_reader", [({"SHADEFS_FUSE_READER_MISSES": "1"}, 10), (None, 0)])
 def test_every_miss_of_a_directory_source_is_served_on_a_reader(small_tree, mount, env, on_reader):
     src, spec = small_tree
     e = None if env is None else {**os.environ, **env}
@@ -35,7 +35,7 @@ def test_every_miss_of_a_directory_source_is_served_on_a_reader(small_tree, moun
 
 def test_a_miss_stuck_on_a_reader_is_eio_at_the_deadline_and_a_spare_reader_serves(small_tree, mount):
     src, spec = small_tree
-    m = mount(src, "--ram-cache", "0", "--backend-timeout", "1")
+    m = mount(src, "--ram-cache", "0", "--backend-timeout", "1", env={**os.environ, "SHADEFS_FUSE_READER_MISSES": "1"})
     fifo = os.path.join(src, "dog/04.bin")
     os.remove(fifo)
     os.mkfifo(fifo)          # the snapshot still says a regular file: the source's open() blocks
