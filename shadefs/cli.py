@@ -415,6 +415,8 @@ def preflight(cfg: MountConfig) -> None:
     _check_outside_source(cfg)
     if cfg.disk_cache_dir:
         parent = os.path.dirname(cfg.disk_cache_dir.rstrip("/")) or "/"
+        if os.path.lexists(parent) and not os.path.isdir(parent):
+            raise UserError(f"--disk-cache {cfg.disk_cache_dir!r}: not writable: {parent!r} is not a directory")
         if not os.path.isdir(parent):  # a typo must not become a tree of new folders (and a full disk)
             raise UserError(f"--disk-cache {cfg.disk_cache_dir!r}: its parent directory {parent!r} does not "
                             f"exist; create it first (shadefs creates only the last folder)")
