@@ -229,7 +229,7 @@ def mounted_run(args, name, policy, cmd) -> tuple:
                 args.left.append(mnt)
         finally:
             _restore(old)
-    if not args.keep:  # the cache is 15 % of the dataset: do not keep one per mode until the end
+    if not args.keep:  # the cache is a share of the dataset: do not keep one per mode until the end
         shutil.rmtree(cache, ignore_errors=True)
         _rmdir(mnt)
     return stats, trace
@@ -311,7 +311,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--epochs", type=int, default=None, help="default 3 (--full: 2)")
     p.add_argument("--workers", type=int, default=min(4, os.cpu_count() or 1))
     p.add_argument("--ram-cache", default="5%", help="RAM tier (default 5%% of the dataset)")
-    p.add_argument("--disk-cache-size", default="15%", help="NVMe tier (default 15%%; 20%% in all)")
+    p.add_argument("--disk-cache-size", default="30%",
+                   help="NVMe tier, of what the whole subset would take there: its metadata and segment slack included (default 30%%: about 10%% of the images fit, the rest is this small subset's fixed overhead)")
     p.add_argument("--limit", type=int, default=None, help="train on N samples only (quick check)")
     p.add_argument("--modes", default=None,
                    help="which runs, comma-separated (default direct,transparent,plan,importance; --full: "
