@@ -50,7 +50,7 @@ import tempfile
 import time
 from typing import Dict, List, Optional, Tuple
 
-from shadefs.testing import Mount, baseline, ctx_switches, shadefs, unmount
+from shadefs.testing import Mount, baseline, ctx_switches, shadefs, strace_counts, unmount
 from shadefs.testing.datasets import random_tree
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -125,23 +125,6 @@ def read_loop(mnt: str, files: List[Tuple[str, int]], seconds: float, procs: int
             raise SystemExit("a reader failed")
         n += int(out.strip())
     return n
-
-
-def strace_counts(pid: int, run) -> Dict[str, int]:
-    out = tempfile.mktemp(prefix="shadefs-strace-")
-    p = subprocess.Popen(["strace", "-c", "-f", "-o", out, "-p", str(pid)], stderr=subprocess.DEVNULL)
-    time.sleep(0.5)  # attached to every thread
-    run()
-    p.terminate()
-    p.wait(10)
-    counts: Dict[str, int] = {}
-    with open(out) as f:
-        for line in f:
-            m = re.match(r"\s*[\d.]+\s+[\d.]+\s+\d+\s+(\d+)\s+(?:\d+\s+)?(\w+)\s*$", line)
-            if m:
-                counts[m.group(2)] = int(m.group(1))
-    os.unlink(out)
-    return counts
 
 
 def pyspy_profile(pid: int, run, seconds: float, rate: int = 1000) -> Dict[str, float]:

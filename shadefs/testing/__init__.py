@@ -2,7 +2,8 @@
 
 - :mod:`shadefs.testing.mounts`: :class:`Mount` (a real mount through the CLI; waits for the daemon,
   unmounts and waits for it to exit), :func:`unmount`, :func:`wait_for`, :func:`pid_alive`,
-  :func:`tracebacks` (what the test fixture checks every daemon log for).
+  :func:`tracebacks` (what the test fixture checks every daemon log for); a process's measures:
+  :func:`proc_cpu_s`, :func:`proc_vm`, :func:`ctx_switches`, :func:`strace_counts`.
 - :mod:`shadefs.testing.s3`: :class:`MotoServer` (``python -m moto.server`` as a process) and
   :class:`LatencyProxyProcess` (:mod:`shadefs.testing.latency_proxy` in front of it), dummy AWS settings.
 - :mod:`shadefs.testing.s3data`: :func:`~shadefs.testing.s3data.upload` (a tree into a bucket), :class:`~shadefs.testing.s3data.S3ImageFolder` (the reader without shadefs: one GET per sample), :func:`~shadefs.testing.s3data.probe` (GET latency).
@@ -17,9 +18,9 @@ Used by tests/conftest.py, scripts/bench_*.py and scripts/demo.py; ships with th
 extra only for the S3 pieces).
 """
 from shadefs.testing.mounts import (
-    Mount, ShadefsError, ctx_switches, force_unmount, pid_alive, proc_cpu_s, shadefs, tracebacks, unmount,
-    wait_for, wait_pid_gone,
+    Mount, ShadefsError, ctx_switches, force_unmount, pid_alive, proc_cpu_s, proc_vm, shadefs, strace_counts,
+    tracebacks, unmount, wait_for, wait_pid_gone,
 )
 
-__all__ = ["Mount", "ShadefsError", "ctx_switches", "force_unmount", "pid_alive", "proc_cpu_s", "shadefs", "tracebacks",
-           "unmount", "wait_for", "wait_pid_gone"]
+__all__ = ["Mount", "ShadefsError", "ctx_switches", "force_unmount", "pid_alive", "proc_cpu_s", "proc_vm", "shadefs",
+           "strace_counts", "tracebacks", "unmount", "wait_for", "wait_pid_gone"]
