@@ -10,7 +10,7 @@ import os
 
 from typing import List, Optional, Sequence
 
-__all__ = ["markers", "write_section", "markdown_table", "Table"]
+__all__ = ["markers", "write_section", "write_table_section", "markdown_table", "Table"]
 
 
 def markers(name: str):
@@ -40,6 +40,13 @@ def write_section(path: str, name: str, section: str) -> None:
     with open(tmp, "w") as f:
         f.write(text)
     os.replace(tmp, path)
+
+
+def write_table_section(path: str, name: str, title: str, intro: Sequence[str], table: str) -> None:
+    """Replace section ``name`` of ``path`` (as :func:`write_section`) with a ``## title`` heading, the
+    ``intro`` lines (the command, the regime, what each column means), a blank line and ``table``."""
+    start, end = markers(name)
+    write_section(path, name, "\n".join([start, f"## {title}", "", *intro, "", table, end]))
 
 
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[object]],
