@@ -162,6 +162,25 @@ def gated_fuse_source(tmp_path, spec: dict, gate: threading.Event, wait):
     assert not is_mounted(str(mp))
 
 
+@contextlib.contextmanager
+def s3_class_objects(moto_server, bucket: str, n: int, size: int, seed: int):
+    """A bucket of ``n`` objects of ``size`` random bytes (numpy ``default_rng(seed)``) at
+    ``train/c{i % 4}/{i:04d}.bin`` on ``moto_server``; yields ``moto_server``, then deletes the objects and
+    the bucket."""
+    import numpy as np
+
+    s3 = moto_server.client()
+    s3.create_bucket(Bucket=bucket)
+    rng = np.random.default_rng(seed)
+    keys = [f"train/c{i % 4}/{i:04d}.bin" for i in range(n)]
+    for key in keys:
+        s3.put_object(Bucket=bucket, Key=key, Body=rng.bytes(size))
+    yield moto_server
+    for key in keys:
+        s3.delete_object(Bucket=bucket, Key=key)
+    s3.delete_bucket(Bucket=bucket)
+
+
 class LockedPages:
     """The pages of an open file, mapped (``MAP_SHARED``, read-only) and locked in memory (``mlock``) until
     :meth:`close`: no reclaim drops them meanwhile. Use: a test that asserts what re-reads of a file through
