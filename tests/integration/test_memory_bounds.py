@@ -8,6 +8,7 @@
 - Listings: a directory of thousands of entries lists exactly (names, types) over many READDIR replies,
   from the snapshot each time.
 """
+import contextlib
 import os
 import threading
 
@@ -35,13 +36,11 @@ def gated_source(tmp_path):
         yield mp, spec, gate, cache
 
 
-def test_concurrent_fills_hold_at_most_the_fill_buffer_bound(gated_source, mount, tmp_path):
-    src, spec, gate, cache = gated_source
-    env = dict(AUDIT, SHADEFS_FILL_BUFFERS=str(BOUND))
-    m = mount(src, "--ram-cache", "0", "--disk-cache", str(tmp_path / "disk"), "--disk-cache-size", "4MiB",
-              "--no-kernel-cache", "--fuse-impl", "kernel", env=env)
-    out = {}
-
+@contextlib.contextmanager
+def fills_waiting_for_room(m, spec, gate, cache, out):
+    """A reader thread per ``hang/`` file of mount ``m`` (each puts its bytes in ``out[relpath]``); yields
+    ``(hung relpaths, reader)`` once two fills hold 200,000 bytes and hang in the source and the other six
+    wait for room; on exit opens the gate and joins the readers."""
     def reader(rel):
         out[rel] = read(os.path.join(m.path, rel))
 
@@ -50,16 +49,25 @@ def test_concurrent_fills_hold_at_most_the_fill_buffer_bound(gated_source, mount
     for t in threads:
         t.start()
     try:
-        # two fills hold 200,000 bytes and hang in the source; the other six wait for room
         wait_for(lambda: cache.waiting == 2, timeout=20)
         wait_for(lambda: m.stats()["memory"]["fill_buffers"]["waits"] == READERS - 2, timeout=20)
-        fb = m.stats()["memory"]["fill_buffers"]
-        assert fb["used_bytes"] == 2 * SIZE and fb["bound_bytes"] == BOUND
-        assert cache.waiting == 2
+        yield hung, reader
     finally:
         gate.set()
     for t in threads:
         t.join(30)
+
+
+def test_concurrent_fills_hold_at_most_the_fill_buffer_bound(gated_source, mount, tmp_path):
+    src, spec, gate, cache = gated_source
+    env = dict(AUDIT, SHADEFS_FILL_BUFFERS=str(BOUND))
+    m = mount(src, "--ram-cache", "0", "--disk-cache", str(tmp_path / "disk"), "--disk-cache-size", "4MiB",
+              "--no-kernel-cache", "--fuse-impl", "kernel", env=env)
+    out = {}
+    with fills_waiting_for_room(m, spec, gate, cache, out) as (hung, _):
+        fb = m.stats()["memory"]["fill_buffers"]
+        assert fb["used_bytes"] == 2 * SIZE and fb["bound_bytes"] == BOUND
+        assert cache.waiting == 2
     assert out == {rel: spec[rel] for rel in hung}
     s = m.stats()
     fb = s["memory"]["fill_buffers"]
@@ -80,25 +88,12 @@ def test_a_streamed_read_without_room_for_a_whole_chunk_reads_the_bytes_asked(ga
     s_path = os.path.join(m.path, "plain/s.bin")
     assert read(s_path) == spec["plain/s.bin"]  # read whole once (no tier): its next opens are streamed
     out = {}
-
-    def reader(rel):
-        out[rel] = read(os.path.join(m.path, rel))
-
-    hung = sorted(r for r in spec if r.startswith("hang/"))
-    threads = [threading.Thread(target=reader, args=(rel,)) for rel in hung]
-    for t in threads:
-        t.start()
-    try:
-        wait_for(lambda: cache.waiting == 2, timeout=20)
-        wait_for(lambda: m.stats()["memory"]["fill_buffers"]["waits"] == READERS - 2, timeout=20)
+    with fills_waiting_for_room(m, spec, gate, cache, out) as (hung, reader):
         # 200,000 bytes in flight: no room for the streamed file's whole chunk (100,000 more)
         streamed = threading.Thread(target=reader, args=("plain/s.bin",))
         streamed.start()
         wait_for(lambda: m.stats()["memory"]["fill_buffers"]["refused"] >= 1, timeout=20)
-    finally:
-        gate.set()
-    for th in threads + [streamed]:
-        th.join(30)
+    streamed.join(30)
     assert out == {rel: spec[rel] for rel in hung + ["plain/s.bin"]}
     s = m.full_stats()
     fb = s["memory"]["fill_buffers"]
