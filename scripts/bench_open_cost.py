@@ -50,7 +50,7 @@ import tempfile
 import time
 from typing import Dict, List, Optional, Tuple
 
-from shadefs.testing import Mount, baseline, ctx_switches, shadefs, strace_counts, unmount
+from shadefs.testing import Mount, baseline, ctx_switches, shadefs, unmount
 from shadefs.testing.datasets import random_tree
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -543,6 +543,10 @@ def main(argv=None) -> int:
                     row = dict(runs[len(runs) // 2], case=case, threads=nthreads, side=label)   # the median
                     if not a.no_strace and shutil.which("strace"):
                         box = []
+                        # imported here: the baseline's in-process child imports this script against the
+                        # baseline revision's package, which may have no strace_counts
+                        from shadefs.testing import strace_counts
+
                         counts = strace_counts(m.pid, lambda: box.append(read_loop(mnt, files, 1.5, a.procs)))
                         row["syscalls"] = {k: v / box[0] for k, v in sorted(counts.items(), key=lambda kv: -kv[1])}
                     if a.py_spy and shutil.which("py-spy"):
