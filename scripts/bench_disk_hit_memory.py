@@ -30,9 +30,8 @@ import tempfile
 from typing import Dict, Optional
 
 from shadefs.config import parse_size
-from shadefs.testing import Mount
+from shadefs.testing import Mount, proc_vm
 
-from bench_memory import vm as _status  # VmRSS and VmHWM of a pid (scripts/ is on sys.path when run)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHUNK = 8 << 20
@@ -61,9 +60,9 @@ def run_case(src: str, work: str, env: Optional[dict], ram: int, policy: str, ve
         assert _digest(os.path.join(mnt, "big.bin")) == want
     with Mount(src, mnt, ["--ram-cache", str(ram), "--policy", policy] + common,
                log_file=os.path.join(work, "hit.log"), env=dict(env or os.environ, SHADEFS_AUDIT="1")) as m:
-        before = _status(m.pid)
+        before = proc_vm(m.pid)
         assert _digest(os.path.join(mnt, "big.bin")) == want
-        after = _status(m.pid)
+        after = proc_vm(m.pid)
         s = m.stats()
         counters = m.full_stats().get("audit", {}).get("counters", {})
     return {"disk hits": s["hits"]["disk"], "promotions": counters.get("promotions"),

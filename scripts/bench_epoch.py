@@ -63,6 +63,7 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 
 from shadefs.testing import Mount, docsection, proc_cpu_s, shadefs, unmount
+from shadefs.testing.datasets import completed_tree, mark_complete
 from shadefs.testing.docsection import markdown_table
 from shadefs.testing.latency_proxy import parse_rate
 from shadefs.testing.s3 import DUMMY_AWS_ENV, LatencyProxyProcess, MotoServer, free_port
@@ -106,14 +107,9 @@ def build_dataset(root: str, n: int, noise: float, quality: int, seed: int) -> D
     from make_fashion_mnist import CLASSES, DEFAULT_SOURCE, SPLITS, file_name, read_idx
 
     params = {"n": n, "noise": noise, "quality": quality, "seed": seed, "size": 224}
-    marker = os.path.join(root, ".complete")
-    try:
-        with open(marker) as f:
-            done = json.load(f)
-        if done.get("params") == params:
-            return done
-    except (OSError, ValueError):
-        pass
+    done = completed_tree(root)
+    if done is not None and done.get("params") == params:
+        return done
     t0 = time.monotonic()
     images_file, labels_file = SPLITS["train"]
     x = read_idx(os.path.join(DEFAULT_SOURCE, images_file))[:n]
@@ -134,8 +130,7 @@ def build_dataset(root: str, n: int, noise: float, quality: int, seed: int) -> D
         img.save(path, format="JPEG", quality=quality)
         total += os.path.getsize(path)
     summary = {"params": params, "files": n, "bytes": total, "mean_bytes": total / n}
-    with open(marker, "w") as f:
-        json.dump(summary, f)
+    mark_complete(root, summary)
     log(f"wrote {n} JPEGs ({total / 2**20:.1f} MiB, mean {total / n / 1e3:.1f} kB) to {root} "
         f"in {time.monotonic() - t0:.0f} s")
     return summary

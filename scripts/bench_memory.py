@@ -25,22 +25,12 @@ import shutil
 import tempfile
 import time
 
-from shadefs.testing import Mount, baseline, docsection
+from shadefs.testing import Mount, baseline, docsection, proc_vm
+from shadefs.testing.datasets import random_file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOC = os.path.join(ROOT, "docs", "results", "bench_memory.md")
 MiB = 1 << 20
-
-
-def vm(pid: int) -> dict:
-    """VmRSS and VmHWM of ``pid`` in bytes."""
-    out = {}
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            k, _, v = line.partition(":")
-            if k in ("VmRSS", "VmHWM"):
-                out[k] = int(v.split()[0]) * 1024
-    return out
 
 
 def make_source(root: str, n: int, size: int) -> str:
@@ -48,14 +38,7 @@ def make_source(root: str, n: int, size: int) -> str:
     for i in range(n):
         d = os.path.join(root, f"c{i % 4}")
         os.makedirs(d, exist_ok=True)
-        p = os.path.join(d, f"{i:04d}.bin")
-        if not os.path.exists(p) or os.path.getsize(p) != size:
-            with open(p, "wb") as f:
-                left = size
-                while left:
-                    k = min(left, 4 * MiB)
-                    f.write(os.urandom(k))
-                    left -= k
+        random_file(os.path.join(d, f"{i:04d}.bin"), size)
     return root
 
 
@@ -79,10 +62,10 @@ def one(case: str, src: str, work: str, env: dict) -> dict:
         args = ["--ram-cache", "4MiB", "--policy", "lru", "--no-kernel-cache"]
     with Mount(src, mnt, args, log_file=os.path.join(work, f"{case}.log"), env=env) as m:
         time.sleep(0.5)
-        before = vm(m.pid)
+        before = proc_vm(m.pid)
         fds = hold_and_read(mnt)
         time.sleep(0.2)
-        after = vm(m.pid)
+        after = proc_vm(m.pid)
         s = m.stats()
         for fd in fds:
             os.close(fd)
@@ -126,11 +109,7 @@ def main() -> None:
     print(table)
     print(f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; {cmd}")
     if args.write_doc:
-        start, end = docsection.markers("memory")
-        text = "\n".join([
-            start,
-            "## Daemon memory with files held open",
-            "",
+        docsection.write_table_section(DOC, "memory", "Daemon memory with files held open", [
             f"`{cmd} --write-doc` (load average {load[0]:.2f}). VmRSS of the daemon after the mount (before) and",
             "with every file opened, read whole and still open (after). `stream`: 8 files of 40 MiB that no",
             "tier holds (`--ram-cache 0`, no disk tier); the bound is that a file no tier admits is streamed",
@@ -138,11 +117,7 @@ def main() -> None:
             "300 files of 96 KiB (28.1 MiB) held open with `--ram-cache 4MiB --policy lru --no-kernel-cache`;",
             "the bound is the RAM tier's 4 MiB, held-open buffers included (docs/operations.md, \"Sizing the",
             "tiers\"). Growth above the bound is not broken down (handles, the interpreter's heap).",
-            "",
-            table,
-            end,
-        ])
-        docsection.write_section(DOC, "memory", text)
+        ], table)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,8 @@ import tempfile
 import threading
 import time
 
-from shadefs.testing import Mount, baseline, docsection
+from shadefs.testing import Mount, baseline, docsection, proc_vm
+from shadefs.testing.datasets import random_file
 from shadefs.testing.regime import describe
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -53,31 +54,10 @@ print(n)
 """
 
 
-def vm(pid: int) -> dict:
-    """VmRSS and VmHWM of ``pid`` in bytes (0 once it exited)."""
-    out = {"VmRSS": 0, "VmHWM": 0}
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                k, _, v = line.partition(":")
-                if k in out:
-                    out[k] = int(v.split()[0]) * 1024
-    except OSError:
-        pass
-    return out
-
-
 def make_source(root: str, n: int, size: int) -> str:
     os.makedirs(root, exist_ok=True)
     for i in range(n):
-        p = os.path.join(root, f"{i:02d}.bin")
-        if not os.path.exists(p) or os.path.getsize(p) != size:
-            with open(p, "wb") as f:
-                left = size
-                while left:
-                    k = min(left, 4 * MiB)
-                    f.write(os.urandom(k))
-                    left -= k
+        random_file(os.path.join(root, f"{i:02d}.bin"), size)
     return root
 
 
@@ -91,13 +71,13 @@ def one(case: str, src: str, work: str, env: dict, readers: int, passes: int, di
     try:
         with Mount(src, mnt, args, log_file=os.path.join(work, f"{case}.log"), env=env) as m:
             time.sleep(0.5)
-            idle = vm(m.pid)["VmRSS"]
+            idle = proc_vm(m.pid)["VmRSS"]
             peak = [idle]
             stop = threading.Event()
 
             def sample():
                 while not stop.is_set():
-                    peak[0] = max(peak[0], vm(m.pid)["VmRSS"])
+                    peak[0] = max(peak[0], proc_vm(m.pid)["VmRSS"])
                     time.sleep(0.02)
 
             t = threading.Thread(target=sample, daemon=True)
@@ -110,7 +90,7 @@ def one(case: str, src: str, work: str, env: dict, readers: int, passes: int, di
             wall = time.monotonic() - t0
             stop.set()
             t.join()
-            end = vm(m.pid)
+            end = proc_vm(m.pid)
             s = m.stats()
             if any(p.returncode for p in procs) or any(int(o or 0) != os.path.getsize(os.path.join(src, f))
                                                        for o, f in zip(outs, files)):
@@ -183,11 +163,7 @@ def main() -> None:
     print(regime)
     print(f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; {cmd}")
     if args.write_doc:
-        start, end = docsection.markers("memory-readers")
-        text = "\n".join([
-            start,
-            "## Daemon memory under concurrent large reads",
-            "",
+        docsection.write_table_section(DOC, "memory-readers", "Daemon memory under concurrent large reads", [
             f"`{cmd} --write-doc` (load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}).",
             f"{regime}.",
             f"{args.readers} reader processes each read their own {args.file_mib} MiB file (8 MiB chunks) whole,",
@@ -196,11 +172,7 @@ def main() -> None:
             "peak - the idle daemon's RSS after the mount.",
             "The bound: `--ram-cache` + fill buffers + loose buffers + queues (the `memory` key of `shadefs",
             "stats`, docs/operations.md \"The daemon's memory\"); `-` where the code reports none.",
-            "",
-            table,
-            end,
-        ])
-        docsection.write_section(DOC, "memory-readers", text)
+        ], table)
 
 
 if __name__ == "__main__":

@@ -41,7 +41,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import statistics
 import subprocess
@@ -50,7 +49,7 @@ import tempfile
 import time
 from typing import Dict, List, Optional, Tuple
 
-from shadefs.testing import Mount, baseline, ctx_switches, proc_cpu_s
+from shadefs.testing import Mount, baseline, ctx_switches, proc_cpu_s, strace_counts
 from shadefs.testing.datasets import random_tree
 from shadefs.testing.regime import describe
 
@@ -155,25 +154,6 @@ def voluntary(pid: int) -> int:
         except OSError:
             pass
     return n
-
-
-def strace_counts(pid: int, run) -> Dict[str, int]:
-    """System calls of every thread of ``pid`` by name while ``run()`` runs (``strace -c -f``)."""
-    fd, out = tempfile.mkstemp(prefix="shadefs-strace-")
-    os.close(fd)
-    p = subprocess.Popen(["strace", "-c", "-f", "-o", out, "-p", str(pid)], stderr=subprocess.DEVNULL)
-    time.sleep(0.5)  # attached to every thread
-    run()
-    p.terminate()
-    p.wait(30)
-    counts: Dict[str, int] = {}
-    with open(out) as f:
-        for line in f:
-            m = re.match(r"\s*[\d.]+\s+[\d.]+\s+\d+\s+(\d+)\s+(?:\d+\s+)?(\w+)\s*$", line)
-            if m:
-                counts[m.group(2)] = int(m.group(1))
-    os.unlink(out)
-    return counts
 
 
 def counts_of(m: Mount) -> Tuple[int, int, int, int]:

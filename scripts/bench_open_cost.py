@@ -127,23 +127,6 @@ def read_loop(mnt: str, files: List[Tuple[str, int]], seconds: float, procs: int
     return n
 
 
-def strace_counts(pid: int, run) -> Dict[str, int]:
-    out = tempfile.mktemp(prefix="shadefs-strace-")
-    p = subprocess.Popen(["strace", "-c", "-f", "-o", out, "-p", str(pid)], stderr=subprocess.DEVNULL)
-    time.sleep(0.5)  # attached to every thread
-    run()
-    p.terminate()
-    p.wait(10)
-    counts: Dict[str, int] = {}
-    with open(out) as f:
-        for line in f:
-            m = re.match(r"\s*[\d.]+\s+[\d.]+\s+\d+\s+(\d+)\s+(?:\d+\s+)?(\w+)\s*$", line)
-            if m:
-                counts[m.group(2)] = int(m.group(1))
-    os.unlink(out)
-    return counts
-
-
 def pyspy_profile(pid: int, run, seconds: float, rate: int = 1000) -> Dict[str, float]:
     """Python time per open by function: ``{"incl NAME": us, "line FRAME": us, "total": us}`` from the
     samples of the GIL holder (``--gil``) during ``run()`` (which returns the opens it made)."""
@@ -560,6 +543,10 @@ def main(argv=None) -> int:
                     row = dict(runs[len(runs) // 2], case=case, threads=nthreads, side=label)   # the median
                     if not a.no_strace and shutil.which("strace"):
                         box = []
+                        # imported here: the baseline's in-process child imports this script against the
+                        # baseline revision's package, which may have no strace_counts
+                        from shadefs.testing import strace_counts
+
                         counts = strace_counts(m.pid, lambda: box.append(read_loop(mnt, files, 1.5, a.procs)))
                         row["syscalls"] = {k: v / box[0] for k, v in sorted(counts.items(), key=lambda kv: -kv[1])}
                     if a.py_spy and shutil.which("py-spy"):

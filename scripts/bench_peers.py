@@ -66,6 +66,7 @@ REPO = os.path.dirname(HERE)
 sys.path.insert(0, REPO)
 
 from shadefs.testing import docsection  # noqa: E402
+from shadefs.testing.datasets import completed_tree, mark_complete  # noqa: E402
 
 BUCKET, PREFIX = "shadefs-peers", "data"
 DOC = os.path.join(REPO, "docs", "results", "bench_peers.md")
@@ -92,14 +93,9 @@ def build_dataset(root: str, n: int, seed: int = 0) -> Dict[str, Any]:
     import numpy as np
     from PIL import Image
 
-    marker = os.path.join(root, ".complete")
-    try:
-        with open(marker) as f:
-            done = json.load(f)
-        if done.get("files") == n:
-            return done
-    except (OSError, ValueError):
-        pass
+    done = completed_tree(root)
+    if done is not None and done.get("files") == n:
+        return done
     shutil.rmtree(root, ignore_errors=True)
     rng = np.random.default_rng(seed)
     total = 0
@@ -110,8 +106,7 @@ def build_dataset(root: str, n: int, seed: int = 0) -> Dict[str, Any]:
         Image.fromarray(rng.integers(0, 256, (320, 320, 3), dtype=np.uint8)).save(path, "JPEG", quality=92)
         total += os.path.getsize(path)
     done = {"files": n, "bytes": total}
-    with open(marker, "w") as f:
-        json.dump(done, f)
+    mark_complete(root, done)
     return done
 
 
@@ -650,14 +645,7 @@ def main(argv=None) -> int:
     a = parse_args(argv)
     if a.child:
         return child_main(json.loads(a.child))
-    if a.results:
-        with open(a.results) as f:
-            results = json.load(f)
-    else:
-        results = run_benchmark(a)
-        if a.json:
-            with open(a.json, "w") as f:
-                json.dump(results, f, indent=1)
+    results = docsection.saved_or_measured(a.results, a.json, lambda: run_benchmark(a))
     text = print_report(results)
     if a.write_doc:
         docsection.write_section(DOC, "bench_peers", text)

@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import concurrent.futures as cf
 import datetime as dt
-import json
 import os
 import platform
 import shutil
@@ -316,14 +315,7 @@ def main(argv=None) -> int:
     p.add_argument("--results", help="render the doc from a saved --json run instead of measuring")
     p.add_argument("--write-doc", action="store_true")
     a = p.parse_args(argv)
-    if a.results:
-        with open(a.results) as f:
-            res = json.load(f)
-    else:
-        res = measure(a)
-        if a.json:
-            with open(a.json, "w") as f:
-                json.dump(res, f, indent=1)
+    res = docsection.saved_or_measured(a.results, a.json, lambda: measure(a))
     for c in res["configs"]:
         print(f"N={c['nodes']} f={c['ram_pct']}% shared={c['shared_pct']}%: hit {100 * c['hit']:.1f}% "
               f"(ram {100 * c['hit_ram']:.1f}% + shared {100 * c['hit_shared']:.1f}%), per node {c['node_hits']}, "

@@ -164,13 +164,8 @@ class TimeoutBackend(Backend):
                     fut.set_exception(e)
             with self._lock:
                 if worker.abandoned:  # the reader got EIO long ago: drop the result, end the thread
-                    self.stuck -= 1
                     self.threads -= 1
-                    rec = self._stuck_paths.get(worker.key)
-                    if rec is not None:
-                        rec[0] -= 1
-                        if rec[0] <= 0:  # the path answers again: its next read is tried normally
-                            del self._stuck_paths[worker.key]
+                    self._stuck_returned(worker.key)
                     log.info("a backend read that timed out returned after %.1f s",
                              time.monotonic() - worker.started)
                     return
@@ -264,18 +259,23 @@ class TimeoutBackend(Backend):
         raise BackendError(f"{what}: no answer from the backend within {self.timeout_s:g} s (--backend-timeout); "
                            f"answered after {time.monotonic() - rec.started:.1f} s, the result dropped")
 
+    def _stuck_returned(self, key: str) -> None:
+        """A read that timed out on path ``key`` returned (called under ``_lock``): one stuck read fewer,
+        and the path is no longer marked stuck once none of its reads is."""
+        self.stuck -= 1
+        stuck = self._stuck_paths.get(key)
+        if stuck is not None:
+            stuck[0] -= 1
+            if stuck[0] <= 0:  # the path answers again: its next read is tried normally
+                del self._stuck_paths[key]
+
     def _returned(self, rec: _InFlight) -> bool:
         """A watched read returned: True if it had timed out (then it no longer counts as stuck)."""
         with self._lock:
             if not rec.timed_out:
                 del self._inflight[rec]
                 return False
-            self.stuck -= 1
-            stuck = self._stuck_paths.get(rec.key)
-            if stuck is not None:
-                stuck[0] -= 1
-                if stuck[0] <= 0:  # the path answers again: its next read is tried normally
-                    del self._stuck_paths[rec.key]
+            self._stuck_returned(rec.key)
         log.info("a backend read that timed out returned after %.1f s", time.monotonic() - rec.started)
         return True
 

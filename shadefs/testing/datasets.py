@@ -1,5 +1,5 @@
 """A map-style dataset of the files under a directory, for the hook tests and the plan benchmarks, and
-:func:`random_tree`, the read benchmarks' tree of random files.
+:func:`random_tree`, the read benchmarks' tree of random files, and :func:`random_file`.
 
 :class:`FileDataset` looks like ``torchvision.datasets.ImageFolder`` where the hooks look
 (``samples`` of ``(path, class)``, ``root``), and its item is the length in bytes of the file read whole,
@@ -17,7 +17,36 @@ from typing import List, Optional, Tuple
 
 from shadefs.fsutil import atomic_write
 
-__all__ = ["FileDataset", "read_size", "random_tree"]
+__all__ = ["FileDataset", "read_size", "random_file", "random_tree", "completed_tree", "mark_complete"]
+
+
+def random_file(path: str, size: int) -> None:
+    """Write ``size`` bytes of random content to ``path`` (in 4 MiB writes) unless a file of that size is
+    already there (then it is reused as it is). Raises OSError where it cannot be written."""
+    if os.path.exists(path) and os.path.getsize(path) == size:
+        return
+    with open(path, "wb") as f:
+        left = size
+        while left:
+            k = min(left, 4 << 20)
+            f.write(os.urandom(k))
+            left -= k
+
+
+def completed_tree(root: str) -> Optional[dict]:
+    """The summary :func:`mark_complete` left in ``root/.complete`` (a tree written whole), or None where
+    there is none or it cannot be read: the caller compares it with what it would write."""
+    try:
+        with open(os.path.join(root, ".complete")) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def mark_complete(root: str, summary: dict) -> None:
+    """Record ``summary`` (JSON) in ``root/.complete``: the tree under ``root`` is written whole."""
+    with open(os.path.join(root, ".complete"), "w") as f:
+        json.dump(summary, f)
 
 
 def random_tree(root: str, n: int, mean_size: int, seed: int, per_dir: int = 500) -> List[Tuple[str, int]]:

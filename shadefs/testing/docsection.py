@@ -6,11 +6,12 @@ file created. ``from shadefs.testing import docsection`` (no sys.path edits).
 """
 from __future__ import annotations
 
+import json
 import os
 
-from typing import List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence
 
-__all__ = ["markers", "write_section", "markdown_table", "Table"]
+__all__ = ["markers", "write_section", "write_table_section", "saved_or_measured", "markdown_table", "Table"]
 
 
 def markers(name: str):
@@ -40,6 +41,27 @@ def write_section(path: str, name: str, section: str) -> None:
     with open(tmp, "w") as f:
         f.write(text)
     os.replace(tmp, path)
+
+
+def write_table_section(path: str, name: str, title: str, intro: Sequence[str], table: str) -> None:
+    """Replace section ``name`` of ``path`` (as :func:`write_section`) with a ``## title`` heading, the
+    ``intro`` lines (the command, the regime, what each column means), a blank line and ``table``."""
+    start, end = markers(name)
+    write_section(path, name, "\n".join([start, f"## {title}", "", *intro, "", table, end]))
+
+
+def saved_or_measured(results: Optional[str], save: Optional[str], measure: Callable[[], Any]) -> Any:
+    """A benchmark's results: read from the JSON file ``results`` (a saved run, ``--results``) where given,
+    else ``measure()``'s, written to ``save`` (``--json``) where given. Raises OSError or ValueError where
+    ``results`` cannot be read or parsed."""
+    if results:
+        with open(results) as f:
+            return json.load(f)
+    out = measure()
+    if save:
+        with open(save, "w") as f:
+            json.dump(out, f, indent=1)
+    return out
 
 
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[object]],

@@ -19,13 +19,14 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Callable, Dict, List, Optional, Sequence
 
 from shadefs.cmdutil import is_mounted
 
-__all__ = ["SHADEFS", "ShadefsError", "shadefs", "pid_alive", "proc_cpu_s", "wait_for", "wait_pid_gone",
-           "force_unmount", "unmount", "Mount", "tracebacks"]
+__all__ = ["SHADEFS", "ShadefsError", "shadefs", "pid_alive", "proc_cpu_s", "proc_vm", "ctx_switches",
+           "strace_counts", "wait_for", "wait_pid_gone", "force_unmount", "unmount", "Mount", "tracebacks"]
 
 SHADEFS = [sys.executable, "-m", "shadefs"]
 _PID = re.compile(r"\(pid (\d+)")
@@ -89,6 +90,41 @@ def ctx_switches(pid: int) -> int:
         except OSError:
             pass  # the thread ended meanwhile
     return n
+
+
+def proc_vm(pid: int) -> Dict[str, int]:
+    """``{"VmRSS": bytes, "VmHWM": bytes}`` of process ``pid`` from /proc/PID/status (resident set size
+    now and its high-water mark); both 0 once the process has exited."""
+    out = {"VmRSS": 0, "VmHWM": 0}
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                k, _, v = line.partition(":")
+                if k in out:
+                    out[k] = int(v.split()[0]) * 1024
+    except OSError:
+        pass
+    return out
+
+
+def strace_counts(pid: int, run: Callable[[], object]) -> Dict[str, int]:
+    """System calls of every thread of ``pid`` by name (calls made) while ``run()`` runs (``strace -c -f``,
+    attached 0.5 s before ``run()``). Raises FileNotFoundError where strace is not installed."""
+    fd, out = tempfile.mkstemp(prefix="shadefs-strace-")
+    os.close(fd)
+    p = subprocess.Popen(["strace", "-c", "-f", "-o", out, "-p", str(pid)], stderr=subprocess.DEVNULL)
+    time.sleep(0.5)  # attached to every thread
+    run()
+    p.terminate()
+    p.wait(30)
+    counts: Dict[str, int] = {}
+    with open(out) as f:
+        for line in f:
+            m = re.match(r"\s*[\d.]+\s+[\d.]+\s+\d+\s+(\d+)\s+(?:\d+\s+)?(\w+)\s*$", line)
+            if m:
+                counts[m.group(2)] = int(m.group(1))
+    os.unlink(out)
+    return counts
 
 
 def wait_for(predicate: Callable[[], object], timeout: float = 10.0, interval: float = 0.02,

@@ -1,6 +1,7 @@
 """Helpers shared by the operations tests (persistence, faults, load, metrics, security)."""
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import mmap
@@ -8,11 +9,17 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import urllib.request
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from shadefs.backends.posix import PosixBackend
+from shadefs.cli import is_mounted
+from shadefs.fuse.kernel import KernelFrontend
+from shadefs.namespace import Namespace
+from shadefs.testing.gated import GatedCache
 from shadefs.testing.mounts import force_unmount, wait_for, wait_pid_gone  # noqa: F401  (tests import them from here)
 
 
@@ -128,6 +135,50 @@ def fashion_tree(tmp_path_factory, train: int, test: int) -> Path:
                     str(out), "--limit-train", str(train), "--limit-test", str(test)],
                    check=True, capture_output=True, timeout=120)
     return out
+
+
+@contextlib.contextmanager
+def gated_fuse_source(tmp_path, spec: dict, gate: threading.Event, wait):
+    """A FUSE source run in this process (the kernel front end over a :class:`GatedCache`) serving ``spec``
+    (``{relative path: bytes}``, written under ``tmp_path/gated-src``) at ``tmp_path/gated``; opening a file
+    below ``hang/`` blocks in ``wait()``. Yields ``(mountpoint, cache)``; on exit opens ``gate``, stops the
+    front end and asserts the source is unmounted."""
+    root = tmp_path / "gated-src"
+    for rel, data in spec.items():
+        os.makedirs(root / os.path.dirname(rel), exist_ok=True)
+        (root / rel).write_bytes(data)
+    ns = Namespace(PosixBackend(str(root)).walk())
+    cache = GatedCache(ns, str(root), wait)
+    mp = tmp_path / "gated"
+    mp.mkdir()
+    fe = KernelFrontend(ns, cache, None, mountpoint=str(mp), fsname="shadefs-test-gated", passthrough=False)
+    t = threading.Thread(target=fe.run, daemon=True)
+    t.start()
+    wait_for(lambda: is_mounted(str(mp)))
+    yield str(mp), cache
+    gate.set()
+    fe.stop()
+    t.join(10)
+    assert not is_mounted(str(mp))
+
+
+@contextlib.contextmanager
+def s3_class_objects(moto_server, bucket: str, n: int, size: int, seed: int):
+    """A bucket of ``n`` objects of ``size`` random bytes (numpy ``default_rng(seed)``) at
+    ``train/c{i % 4}/{i:04d}.bin`` on ``moto_server``; yields ``moto_server``, then deletes the objects and
+    the bucket."""
+    import numpy as np
+
+    s3 = moto_server.client()
+    s3.create_bucket(Bucket=bucket)
+    rng = np.random.default_rng(seed)
+    keys = [f"train/c{i % 4}/{i:04d}.bin" for i in range(n)]
+    for key in keys:
+        s3.put_object(Bucket=bucket, Key=key, Body=rng.bytes(size))
+    yield moto_server
+    for key in keys:
+        s3.delete_object(Bucket=bucket, Key=key)
+    s3.delete_bucket(Bucket=bucket)
 
 
 class LockedPages:

@@ -13,12 +13,7 @@ import time
 
 import pytest
 
-from conftest import is_mounted
-from mountutil import read, wait_for
-from shadefs.backends.posix import PosixBackend
-from shadefs.fuse.kernel import KernelFrontend
-from shadefs.namespace import Namespace
-from shadefs.testing.gated import GatedCache
+from mountutil import gated_fuse_source, read, wait_for
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/dev/fuse") or os.geteuid() != 0,
                                 reason="needs /dev/fuse and root (an in-process FUSE source)")
@@ -29,31 +24,16 @@ HUNG = 16
 @pytest.fixture
 def gated_source(tmp_path):
     """``(mountpoint, {relpath: bytes}, gate, cache)`` of a FUSE source whose ``hang/`` opens block."""
-    root = tmp_path / "gated-src"
     spec = {f"hit/{i:02d}.bin": os.urandom(2000 + i) for i in range(8)}
     spec.update({f"miss/{i:02d}.bin": os.urandom(3000 + i) for i in range(8)})
     spec.update({f"hang/{i:02d}.bin": os.urandom(1000 + i) for i in range(HUNG)})
-    for rel, data in spec.items():
-        os.makedirs(root / os.path.dirname(rel), exist_ok=True)
-        (root / rel).write_bytes(data)
-    ns = Namespace(PosixBackend(str(root)).walk())
     gate = threading.Event()
 
     def wait_for_the_gate():
         assert gate.wait(60), "the test never opened the gate"
 
-    cache = GatedCache(ns, str(root), wait_for_the_gate)
-    mp = tmp_path / "gated"
-    mp.mkdir()
-    fe = KernelFrontend(ns, cache, None, mountpoint=str(mp), fsname="shadefs-test-gated", passthrough=False)
-    t = threading.Thread(target=fe.run, daemon=True)
-    t.start()
-    wait_for(lambda: is_mounted(str(mp)))
-    yield str(mp), spec, gate, cache
-    gate.set()
-    fe.stop()
-    t.join(10)
-    assert not is_mounted(str(mp))
+    with gated_fuse_source(tmp_path, spec, gate, wait_for_the_gate) as (mp, cache):
+        yield mp, spec, gate, cache
 
 
 def _spawn_reader(path):

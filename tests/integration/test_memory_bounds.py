@@ -8,17 +8,13 @@
 - Listings: a directory of thousands of entries lists exactly (names, types) over many READDIR replies,
   from the snapshot each time.
 """
+import contextlib
 import os
 import threading
 
 import pytest
 
-from conftest import is_mounted
-from mountutil import read, wait_for
-from shadefs.backends.posix import PosixBackend
-from shadefs.fuse.kernel import KernelFrontend
-from shadefs.namespace import Namespace
-from shadefs.testing.gated import GatedCache
+from mountutil import gated_fuse_source, read, wait_for
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/dev/fuse") or os.geteuid() != 0,
                                 reason="needs /dev/fuse and root (an in-process FUSE source)")
@@ -32,36 +28,19 @@ BOUND = 256 << 10
 @pytest.fixture
 def gated_source(tmp_path):
     """``(mountpoint, {relpath: bytes}, gate, cache)`` of a FUSE source whose ``hang/`` opens block."""
-    root = tmp_path / "gated-src"
     spec = {f"hang/{i:02d}.bin": os.urandom(SIZE) for i in range(READERS)}
     spec["big.bin"] = os.urandom(300_000)
     spec["plain/s.bin"] = os.urandom(SIZE)
-    for rel, data in spec.items():
-        os.makedirs(root / os.path.dirname(rel), exist_ok=True)
-        (root / rel).write_bytes(data)
-    ns = Namespace(PosixBackend(str(root)).walk())
     gate = threading.Event()
-    cache = GatedCache(ns, str(root), lambda: gate.wait(60))
-    mp = tmp_path / "gated"
-    mp.mkdir()
-    fe = KernelFrontend(ns, cache, None, mountpoint=str(mp), fsname="shadefs-test-gated", passthrough=False)
-    t = threading.Thread(target=fe.run, daemon=True)
-    t.start()
-    wait_for(lambda: is_mounted(str(mp)))
-    yield str(mp), spec, gate, cache
-    gate.set()
-    fe.stop()
-    t.join(10)
-    assert not is_mounted(str(mp))
+    with gated_fuse_source(tmp_path, spec, gate, lambda: gate.wait(60)) as (mp, cache):
+        yield mp, spec, gate, cache
 
 
-def test_concurrent_fills_hold_at_most_the_fill_buffer_bound(gated_source, mount, tmp_path):
-    src, spec, gate, cache = gated_source
-    env = dict(AUDIT, SHADEFS_FILL_BUFFERS=str(BOUND))
-    m = mount(src, "--ram-cache", "0", "--disk-cache", str(tmp_path / "disk"), "--disk-cache-size", "4MiB",
-              "--no-kernel-cache", "--fuse-impl", "kernel", env=env)
-    out = {}
-
+@contextlib.contextmanager
+def fills_waiting_for_room(m, spec, gate, cache, out):
+    """A reader thread per ``hang/`` file of mount ``m`` (each puts its bytes in ``out[relpath]``); yields
+    ``(hung relpaths, reader)`` once two fills hold 200,000 bytes and hang in the source and the other six
+    wait for room; on exit opens the gate and joins the readers."""
     def reader(rel):
         out[rel] = read(os.path.join(m.path, rel))
 
@@ -70,16 +49,25 @@ def test_concurrent_fills_hold_at_most_the_fill_buffer_bound(gated_source, mount
     for t in threads:
         t.start()
     try:
-        # two fills hold 200,000 bytes and hang in the source; the other six wait for room
         wait_for(lambda: cache.waiting == 2, timeout=20)
         wait_for(lambda: m.stats()["memory"]["fill_buffers"]["waits"] == READERS - 2, timeout=20)
-        fb = m.stats()["memory"]["fill_buffers"]
-        assert fb["used_bytes"] == 2 * SIZE and fb["bound_bytes"] == BOUND
-        assert cache.waiting == 2
+        yield hung, reader
     finally:
         gate.set()
     for t in threads:
         t.join(30)
+
+
+def test_concurrent_fills_hold_at_most_the_fill_buffer_bound(gated_source, mount, tmp_path):
+    src, spec, gate, cache = gated_source
+    env = dict(AUDIT, SHADEFS_FILL_BUFFERS=str(BOUND))
+    m = mount(src, "--ram-cache", "0", "--disk-cache", str(tmp_path / "disk"), "--disk-cache-size", "4MiB",
+              "--no-kernel-cache", "--fuse-impl", "kernel", env=env)
+    out = {}
+    with fills_waiting_for_room(m, spec, gate, cache, out) as (hung, _):
+        fb = m.stats()["memory"]["fill_buffers"]
+        assert fb["used_bytes"] == 2 * SIZE and fb["bound_bytes"] == BOUND
+        assert cache.waiting == 2
     assert out == {rel: spec[rel] for rel in hung}
     s = m.stats()
     fb = s["memory"]["fill_buffers"]
@@ -100,25 +88,12 @@ def test_a_streamed_read_without_room_for_a_whole_chunk_reads_the_bytes_asked(ga
     s_path = os.path.join(m.path, "plain/s.bin")
     assert read(s_path) == spec["plain/s.bin"]  # read whole once (no tier): its next opens are streamed
     out = {}
-
-    def reader(rel):
-        out[rel] = read(os.path.join(m.path, rel))
-
-    hung = sorted(r for r in spec if r.startswith("hang/"))
-    threads = [threading.Thread(target=reader, args=(rel,)) for rel in hung]
-    for t in threads:
-        t.start()
-    try:
-        wait_for(lambda: cache.waiting == 2, timeout=20)
-        wait_for(lambda: m.stats()["memory"]["fill_buffers"]["waits"] == READERS - 2, timeout=20)
+    with fills_waiting_for_room(m, spec, gate, cache, out) as (hung, reader):
         # 200,000 bytes in flight: no room for the streamed file's whole chunk (100,000 more)
         streamed = threading.Thread(target=reader, args=("plain/s.bin",))
         streamed.start()
         wait_for(lambda: m.stats()["memory"]["fill_buffers"]["refused"] >= 1, timeout=20)
-    finally:
-        gate.set()
-    for th in threads + [streamed]:
-        th.join(30)
+    streamed.join(30)
     assert out == {rel: spec[rel] for rel in hung + ["plain/s.bin"]}
     s = m.full_stats()
     fb = s["memory"]["fill_buffers"]

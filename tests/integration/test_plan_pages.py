@@ -4,12 +4,12 @@ kernel keeps nothing between epochs, the kernel front end's page probe finds tha
 is prefetched, not only the first."""
 import time
 
-import numpy as np
 import pytest
 
 from shadefs.testing.s3 import LatencyProxyProcess
 
 from conftest import require  # noqa: E402
+from mountutil import s3_class_objects  # noqa: E402
 
 torch = require("torch")
 from torch.utils.data import DataLoader  # noqa: E402
@@ -23,15 +23,8 @@ N, SIZE, EPOCHS = 200, 16_000, 3
 
 @pytest.fixture
 def s3_tree(moto_server):
-    s3 = moto_server.client()
-    s3.create_bucket(Bucket=BUCKET)
-    rng = np.random.default_rng(1)
-    for i in range(N):
-        s3.put_object(Bucket=BUCKET, Key=f"train/c{i % 4}/{i:04d}.bin", Body=rng.bytes(SIZE))
-    yield moto_server
-    for i in range(N):
-        s3.delete_object(Bucket=BUCKET, Key=f"train/c{i % 4}/{i:04d}.bin")
-    s3.delete_bucket(Bucket=BUCKET)
+    with s3_class_objects(moto_server, BUCKET, N, SIZE, seed=1) as server:
+        yield server
 
 
 def test_every_epoch_is_prefetched_when_the_reader_drops_its_pages(s3_tree, mount, tmp_path):

@@ -3,12 +3,12 @@ prefetcher serves the epoch's opens as ``ready`` and reads each file once."""
 import os
 import time
 
-import numpy as np
 import pytest
 
 from shadefs.testing.s3 import LatencyProxyProcess
 
 from conftest import require  # noqa: E402
+from mountutil import s3_class_objects  # noqa: E402
 
 torch = require("torch")
 from torch.utils.data import DataLoader  # noqa: E402
@@ -22,15 +22,8 @@ N, SIZE = 240, 16_000
 
 @pytest.fixture
 def s3_tree(moto_server):
-    s3 = moto_server.client()
-    s3.create_bucket(Bucket=BUCKET)
-    rng = np.random.default_rng(0)
-    for i in range(N):
-        s3.put_object(Bucket=BUCKET, Key=f"train/c{i % 4}/{i:04d}.bin", Body=rng.bytes(SIZE))
-    yield moto_server
-    for i in range(N):
-        s3.delete_object(Bucket=BUCKET, Key=f"train/c{i % 4}/{i:04d}.bin")
-    s3.delete_bucket(Bucket=BUCKET)
+    with s3_class_objects(moto_server, BUCKET, N, SIZE, seed=0) as server:
+        yield server
 
 
 def test_plan_sampler_epoch_over_slow_s3_is_served_ready_and_read_once(s3_tree, mount):
