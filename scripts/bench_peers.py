@@ -63,7 +63,6 @@ from typing import Any, Dict, List, Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
-sys.path.insert(0, REPO)
 
 from shadefs.testing import docsection  # noqa: E402
 from shadefs.testing.datasets import completed_tree, mark_complete  # noqa: E402

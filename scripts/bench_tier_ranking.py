@@ -32,7 +32,6 @@ import time
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
 
 from shadefs import sim  # noqa: E402
 from shadefs.control.client import ControlClient, find_endpoint  # noqa: E402
