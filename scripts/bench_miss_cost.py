@@ -10,6 +10,8 @@ regime: the kernel keeps nothing between opens, so every open and every READ rea
 Cases, each on a fresh mount (``--policy static``):
 
 - ``miss``: no tier (``--ram-cache 0``): every open a miss, streamed from the source;
+- ``miss-passthrough``: the same with ``--source-passthrough untiered``: the daemon opens and checks the
+  source file and the kernel reads it (FUSE passthrough), no READ reaches the daemon;
 - ``ram-fill``: ``--ram-cache 100%``, the first pass: every open a miss admitted to RAM;
 - ``nvme-fill``: ``--ram-cache 0 --disk-cache DIR``, the first pass: every open a miss written to NVMe;
 - ``nvme-hit``: the same mount's second pass: every open an NVMe hit (passthrough where the kernel has it).
@@ -54,9 +56,10 @@ from shadefs.testing.datasets import random_tree
 from shadefs.testing.regime import describe
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CASES = ("miss", "ram-fill", "nvme-fill", "nvme-hit")
+CASES = ("miss", "miss-passthrough", "ram-fill", "nvme-fill", "nvme-hit")
 MOUNT_ARGS = {
     "miss": ["--ram-cache", "0"],
+    "miss-passthrough": ["--ram-cache", "0", "--source-passthrough", "untiered"],
     "ram-fill": ["--ram-cache", "100%"],
     "nvme": ["--ram-cache", "0"],  # plus --disk-cache DIR
 }
@@ -202,7 +205,8 @@ def measure(m: Mount, files, procs: int, want: str, split: bool) -> dict:
 
 def run_side(side: Side, src: str, files, procs: int, work: str, split: bool) -> Dict[str, dict]:
     out: Dict[str, dict] = {}
-    for case, args in (("miss", MOUNT_ARGS["miss"]), ("ram-fill", MOUNT_ARGS["ram-fill"])):
+    for case in ("miss", "miss-passthrough", "ram-fill"):
+        args = MOUNT_ARGS[case]
         m = side.mount(src, os.path.join(work, f"mnt-{side.name}-{case}"), args)
         try:
             out[case] = measure(m, files, procs, "miss", split)
