@@ -93,6 +93,7 @@ from ..plan.plans import set_opener
 from ..procutil import name_thread
 from . import protocol as P
 from .mount import mount_fuse, unmount_fuse
+from .spare import ReaderWatch
 from ..config import Environment
 from .ops import ENDPOINT_XATTR, endpoint_of, listdir_slice, statfs_values
 
@@ -183,13 +184,34 @@ class _SourceReads:
 
 class _StopFlag(threading.Event):
     """An Event whose state is also the plain attribute ``stopped``: the reader loop reads it once per
-    request (``Event.is_set`` is a Python call there)."""
+    request (``Event.is_set`` is a Python call there). Each reader thread's loop reads its own
+    :class:`_ReaderStop`, set with this one (:meth:`reader`), or alone when that reader retires."""
 
     stopped = False
 
+    def __init__(self):
+        super().__init__()
+        self._readers: List["_ReaderStop"] = []
+
+    def reader(self) -> "_ReaderStop":
+        r = _ReaderStop()
+        self._readers.append(r)
+        r.stopped = self.stopped
+        return r
+
     def set(self) -> None:
         self.stopped = True
+        for r in list(self._readers):
+            r.stopped = True
         super().set()
+
+
+class _ReaderStop:
+    """One reader thread's stop flag: ``stopped`` when the front end stops, or when the reader was
+    replaced by a spare while it served a slow miss (``retired``: only this reader ends)."""
+
+    stopped = False
+    retired = False
 
 
 class _Workers:
@@ -533,6 +555,10 @@ class KernelFrontend:
         self.reader_misses_served = 0     # misses served on a reader thread
         self.reader_misses_slow = 0       # backoffs: the moving average went past READER_MISS_MAX_S
         self.spare_readers = 0            # reader threads started in place of one stuck on the source
+        # a reader in a miss for longer than spare.SPARE_AFTER_S is replaced by a spare reader, and ends
+        # once its miss is over: a hung source never holds the readers (shadefs.fuse.spare)
+        self.reader_watch = ReaderWatch(self._start_spare) if self.reader_misses else None
+        self._reader_local = threading.local()   # .stop: the reader thread's _ReaderStop
         self.fd: Optional[int] = None
         self._fds: List[int] = []
         self._stop = _StopFlag()
@@ -631,6 +657,8 @@ class KernelFrontend:
                     self.cache.apply_hits()
         finally:
             self._stop.set()
+            if self.reader_watch is not None:
+                self.reader_watch.close()
             for sig, handler in old.items():
                 signal.signal(sig, handler)
             if signalled:
@@ -750,13 +778,22 @@ class KernelFrontend:
     # -- the reader loop ---------------------------------------------------------------------------------
     def _reader(self, fd: int) -> None:
         name_thread()
+        stop = self._reader_local.stop = self._stop.reader()
+        try:
+            self._reader_loop(fd, stop)
+        finally:
+            try:
+                self._stop._readers.remove(stop)
+            except ValueError:
+                pass
+
+    def _reader_loop(self, fd: int, stop: "_ReaderStop") -> None:
         if _fastloop is not None and self.compiled_loop:
-            self._reader_compiled(fd)
+            self._reader_compiled(fd, stop)
             return
         buf = bytearray(BUFSIZE)
         dispatch = self._dispatch  # the same per-request handling as the compiled loop's
         unpack = P.IN_HEADER.unpack_from
-        stop = self._stop
         while not stop.stopped:
             try:
                 n = os.readv(fd, [buf])
@@ -774,15 +811,17 @@ class KernelFrontend:
             _, opcode, unique, nodeid, _, _, _, _, _ = unpack(buf, 0)
             dispatch(fd, buf, opcode, unique, nodeid, n)
 
-    def _reader_compiled(self, fd: int) -> None:
+    def _reader_compiled(self, fd: int, stop: "_ReaderStop") -> None:
         """The reader loop of :mod:`shadefs.fuse._fastloop`: requests are read and RELEASE answered in C
         without the GIL; the released handles are dropped in batches (:meth:`_release_many`); an OPEN goes
         to :meth:`_open_compiled` (the loop writes a hit's reply), every other request to
         :meth:`_dispatch`."""
         os.set_blocking(fd, False)  # a read that finds no request lets the loop hand back released handles
         res = self.residents
-        err = _fastloop.serve(fd, bytearray(BUFSIZE), self._dispatch, self._release_many, self._stop,
+        err = _fastloop.serve(fd, bytearray(BUFSIZE), self._dispatch, self._release_many, stop,
                               self._open_compiled, res, self.cache.apply_hits if res is not None else None)
+        if err == 0 and stop.retired and not self._stop.stopped:
+            return  # replaced by a spare reader during a slow miss: only this thread ends
         if err == 0:
             self._stop.set()  # end of file (the test's socket closed), or DESTROY
         else:
@@ -1076,8 +1115,8 @@ class KernelFrontend:
         if h is None:
             self._defer(fd, unique, self._open_slow, node, None, pid)
         elif h.__class__ is OpenTicket:
-            if (self.reader_misses and self.source_mode == "off" and not h.joins
-                    and time.monotonic() >= self._reader_misses_after):
+            if (self.reader_misses and not h.joins and time.monotonic() >= self._reader_misses_after
+                    and self.reader_watch.room()):
                 return self._open_on_reader(fd, unique, node, h)
             # the ticket is served even if the open is interrupted first: it may lead a fetch that other
             # opens of the file wait on (its handle is then released)
@@ -1099,10 +1138,29 @@ class KernelFrontend:
         worker (a thread hand-off, two GIL switches), for a directory source that has been answering fast.
         Returns the reply triple as :meth:`_open_request` does, or None (answered here).
 
+        A miss that holds this reader longer than :data:`~shadefs.fuse.spare.SPARE_AFTER_S` gets a spare
+        reader started in its place (:attr:`reader_watch`); this reader then ends once the miss is over.
         When misses take longer than :data:`READER_MISS_MAX_S` on average (a slow source), misses go to
-        the workers for :data:`READER_MISS_BACKOFF_S`. A read stuck past ``--backend-timeout`` is answered EIO by the
-        backend's watchdog (:meth:`_reader_stuck`), which also starts a spare reader in this one's place;
-        the request is registered as pending meanwhile, so an INTERRUPT or the watchdog answers it once."""
+        the workers for :data:`READER_MISS_BACKOFF_S`. A read stuck past ``--backend-timeout`` is answered
+        EIO by the backend's watchdog (:meth:`_reader_stuck`); the request is registered as pending
+        meanwhile, so an INTERRUPT or the watchdog answers it once."""
+        rec = self.reader_watch.begin(fd)
+        try:
+            return self._serve_on_reader(fd, unique, fid, ticket)
+        finally:
+            if self.reader_watch.end(rec):
+                stop = getattr(self._reader_local, "stop", None)
+                if stop is not None:
+                    stop.retired = stop.stopped = True
+
+    def _start_spare(self, fd: int) -> None:
+        # the reader watch's: a reader is held by a slow miss; a fresh one reads fd's requests meanwhile
+        if self._stop.stopped:
+            return
+        self.spare_readers += 1
+        threading.Thread(target=self._reader, args=(fd,), name="fuse-reader-spare", daemon=True).start()
+
+    def _serve_on_reader(self, fd: int, unique: int, fid: int, ticket):
         with self._plock:
             self._pending[unique] = fd
         self.reader_misses_served += 1
@@ -1140,18 +1198,14 @@ class KernelFrontend:
 
     def _reader_stuck(self, fd: int, unique: int, stuck: list) -> None:
         """The backend's watchdog, for a reader whose miss is past ``--backend-timeout``: answer the OPEN
-        EIO, send misses to the workers (backoff) and start a spare reader on the same fd (the stuck one
-        goes on serving once its read returns: reader threads grow by at most the reads stuck, which
-        ``TimeoutBackend.max_stuck`` bounds)."""
+        EIO and send misses to the workers (backoff). A spare reader serves in its place since the miss
+        passed ``SPARE_AFTER_S`` (:attr:`reader_watch`); the stuck one ends once its read returns."""
         stuck.append(True)
         self.reader_misses_slow += 1
         self._reader_misses_after = time.monotonic() + READER_MISS_BACKOFF_S
         self._reader_miss_s = 0.0
         if self._finish(unique):
             self._send(fd, unique, P.OPEN, errno.EIO, ())
-        if not self._stop.stopped:
-            self.spare_readers += 1
-            threading.Thread(target=self._reader, args=(fd,), name="fuse-reader-spare", daemon=True).start()
 
     def _open_source(self, fd: int, unique: int, fid: int, h) -> None:
         """Worker: an open served from the source that the reader handed over (:meth:`_open_handle` may
