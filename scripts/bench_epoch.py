@@ -40,7 +40,7 @@ Usage::
     bench_epoch.py --results OUT.json --write-doc      # re-render the doc from a saved run
 
 ``--write-doc`` replaces the section between ``<!-- bench_epoch:start -->`` and
-``<!-- bench_epoch:end -->`` in docs/results/bench_epoch.md and writes docs/img/bench_epoch.png.
+``<!-- bench_epoch:end -->`` in docs/results/epoch.md and writes docs/img/bench_epoch.png.
 """
 from __future__ import annotations
 
@@ -443,7 +443,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--run-timeout", type=float, default=1800, help="seconds per training run")
     p.add_argument("--json", metavar="OUT.json", help="also write the results here")
     p.add_argument("--write-doc", action="store_true",
-                   help="replace the bench_epoch section of docs/results/bench_epoch.md and the plot")
+                   help="replace the bench_epoch section of docs/results/epoch.md and the plot")
     p.add_argument("--results", metavar="IN.json", nargs="+",
                    help="render from saved results (several: chunks of one grid, merged); run nothing")
     p.add_argument("--child", help=argparse.SUPPRESS)

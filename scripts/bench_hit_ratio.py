@@ -49,7 +49,7 @@ A full-size run (60000 images x 3 epochs + 3 evaluations of 10000) took 5 min on
 other jobs (600-800 images/s through the mount): budget 1-2 h for the default 24 runs.
 ``--reanalyse`` recomputes the trace analysis of saved runs from their traces (kept under WORKDIR/runs).
 ``--write-doc`` replaces the section between ``<!-- bench_hit_ratio:start -->`` and
-``<!-- bench_hit_ratio:end -->`` of docs/results/bench_hit_ratio.md and writes docs/img/hit_ratio_uniform.png and docs/img/hit_ratio_importance.png.
+``<!-- bench_hit_ratio:end -->`` of docs/results/hit_ratio.md and writes docs/img/hit_ratio_uniform.png and docs/img/hit_ratio_importance.png.
 Results are saved to ``--results`` after every run (``--resume`` skips runs already there).
 Every mount is unmounted in ``finally`` (also on Ctrl-C); a failed run is recorded and the next one
 starts.
@@ -851,7 +851,7 @@ def main(argv=None) -> int:
     p.add_argument("--reanalyse", action="store_true",
                    help="with --from-results: recompute per-epoch hits and OPT from the saved traces")
     p.add_argument("--write-doc", action="store_true",
-                   help="write the '## Hit ratio' section of docs/results/bench_hit_ratio.md and docs/img/hit_ratio_*.png")
+                   help="write the '## Hit ratio' section of docs/results/hit_ratio.md and docs/img/hit_ratio_*.png")
     p.add_argument("--doc", default=DOC, help=argparse.SUPPRESS)
     p.add_argument("--img-dir", default=IMG_DIR, help=argparse.SUPPRESS)
     args = p.parse_args(argv)

@@ -313,7 +313,7 @@ def main() -> None:
                          "jobs on a shared machine is not counted) or wall time")
     ap.add_argument("--baseline", default=None, help="git revision to compare against (e.g. main)")
     ap.add_argument("--rounds", type=int, default=2, help="runs per side, alternating; the best is shown")
-    ap.add_argument("--markdown", action="store_true", help="also write the docs/results/bench_hitcost.md section")
+    ap.add_argument("--markdown", action="store_true", help="also write the docs/results/hitcost.md section")
     ap.add_argument("--doc", default=os.path.join(ROOT, "docs", "results", "bench_hitcost.md"))
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--save-json", metavar="FILE", help="also write the figures as JSON")

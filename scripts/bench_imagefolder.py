@@ -47,7 +47,7 @@ def main(argv=None) -> int:
     p.add_argument("--data", default="data/fmnist/train", help="an ImageFolder root (class folders)")
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--drop-caches", action="store_true", help="drop dentry/inode caches before cold runs (root)")
-    p.add_argument("--write-doc", action="store_true", help="replace the section in docs/results/bench_imagefolder.md")
+    p.add_argument("--write-doc", action="store_true", help="replace the section in docs/results/imagefolder.md")
     args = p.parse_args(argv)
     src = os.path.abspath(args.data)
     n_files = sum(len(fs) for _, _, fs in os.walk(src))

@@ -78,7 +78,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--baseline", default=None, help="git revision to compare against")
     ap.add_argument("--work", default="/tmp/shadefs-bench-memory", help="sources and mountpoints go here")
-    ap.add_argument("--write-doc", action="store_true", help="rewrite the section in docs/results/bench_memory.md")
+    ap.add_argument("--write-doc", action="store_true", help="rewrite the section in docs/results/memory.md")
     args = ap.parse_args()
     os.makedirs(args.work, exist_ok=True)
     os.chdir(args.work)  # ``python -m shadefs`` puts the cwd first on sys.path: not this tree's package

@@ -115,7 +115,7 @@ def main() -> None:
     ap.add_argument("--disk-mib", type=int, default=128, help="the NVMe tier's size in the ram+disk case")
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--work", default="/tmp/shadefs-bench-memory-readers")
-    ap.add_argument("--write-doc", action="store_true", help="rewrite docs/results/bench_memory_readers.md")
+    ap.add_argument("--write-doc", action="store_true", help="rewrite docs/results/memory_readers.md")
     args = ap.parse_args()
     os.makedirs(args.work, exist_ok=True)
     os.chdir(args.work)  # ``python -m shadefs`` puts the cwd first on sys.path: not this tree's package

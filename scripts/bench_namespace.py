@@ -22,7 +22,7 @@ The machine is shared: the load average is printed beside every timed figure.
 Reproduce: ``python scripts/bench_namespace.py --files 1000000 --workdir /tmp/shadefs-bench-ns --keep``
 and ``--files 1000000 10000000:10``; before/after at the daemon level:
 ``--files 1000000 --workdir /tmp/fe2-ns --keep --daemon-only --daemon-ref main --daemon-rounds 2``; ``--write-doc`` rewrites the "Namespace" section of
-docs/results/bench_namespace.md (the rows of every N measured in this run).
+docs/results/namespace.md (the rows of every N measured in this run).
 """
 from __future__ import annotations
 
@@ -352,7 +352,7 @@ def main(argv=None) -> int:
     ap.add_argument("--no-daemon", action="store_true", help="only the in-process figures")
     ap.add_argument("--ref", default="362a0bd", metavar="REV",
                     help="also scan with the namespace of commit REV, side by side ('' = skip)")
-    ap.add_argument("--write-doc", action="store_true", help="rewrite the Namespace section of docs/results/bench_namespace.md")
+    ap.add_argument("--write-doc", action="store_true", help="rewrite the Namespace section of docs/results/namespace.md")
     ap.add_argument("--section", default="bench_namespace", help="the doc section to write (its markers' name)")
     ap.add_argument("--title", default="Namespace", help="the section's heading")
     ap.add_argument("--floors", action="store_true",

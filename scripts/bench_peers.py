@@ -44,7 +44,7 @@ Usage::
     bench_peers.py --results OUT.json --write-doc      # re-render the report from a saved run
 
 ``--write-doc`` rewrites the section between ``<!-- bench_peers:start -->`` and ``<!-- bench_peers:end -->``
-of docs/results/bench_peers.md.
+of docs/results/peers.md.
 """
 from __future__ import annotations
 
@@ -628,7 +628,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--workdir", default=None, help="keep the dataset and the logs here (default: a temp dir)")
     p.add_argument("--json", default=None, help="write the results here")
     p.add_argument("--results", default=None, help="render a saved --json instead of running")
-    p.add_argument("--write-doc", action="store_true", help="rewrite docs/results/bench_peers.md's section")
+    p.add_argument("--write-doc", action="store_true", help="rewrite docs/results/peers.md's section")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     a.configs = a.configs.split(",")

@@ -45,7 +45,7 @@ daemon's outcomes, the page probe's counters, proxy GETs)::
 
 Each invocation appends its runs to ``--json`` after every run (so a grid can be run in chunks, one bench
 lock hold each); ``--render`` merges several files (grouped by delay), prints the tables and with
-``--write-doc`` writes the ``bench_plan`` section of docs/results/bench_plan.md and docs/img/plan_grid_*.png.
+``--write-doc`` writes the ``bench_plan`` section of docs/results/plan.md and docs/img/plan_grid_*.png.
 """
 from __future__ import annotations
 
@@ -658,7 +658,7 @@ def main(argv=None):
     ap.add_argument("--json", metavar="OUT", help="save the runs here (after every run)")
     ap.add_argument("--keep-traces", metavar="DIR", help="copy each mount run's trace (and scores) here")
     ap.add_argument("--render", nargs="+", metavar="JSON", help="render saved runs instead of measuring")
-    ap.add_argument("--write-doc", action="store_true", help="with --render: write docs/results/bench_plan.md and plots")
+    ap.add_argument("--write-doc", action="store_true", help="with --render: write docs/results/plan.md and plots")
     args = ap.parse_args(argv)
     if args.render:
         render(args.render, args.write_doc)

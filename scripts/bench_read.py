@@ -33,7 +33,7 @@ reaches the slow source). With ``--fuse-loop single`` a hit waits behind whichev
 
     .venv/bin/python scripts/bench_read.py                 # full run (~5 min on 2 cores)
     .venv/bin/python scripts/bench_read.py --quick         # ~1 min smoke run
-    .venv/bin/python scripts/bench_read.py --write-doc     # also rewrite docs/results/bench_read.md "Read path"
+    .venv/bin/python scripts/bench_read.py --write-doc     # also rewrite docs/results/read.md "Read path"
                                                            # and docs/img/bench_read.png
 
 ``--baseline REV`` also mounts every selected case with the ``shadefs`` package of git revision REV (its
@@ -43,7 +43,7 @@ so the working tree and the baseline are timed side by side on the same files:
     .venv/bin/python scripts/bench_read.py --sizes large --readers 8 --cases ram-kernel nvme-kernel \
         --no-slow --no-hung --baseline main
 
-Only the part of docs/results/bench_read.md between ``<!-- bench_read:start -->`` and
+Only the part of docs/results/read.md between ``<!-- bench_read:start -->`` and
 ``<!-- bench_read:end -->`` is replaced. Every mount is unmounted in ``finally`` blocks (also on Ctrl-C).
 """
 from __future__ import annotations

@@ -14,7 +14,7 @@ disk hits:
 - the same after ``echo 3 > /proc/sys/vm/drop_caches`` (root only): as after a reboot;
 - the reload alone, in this process (:func:`shadefs.cache.persist.reload_disk_tier`, snapshot given).
 
-Prints a table (``--markdown`` for docs/results/bench_restart.md) with the 1-minute load average after each row:
+Prints a table (``--markdown`` for docs/results/restart.md) with the 1-minute load average after each row:
 on a shared machine, compare rows of similar load.
 
     python scripts/bench_restart.py --files 100000 1000000 --workdir /var/tmp/shadefs-bench [--keep]

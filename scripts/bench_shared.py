@@ -28,7 +28,7 @@ Usage::
     bench_shared.py --results OUT.json --write-doc      # re-render the doc from a saved run
 
 ``--write-doc`` replaces the section between ``<!-- bench_shared:start -->`` and
-``<!-- bench_shared:end -->`` in docs/results/bench_shared.md and writes docs/img/bench_shared.png.
+``<!-- bench_shared:end -->`` in docs/results/shared.md and writes docs/img/bench_shared.png.
 """
 from __future__ import annotations
 

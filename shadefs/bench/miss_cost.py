@@ -1,5 +1,6 @@
-#!/usr/bin/env python3
-"""The cost of a miss: the daemon's CPU per open when every open of a pass reaches a fast source.
+"""What does a miss cost the daemon (CPU per open, files/s against a direct reader) from a fast source?
+
+The daemon's CPU per open when every open of a pass reaches a fast source.
 
 A tree of ``--files`` random files (``--size`` bytes on average) on tmpfs (``--source-dir``, default
 /dev/shm) is the source, so the source itself costs next to nothing and what is measured is the daemon.
@@ -21,44 +22,43 @@ threads alive at the end), the pass's files/s, and the mount's counters, checked
 case names for every open. The direct reader (the same readers on the source itself) gives the files/s
 every side is compared with.
 
+Regime: the dropping loader. Physical limit: the direct reader's files/s on the same tree (every figure
+is also given as a fraction of it), and one core's 1 / (CPU per open).
+
 ``--baseline REV`` (default ``main``) runs every case with the ``shadefs`` package of git revision REV
-as well (:func:`shadefs.testing.baseline.extract`; its daemon started with that package on PYTHONPATH),
-side by side with the working tree: round after round (``--rounds``), each round runs the direct reader
-and every case of both sides, the order of sides alternating, so load that comes and goes on a shared
-machine hits both alike. Each figure is the median over rounds; the table gives both sides and their
-ratio (baseline / tree).
+as well (the runner's baseline: its daemon started with that package on PYTHONPATH), side by side with
+the working tree: round after round (``--rounds``, default 3), each round runs the direct reader and
+every case of both sides, the order alternating, so load that comes and goes on a shared machine hits
+both alike. Each figure is the median over rounds; the table gives both sides and their ratio
+(baseline / tree).
 
 ``--split`` adds, for the working tree's side, per case: CPU by thread (``/proc/PID/task/TID/stat``; the
 threads are named by the daemon, ``PR_SET_NAME``, where it names them), voluntary context switches per
 open, and system calls per open by name (``strace -c -f`` attached for one more pass: strace slows every
 call, so only its counts are kept). ``--cpus LIST`` pins the daemons to those CPUs (``taskset -c``).
 
-    python scripts/bench_miss_cost.py --files 3000 --rounds 3
-    python scripts/bench_miss_cost.py --files 2000 --rounds 1 --split --cpus 0 --baseline none
+    python -m shadefs.bench miss_cost --files 3000 --rounds 3
+    python -m shadefs.bench miss_cost --files 2000 --rounds 1 --split --cpus 0 --baseline none
 """
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Tuple
 
-from shadefs.testing import Mount, baseline, ctx_switches, proc_cpu_s, strace_counts
+from shadefs.bench.runner import Side, median as med
+from shadefs.testing import Mount, ctx_switches, proc_cpu_s, strace_counts
 from shadefs.testing.datasets import random_tree
-from shadefs.testing.regime import describe
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CASES = ("miss", "ram-fill", "nvme-fill", "nvme-hit")
 MOUNT_ARGS = {
-    "miss": ["--ram-cache", "0"],
-    "ram-fill": ["--ram-cache", "100%"],
-    "nvme": ["--ram-cache", "0"],  # plus --disk-cache DIR
+    "miss": ["--ram-cache", "0", "--policy", "static"],
+    "ram-fill": ["--ram-cache", "100%", "--policy", "static"],
+    "nvme": ["--ram-cache", "0", "--policy", "static"],  # plus --disk-cache DIR
 }
 
 # a reader process: open, read whole, drop the pages on the same open, close; prints its opens and bytes
@@ -163,22 +163,6 @@ def counts_of(m: Mount) -> Tuple[int, int, int, int]:
     return s["opens"], s["misses"], int(hits.get("ram", 0)), int(hits.get("disk", 0))
 
 
-class Side:
-    """One package under test: the working tree (``path`` None) or a baseline revision's extract."""
-
-    def __init__(self, name: str, path: Optional[str], cpus: Optional[str]):
-        self.name, self.path, self.cpus = name, path, cpus
-        self.env = dict(os.environ)
-        self.env["PYTHONPATH"] = path or ROOT
-
-    def mount(self, src: str, mnt: str, args: List[str]) -> Mount:
-        m = Mount(src, mnt, args + ["--policy", "static"], env=self.env).start()
-        if self.cpus:
-            subprocess.run(["taskset", "-a", "-p", "-c", self.cpus, str(m.pid)], check=True,
-                           capture_output=True)
-        return m
-
-
 def measure(m: Mount, files, procs: int, want: str, split: bool) -> dict:
     """One pass over ``m``: CPU and context switches per open, files/s, the counters' outcome check."""
     before = counts_of(m)
@@ -214,7 +198,8 @@ def run_side(side: Side, src: str, files, procs: int, work: str, split: bool) ->
     disk = os.path.join(work, f"disk-{side.name}")
     shutil.rmtree(disk, ignore_errors=True)
     os.makedirs(disk)
-    m = side.mount(src, os.path.join(work, f"mnt-{side.name}-nvme"), MOUNT_ARGS["nvme"] + ["--disk-cache", disk, "--disk-cache-size", "2GiB"])
+    m = side.mount(src, os.path.join(work, f"mnt-{side.name}-nvme"),
+                   MOUNT_ARGS["nvme"] + ["--disk-cache", disk, "--disk-cache-size", "2GiB"])
     try:
         out["nvme-fill"] = measure(m, files, procs, "miss", split)
         out["nvme-hit"] = measure(m, files, procs, "disk", split)
@@ -226,64 +211,41 @@ def run_side(side: Side, src: str, files, procs: int, work: str, split: bool) ->
     return out
 
 
-def med(xs: List[float]) -> float:
-    return statistics.median(xs) if xs else float("nan")
-
-
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_arguments(p) -> None:
     p.add_argument("--files", type=int, default=3000)
     p.add_argument("--size", type=int, default=110_000, help="mean file size in bytes (+-30 %%)")
     p.add_argument("--procs", type=int, default=4, help="reader processes")
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--baseline", default="main", help="git revision to compare with ('none': the tree alone)")
     p.add_argument("--source-dir", default="/dev/shm", help="where the source tree is made (tmpfs)")
     p.add_argument("--split", action="store_true", help="CPU by thread, syscalls per open (the tree's side)")
     p.add_argument("--cpus", help="pin the daemons to these CPUs (taskset -c LIST)")
-    p.add_argument("--json", help="write every round's figures to this file")
-    args = p.parse_args(argv)
+    p.set_defaults(rounds=3, baseline="main")
 
+
+def run(args, bench) -> int:
     src = os.path.join(args.source_dir, f"shadefs-miss-cost-{args.files}-{args.size}")
     files = random_tree(src, args.files, args.size, seed=7)
     total = sum(s for _, s in files)
     work = tempfile.mkdtemp(prefix="shadefs-miss-cost-")
-    sides = [Side("tree", None, args.cpus)]
-    extracted = None
-    if args.baseline != "none":
-        extracted, short = baseline.extract(ROOT, args.baseline, prefix="shadefs-miss-cost-base-")
-        sides.append(Side(f"{args.baseline}@{short}", extracted, args.cpus))
-    rounds: List[dict] = []
-    try:
-        for r in range(args.rounds):
-            rec = {"direct": read_pass(src, files, args.procs)}
-            order = sides if r % 2 == 0 else sides[::-1]
-            for side in order:
-                rec[side.name] = run_side(side, src, files, args.procs, work,
-                                          args.split and side.path is None)
-            rounds.append(rec)
-            print(f"round {r + 1}/{args.rounds} done, load {os.getloadavg()[0]:.2f}", file=sys.stderr)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-        if extracted:
-            shutil.rmtree(extracted, ignore_errors=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rounds, f, indent=1)
+    bench.on_close(lambda: shutil.rmtree(work, ignore_errors=True))
+    sides: List[Side] = bench.sides(args.cpus)
+    rounds: List[dict] = [{} for _ in range(args.rounds)]
+    for r, side in bench.interleaved(["direct", *sides]):
+        if side == "direct":
+            rounds[r]["direct"] = read_pass(src, files, args.procs)
+        else:
+            rounds[r][side.name] = run_side(side, src, files, args.procs, work, args.split and side.is_tree)
+    bench.save_json(rounds)
 
-    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     direct = med([n / s for n, s in (rec["direct"] for rec in rounds)])
-    print(describe("dontneed", dataset_bytes=total))
+    bench.regime("dontneed", dataset_bytes=total)
     print(f"{args.files} files x {args.size / 1000:.0f} kB (mean) on tmpfs, {args.procs} reader processes, "
-          f"{args.rounds} rounds (medians), daemon CPUs: {args.cpus or 'all'}, load average {load}, "
-          f"{os.cpu_count()} CPUs")
+          f"{args.rounds} rounds (medians), daemon CPUs: {args.cpus or 'all'}")
     print(f"direct reader: {direct:,.0f} files/s")
-    print()
     names = [s.name for s in sides]
-    hdr = "| case | " + " | ".join(f"{n} us/open | {n} files/s (x direct) | {n} ctx/open" for n in names)
+    headers = ["case"] + [h for n in names for h in (f"{n} us/open", f"{n} files/s (x direct)", f"{n} ctx/open")]
     if len(names) == 2:
-        hdr += f" | CPU {names[1]} / {names[0]}"
-    print(hdr + " |")
-    print("|" + "---|" * (hdr.count("|") - 1 + 1))
+        headers.append(f"CPU {names[1]} / {names[0]}")
+    rows = []
     for case in CASES:
         cells = [case]
         us = {}
@@ -294,7 +256,8 @@ def main(argv=None) -> int:
             cells += [f"{us[n]:.0f}", f"{fs:,.0f} ({fs / direct:.3f}x)", f"{ctx:.1f}"]
         if len(names) == 2:
             cells.append(f"{us[names[1]] / us[names[0]]:.2f}x")
-        print("| " + " | ".join(cells) + " |")
+        rows.append(cells)
+    bench.table("daemon CPU per open, files/s, context switches per open (medians over rounds)", headers, rows)
     if args.split:
         print()
         print("split (working tree, last round): CPU us per open by thread (of it system time); voluntary ctx "
@@ -319,7 +282,3 @@ def main(argv=None) -> int:
             print(f"- {case}: user {user:.0f} us/open -> GIL-serial ceiling {1e6 / user:,.0f} files/s; "
                   f"one core {1e6 / us:,.0f} files/s; {os.cpu_count()} cores {os.cpu_count() * 1e6 / us:,.0f} files/s")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
