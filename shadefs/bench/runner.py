@@ -30,8 +30,7 @@ import shlex
 import shutil
 import statistics
 import sys
-import time
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 
 from shadefs.testing import Mount, baseline as _baseline, docsection
 from shadefs.testing.regime import describe
@@ -62,10 +61,13 @@ def benchmarks() -> List[str]:
 
 
 def question(name: str) -> str:
-    """The first line of benchmark ``name``'s docstring: the question it answers. Raises ImportError for an
-    unknown name."""
-    mod = importlib.import_module(f"shadefs.bench.{name}")
-    return (mod.__doc__ or "").strip().split("\n", 1)[0]
+    """The first paragraph of benchmark ``name``'s docstring, on one line: the question it answers (read
+    from the source, nothing imported). Raises OSError for an unknown name."""
+    import ast
+
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py"), encoding="utf-8") as f:
+        doc = ast.get_docstring(ast.parse(f.read())) or ""
+    return " ".join(doc.split("\n\n", 1)[0].split())
 
 
 class Side:
@@ -144,6 +146,11 @@ class Bench:
         """The tables printed so far, as Markdown, one after the other."""
         return "\n\n".join(t.markdown() for t in self.tables)
 
+    def error(self, message: str) -> None:
+        """Stop the run on a bad option (as argparse does: the message on stderr, exit status 2)."""
+        print(f"python -m shadefs.bench {self.name}: error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
     def progress(self, message: str) -> None:
         """A progress line on stderr, with the load average now."""
         print(f"{self.name}: {message} (load {loadavg()})", file=sys.stderr, flush=True)
@@ -174,7 +181,8 @@ class Bench:
                 self._baseline = _baseline.extract(ROOT, rev, prefix=f"shadefs-bench-{self.name}-baseline-",
                                                    build=True)
             except subprocess.CalledProcessError as e:
-                raise SystemExit(f"--baseline {rev}: {(e.stderr or b'').decode(errors='replace').strip()}")
+                err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else e.stderr or ""
+                raise SystemExit(f"--baseline {rev}: {err.strip()}")
             path = self._baseline[0]
             self._cleanups.append(lambda: shutil.rmtree(path, ignore_errors=True))
         return self._baseline

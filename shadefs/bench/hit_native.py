@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """RAM hits against the page cache and a native FUSE server, side by side in one run.
 
 Cases, all mounted at once and timed in interleaved rounds (every case once per round; the median of
@@ -29,11 +28,10 @@ For each server (native or shadefs) the CPU (user + system, ``/proc/PID/stat``) 
 (voluntary and involuntary, of all its threads: ``/proc/PID/task/*/status``) per open over the timed passes
 are reported, and each shadefs daemon's counters must show every timed open as a RAM hit.
 
-    python scripts/bench_hit_native.py --ramfs /tmp/ramfs [--baseline main] [--rounds 3]
+    python -m shadefs.bench hit_native --ramfs /tmp/ramfs [--baseline main] [--rounds 3]
 """
 from __future__ import annotations
 
-import argparse
 import multiprocessing as mp
 import os
 import random
@@ -43,10 +41,9 @@ import tempfile
 import time
 from typing import Dict, List
 
-from shadefs.testing import Mount, baseline, ctx_switches, proc_cpu_s, wait_for
+from shadefs.testing import Mount, ctx_switches, proc_cpu_s, wait_for
 from shadefs.testing.mounts import SHADEFS
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIZES = (("~110 KB", 2000, 110_000), ("~300 B", 4000, 300))
 
 
@@ -85,11 +82,8 @@ def timed(pool, root: str, rel: List[str], procs: int, reps: int) -> float:
     return n / (time.monotonic() - t0)
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_arguments(ap) -> None:
     ap.add_argument("--ramfs", help="the native anchor's binary (ramfs.c built with libfuse3)")
-    ap.add_argument("--baseline", metavar="REV", help="also the daemon of git revision REV")
-    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--reps", type=int, default=3, help="passes over the files per timed round")
     ap.add_argument("--procs", type=int, default=8)
     ap.add_argument("--sizes", nargs="*", default=[s[0] for s in SIZES], choices=[s[0] for s in SIZES])
@@ -102,7 +96,10 @@ def main(argv=None) -> int:
     ap.add_argument("--readers-session", action="store_true",
                     help="also the single-threaded native server and shadefs (--foreground) in this script's "
                          "session, i.e. the readers' scheduling group")
-    a = ap.parse_args(argv)
+    ap.set_defaults(rounds=3)
+
+
+def run(a, bench):
     work = os.path.abspath(a.workdir or tempfile.mkdtemp(prefix="shadefs-hitnative-"))
     os.makedirs(work, exist_ok=True)
     tmp = None
@@ -117,7 +114,7 @@ def main(argv=None) -> int:
     if not a.no_python_loop:
         shadefs_cases.append(("shadefs, Python loop", dict(os.environ, SHADEFS_FUSE_PYTHON_LOOP="1"), []))
     if a.baseline:
-        tmp, rev = baseline.extract(ROOT, a.baseline, prefix="shadefs-hitnative-baseline-")
+        tmp, rev = bench.baseline()
         shadefs_cases.append((f"shadefs {rev} (baseline)", dict(os.environ, PYTHONPATH=tmp), []))
     print(f"load at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
     os.chdir(work)  # ``python -m shadefs`` puts the cwd first on sys.path: never this tree's package by accident
@@ -210,13 +207,7 @@ def main(argv=None) -> int:
                 x = "-" if k.endswith("(mt)") else f"{switches[k] / opens[k]:.2f}"  # (its workers come and go)
                 print(f"| {k} | {v:,.0f} | {v / d:.2f} | {c} | {x} |", flush=True)
     finally:
-        if tmp:
-            shutil.rmtree(tmp, ignore_errors=True)
         if not a.workdir:
             shutil.rmtree(work, ignore_errors=True)
     print(f"\nload at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Epoch time of a DataLoader(ImageFolder, num_workers=4) over slow storage, with and without shadefs.
 
 What runs (each a fresh training process, the same model, seed, batch size and sample order):
@@ -33,11 +32,11 @@ The model: a small CNN on 64x64 inputs (``transforms.Resize(64)``); the point is
 
 Usage::
 
-    bench_epoch.py [--quick] [--train-limit N] [--epochs E] [--sizes 10,20,40]
+    python -m shadefs.bench epoch [--quick] [--train-limit N] [--epochs E] [--sizes 10,20,40]
                    [--configs direct,local,lru,static,shade] [--delay-ms 1] [--rate 1gbit]
                    [--repeat N] [--no-limit] [--baseline REV]
                    [--workdir DIR] [--json OUT.json] [--write-doc]
-    bench_epoch.py --results OUT.json --write-doc      # re-render the doc from a saved run
+    python -m shadefs.bench epoch --results OUT.json --write-doc      # re-render the doc from a saved run
 
 ``--write-doc`` replaces the section between ``<!-- bench_epoch:start -->`` and
 ``<!-- bench_epoch:end -->`` in docs/results/epoch.md and writes docs/img/bench_epoch.png.
@@ -50,7 +49,6 @@ import datetime as dt
 import json
 import os
 import platform
-import shlex
 import shutil
 import signal
 import statistics
@@ -69,11 +67,11 @@ from shadefs.testing.latency_proxy import parse_rate
 from shadefs.testing.s3 import DUMMY_AWS_ENV, LatencyProxyProcess, MotoServer, free_port
 from shadefs.testing.s3data import S3ImageFolder, probe, upload
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = ROOT
 
 BUCKET = "shadefs-bench"
-DOC = os.path.join(REPO, "docs", "results", "bench_epoch.md")
+DOC = os.path.join(REPO, "docs", "results", "epoch.md")
 PLOT = os.path.join(REPO, "docs", "img", "bench_epoch.png")
 START, END = docsection.markers("bench_epoch")
 MEAN, STD = (0.2860,) * 3, (0.3530,) * 3
@@ -407,59 +405,6 @@ def summarize(run: Dict[str, Any]) -> Dict[str, Any]:
     return out
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--train-limit", type=int, default=None, metavar="N",
-                   help="training images (default 2000; --quick: 400)")
-    p.add_argument("--epochs", type=int, default=None, help="epochs per run (default 3; --quick: 2)")
-    p.add_argument("--sizes", default=None, help="RAM-tier sizes, %% of the dataset (default 10,20,40; "
-                                                 "--quick: 20)")
-    p.add_argument("--configs", default=",".join(DEFAULT_CONFIGS),
-                   help="which runs: direct,local,lru,static,shade,plan,shade-noplan (default), and "
-                   "direct-obstore (the direct reader on obstore instead of s3fs), "
-                   "lru-fsspec,static-fsspec (--backend fsspec), lru-base,static-base (--baseline REV)")
-    p.add_argument("--baseline", default=None, metavar="REV",
-                   help="git revision whose shadefs package the -base configs mount (e.g. c9061c1)")
-    p.add_argument("--quick", action="store_true", help="a ~2 minute validation run")
-    p.add_argument("--repeat", type=int, default=1, metavar="N",
-                   help="run the whole list of configs N times, round after round (load swings hit all)")
-    p.add_argument("--no-limit", action="store_true", help="skip the physical-limit probe (about a minute)")
-    p.add_argument("--delay-ms", type=float, default=1.0, help="proxy: one-way delay per direction")
-    p.add_argument("--rate", default="1gbit", help="proxy: rate per direction (0 = unlimited)")
-    p.add_argument("--proxy-mode", choices=("http", "tcp"), default="http",
-                   help="proxy: http keeps client connections alive (default; moto closes every "
-                        "connection, S3 does not); tcp: plain pipe")
-    p.add_argument("--noise", type=float, default=32.0,
-                   help="std of the Gaussian pixel noise added before JPEG encoding (default 32)")
-    p.add_argument("--quality", type=int, default=95, help="JPEG quality (default 95)")
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--workers", type=int, default=4, help="DataLoader workers (default 4)")
-    p.add_argument("--image-size", type=int, default=64, help="transforms.Resize target (default 64)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "shadefs-bench-epoch"))
-    p.add_argument("--limit-clients", type=int, default=32,
-                   help="clients of the physical-limit probe (default 32, the prefetch concurrency)")
-    p.add_argument("--run-timeout", type=float, default=1800, help="seconds per training run")
-    p.add_argument("--json", metavar="OUT.json", help="also write the results here")
-    p.add_argument("--write-doc", action="store_true",
-                   help="replace the bench_epoch section of docs/results/epoch.md and the plot")
-    p.add_argument("--results", metavar="IN.json", nargs="+",
-                   help="render from saved results (several: chunks of one grid, merged); run nothing")
-    p.add_argument("--child", help=argparse.SUPPRESS)
-    a = p.parse_args(argv)
-    a.train_limit = a.train_limit or (400 if a.quick else 2000)
-    a.epochs = a.epochs or (2 if a.quick else 3)
-    a.sizes = [int(s) for s in (a.sizes or ("20" if a.quick else "10,20,40")).split(",") if s]
-    a.configs = [c.strip() for c in a.configs.split(",") if c.strip()]
-    bad = set(a.configs) - set(CONFIG_ORDER)
-    if bad:
-        p.error(f"--configs: unknown {sorted(bad)}")
-    if any(c.endswith("-base") for c in a.configs) and not a.baseline:
-        p.error("--configs lru-base/static-base need --baseline REV")
-    if a.epochs < 1 or a.train_limit < 1 or not a.sizes or any(not 0 < s <= 100 for s in a.sizes):
-        p.error("--epochs, --train-limit must be >= 1 and --sizes in 1..100")
-    return a
 
 
 def merge_results(paths: List[str]) -> Dict[str, Any]:
@@ -505,7 +450,7 @@ def save_partial(results: Dict[str, Any], a: argparse.Namespace, t_start: float)
     os.replace(a.json + ".tmp", a.json)
 
 
-def run_benchmark(a: argparse.Namespace) -> Dict[str, Any]:
+def run_benchmark(a: argparse.Namespace, bench) -> Dict[str, Any]:
     t_start = time.monotonic()
     load_start = os.getloadavg()
     os.makedirs(a.workdir, exist_ok=True)
@@ -519,7 +464,7 @@ def run_benchmark(a: argparse.Namespace) -> Dict[str, Any]:
         "machine": {"cpus": os.cpu_count(), "kernel": platform.release(),
                     "python": platform.python_version()},
         "args": {k: v for k, v in vars(a).items() if k not in ("child", "results")},
-        "command": "python scripts/bench_epoch.py " + shlex.join(sys.argv[1:]),
+        "command": bench.command,
         "load_start": list(load_start),
         "data": data, "runs": [],
     }
@@ -532,10 +477,8 @@ def run_benchmark(a: argparse.Namespace) -> Dict[str, Any]:
     moto = MotoServer()
     proxy: Optional[LatencyProxyProcess] = None
     base_code = None
-    if a.baseline:
-        from shadefs.testing import baseline
-
-        base_code, rev = baseline.extract(os.path.dirname(HERE), a.baseline, prefix="bench-epoch-baseline-")
+    if bench.baseline():
+        base_code, rev = bench.baseline()
         results["baseline"] = rev
     try:
         moto.start()
@@ -638,8 +581,6 @@ def run_benchmark(a: argparse.Namespace) -> Dict[str, Any]:
             proxy.stop()
             results["proxy_counters"] = proxy.counters
         moto.stop()
-        if base_code:
-            shutil.rmtree(base_code, ignore_errors=True)
     results["load_start"] = list(load_start)
     results["load_end"] = list(os.getloadavg())
     results["total_s"] = time.monotonic() - t_start
@@ -894,7 +835,7 @@ def findings(results: Dict[str, Any]) -> List[str]:
 def render_section(results: Dict[str, Any]) -> str:
     a, d, p = results["args"], results["data"], results["probe"]
     m = results["machine"]
-    cmd = "python scripts/bench_epoch.py --write-doc"
+    cmd = "python -m shadefs.bench epoch --write-doc"
     extra = []
     if a["train_limit"] != 2000:
         extra.append(f"--train-limit {a['train_limit']}")
@@ -921,13 +862,13 @@ def render_section(results: Dict[str, Any]) -> str:
     chunks = results.get("chunks") or [{k: results.get(k) for k in ("command", "started", "load_start",
                                                                      "load_end", "total_s", "limit")}]
     if len(chunks) > 1 or chunks[0].get("command"):
-        head = (f"*Generated by `scripts/bench_epoch.py` from {len(chunks)} command(s), one bench lock hold "
+        head = (f"*Generated by `python -m shadefs.bench epoch` from {len(chunks)} command(s), one bench lock hold "
                 f"each (about {results['total_s'] / 60:.0f} min in all), rendered with `python "
-                f"scripts/bench_epoch.py --results CHUNK.json ... --write-doc`:*")
+                f"python -m shadefs.bench epoch --results CHUNK.json ... --write-doc`:*")
         cmds = [f"- `{c['command']}` ({c['started']}, {c['total_s'] / 60:.1f} min, load "
                 f"{c['load_start'][0]:.2f} -> {c['load_end'][0]:.2f})" for c in chunks]
     else:
-        head = (f"*Generated by `scripts/bench_epoch.py` on {results['started']}; regenerate with `{cmd}`"
+        head = (f"*Generated by `python -m shadefs.bench epoch` on {results['started']}; regenerate with `{cmd}`"
                 f" (about {results['total_s'] / 60:.0f} min here).*")
         cmds = []
     lim_lines = []
@@ -1061,10 +1002,52 @@ def write_doc(results: Dict[str, Any], doc: str = DOC, png: str = PLOT) -> None:
     plot(results, png)
 
 
-def main(argv=None) -> int:
-    a = parse_args(argv)
-    if a.child:
-        return child_main(json.loads(a.child))
+def add_arguments(p) -> None:
+    p.add_argument("--train-limit", type=int, default=None, metavar="N",
+                   help="training images (default 2000; --quick: 400)")
+    p.add_argument("--epochs", type=int, default=None, help="epochs per run (default 3; --quick: 2)")
+    p.add_argument("--sizes", default=None, help="RAM-tier sizes, %% of the dataset (default 10,20,40; "
+                                                 "--quick: 20)")
+    p.add_argument("--configs", default=",".join(DEFAULT_CONFIGS),
+                   help="which runs: direct,local,lru,static,shade,plan,shade-noplan (default), and "
+                   "direct-obstore (the direct reader on obstore instead of s3fs), "
+                   "lru-fsspec,static-fsspec (--backend fsspec), lru-base,static-base (--baseline REV)")
+    p.add_argument("--quick", action="store_true", help="a ~2 minute validation run")
+    p.add_argument("--repeat", type=int, default=1, metavar="N",
+                   help="run the whole list of configs N times, round after round (load swings hit all)")
+    p.add_argument("--no-limit", action="store_true", help="skip the physical-limit probe (about a minute)")
+    p.add_argument("--delay-ms", type=float, default=1.0, help="proxy: one-way delay per direction")
+    p.add_argument("--rate", default="1gbit", help="proxy: rate per direction (0 = unlimited)")
+    p.add_argument("--proxy-mode", choices=("http", "tcp"), default="http",
+                   help="proxy: http keeps client connections alive (default; moto closes every "
+                        "connection, S3 does not); tcp: plain pipe")
+    p.add_argument("--noise", type=float, default=32.0,
+                   help="std of the Gaussian pixel noise added before JPEG encoding (default 32)")
+    p.add_argument("--quality", type=int, default=95, help="JPEG quality (default 95)")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--workers", type=int, default=4, help="DataLoader workers (default 4)")
+    p.add_argument("--image-size", type=int, default=64, help="transforms.Resize target (default 64)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "shadefs-bench-epoch"))
+    p.add_argument("--limit-clients", type=int, default=32,
+                   help="clients of the physical-limit probe (default 32, the prefetch concurrency)")
+    p.add_argument("--run-timeout", type=float, default=1800, help="seconds per training run")
+    p.add_argument("--results", metavar="IN.json", nargs="+",
+                   help="render from saved results (several: chunks of one grid, merged); run nothing")
+
+
+def run(a, bench):
+    a.train_limit = a.train_limit or (400 if a.quick else 2000)
+    a.epochs = a.epochs or (2 if a.quick else 3)
+    a.sizes = [int(s) for s in (a.sizes or ("20" if a.quick else "10,20,40")).split(",") if s]
+    a.configs = [c.strip() for c in a.configs.split(",") if c.strip()]
+    bad = set(a.configs) - set(CONFIG_ORDER)
+    if bad:
+        bench.error(f"--configs: unknown {sorted(bad)}")
+    if any(c.endswith("-base") for c in a.configs) and not a.baseline:
+        bench.error("--configs lru-base/static-base need --baseline REV")
+    if a.epochs < 1 or a.train_limit < 1 or not a.sizes or any(not 0 < s <= 100 for s in a.sizes):
+        bench.error("--epochs, --train-limit must be >= 1 and --sizes in 1..100")
 
     def _term(signum, frame):
         raise KeyboardInterrupt
@@ -1074,7 +1057,7 @@ def main(argv=None) -> int:
         results = merge_results(a.results)
     else:
         try:
-            results = run_benchmark(a)
+            results = run_benchmark(a, bench)
         except KeyboardInterrupt:
             log("interrupted: mounts unmounted, moto and the proxy stopped")
             return 130
@@ -1098,5 +1081,5 @@ def main(argv=None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # one training run (run_child starts this file with --child CONFIG)
+    sys.exit(child_main(json.loads(sys.argv[sys.argv.index("--child") + 1])))

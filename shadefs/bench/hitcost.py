@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """What the cache lock costs: ``cache.open`` on a RAM hit per policy, and the lock hold time of the
 other paths that take it (a score batch, a residency query, a checkpoint), in this process, no FUSE.
 
@@ -17,11 +16,11 @@ The physical limit to compare with: a dict lookup plus a lock round trip in CPyt
 cannot cost less than the interpreter's function calls on the path.
 
 ``--baseline REV`` runs the same measurements against the ``shadefs`` package of git revision REV (via
-``git archive`` into a temporary directory, in a subprocess) side by side with the working tree, one
+the runner's baseline, in a subprocess) side by side with the working tree, one
 process each, alternating for ``--rounds`` rounds (each figure: the best round); the table gives both
 and their ratio (before / after).
 
-    python scripts/bench_hitcost.py --files 1000000 --opens 200000 [--baseline REV] [--rounds 2] [--markdown]
+    python -m shadefs.bench hitcost --files 1000000 --opens 200000 [--baseline REV] [--rounds 2] [--write-doc]
 """
 from __future__ import annotations
 
@@ -36,8 +35,8 @@ import tempfile
 import threading
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+# the checkout (a child imports the package of the side it measures, where shadefs.bench may not exist)
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 POLICIES = ("static", "lru", "fifo", "shade")
 FILE_SIZE = 64
 
@@ -254,7 +253,7 @@ def run_child(pythonpath, args) -> dict:
     env = dict(os.environ)
     if pythonpath:
         env["PYTHONPATH"] = pythonpath + os.pathsep + env.get("PYTHONPATH", "")
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", "--files", str(args.files),
+    cmd = [sys.executable, os.path.abspath(__file__), "--files", str(args.files),
            "--opens", str(args.opens), "--passes", str(args.passes), "--clock", args.clock]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
     if p.returncode != 0:
@@ -303,29 +302,23 @@ def table(results, labels, markdown) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_arguments(ap) -> None:
     ap.add_argument("--files", type=int, default=1_000_000, help="residents (files) per tier")
     ap.add_argument("--opens", type=int, default=100_000, help="timed hits per pass")
     ap.add_argument("--passes", type=int, default=7, help="timed passes per policy; the best is kept")
     ap.add_argument("--clock", choices=("thread", "wall"), default="thread",
                     help="hit timing: the timing thread's CPU time (thread, the default: preemption by other "
                          "jobs on a shared machine is not counted) or wall time")
-    ap.add_argument("--baseline", default=None, help="git revision to compare against (e.g. main)")
-    ap.add_argument("--rounds", type=int, default=2, help="runs per side, alternating; the best is shown")
-    ap.add_argument("--markdown", action="store_true", help="also write the docs/results/hitcost.md section")
-    ap.add_argument("--doc", default=os.path.join(ROOT, "docs", "results", "bench_hitcost.md"))
-    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--save-json", metavar="FILE", help="also write the figures as JSON")
-    ap.add_argument("--load-json", metavar="FILE", help="print (and --markdown) saved figures; measure nothing")
-    args = ap.parse_args()
-    if args.child:
-        print(json.dumps(child(args)))
-        return
+    ap.add_argument("--doc", default=os.path.join(ROOT, "docs", "results", "hitcost.md"))
+    ap.add_argument("--results", metavar="FILE", help="print (and --write-doc) a saved --json; measure nothing")
+    ap.set_defaults(rounds=2)
+
+
+def run(args, bench):
     sides, labels = [], []
     tmp = None
-    if args.load_json:
-        with open(args.load_json) as f:
+    if args.results:
+        with open(args.results) as f:
             saved = json.load(f)
         results, labels, load = saved["results"], saved["labels"], saved["load"]
         args.files, args.opens, args.rounds, args.baseline, args.passes = (
@@ -333,28 +326,21 @@ def main() -> None:
         args.clock = saved["args"].get("clock", "wall")
         report(args, results, labels, load)
         return
-    try:
-        if args.baseline:
-            from shadefs.testing import baseline  # here, not at the top: a child imports the baseline's tree
-
-            tmp, rev = baseline.extract(ROOT, args.baseline, prefix="lockhold-baseline-")
-            sides.append(tmp)
-            labels.append(f"before ({rev})")
-        sides.append(ROOT)
-        labels.append("after" if args.baseline else "this tree")
-        runs = [[] for _ in sides]
-        for _ in range(args.rounds):  # alternate the sides: load on a shared machine hits both alike
-            for i, side in enumerate(sides):
-                runs[i].append(run_child(side, args))
-        results = [best(r) for r in runs]
-    finally:
-        if tmp:
-            shutil.rmtree(tmp, ignore_errors=True)
+    if bench.baseline():
+        tmp, rev = bench.baseline()
+        sides.append(tmp)
+        labels.append(f"before ({rev})")
+    sides.append(ROOT)
+    labels.append("after" if args.baseline else "this tree")
+    runs = [[] for _ in sides]
+    for _, i in bench.interleaved(range(len(sides))):  # load on a shared machine hits both alike
+        runs[i].append(run_child(sides[i], args))
+    results = [best(r) for r in runs]
     for r in results:
         print(f"# {r['shadefs']}: {r['files']} files (namespace built in {r['build_s']} s)", file=sys.stderr)
     load = os.getloadavg()[0]
-    if args.save_json:
-        with open(args.save_json, "w") as f:
+    if args.json:
+        with open(args.json, "w") as f:
             json.dump({"results": results, "labels": labels, "load": load,
                        "args": {k: getattr(args, k) for k in ("files", "opens", "rounds", "baseline",
                                                                "passes", "clock")}}, f)
@@ -365,12 +351,12 @@ def report(args, results, labels, load) -> None:
     text = table(results, labels, markdown=False)
     print(text)
     print(f"(1-minute load average {load:.2f}, {os.cpu_count()} CPUs)")
-    if args.markdown:
+    if args.write_doc:
         from shadefs.testing import docsection
         start, end = docsection.markers("hitcost")
-        cmd = (f"python scripts/bench_hitcost.py --files {args.files} --opens {args.opens} "
+        cmd = (f"python -m shadefs.bench hitcost --files {args.files} --opens {args.opens} "
                f"--passes {args.passes} --rounds {args.rounds} --clock {args.clock}"
-               + (f" --baseline {args.baseline}" if args.baseline else "") + " --markdown")
+               + (f" --baseline {args.baseline}" if args.baseline else "") + " --write-doc")
         body = [start, "## Lock hold: hit cost per policy, score batches, residency, checkpoints", "",
                 f"`{cmd}` (in-process, no FUSE; {args.files:,} residents of {FILE_SIZE} bytes in the RAM "
                 f"tier, every file scored; 1-minute load {load:.2f} on {os.cpu_count()} CPUs). "
@@ -392,5 +378,7 @@ def report(args, results, labels, load) -> None:
         docsection.write_section(args.doc, "hitcost", "\n".join(body))
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # one side's measurement, in a child over that side's package (run_child)
+    _p = argparse.ArgumentParser()
+    add_arguments(_p)
+    print(json.dumps(child(_p.parse_known_args()[0])))

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """How long a shared-tier budget shrink blocks Redis: the longest single SET_CAP script call.
 
 One partition of a real ``redis-server`` (loopback) holds ``--values`` values (100 B each, recorded as
@@ -8,11 +7,10 @@ round compares, side by side, evicting in one script call (``cap_batch`` unbound
 batching) with batches of ``--batch`` values per call. The duration of each call is read from Redis'
 SLOWLOG (microseconds, measured by Redis itself).
 
-    python scripts/bench_shared_cap.py [--values 150000] [--batch 1000] [--rounds 2]
+    python -m shadefs.bench shared_cap [--values 150000] [--batch 1000] [--rounds 2]
 """
 from __future__ import annotations
 
-import argparse
 import os
 import tempfile
 import time
@@ -61,12 +59,13 @@ def one(values: int, batch: int) -> dict:
             srv.stop()
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_arguments(ap) -> None:
     ap.add_argument("--values", type=int, default=150_000)
     ap.add_argument("--batch", type=int, default=1000)
-    ap.add_argument("--rounds", type=int, default=2)
-    args = ap.parse_args()
+    ap.set_defaults(rounds=2)
+
+
+def run(args, bench):
     rows = []
     for r in range(args.rounds):
         for label, batch in (("one call", 1 << 62), (f"batches of {args.batch}", args.batch)):
@@ -78,9 +77,5 @@ def main() -> None:
     print("| round | SET_CAP | values evicted | script calls | longest call (ms) | all (s) |")
     print("|---|---|--:|--:|--:|--:|")
     print("\n".join(rows))
-    print(f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; python scripts/bench_shared_cap.py "
+    print(f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; python -m shadefs.bench shared_cap "
           f"--values {args.values} --batch {args.batch} --rounds {args.rounds}")
-
-
-if __name__ == "__main__":
-    main()

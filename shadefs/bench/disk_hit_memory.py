@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Daemon memory for NVMe hits: what a disk hit holds in the daemon, with a RAM tier that refuses it and
 with one that promotes it.
 
@@ -18,22 +17,21 @@ package on ``PYTHONPATH``): the disk hits and promotions (``shadefs stats``), th
 its peak (``VmHWM``), in MiB. Each case reads the same bytes as the source (checked). The NVMe tier is
 rebuilt for each mount (a promotion moves the chunks out of it).
 
-    python scripts/bench_disk_hit_memory.py [--size 256MiB] [--baseline REV] [--verify-entries every-open]
+    python -m shadefs.bench disk_hit_memory [--size 256MiB] [--baseline REV] [--verify-entries every-open]
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
 import os
 import shutil
 import tempfile
 from typing import Dict, Optional
 
+from shadefs.bench.runner import ROOT
 from shadefs.config import parse_size
 from shadefs.testing import Mount, proc_vm
 
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHUNK = 8 << 20
 
 
@@ -70,22 +68,21 @@ def run_case(src: str, work: str, env: Optional[dict], ram: int, policy: str, ve
             "rss after": after["VmRSS"], "peak": after["VmHWM"]}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_arguments(ap) -> None:
     ap.add_argument("--size", default="256MiB", help="bytes of the file (default 256MiB)")
-    ap.add_argument("--baseline", metavar="REV", help="also mount the shadefs package of git revision REV")
     ap.add_argument("--verify-entries", default="every-open", choices=["every-open", "first-hit"])
     ap.add_argument("--work", help="directory for the file, the NVMe tier and the mounts (default: a temp dir)")
-    args = ap.parse_args()
+
+
+def run(args, bench):
     size = parse_size(args.size).nbytes
     work = tempfile.mkdtemp(prefix="bench-disk-hit-memory-", dir=args.work)
     baseline_dir = None
     try:
         envs: Dict[str, Optional[dict]] = {"shadefs": None}
         if args.baseline:
-            from shadefs.testing import baseline
 
-            baseline_dir, rev = baseline.extract(ROOT, args.baseline, prefix="bench-disk-hit-memory-baseline-")
+            baseline_dir, rev = bench.baseline()
             envs[f"shadefs {rev}"] = dict(os.environ, PYTHONPATH=baseline_dir)
         os.chdir(work)  # ``python -m shadefs`` puts the cwd first on sys.path: not this tree's package
         src = os.path.join(work, "src")
@@ -116,9 +113,3 @@ def main() -> None:
     finally:
         os.chdir(ROOT)
         shutil.rmtree(work, ignore_errors=True)
-        if baseline_dir:
-            shutil.rmtree(baseline_dir, ignore_errors=True)
-
-
-if __name__ == "__main__":
-    main()

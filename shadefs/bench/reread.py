@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Re-reads of files no tier admits: random 10 kB records, through the mount vs direct from a warm page cache.
 
 What HDF5 and LMDB readers do (random records by ``pread`` on a file each epoch opens again) and what
@@ -25,12 +24,11 @@ the ratio of the fastest to ``direct``'s, and what the daemon read from the sour
 mount's, its page cache holds what the epochs read (``direct``'s holds each whole file, cached as it was
 written).
 
-    python scripts/bench_reread.py [--size 256MiB] [--records 20000] [--epochs 5] [--ram-cache 16MiB]
+    python -m shadefs.bench reread [--size 256MiB] [--records 20000] [--epochs 5] [--ram-cache 16MiB]
                                    [--baseline REV] [--markdown]
 """
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import statistics
@@ -40,10 +38,10 @@ from typing import Callable, Dict, List
 
 import numpy as np
 
+from shadefs.bench.runner import ROOT
 from shadefs.config import parse_size
 from shadefs.testing import Mount
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def make_source(src: str, size: int, record: int) -> None:
@@ -115,14 +113,12 @@ def folio_census(path: str, pages: int = 4096) -> Dict[str, int]:
         mm.close()
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_arguments(ap) -> None:
     ap.add_argument("--size", default="256MiB", help="bytes of each file (default 256MiB)")
     ap.add_argument("--record", default="10000", help="bytes per record (default 10000)")
     ap.add_argument("--records", type=int, default=20000, help="records read per epoch (default 20000)")
     ap.add_argument("--epochs", type=int, default=5, help="timed epochs per case (default 5)")
     ap.add_argument("--ram-cache", default="16MiB", help="the mounts' RAM tier (default 16MiB)")
-    ap.add_argument("--baseline", metavar="REV", help="also mount the shadefs package of git revision REV")
     ap.add_argument("--work", default=None, help="directory for the files and mounts (default: a temp dir)")
     ap.add_argument("--nvme", action="store_true", help="also an NVMe-tier mount holding both files (reference)")
     ap.add_argument("--folios", action="store_true",
@@ -135,7 +131,9 @@ def main() -> None:
                     help="also mount this tree with these mount arguments (space-separated), shown as "
                     "'shadefs LABEL' (repeatable; e.g. 'daemon=--source-passthrough off')")
     ap.add_argument("--markdown", action="store_true", help="print the table as markdown")
-    args = ap.parse_args()
+
+
+def run(args, bench):
     size, record = parse_size(args.size).nbytes, parse_size(args.record).nbytes
     work = tempfile.mkdtemp(prefix="bench-reread-", dir=args.work)
     mounts: List[Mount] = []
@@ -158,9 +156,8 @@ def main() -> None:
         envs = {"shadefs": None}
         extra = {"shadefs": []}
         if args.baseline:
-            from shadefs.testing import baseline
 
-            baseline_dir, rev = baseline.extract(ROOT, args.baseline, prefix="bench-reread-baseline-")
+            baseline_dir, rev = bench.baseline()
             envs[f"shadefs {rev}"] = dict(os.environ, PYTHONPATH=baseline_dir)
             extra[f"shadefs {rev}"] = []
         for v in args.variant:
@@ -254,9 +251,3 @@ def main() -> None:
             m.umount()
         os.chdir(ROOT)
         shutil.rmtree(work, ignore_errors=True)
-        if baseline_dir:
-            shutil.rmtree(baseline_dir, ignore_errors=True)
-
-
-if __name__ == "__main__":
-    main()

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Does a tier keep the most important files? Residents in the top of the importance ranking, per tier.
 
 A Fashion-MNIST tree (``make_fashion_mnist.py``: train and test splits) is mounted with ``--policy shade
@@ -14,24 +13,21 @@ Tiers (``--tiers``): ``ram`` (``--ram-cache SIZE``) and ``disk`` (``--ram-cache 
 SIZE``, small files packed into segments, the default ``--disk-pack-below``). Sizes (``--sizes``) are of
 the source's bytes (both splits), as the mount takes them.
 
-    python scripts/bench_tier_ranking.py --data /tmp/fm [--sizes 25%,40%] [--tiers ram,disk] [--seed 0]
+    python -m shadefs.bench tier_ranking --data /tmp/fm [--sizes 25%,40%] [--tiers ram,disk] [--seed 0]
         [--trees /tmp/main-worktree] [--json out.json]
 """
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import math
 import os
 import random
-import sys
 import tempfile
 import time
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 
 from shadefs import sim  # noqa: E402
 from shadefs.control.client import ControlClient, find_endpoint  # noqa: E402
@@ -116,8 +112,7 @@ def run_one(data: str, tier: str, size: str, seed: int, work: str, tree: str = "
     return out
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(ap) -> None:
     ap.add_argument("--data", required=True, help="a make_fashion_mnist.py tree (train/ and test/)")
     ap.add_argument("--sizes", default="25%,40%")
     ap.add_argument("--tiers", default="ram,disk")
@@ -125,8 +120,9 @@ def main(argv=None) -> int:
     ap.add_argument("--trees", default="",
                     help="comma-separated checkouts whose daemons run too, interleaved with this one's "
                          "(e.g. a worktree of main); empty: this checkout only")
-    ap.add_argument("--json", help="write the rows here")
-    a = ap.parse_args(argv)
+
+
+def run(a, bench):
     nbytes = sum(os.path.getsize(os.path.join(a.data, p)) for p in train_files(a.data))
     print(describe("dontneed", dataset_bytes=nbytes))
     print(f"load: {open('/proc/loadavg').read().split()[:3]}")
@@ -149,7 +145,3 @@ def main(argv=None) -> int:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

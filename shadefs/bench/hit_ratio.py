@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Cache hit ratio of real Fashion-MNIST training through a shadefs mount, against Belady's OPT.
 
 For every cache size (``--sizes``, percent of the training set's bytes) and every mode (``--modes``):
@@ -39,10 +38,10 @@ actually trained on.
 
 Usage::
 
-    bench_hit_ratio.py [--data data/fmnist] [--epochs 3] [--workers 2] [--sizes 5,10,20,40]
+    python -m shadefs.bench hit_ratio [--data data/fmnist] [--epochs 3] [--workers 2] [--sizes 5,10,20,40]
                        [--modes all|uniform|importance|SAMPLER:POLICY,...] [--train-limit N]
                        [--quick] [--workdir DIR] [--results FILE] [--resume] [--write-doc]
-    bench_hit_ratio.py --from-results [--results FILE] [--reanalyse] --write-doc   # no training
+    python -m shadefs.bench hit_ratio --from-results [--results FILE] [--reanalyse] --write-doc   # no training
 
 ``--quick``: 6000 images, sizes 10,40, 2 epochs, 12 runs (about 5 min on 2 busy cores, 15-40 s a run).
 A full-size run (60000 images x 3 epochs + 3 evaluations of 10000) took 5 min on 2 cores shared with
@@ -75,14 +74,15 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
+from shadefs import sim
+from shadefs.bench.runner import ROOT
+from shadefs.testing import Mount, docsection, unmount
 
-from shadefs import sim  # noqa: E402
-from shadefs.testing import Mount, docsection, unmount  # noqa: E402
+SCRIPTS = os.path.join(ROOT, "scripts")  # the examples a user runs (train_fashion_mnist.py)
+REPO = ROOT
 
-TRAIN_SCRIPT = os.path.join(HERE, "train_fashion_mnist.py")
-DOC = os.path.join(REPO, "docs", "results", "bench_hit_ratio.md")
+TRAIN_SCRIPT = os.path.join(SCRIPTS, "train_fashion_mnist.py")
+DOC = os.path.join(REPO, "docs", "results", "hit_ratio.md")
 IMG_DIR = os.path.join(REPO, "docs", "img")
 START, END = docsection.markers("bench_hit_ratio")
 SAMPLERS = ("uniform", "importance", "plan", "importance-noplan", "importance-prev")
@@ -728,7 +728,7 @@ def render_section(results: dict, imgs: Dict[str, bool]) -> str:
     subset = "a fixed subset: the first files of each class"
     sizes = sorted({r["size_pct"] for r in results["runs"]})
     L = [START, "## Hit ratio", "",
-         "Real training through the mount, from a cold cache: `scripts/bench_hit_ratio.py` trains the small CNN "
+         "Real training through the mount, from a cold cache: `python -m shadefs.bench hit_ratio` trains the small CNN "
          "of `scripts/train_fashion_mnist.py` on Fashion-MNIST (CPU) with the training split mounted through "
          "shadefs (RAM tier only, no disk tier) and measures the hit ratio (`shadefs stats`; per epoch from "
          "the `--trace` file) against Belady's OPT replayed on the same recorded trace at the same cache "
@@ -825,9 +825,7 @@ def parse_sizes(text: str) -> List[float]:
     return sizes
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(p) -> None:
     p.add_argument("--data", default=os.path.join(REPO, "data", "fmnist"),
                    help="ImageFolder root with train/ and test/ (default: %(default)s)")
     p.add_argument("--workdir", default="/tmp/shadefs-bench-hit-ratio",
@@ -850,11 +848,11 @@ def main(argv=None) -> int:
     p.add_argument("--from-results", action="store_true", help="do not train: load --results (with --write-doc)")
     p.add_argument("--reanalyse", action="store_true",
                    help="with --from-results: recompute per-epoch hits and OPT from the saved traces")
-    p.add_argument("--write-doc", action="store_true",
-                   help="write the '## Hit ratio' section of docs/results/hit_ratio.md and docs/img/hit_ratio_*.png")
     p.add_argument("--doc", default=DOC, help=argparse.SUPPRESS)
     p.add_argument("--img-dir", default=IMG_DIR, help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
+
+
+def run(args, bench):
     args.workdir = os.path.abspath(args.workdir)
 
     def interrupt(signum, frame):  # Ctrl-C and SIGTERM: unmount in the finally blocks, save, exit
@@ -889,11 +887,11 @@ def main(argv=None) -> int:
     sizes = parse_sizes(args.sizes or "5,10,20,40")
     modes = parse_modes(args.modes)
     if args.epochs < 2 or args.workers < 0:
-        p.error("--epochs must be >= 2 (the first epoch is cold) and --workers >= 0")
+        bench.error("--epochs must be >= 2 (the first epoch is cold) and --workers >= 0")
     args.data = os.path.abspath(args.data)
     for split in ("train", "test"):
         if not os.path.isdir(os.path.join(args.data, split)):
-            p.error(f"{args.data}/{split} is not a directory (build it with scripts/make_fashion_mnist.py)")
+            bench.error(f"{args.data}/{split} is not a directory (build it with scripts/make_fashion_mnist.py)")
     os.makedirs(args.workdir, exist_ok=True)
 
     src, n_train, train_bytes = prepare_source(args.data, args.workdir, args.train_limit)
@@ -909,7 +907,7 @@ def main(argv=None) -> int:
             "cpus": os.cpu_count(), "platform": f"{platform.system()} {platform.release()}",
             "python": platform.python_version(), "commit": commit,
             "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
-            "command": "scripts/bench_hit_ratio.py " + shlex.join(argv if argv is not None else sys.argv[1:])}
+            "command": bench.command}
     results = {"meta": meta, "runs": []}
     same_keys = ("n_train", "train_bytes", "epochs", "workers", "batch_size", "lr", "seed")
     if args.resume and os.path.exists(results_path):
@@ -953,11 +951,3 @@ def main(argv=None) -> int:
     if args.write_doc:
         write_outputs(results, args.doc, args.img_dir)
     return 1 if any(r.get("error") for r in results["runs"]) else 0
-
-
-if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:
-        progress("interrupted: mounts undone, finished runs saved")
-        sys.exit(130)

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Where the daemon's CPU per open goes: RAM hit vs NVMe hit (kernel front end), counted per open.
 
 One reader process opens, reads to EOF and closes every file of a dataset in a loop (``os.open`` /
@@ -33,12 +32,11 @@ a rotating order, round after round (``--rounds`` passes each, the median report
 and goes on a shared machine hits every case alike; the summary gives each side's NVMe-hit / RAM-hit
 opens/s ratio.
 
-    python scripts/bench_open_cost.py --files 500 --size 110000 --seconds 4 --py-spy --perf
-    python scripts/bench_open_cost.py --cases ram nvme-first --procs 8 --baseline main --rounds 3
+    python -m shadefs.bench open_cost --files 500 --size 110000 --seconds 4 --py-spy --perf
+    python -m shadefs.bench open_cost --cases ram nvme-first --procs 8 --baseline main --rounds 3
 """
 from __future__ import annotations
 
-import argparse
 import collections
 import json
 import os
@@ -50,10 +48,10 @@ import tempfile
 import time
 from typing import Dict, List, Optional, Tuple
 
-from shadefs.testing import Mount, baseline, ctx_switches, shadefs, unmount
+from shadefs.testing import Mount, ctx_switches, shadefs, unmount
 from shadefs.testing.datasets import random_tree
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 CASES = {
@@ -450,8 +448,7 @@ def summary(rows: List[dict], procs: int) -> None:
               flush=True)
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def add_arguments(ap) -> None:
     ap.add_argument("--files", type=int, default=500)
     ap.add_argument("--size", type=int, default=110_000, help="mean file size, bytes (+-30 %%)")
     ap.add_argument("--seconds", type=float, default=4.0, help="timed run per case")
@@ -464,17 +461,15 @@ def main(argv=None) -> int:
     ap.add_argument("--miss-inprocess", action="store_true", help="also the in-process CPU per miss (D8)")
     ap.add_argument("--hit-inprocess", action="store_true", help="also the in-process CPU per RAM / NVMe hit")
     ap.add_argument("--workdir")
-    ap.add_argument("--baseline", metavar="REV", help="also run every case against the shadefs package of git "
-                    "revision REV (its daemon started with it on PYTHONPATH), side by side, interleaved")
     ap.add_argument("--gil-opens", action="store_true", help="also this tree with SHADEFS_FUSE_GIL_OPENS=1 (the "
                     "compiled loop hands every OPEN to Python, as before RAM hits were answered in C)")
     ap.add_argument("--python-loop", action="store_true", help="also this tree with SHADEFS_FUSE_PYTHON_LOOP=1 "
                     "(the Python reader loop where the compiled one is built), side by side")
     ap.add_argument("--buffered-open", action="store_true", help="readers use Python's buffered open(p, 'rb') "
                     "(one isatty(), i.e. one FUSE_IOCTL, per open) instead of os.open/os.read")
-    ap.add_argument("--rounds", type=int, default=1, help="timed passes per case and side, every case and side in turn "
-                    "(the median is reported)")
-    a = ap.parse_args(argv)
+
+
+def run(a, bench):
     global BUFFERED
     BUFFERED = a.buffered_open
     work = os.path.abspath(a.workdir or tempfile.mkdtemp(prefix="shadefs-opencost-"))
@@ -487,26 +482,23 @@ def main(argv=None) -> int:
         for k, v in inprocess_hits(src, work).items():
             print(f"in process, per hit: {k}: {v:.1f} us CPU (load {os.getloadavg()[0]:.1f})", flush=True)
         if a.baseline:  # the same function on the baseline's package, in a child process
-            tmp, rev = baseline.extract(ROOT, a.baseline, prefix="shadefs-opencost-inprocess-")
-            try:
-                code = ("import json, sys; sys.path[:0] = [sys.argv[1], sys.argv[2]]; import bench_open_cost as b; "
-                        "print(json.dumps(b.inprocess_hits(sys.argv[3], sys.argv[4])))")
-                os.makedirs(os.path.join(work, "baseline"), exist_ok=True)
-                out = subprocess.run([sys.executable, "-c", code, tmp, os.path.dirname(os.path.abspath(__file__)),
-                                      src, os.path.join(work, "baseline")], check=True, capture_output=True,
-                                     text=True, cwd=work).stdout
-                for k, v in json.loads(out.strip().splitlines()[-1]).items():
-                    print(f"in process, per hit [baseline {rev}]: {k}: {v:.1f} us CPU "
-                          f"(load {os.getloadavg()[0]:.1f})", flush=True)
-            finally:
-                shutil.rmtree(tmp, ignore_errors=True)
+            tmp, rev = bench.baseline()
+            code = ("import json, sys; sys.path[:0] = [sys.argv[1], sys.argv[2]]; import open_cost as b; "
+                    "print(json.dumps(b.inprocess_hits(sys.argv[3], sys.argv[4])))")
+            os.makedirs(os.path.join(work, "baseline"), exist_ok=True)
+            out = subprocess.run([sys.executable, "-c", code, tmp, os.path.dirname(os.path.abspath(__file__)),
+                                  src, os.path.join(work, "baseline")], check=True, capture_output=True,
+                                 text=True, cwd=work).stdout
+            for k, v in json.loads(out.strip().splitlines()[-1]).items():
+                print(f"in process, per hit [baseline {rev}]: {k}: {v:.1f} us CPU "
+                      f"(load {os.getloadavg()[0]:.1f})", flush=True)
     if a.miss_inprocess:
         for k, v in inprocess_miss(src).items():
             print(f"in process, per miss: {k}: {v:.1f} us CPU (load {os.getloadavg()[0]:.1f})", flush=True)
     sides = [("this tree", dict(os.environ, SHADEFS_FUSE_PYTHON_LOOP="0"))]
     tmp = None
     if a.baseline:
-        tmp, rev = baseline.extract(ROOT, a.baseline, prefix="shadefs-opencost-baseline-")
+        tmp, rev = bench.baseline()
         sides = [(f"baseline {rev}", {**os.environ, "PYTHONPATH": tmp}), ("this tree", dict(os.environ, SHADEFS_FUSE_PYTHON_LOOP="0"))]
     if a.gil_opens:
         sides.append(("this tree, OPEN under the GIL", {**os.environ, "SHADEFS_FUSE_PYTHON_LOOP": "0",
@@ -561,13 +553,7 @@ def main(argv=None) -> int:
                     unmount(mnt, m.pid, exit_timeout=15)
         summary(rows, a.procs)
     finally:
-        if tmp:
-            shutil.rmtree(tmp, ignore_errors=True)
         if not a.workdir:
             shutil.rmtree(work, ignore_errors=True)
     print(f"end load {os.getloadavg()}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

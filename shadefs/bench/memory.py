@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Daemon memory with files held open: resident set size (VmRSS of the daemon) before and after.
 
 Two cases, each a real mount of a local source through the CLI:
@@ -15,21 +14,19 @@ is started with that package on PYTHONPATH), side by side in one run. The figure
 growth (after - before) against the bound, not the absolute RSS (the interpreter, numpy and zmq take
 ~30-60 MiB whatever is cached). Measured from /proc/PID/status (VmRSS, VmHWM).
 
-    python scripts/bench_memory.py [--baseline REV] [--write-doc]
+    python -m shadefs.bench memory [--baseline REV] [--write-doc]
 """
 from __future__ import annotations
 
-import argparse
 import os
-import shutil
 import tempfile
 import time
 
-from shadefs.testing import Mount, baseline, docsection, proc_vm
+from shadefs.bench.runner import ROOT
+from shadefs.testing import Mount, docsection, proc_vm
 from shadefs.testing.datasets import random_file
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DOC = os.path.join(ROOT, "docs", "results", "bench_memory.md")
+DOC = os.path.join(ROOT, "docs", "results", "memory.md")
 MiB = 1 << 20
 
 
@@ -74,38 +71,33 @@ def one(case: str, src: str, work: str, env: dict) -> dict:
             "ram_used": ram["used_bytes"], "ram_cap": ram["capacity_bytes"], "opens": s["opens"]}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--baseline", default=None, help="git revision to compare against")
+def add_arguments(ap) -> None:
     ap.add_argument("--work", default="/tmp/shadefs-bench-memory", help="sources and mountpoints go here")
-    ap.add_argument("--write-doc", action="store_true", help="rewrite the section in docs/results/memory.md")
-    args = ap.parse_args()
+
+
+def run(args, bench):
     os.makedirs(args.work, exist_ok=True)
     os.chdir(args.work)  # ``python -m shadefs`` puts the cwd first on sys.path: not this tree's package
     sources = {"stream": make_source(os.path.join(args.work, "src-stream"), 8, 40 * MiB),
                "held": make_source(os.path.join(args.work, "src-held"), 300, 96 * 1024)}
     sides = []
     tmp = None
-    try:
-        if args.baseline:
-            tmp, rev = baseline.extract(ROOT, args.baseline, prefix="memory-baseline-")
-            sides.append((f"before ({rev})", {**os.environ, "PYTHONPATH": tmp}))
-        sides.append(("after" if args.baseline else "this tree", dict(os.environ)))
-        rows = []
-        for case in ("stream", "held"):
-            for label, env in sides:
-                r = one(case, sources[case], args.work, env)
-                bound = "streamed: no file bytes" if case == "stream" else "RAM tier 4 MiB"
-                rows.append([case, label, r["files"], f"{r['before'] / MiB:.1f}", f"{r['after'] / MiB:.1f}",
-                             f"{(r['after'] - r['before']) / MiB:+.1f}", f"{r['hwm'] / MiB:.1f}", bound])
-    finally:
-        if tmp:
-            shutil.rmtree(tmp, ignore_errors=True)
+    if args.baseline:
+        tmp, rev = bench.baseline()
+        sides.append((f"before ({rev})", {**os.environ, "PYTHONPATH": tmp}))
+    sides.append(("after" if args.baseline else "this tree", dict(os.environ)))
+    rows = []
+    for case in ("stream", "held"):
+        for label, env in sides:
+            r = one(case, sources[case], args.work, env)
+            bound = "streamed: no file bytes" if case == "stream" else "RAM tier 4 MiB"
+            rows.append([case, label, r["files"], f"{r['before'] / MiB:.1f}", f"{r['after'] / MiB:.1f}",
+                         f"{(r['after'] - r['before']) / MiB:+.1f}", f"{r['hwm'] / MiB:.1f}", bound])
     load = os.getloadavg()
     headers = ["case", "code", "files held open", "RSS before (MiB)", "RSS after (MiB)", "growth (MiB)",
                "peak RSS (MiB)", "bound"]
     table = docsection.markdown_table(headers, rows, "llrrrrrl")
-    cmd = "python scripts/bench_memory.py" + (f" --baseline {args.baseline}" if args.baseline else "")
+    cmd = "python -m shadefs.bench memory" + (f" --baseline {args.baseline}" if args.baseline else "")
     print(table)
     print(f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; {cmd}")
     if args.write_doc:
@@ -118,7 +110,3 @@ def main() -> None:
             "the bound is the RAM tier's 4 MiB, held-open buffers included (docs/operations.md, \"Sizing the",
             "tiers\"). Growth above the bound is not broken down (handles, the interpreter's heap).",
         ], table)
-
-
-if __name__ == "__main__":
-    main()

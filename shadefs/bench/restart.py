@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Restart-to-serving time of a mount whose NVMe tier already holds N entries.
 
 For each N it synthesises, directly on local disk and without FUSE, a source tree of N tiny files
@@ -17,11 +16,10 @@ disk hits:
 Prints a table (``--markdown`` for docs/results/restart.md) with the 1-minute load average after each row:
 on a shared machine, compare rows of similar load.
 
-    python scripts/bench_restart.py --files 100000 1000000 --workdir /var/tmp/shadefs-bench [--keep]
+    python -m shadefs.bench restart --files 100000 1000000 --workdir /var/tmp/shadefs-bench [--keep]
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
 import os
 import re
@@ -142,8 +140,7 @@ def drop_caches() -> bool:
         return False
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def add_arguments(ap) -> None:
     ap.add_argument("--files", type=int, nargs="+", default=[100_000, 1_000_000])
     ap.add_argument("--size", type=int, default=64, help="bytes per file (default 64)")
     ap.add_argument("--workdir", default="/var/tmp/shadefs-bench-restart")
@@ -151,7 +148,9 @@ def main() -> int:
                     help="keep the synthesised trees, and reuse them when they exist")
     ap.add_argument("--no-drop-caches", action="store_true")
     ap.add_argument("--markdown", action="store_true", help="print the table as Markdown")
-    args = ap.parse_args()
+
+
+def run(args, bench):
 
     rows = []
     for n in args.files:
@@ -204,7 +203,3 @@ def main() -> int:
         for row in rows:
             print("".join(fmt(v).ljust(w) for v, w in zip(row, widths)))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

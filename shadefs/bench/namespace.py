@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Namespace cost at 1M+ files: daemon RSS per file, scan time, restart time from the snapshot.
 
 For each N, builds (once, kept with ``--keep``) a source of N empty files, 1000 per directory, with
@@ -13,20 +12,19 @@ files takes an hour on a shared disk). Then, side by side in one run:
 - the daemon through the real CLI with a disk tier (so it persists the snapshot): ``shadefs mount``
   wall time and daemon RSS (VmRSS) after a scan, then after a restart from the snapshot; and the RSS of a
   daemon serving a 1-file source (the fixed cost), so (RSS - that) / N is the per-file cost; with
-  ``--daemon-ref REV`` the daemon of commit REV too (its whole package, ``git archive``, run through
+  ``--baseline REV`` the daemon of commit REV too (its whole package, the runner's baseline, run through
   PYTHONPATH), interleaved with this tree's for ``--daemon-rounds`` rounds (``--daemon-only`` skips the
   in-process scan).
 
 The machine is shared: the load average is printed beside every timed figure.
 
-Reproduce: ``python scripts/bench_namespace.py --files 1000000 --workdir /tmp/shadefs-bench-ns --keep``
+Reproduce: ``python -m shadefs.bench namespace --files 1000000 --workdir /tmp/shadefs-bench-ns --keep``
 and ``--files 1000000 10000000:10``; before/after at the daemon level:
-``--files 1000000 --workdir /tmp/fe2-ns --keep --daemon-only --daemon-ref main --daemon-rounds 2``; ``--write-doc`` rewrites the "Namespace" section of
+``--files 1000000 --workdir /tmp/fe2-ns --keep --daemon-only --baseline main --daemon-rounds 2``; ``--write-doc`` rewrites the "Namespace" section of
 docs/results/namespace.md (the rows of every N measured in this run).
 """
 from __future__ import annotations
 
-import argparse
 import os
 import resource
 import shutil
@@ -34,10 +32,11 @@ import subprocess
 import sys
 import time
 
+from shadefs.bench.runner import ROOT
 from shadefs.testing import docsection
 from shadefs.testing.mounts import Mount
 
-DOC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "results", "bench_namespace.md")
+DOC = os.path.join(ROOT, "docs", "results", "namespace.md")
 PER_DIR = 1000
 
 
@@ -143,10 +142,9 @@ def ref_package(rev: str, work: str) -> str:
     pkg = os.path.join(work, f"ref-{rev}")
     if not os.path.isdir(os.path.join(pkg, "shadefs_ref")):
         os.makedirs(pkg, exist_ok=True)
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         paths = [p for p in ("shadefs/__init__.py", "shadefs/namespace.py", "shadefs/fsutil.py", "shadefs/backends")
-                 if subprocess.run(["git", "-C", root, "cat-file", "-e", f"{rev}:{p}"]).returncode == 0]
-        tar = subprocess.run(["git", "-C", root, "archive", rev, *paths], check=True, capture_output=True).stdout
+                 if subprocess.run(["git", "-C", ROOT, "cat-file", "-e", f"{rev}:{p}"]).returncode == 0]
+        tar = subprocess.run(["git", "-C", ROOT, "archive", rev, *paths], check=True, capture_output=True).stdout
         subprocess.run(["tar", "-x", "-C", pkg], input=tar, check=True)
         os.rename(os.path.join(pkg, "shadefs"), os.path.join(pkg, "shadefs_ref"))
     return pkg
@@ -196,44 +194,21 @@ def in_process(src: str, n: int) -> dict:
     return out
 
 
-def full_package(rev: str, work: str) -> str:
-    """Commit ``rev``'s whole ``shadefs`` package under WORK/full-REV (for its daemon: PYTHONPATH)."""
-    pkg = os.path.join(work, f"full-{rev}")
-    if not os.path.isdir(os.path.join(pkg, "shadefs")):
-        os.makedirs(pkg, exist_ok=True)
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        tar = subprocess.run(["git", "-C", root, "archive", rev, "shadefs"], check=True, capture_output=True).stdout
-        subprocess.run(["tar", "-x", "-C", pkg], input=tar, check=True)
-    return pkg
-
-
-def daemon_env(rev: str, work: str) -> dict:
-    """The environment (and, by the caller, the working directory ``work``) under which ``python -m
-    shadefs`` runs commit ``rev``'s package ('' = this tree's)."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    pkg = full_package(rev, work) if rev else root
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([pkg, *filter(None, [os.environ.get("PYTHONPATH")])]))
-    code = "import shadefs, sys; print(shadefs.__file__)"
-    got = subprocess.run([sys.executable, "-c", code], env=env, cwd=work, capture_output=True, text=True,
-                         check=True).stdout.strip()
-    assert got.startswith(pkg), (got, pkg)
-    return env
-
-
-def daemon_runs(src: str, work: str, n: int, rev: str = "") -> dict:
-    """``shadefs mount`` of ``src`` (a scan, then a restart from the snapshot) with commit ``rev``'s daemon
-    ('' = this tree's), run from ``work``: mount-ready wall, the daemon's scan seconds and VmRSS 2 s later."""
+def daemon_runs(src: str, work: str, n: int, side) -> dict:
+    """``shadefs mount`` of ``src`` (a scan, then a restart from the snapshot) with the daemon of ``side``
+    (a runner Side: this tree or the baseline), run from ``work``: mount-ready wall, the daemon's scan seconds
+    and VmRSS 2 s later."""
     cache = os.path.join(work, f"cache-{n}")
     shutil.rmtree(cache, ignore_errors=True)
     mnt = os.path.join(work, f"mnt-{n}")
     args = ["--disk-cache", cache, "--disk-cache-size", "1MiB", "--ram-cache", "0"]
-    env = daemon_env(rev, work)
+    env = side.env
     out = {}
     here = os.getcwd()
     os.chdir(work)  # python -m puts the working directory first on sys.path
     try:
         for run in ("scan", "snapshot"):
-            out[run] = _daemon_run(src, mnt, args, os.path.join(work, f"daemon-{n}-{rev or 'this'}-{run}.log"), env,
+            out[run] = _daemon_run(src, mnt, args, os.path.join(work, f"daemon-{n}-{side.name}-{run}.log"), env,
                                    n, run)
     finally:
         os.chdir(here)
@@ -343,8 +318,7 @@ def floors(src: str, n: int, work: str, ref: str = "", rounds: int = 2, threads=
                             ["what", "wall s", "CPU s", "CPU us/file", "load"], rows)
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def add_arguments(ap) -> None:
     ap.add_argument("--files", nargs="+", default=["1000000"], metavar="N[:K]",
                     help="file counts; N:K serves N files as K bind mounts of one N/K-file tree (root)")
     ap.add_argument("--workdir", default="/tmp/shadefs-bench-ns")
@@ -352,18 +326,17 @@ def main(argv=None) -> int:
     ap.add_argument("--no-daemon", action="store_true", help="only the in-process figures")
     ap.add_argument("--ref", default="362a0bd", metavar="REV",
                     help="also scan with the namespace of commit REV, side by side ('' = skip)")
-    ap.add_argument("--write-doc", action="store_true", help="rewrite the Namespace section of docs/results/namespace.md")
     ap.add_argument("--section", default="bench_namespace", help="the doc section to write (its markers' name)")
     ap.add_argument("--title", default="Namespace", help="the section's heading")
     ap.add_argument("--floors", action="store_true",
                     help="only the warm scan of the first --files tree against find and os.scandir (and --ref)")
-    ap.add_argument("--rounds", type=int, default=2, help="--floors: rounds of the shadefs scans (default 2)")
     ap.add_argument("--threads", type=int, nargs="+", default=[1], help="--floors: listing threads (default 1)")
-    ap.add_argument("--daemon-ref", default="", metavar="REV",
-                    help="also mount with commit REV's daemon (its whole package), interleaved with this tree's")
     ap.add_argument("--daemon-rounds", type=int, default=1, help="rounds of the daemon runs (default 1)")
     ap.add_argument("--daemon-only", action="store_true", help="skip the in-process scan (and --ref)")
-    a = ap.parse_args(argv)
+    ap.set_defaults(rounds=2)
+
+
+def run(a, bench):
     if a.daemon_only:
         a.ref = ""
     os.makedirs(a.workdir, exist_ok=True)
@@ -376,7 +349,7 @@ def main(argv=None) -> int:
         if a.write_doc:
             start, end = docsection.markers(a.section)
             body = [start, f"## {a.title}", "",
-                    "Reproduce: `" + " ".join(["python scripts/bench_namespace.py", *sys.argv[1:]]) + "`", "",
+                    "Reproduce: `" + bench.command + "`", "",
                     t.markdown(), "", end]
             docsection.write_section(DOC, a.section, "\n".join(body))
         return 0
@@ -409,17 +382,17 @@ def main(argv=None) -> int:
                              p["load"], f"{p['grown'] / n:.0f}", f"{p['arrays'] / n:.0f}", f"{p['lookup']:.1f}",
                              f"{p['child']:.1f}", f"{p['attr']:.2f}", f"{p['path']:.2f}"])
             if base is not None:
-                for rnd in range(a.daemon_rounds):   # before and after, interleaved
-                    for rev in ([a.daemon_ref] if a.daemon_ref else []) + [""]:
-                        d = daemon_runs(src, a.workdir, n, rev)
-                        s, r = d["scan"], d["snapshot"]
-                        who = f"{label}, {rev or 'this tree'}" + (f" (round {rnd + 1})" if a.daemon_rounds > 1 else "")
-                        rows2.append([who, f"{s['ready']:.2f}", f"{s['scan_s']:.2f}", f"{s['cpu']:.2f}",
-                                      f"{s['rss'] / 2**20:.0f}",
-                                      f"{(s['rss'] - base) / n:.0f}", s["load"], f"{r['ready']:.2f}",
-                                      f"{r['scan_s']:.2f}", f"{r['rss'] / 2**20:.0f}", f"{(r['rss'] - base) / n:.0f}",
-                                      r["load"], f"{d['snapshot_bytes'] / n:.0f}"])
-                        print(rows2[-1], flush=True)
+                # the --baseline daemon (its whole package) and this tree's, interleaved
+                for rnd, side in bench.interleaved(bench.sides(tree="this tree")[::-1], a.daemon_rounds):
+                    d = daemon_runs(src, a.workdir, n, side)
+                    s, r = d["scan"], d["snapshot"]
+                    who = f"{label}, {side.name}" + (f" (round {rnd + 1})" if a.daemon_rounds > 1 else "")
+                    rows2.append([who, f"{s['ready']:.2f}", f"{s['scan_s']:.2f}", f"{s['cpu']:.2f}",
+                                  f"{s['rss'] / 2**20:.0f}",
+                                  f"{(s['rss'] - base) / n:.0f}", s["load"], f"{r['ready']:.2f}",
+                                  f"{r['scan_s']:.2f}", f"{r['rss'] / 2**20:.0f}", f"{(r['rss'] - base) / n:.0f}",
+                                  r["load"], f"{d['snapshot_bytes'] / n:.0f}"])
+                    print(rows2[-1], flush=True)
         finally:
             if bind > 1:
                 unbind(src, bind)
@@ -446,13 +419,9 @@ def main(argv=None) -> int:
     if a.write_doc:
         start, end = docsection.markers(a.section)
         body = [start, f"## {a.title}", "",
-                "Reproduce: `" + " ".join(["python scripts/bench_namespace.py", *sys.argv[1:]]) + "`", ""]
+                "Reproduce: `" + bench.command + "`", ""]
         for t in tables:
             body += [t.markdown(), ""]
         body.append(end)
         docsection.write_section(DOC, a.section, "\n".join(body))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

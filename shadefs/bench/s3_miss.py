@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Daemon CPU and backend GETs per S3 miss, side by side: this tree's obstore and fsspec clients and,
 with ``--baseline REV``, the ``shadefs`` package of git revision REV (its only client, s3fs).
 
@@ -23,7 +22,6 @@ Usage::
 """
 from __future__ import annotations
 
-import argparse
 import concurrent.futures as cf
 import json
 import os
@@ -34,8 +32,8 @@ import tempfile
 import time
 from typing import Dict, List
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+from shadefs.bench.runner import ROOT
 from shadefs.testing import ctx_switches  # noqa: E402
 from shadefs.testing.s3 import LatencyProxyProcess, MotoServer  # noqa: E402
 
@@ -100,20 +98,20 @@ def run_one(code: str, backend: str, tiers: str, endpoint: str, proxy, names: Li
             "ctx_per_miss": (x1 - x0) / max(1, misses)}
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_arguments(p) -> None:
     p.add_argument("--files", type=int, default=300)
     p.add_argument("--size", type=int, default=40_000, help="bytes per file")
     p.add_argument("--readers", type=int, default=4)
     p.add_argument("--read-size", type=int, default=1 << 20, help="bytes per read() call")
-    p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--tiers", default="off,static10", help="off, static10, lru10 (comma-separated)")
-    p.add_argument("--baseline", default=None, help="git revision to compare against (e.g. c9061c1)")
     p.add_argument("--delay-ms", type=float, default=1.0)
     p.add_argument("--rate", default="1gbit")
     p.add_argument("--local", action="store_true",
                    help="a local directory instead of S3: --backend-timeout 60 (default) vs 0")
-    a = p.parse_args()
+    p.set_defaults(rounds=2)
+
+
+def run(a, bench):
     os.environ.update(AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench", AWS_DEFAULT_REGION="us-east-1")
     work = tempfile.mkdtemp(prefix="bench-s3-miss-")
     codes = {"obstore": ROOT, "fsspec": ROOT}
@@ -122,9 +120,8 @@ def main() -> int:
         a.baseline = None
     base = None
     if a.baseline:
-        from shadefs.testing import baseline
 
-        base, rev = baseline.extract(ROOT, a.baseline, prefix="bench-s3-miss-baseline-")
+        base, rev = bench.baseline()
         codes["baseline"] = base
     results: Dict[tuple, List[Dict]] = {}
     names = [f"c{i % 10}/{i:05d}.jpg" for i in range(a.files)]
@@ -155,8 +152,6 @@ def main() -> int:
                     rounds(proxy.endpoint, proxy)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-        if base:
-            shutil.rmtree(base, ignore_errors=True)
     label = {"obstore": "this tree, obstore (default)", "fsspec": "this tree, --backend fsspec",
              "baseline": f"{a.baseline} (its default client)", "local": "local directory, --backend-timeout 60 (default)",
              "local-notimeout": "local directory, --backend-timeout 0"}
@@ -172,7 +167,3 @@ def main() -> int:
                     f"{span('wall_s', '{:.1f}')} |")
     print("\n".join(rows))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Daemon memory under concurrent large reads: peak resident set size against the documented bound.
 
 10 reader processes each read their own file of ``--file-mib`` MiB (cached by 8 MiB chunks) whole,
@@ -16,11 +15,10 @@ of the idle daemon just after the mount (the interpreter, numpy, zmq: not part o
 ``--baseline-tree DIR``: a checkout whose ``shadefs`` package is put first on PYTHONPATH), side by side,
 the sides interleaved per round.
 
-    python scripts/bench_memory_readers.py [--baseline main] [--rounds 1] [--write-doc]
+    python -m shadefs.bench memory_readers [--baseline main] [--rounds 1] [--write-doc]
 """
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import subprocess
@@ -29,12 +27,12 @@ import tempfile
 import threading
 import time
 
-from shadefs.testing import Mount, baseline, docsection, proc_vm
+from shadefs.bench.runner import ROOT
+from shadefs.testing import Mount, docsection, proc_vm
 from shadefs.testing.datasets import random_file
 from shadefs.testing.regime import describe
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DOC = os.path.join(ROOT, "docs", "results", "bench_memory_readers.md")
+DOC = os.path.join(ROOT, "docs", "results", "memory_readers.md")
 MiB = 1 << 20
 
 READER = r"""
@@ -105,42 +103,36 @@ def one(case: str, src: str, work: str, env: dict, readers: int, passes: int, di
                 "high_water_bytes")}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--baseline", default=None, help="git revision to compare against")
+def add_arguments(ap) -> None:
     ap.add_argument("--baseline-tree", default=None, help="a checkout to compare against (its shadefs package)")
     ap.add_argument("--readers", type=int, default=10)
     ap.add_argument("--file-mib", type=int, default=48, help="MiB per reader's file (8 MiB chunks)")
     ap.add_argument("--passes", type=int, default=2, help="whole reads of its file per reader")
     ap.add_argument("--disk-mib", type=int, default=128, help="the NVMe tier's size in the ram+disk case")
-    ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--work", default="/tmp/shadefs-bench-memory-readers")
-    ap.add_argument("--write-doc", action="store_true", help="rewrite docs/results/memory_readers.md")
-    args = ap.parse_args()
+
+
+def run(args, bench):
     os.makedirs(args.work, exist_ok=True)
     os.chdir(args.work)  # ``python -m shadefs`` puts the cwd first on sys.path: not this tree's package
     src = make_source(os.path.join(args.work, f"src-{args.file_mib}"), args.readers, args.file_mib * MiB)
     sides = []
     tmp = None
-    try:
-        if args.baseline:
-            tmp, rev = baseline.extract(ROOT, args.baseline, prefix="memory-readers-baseline-")
-            sides.append((f"before ({rev})", {**os.environ, "PYTHONPATH": tmp}))
-        elif args.baseline_tree:
-            sides.append((f"before ({os.path.basename(args.baseline_tree.rstrip('/'))})",
-                          {**os.environ, "PYTHONPATH": os.path.abspath(args.baseline_tree)}))
-        sides.append(("after" if sides else "this tree", {**os.environ, "PYTHONPATH": ROOT}))
-        res = {}
-        for _ in range(args.rounds):
-            for case in ("ram", "ram+disk"):
-                for label, env in sides:
-                    r = one(case, src, args.work, env, args.readers, args.passes, args.disk_mib)
-                    res.setdefault((case, label), []).append(r)
-                    print(case, label, {k: (round(v / MiB, 1) if isinstance(v, int) else v) for k, v in r.items()},
-                          flush=True)
-    finally:
-        if tmp:
-            shutil.rmtree(tmp, ignore_errors=True)
+    if args.baseline:
+        tmp, rev = bench.baseline()
+        sides.append((f"before ({rev})", {**os.environ, "PYTHONPATH": tmp}))
+    elif args.baseline_tree:
+        sides.append((f"before ({os.path.basename(args.baseline_tree.rstrip('/'))})",
+                      {**os.environ, "PYTHONPATH": os.path.abspath(args.baseline_tree)}))
+    sides.append(("after" if sides else "this tree", {**os.environ, "PYTHONPATH": ROOT}))
+    res = {}
+    for _ in range(args.rounds):
+        for case in ("ram", "ram+disk"):
+            for label, env in sides:
+                r = one(case, src, args.work, env, args.readers, args.passes, args.disk_mib)
+                res.setdefault((case, label), []).append(r)
+                print(case, label, {k: (round(v / MiB, 1) if isinstance(v, int) else v) for k, v in r.items()},
+                      flush=True)
     load = os.getloadavg()
     rows = []
     for (case, label), rs in res.items():
@@ -156,7 +148,7 @@ def main() -> None:
     table = docsection.markdown_table(headers, rows, "llrrrrr")
     base = f" --baseline {args.baseline}" if args.baseline else (
         f" --baseline-tree {args.baseline_tree}" if args.baseline_tree else "")
-    cmd = (f"python scripts/bench_memory_readers.py{base} --readers {args.readers} --file-mib {args.file_mib} "
+    cmd = (f"python -m shadefs.bench memory_readers{base} --readers {args.readers} --file-mib {args.file_mib} "
            f"--passes {args.passes} --disk-mib {args.disk_mib} --rounds {args.rounds}")
     regime = describe("dontneed", dataset_bytes=args.readers * args.file_mib * MiB)
     print(table)
@@ -173,7 +165,3 @@ def main() -> None:
             "The bound: `--ram-cache` + fill buffers + loose buffers + queues (the `memory` key of `shadefs",
             "stats`, docs/operations.md \"The daemon's memory\"); `-` where the code reports none.",
         ], table)
-
-
-if __name__ == "__main__":
-    main()

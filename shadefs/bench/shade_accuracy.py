@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Why ShadeSampler's accuracy per epoch trails uniform shuffling: the sampler alone, in memory.
 
 Trains ``train_fashion_mnist.py``'s small CNN (same model, SGD lr 0.01 momentum 0.9, batch 64) on a
@@ -21,29 +20,29 @@ Configurations (``--configs``): ``uniform`` (a fresh permutation per epoch, ``sh
 (forward, backward, step; s), the epoch's wall time with the sampler and the emulated cache, and the
 evaluation's; the tables give the first epoch at each ``--target`` accuracy per seed.
 
-    python scripts/bench_shade_accuracy.py --data /usr/share/datasets/fashion-mnist [--epochs 8]
+    python -m shadefs.bench shade_accuracy --data /usr/share/datasets/fashion-mnist [--epochs 8]
         [--seeds 0,1,2] [--cache 0.1] [--configs "uniform;shade;shade:rep_factor=1;shade-nocache"]
         [--json out.json] [--target 85 ...] [--png acc.png]
-    python scripts/bench_shade_accuracy.py --report out.json [--target 85 ...] [--png acc.png]
+    python -m shadefs.bench shade_accuracy --report out.json [--target 85 ...] [--png acc.png]
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
-import sys
 import time
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+from shadefs.bench.runner import ROOT
+
+SCRIPTS = os.path.join(ROOT, "scripts")  # the examples a user runs (train_fashion_mnist.py)
 
 
 def _module(name: str):
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location(name, os.path.join(HERE, name + ".py"))
+    spec = importlib.util.spec_from_file_location(name, os.path.join(SCRIPTS, name + ".py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -128,7 +127,7 @@ def parse_kwargs(spec: str) -> dict:
     return out
 
 
-def run(cfg: str, seed: int, a, train, test, tfm) -> dict:
+def train_run(cfg: str, seed: int, a, train, test, tfm) -> dict:
     import torch
     import torch.nn.functional as F
 
@@ -266,20 +265,20 @@ def plot(results: list, path: str, title: str) -> None:
     print(f"plot: {path}")
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(ap) -> None:
     ap.add_argument("--data", help="a make_fashion_mnist.py tree, or a directory of the gzip'd IDX files "
                     "(/usr/share/datasets/fashion-mnist: the full 60,000 / 10,000 images)")
     ap.add_argument("--epochs", type=int, default=8)
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--cache", type=float, default=0.1, help="cache, fraction of the training samples")
     ap.add_argument("--configs", default="uniform,shade,shade:rep_factor=1,shade-nocache")
-    ap.add_argument("--json", help="write the raw results here (after every run)")
     ap.add_argument("--target", type=float, action="append",
                     help="test accuracy %% whose first epoch is reported (repeatable; default 85)")
     ap.add_argument("--report", metavar="JSON", help="print the tables of an earlier --json, train nothing")
     ap.add_argument("--png", help="plot test accuracy per epoch and configuration to this PNG")
-    a = ap.parse_args(argv)
+
+
+def run(a, bench):
     targets = a.target or [85.0]
     if a.report:
         with open(a.report) as f:
@@ -291,7 +290,7 @@ def main(argv=None) -> int:
             plot(results, a.png, f"{n_train:,} training images, cache {doc['args']['cache']:.0%} emulated")
         return 0
     if not a.data:
-        ap.error("--data is required (or --report)")
+        bench.error("--data is required (or --report)")
     import torch
 
     torch.set_num_threads(1)
@@ -305,7 +304,7 @@ def main(argv=None) -> int:
     results = doc["results"]
     for cfg in a.configs.split(";" if ";" in a.configs else ","):
         for seed in (int(s) for s in a.seeds.split(",")):
-            r = run(cfg, seed, a, (xtr, ytr), (xte, yte), tfm)
+            r = train_run(cfg, seed, a, (xtr, ytr), (xte, yte), tfm)
             results.append(r)
             doc["load_end"] = os.getloadavg()
             if a.json:  # after every run, so that an interrupted grid keeps what it finished
@@ -320,7 +319,3 @@ def main(argv=None) -> int:
     if a.png:
         plot(results, a.png, f"{len(ytr):,} training images, cache {a.cache:.0%} emulated")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """The shared tier across "nodes": N mounts of one S3 source on this machine, each reading its
 DistributedSampler shard of a per-epoch reshuffle, with and without a shared tier on Redis Cluster.
 
@@ -23,16 +22,15 @@ the NVMe tier, by the shared tier (Redis Cluster on loopback), and by the backen
 
 Usage::
 
-    bench_shared.py [--files 2000] [--nodes 2,4] [--shared 0,20,40] [--ram 10] [--epochs 3]
+    python -m shadefs.bench shared [--files 2000] [--nodes 2,4] [--shared 0,20,40] [--ram 10] [--epochs 3]
                     [--delay-ms 1] [--rate 1gbit] [--json OUT.json] [--write-doc]
-    bench_shared.py --results OUT.json --write-doc      # re-render the doc from a saved run
+    python -m shadefs.bench shared --results OUT.json --write-doc      # re-render the doc from a saved run
 
 ``--write-doc`` replaces the section between ``<!-- bench_shared:start -->`` and
 ``<!-- bench_shared:end -->`` in docs/results/shared.md and writes docs/img/bench_shared.png.
 """
 from __future__ import annotations
 
-import argparse
 import concurrent.futures as cf
 import datetime as dt
 import os
@@ -47,17 +45,17 @@ from typing import Any, Dict, List
 
 import numpy as np
 
+from shadefs.bench.runner import ROOT
 from shadefs.testing import Mount, docsection
 from shadefs.testing.datasets import read_size
 from shadefs.testing.docsection import markdown_table
 from shadefs.testing.redis import RedisCluster
 from shadefs.testing.s3 import DUMMY_AWS_ENV, LatencyProxyProcess, MotoServer
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
+REPO = ROOT
 BUCKET = "shadefs-bench"
 PREFIX = "shared"
-DOC = os.path.join(REPO, "docs", "results", "bench_shared.md")
+DOC = os.path.join(REPO, "docs", "results", "shared.md")
 PLOT = os.path.join(REPO, "docs", "img", "bench_shared.png")
 
 
@@ -226,7 +224,7 @@ def render(res: Dict[str, Any]) -> str:
     ctable = markdown_table(["open + read + close of one file, one reader", "median", "p90"], crow, align="lrr")
     start, end = docsection.markers("bench_shared")
     return f"""{start}
-## Shared tier across nodes (`scripts/bench_shared.py`)
+## Shared tier across nodes (`python -m shadefs.bench shared`)
 
 {env['files']} files ({env['mib']:.1f} MiB, mean {env['mean_kb']:.1f} kB) in S3 (moto behind the latency
 proxy: {env['proxy']}), N mounts of that source on this machine ("nodes"), each `--policy static
@@ -292,8 +290,7 @@ def plot(res: Dict[str, Any]) -> None:
     fig.savefig(PLOT, dpi=110)
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_arguments(p) -> None:
     p.add_argument("--files", type=int, default=2000)
     p.add_argument("--mean-kb", type=int, default=16)
     p.add_argument("--nodes", default="2,4")
@@ -311,10 +308,11 @@ def main(argv=None) -> int:
     p.add_argument("--insecure", action="store_true",
                    help="run the shared tier with --shared-tier-insecure (no group secret) instead of a secret")
     p.add_argument("--workdir")
-    p.add_argument("--json")
     p.add_argument("--results", help="render the doc from a saved --json run instead of measuring")
-    p.add_argument("--write-doc", action="store_true")
-    a = p.parse_args(argv)
+
+
+def run(a, bench):
+    a.command = bench.command
     res = docsection.saved_or_measured(a.results, a.json, lambda: measure(a))
     for c in res["configs"]:
         print(f"N={c['nodes']} f={c['ram_pct']}% shared={c['shared_pct']}%: hit {100 * c['hit']:.1f}% "
@@ -364,7 +362,7 @@ def measure(a) -> Dict[str, Any]:
                "machine": f"{os.cpu_count()} cores, {platform.machine()}, Linux {platform.release()}",
                "load": f"load average {load0[0]:.1f} at the start, {load1[0]:.1f} at the end (shared with other "
                        f"jobs)",
-               "command": "python scripts/bench_shared.py " + " ".join(sys.argv[1:] if argv_is_cli() else []),
+               "command": a.command,
                "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
         return {"env": env, "configs": configs, "cost": cost}
     finally:
@@ -375,11 +373,3 @@ def measure(a) -> Dict[str, Any]:
         moto.stop()
         if not a.workdir:
             shutil.rmtree(workdir, ignore_errors=True)
-
-
-def argv_is_cli() -> bool:
-    return os.path.basename(sys.argv[0]).startswith("bench_shared")
-
-
-if __name__ == "__main__":
-    sys.exit(main())

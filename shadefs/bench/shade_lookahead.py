@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """ShadeSampler's provisional next-epoch draw, measured in a closed loop: hit ratio ÷ OPT by when the
 provisional draw is announced (``lookahead_at``) and by draw (stable vs cdf), and how close the
 provisional draw is to the real one.
@@ -12,15 +11,13 @@ flight), to the sampler and to the daemon's importance. Synthetic losses: each s
 (lognormal), a loss is difficulty x lognormal noise, and a trained sample's difficulty shrinks by 3 %.
 OPT: ``shadefs.sim.belady`` on the loop's own trace, counted from epoch 2 on (the warm epochs).
 
-    python scripts/bench_shade_lookahead.py [--n 2000] [--epochs 3] [--sizes 5,10] [--seeds 0,1,2]
+    python -m shadefs.bench shade_lookahead [--n 2000] [--epochs 3] [--sizes 5,10] [--seeds 0,1,2]
                                             [--at none,1.0,0.5,0.0] [--draws stable,cdf]
 
 Also prints the overlap of two draws from the same seed whose weights differ in a fraction of the
 samples (``--rescore``): the share of positions that agree and the set Jaccard of the distinct samples.
 """
-import argparse
 import math
-import sys
 
 import numpy as np
 
@@ -117,8 +114,7 @@ def overlap_table(n, fractions, seed=0):
               f"{jaccard(x, y):.3f} |")
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(ap) -> None:
     ap.add_argument("--n", type=int, default=2000, help="samples (= opens per epoch)")
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--batch", type=int, default=64)
@@ -128,7 +124,9 @@ def main(argv=None):
     ap.add_argument("--at", default="none,1.0,0.5,0.0", help="lookahead_at values; none = no provisional draw")
     ap.add_argument("--draws", default="stable,cdf")
     ap.add_argument("--rescore", default="0.01,0.05,0.13,0.25", help="fractions for the overlap table")
-    a = ap.parse_args(argv)
+
+
+def run(a, bench):
     seeds = [int(x) for x in a.seeds.split(",")]
     print(f"closed loop: {a.n} samples, {a.epochs} epochs, batch {a.batch}, reports {a.lag} batches late, "
           f"seeds {seeds}; hits and OPT summed over the seeds, warm epochs")
@@ -149,7 +147,3 @@ def main(argv=None):
     print()
     overlap_table(a.n, [float(x) for x in a.rescore.split(",")])
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Time to accuracy over slow S3 at full scale: shuffle + static, PlanSampler + static, ShadeSampler + shade.
 
 The training split of a ``make_fashion_mnist.py`` tree (60,000 PNGs) goes into a bucket on moto's S3 server
@@ -29,17 +28,16 @@ ratio, and per mode the wall time to ``--target`` % and to uniform's (shuffle + 
 accuracy; and draws test accuracy against wall time (``--png``). ``--report JSON`` redoes the report and
 the picture from a saved JSON without training.
 
-    python scripts/bench_tta.py --data data/fmnist [--epochs 8] [--seeds 0,1,2] [--delay-ms 1]
+    python -m shadefs.bench tta --data data/fmnist [--epochs 8] [--seeds 0,1,2] [--delay-ms 1]
         [--pct 10%] [--workers 2] [--json tta.json] [--png docs/img/tta.png] [--modes shuffle,plan,shade]
         [--target 85 [--target 75]] [--run-timeout SECONDS] [--until HH:MM] [--stop-after N]
-    python scripts/bench_tta.py --report tta.json [--traces WORKDIR] [--png docs/img/tta.png]
+    python -m shadefs.bench tta --report tta.json [--traces WORKDIR] [--png docs/img/tta.png]
 
 Modes: ``shuffle`` (shuffle=True + static), ``plan`` (PlanSampler + static), ``shade`` (ShadeSampler +
 ScoreReporter + shade, its defaults), ``shade-rep1`` (the same with ``rep_factor=1``: docs/hooks.md).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
@@ -49,7 +47,9 @@ import sys
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+from shadefs.bench.runner import ROOT
+
+SCRIPTS = os.path.join(ROOT, "scripts")  # the examples a user runs (train_fashion_mnist.py)
 SHADEFS = [sys.executable, "-m", "shadefs"]
 BUCKET, PREFIX = "bench-tta", "fmnist"
 #: mode -> (label, policy, train_fashion_mnist.py flags)
@@ -70,46 +70,6 @@ def _on_signal(signum, frame):
     raise Stop()
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data", help="make_fashion_mnist.py tree (train/ goes to S3; test/ is read locally)")
-    ap.add_argument("--report", metavar="JSON", help="only print the report and draw the PNG of a saved run")
-    ap.add_argument("--delay-ms", type=float, default=1.0, help="the proxy's one-way delay (default %(default)g)")
-    ap.add_argument("--pct", default="10%", help="RAM cache, of the training set's bytes (default %(default)s)")
-    ap.add_argument("--epochs", type=int, default=8)
-    ap.add_argument("--workers", type=int, default=min(4, os.cpu_count() or 1))
-    ap.add_argument("--seeds", default="0,1,2")
-    ap.add_argument("--modes", default="shuffle,plan,shade", help=f"some of {','.join(MODES)}")
-    ap.add_argument("--target", type=float, action="append",
-                    help="test accuracy %% to reach; repeatable (default 85)")
-    ap.add_argument("--json", default="tta.json", help="raw results (default %(default)s)")
-    ap.add_argument("--png", default="tta.png", help="accuracy vs wall time (default %(default)s)")
-    ap.add_argument("--traces", metavar="DIR", help="with --report: the run's work folder, whose mount traces "
-                    "give the distinct images read per epoch")
-    ap.add_argument("--workdir", default=None, help="mountpoints, run logs (default a new /tmp folder)")
-    ap.add_argument("--run-timeout", type=float, default=0.0, metavar="SECONDS",
-                    help="stop a (seed, mode) run, its mount included, after this long; its finished epochs are "
-                    "kept, marked partial (default 0: no limit)")
-    ap.add_argument("--until", metavar="HH:MM", help="UTC time by which every run ends (each gets at most the "
-                    "time left; none starts after it)")
-    ap.add_argument("--stop-after", type=int, default=0, metavar="N",
-                    help="end each run after N epochs (the samplers still plan --epochs; default 0: all)")
-    a = ap.parse_args(argv)
-    a.modes = a.modes.split(",")
-    for m in a.modes:
-        if m not in MODES:
-            ap.error(f"unknown mode {m!r}")
-    a.seeds = [int(s) for s in a.seeds.split(",")]
-    a.target = a.target or [85.0]
-    if not a.report and not a.data:
-        ap.error("--data or --report is needed")
-    if a.run_timeout < 0 or a.stop_after < 0:
-        ap.error("--run-timeout and --stop-after must be >= 0")
-    try:
-        a.until = None if a.until is None else until_epoch(a.until, time.time())
-    except ValueError as e:
-        ap.error(f"--until {a.until}: {e}")
-    return a
 
 
 def until_epoch(hhmm: str, now: float) -> float:
@@ -133,8 +93,52 @@ def run_limit(run_timeout: float, until, now: float):
     return min(limits) if limits else None
 
 
-def main(argv=None) -> int:
-    a = parse_args(argv)
+def add_arguments(ap) -> None:
+    ap.add_argument("--data", help="make_fashion_mnist.py tree (train/ goes to S3; test/ is read locally)")
+    ap.add_argument("--report", metavar="JSON", help="only print the report and draw the PNG of a saved run")
+    ap.add_argument("--delay-ms", type=float, default=1.0, help="the proxy's one-way delay (default %(default)g)")
+    ap.add_argument("--pct", default="10%", help="RAM cache, of the training set's bytes (default %(default)s)")
+    ap.add_argument("--epochs", type=int, default=8)
+    ap.add_argument("--workers", type=int, default=min(4, os.cpu_count() or 1))
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--modes", default="shuffle,plan,shade", help=f"some of {','.join(MODES)}")
+    ap.add_argument("--target", type=float, action="append",
+                    help="test accuracy %% to reach; repeatable (default 85)")
+    ap.add_argument("--png", default="tta.png", help="accuracy vs wall time (default %(default)s)")
+    ap.add_argument("--traces", metavar="DIR", help="with --report: the run's work folder, whose mount traces "
+                    "give the distinct images read per epoch")
+    ap.add_argument("--workdir", default=None, help="mountpoints, run logs (default a new /tmp folder)")
+    ap.add_argument("--run-timeout", type=float, default=0.0, metavar="SECONDS",
+                    help="stop a (seed, mode) run, its mount included, after this long; its finished epochs are "
+                    "kept, marked partial (default 0: no limit)")
+    ap.add_argument("--until", metavar="HH:MM", help="UTC time by which every run ends (each gets at most the "
+                    "time left; none starts after it)")
+    ap.add_argument("--stop-after", type=int, default=0, metavar="N",
+                    help="end each run after N epochs (the samplers still plan --epochs; default 0: all)")
+    ap.set_defaults(json='tta.json')
+
+
+def check_args(a, bench) -> None:
+    """Turn the options' text into values (modes, seeds, targets, ``--until`` as a time); a bad one stops the
+    run (:meth:`Bench.error`)."""
+    a.modes = a.modes.split(",")
+    for m in a.modes:
+        if m not in MODES:
+            bench.error(f"unknown mode {m!r}")
+    a.seeds = [int(s) for s in a.seeds.split(",")]
+    a.target = a.target or [85.0]
+    if not a.report and not a.data:
+        bench.error("--data or --report is needed")
+    if a.run_timeout < 0 or a.stop_after < 0:
+        bench.error("--run-timeout and --stop-after must be >= 0")
+    try:
+        a.until = None if a.until is None else until_epoch(a.until, time.time())
+    except ValueError as e:
+        bench.error(f"--until {a.until}: {e}")
+
+
+def run(a, bench):
+    check_args(a, bench)
     if a.report:
         with open(a.report) as f:
             saved = json.load(f)
@@ -288,7 +292,7 @@ def one_run(a, work, proxy, mode, seed, runs: list) -> None:
         print(f"    mounted in {rec['mount_s']:.0f} s", flush=True)
         gets0 = proxy.snapshot()["gets"]
         with open(log, "w") as lf:
-            proc = subprocess.Popen([sys.executable, os.path.join(HERE, "train_fashion_mnist.py"), "--data", mnt,
+            proc = subprocess.Popen([sys.executable, os.path.join(SCRIPTS, "train_fashion_mnist.py"), "--data", mnt,
                                      "--test-data", os.path.abspath(a.data), "--epochs", str(a.epochs),
                                      "--workers", str(a.workers), "--seed", str(seed), "--json", out, *flags],
                                     stdout=lf, stderr=subprocess.STDOUT, process_group=0)
@@ -512,7 +516,3 @@ def plot(saved, runs, modes, target, png) -> None:
     os.makedirs(os.path.dirname(os.path.abspath(png)), exist_ok=True)
     fig.savefig(png, dpi=100)
     plt.close(fig)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

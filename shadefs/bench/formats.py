@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Dataset formats through the mount vs direct: tar shards, HDF5, LMDB, Parquet, mmap'd .npy.
 
 The clients users run over a dataset mount, each on files built here (random bytes, fixed seeds):
@@ -22,7 +21,7 @@ largest file and 4 KiB from its middle), the first epoch's seconds (what the fir
 daemon read from the source over the whole run (``backend_bytes``), and the daemon's peak RSS
 (``VmHWM`` of /proc/PID/status, read before unmounting). Every case must read the same bytes.
 
-    python scripts/bench_formats.py [--size 256MiB] [--shards 4] [--shard-size 64MiB] [--epochs 3]
+    python -m shadefs.bench formats [--size 256MiB] [--shards 4] [--shard-size 64MiB] [--epochs 3]
                                     [--baseline REV] [--only NAME ...] [--markdown]
 
 Needs the ``bench`` extras (``pip install -e .[bench]``: h5py, lmdb, pyarrow); a workload whose module is
@@ -30,7 +29,6 @@ missing is reported as skipped.
 """
 from __future__ import annotations
 
-import argparse
 import io
 import os
 import random
@@ -42,10 +40,10 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from shadefs.bench.runner import ROOT
 from shadefs.config import parse_size
 from shadefs.testing import Mount
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SAMPLE = 100_000  # bytes of a tar shard's samples (about)
 
 
@@ -243,15 +241,13 @@ def run_case(src: str, work: str, envs: Dict[str, Optional[dict]], ram: int, epo
             m.umount()
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_arguments(ap) -> None:
     ap.add_argument("--size", default="256MiB", help="bytes of the HDF5, LMDB, .npy and Parquet files")
     ap.add_argument("--record", default="10000", help="bytes per record (default 10000)")
     ap.add_argument("--records", type=int, default=5000, help="random records per epoch (default 5000)")
     ap.add_argument("--shards", type=int, default=4, help="tar shards (default 4)")
     ap.add_argument("--shard-size", default="64MiB", help="bytes per tar shard (default 64MiB)")
     ap.add_argument("--epochs", type=int, default=3, help="timed epochs per case (default 3)")
-    ap.add_argument("--baseline", metavar="REV", help="also mount the shadefs package of git revision REV")
     ap.add_argument("--only", nargs="*", help="run only these workloads (names as in the table)")
     ap.add_argument("--work", default=None, help="directory for the files and mounts (default: a temp dir)")
     ap.add_argument("--variant", action="append", default=[], metavar="LABEL=ARGS",
@@ -260,7 +256,9 @@ def main() -> None:
     ap.add_argument("--per-epoch", action="store_true",
                     help="also print every epoch's seconds and the source MiB the daemon read in it, per case")
     ap.add_argument("--markdown", action="store_true", help="print the table as markdown")
-    args = ap.parse_args()
+
+
+def run(args, bench):
     size, record = parse_size(args.size).nbytes, parse_size(args.record).nbytes
     shard_size = parse_size(args.shard_size).nbytes
     work = tempfile.mkdtemp(prefix="bench-formats-", dir=args.work)
@@ -275,9 +273,8 @@ def main() -> None:
             envs[f"shadefs {label}"] = None
             extra[f"shadefs {label}"] = vargs.split()
         if args.baseline:
-            from shadefs.testing import baseline
 
-            baseline_dir, rev = baseline.extract(ROOT, args.baseline, prefix="bench-formats-baseline-")
+            baseline_dir, rev = bench.baseline()
             envs[f"shadefs {rev}"] = dict(os.environ, PYTHONPATH=baseline_dir)
         os.chdir(work)  # ``python -m shadefs`` puts the cwd first on sys.path: not this tree's package
         rng = np.random.default_rng(7)
@@ -355,9 +352,3 @@ def main() -> None:
     finally:
         os.chdir(ROOT)
         shutil.rmtree(work, ignore_errors=True)
-        if baseline_dir:
-            shutil.rmtree(baseline_dir, ignore_errors=True)
-
-
-if __name__ == "__main__":
-    main()

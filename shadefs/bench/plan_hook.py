@@ -1,15 +1,13 @@
-#!/usr/bin/env python3
 """What announcing a plan costs the training loop: PlanSampler.__iter__ vs RandomSampler, ShadeSampler's
 draw (stable vs cdf) and its provisional next-epoch draw, and the size and encoding time of one epoch's
 plan message, for an ImageNet-sized epoch (1.28M samples).
 
-    python scripts/bench_plan_hook.py [--n 1281167 60000] [--repeat 5]
+    python -m shadefs.bench plan_hook [--n 1281167 60000] [--repeat 5]
 
 Prints one table per N (median of --repeat runs, seconds). No daemon: the background send and the
 provisional draw are not on the training loop's path (they run on the announcer's thread); their cost is
 measured separately, without the residency query (one per draw, as the real draw's).
 """
-import argparse
 import statistics
 import time
 import warnings
@@ -84,11 +82,12 @@ def shade_rows(n, repeat):
     return rows
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__)
+def add_arguments(ap) -> None:
     ap.add_argument("--n", type=int, nargs="+", default=[1_281_167])
     ap.add_argument("--repeat", type=int, default=5)
-    a = ap.parse_args()
+
+
+def run(a, bench):
     for n in a.n:
         table(n, a.repeat)
         print()
@@ -118,7 +117,3 @@ def table(n, repeat):
     print(f"|{'-' * (w + 2)}|--:|")
     for name, sec in rows:
         print(f"| {name:<{w}} | {sec:.2g} |" if sec < 0.001 else f"| {name:<{w}} | {sec:.3f} |")
-
-
-if __name__ == "__main__":
-    main()

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Plans that many jobs share: what announcing costs under the cache lock, what a plan costs in memory,
 and whether each job's plan follows its own opens over one mount.
 
@@ -25,10 +24,10 @@ trace at the same RAM size.
 
 Run it with the interpreter whose shadefs is measured (a worktree's venv, or the main checkout's), e.g.
 
-    .venv/bin/python scripts/bench_plan_jobs.py announce --files 1281167 --samples 1281167 --ranks 8 --shard
-    .venv/bin/python scripts/bench_plan_jobs.py announce --ranks 8 --confirm
-    .venv/bin/python scripts/bench_plan_jobs.py mount --files 60000 --workers 2 --epochs 2
-    .venv/bin/python scripts/bench_plan_jobs.py split --files 60000
+    python -m shadefs.bench plan_jobs announce --files 1281167 --samples 1281167 --ranks 8 --shard
+    python -m shadefs.bench plan_jobs announce --ranks 8 --confirm
+    python -m shadefs.bench plan_jobs mount --files 60000 --workers 2 --epochs 2
+    python -m shadefs.bench plan_jobs split --files 60000
 
 ``split`` (in this process, no FUSE): the mount case's three readers replayed against the daemon's policy
 classes, the reader unplanned and announced, to tell which part of backend reads over OPT comes from the
@@ -37,7 +36,6 @@ and the reader's known, unknown, or modelled as a random scan (function ``refere
 """
 from __future__ import annotations
 
-import argparse
 import gc
 import inspect
 import json
@@ -527,8 +525,7 @@ def split(args) -> dict:
     return out
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(ap) -> None:
     sub = ap.add_subparsers(dest="cmd", required=True)
     a = sub.add_parser("announce")
     a.add_argument("--files", type=int, default=1_281_167)
@@ -566,12 +563,10 @@ def main(argv=None):
                         "as a random scan (function reference)")
     c.add_argument("--alphas", default="0.25,0.5,1,1000",
                    help="with --references: scales of the scan model's expected next read (comma-separated)")
-    args = ap.parse_args(argv)
+
+
+def run(args, bench):
     out = {"announce": announce, "mount": mount, "split": split}[args.cmd](args)
     with open("/proc/loadavg") as f:
         out["loadavg"] = f.read().split()[:3]
     print(json.dumps(out))
-
-
-if __name__ == "__main__":
-    main()

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Metadata benchmark: mount time (the one-time scan) and ``ImageFolder(...)`` construction over a shadefs
 mount vs on SOURCE directly.
 
@@ -7,21 +6,20 @@ from the in-memory snapshot, and with entry/attr timeouts of an hour the second 
 reach the daemon at all. ``--drop-caches`` (root) drops the kernel's dentry/inode caches before each cold
 measurement, so the SOURCE numbers include its real metadata cost.
 
-    python scripts/bench_imagefolder.py --data data/fmnist/train [--repeat 3] [--write-doc]
+    python -m shadefs.bench imagefolder --data data/fmnist/train [--repeat 3] [--write-doc]
 """
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
-import sys
 import tempfile
 import time
 
+from shadefs.bench.runner import ROOT
 from shadefs.testing import Mount, docsection
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-DOC = os.path.join(HERE, "..", "docs", "results", "bench_imagefolder.md")
+SCRIPTS = os.path.join(ROOT, "scripts")  # the examples a user runs (train_fashion_mnist.py)
+DOC = os.path.join(ROOT, "docs", "results", "imagefolder.md")
 START, END = docsection.markers("bench_imagefolder")
 
 
@@ -42,13 +40,13 @@ def build(root: str) -> float:
     return dt
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(p) -> None:
     p.add_argument("--data", default="data/fmnist/train", help="an ImageFolder root (class folders)")
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--drop-caches", action="store_true", help="drop dentry/inode caches before cold runs (root)")
-    p.add_argument("--write-doc", action="store_true", help="replace the section in docs/results/imagefolder.md")
-    args = p.parse_args(argv)
+
+
+def run(args, bench):
     src = os.path.abspath(args.data)
     n_files = sum(len(fs) for _, _, fs in os.walk(src))
     rows = []
@@ -83,7 +81,7 @@ def main(argv=None) -> int:
         print(f"  {name:<40} {s:8.3f} s")
     if args.write_doc:
         md = [START, "## Metadata: mount and ImageFolder construction", "",
-              f"`python scripts/bench_imagefolder.py --data {args.data} --repeat {args.repeat}"
+              f"`python -m shadefs.bench imagefolder --data {args.data} --repeat {args.repeat}"
               f"{' --drop-caches' if args.drop_caches else ''} --write-doc` — {header}.", "",
               "| what | seconds |", "|---|---:|"]
         md += [f"| {name} | {s:.3f} |" for name, s in rows]
@@ -92,7 +90,3 @@ def main(argv=None) -> int:
                "construction costs about what it costs on a local directory.", END]
         docsection.write_section(DOC, "bench_imagefolder", "\n".join(md))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
