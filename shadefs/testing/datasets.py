@@ -51,7 +51,7 @@ def mark_complete(root: str, summary: dict) -> None:
 
 def random_tree(root: str, n: int, mean_size: int, seed: int, per_dir: int = 500) -> List[Tuple[str, int]]:
     """``n`` files of ``mean_size`` +-30 % bytes (uniform, drawn with ``seed``) of random content under
-    ``root``, ``per_dir`` to a directory: ``c0000/f0000000.bin`` ... (scripts/bench_read.py, bench_open_cost.py).
+    ``root``, ``per_dir`` to a directory: ``c0000/f0000000.bin`` ... (the read and open_cost benchmarks of shadefs.bench).
 
     A tree already there with the same list (its ``manifest.json``) is reused; otherwise ``root`` is replaced.
     The data are synced to disk before it returns. Returns ``[(relative path, size in bytes)]`` in path order.
