@@ -81,7 +81,6 @@ def run(args, bench):
     try:
         envs: Dict[str, Optional[dict]] = {"shadefs": None}
         if args.baseline:
-
             baseline_dir, rev = bench.baseline()
             envs[f"shadefs {rev}"] = dict(os.environ, PYTHONPATH=baseline_dir)
         os.chdir(work)  # ``python -m shadefs`` puts the cwd first on sys.path: not this tree's package

@@ -66,6 +66,7 @@ from shadefs.testing.docsection import markdown_table
 from shadefs.testing.latency_proxy import parse_rate
 from shadefs.testing.s3 import DUMMY_AWS_ENV, LatencyProxyProcess, MotoServer, free_port
 from shadefs.testing.s3data import S3ImageFolder, probe, upload
+from shadefs.testing.training import train_step
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 REPO = ROOT
@@ -238,7 +239,6 @@ def stats_json(mnt: str) -> Dict[str, Any]:
 def child_main(cfg: Dict[str, Any]) -> int:
     """One training run; prints ``RESULT <json>`` as its last stdout line."""
     import torch
-    import torch.nn.functional as F
     from torch.utils.data import DataLoader
     from torchvision import datasets, transforms
 
@@ -291,13 +291,7 @@ def child_main(cfg: Dict[str, Any]) -> int:
             except StopIteration:
                 break
             wait += time.perf_counter() - tw
-            losses = F.cross_entropy(model(x), y, reduction="none")
-            if reporter is not None:
-                reporter.report(losses.detach())
-            opt.zero_grad(set_to_none=True)
-            losses.mean().backward()
-            opt.step()
-            loss_sum += float(losses.detach().sum())
+            loss_sum += float(train_step(model, opt, x, y, reporter).sum())
             n += len(y)
         seconds = time.perf_counter() - t0
         if cfg.get("epoch_sync"):

@@ -40,9 +40,10 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from shadefs.bench.runner import ROOT
+from shadefs.bench.runner import ROOT, add_variant_option
 from shadefs.config import parse_size
 from shadefs.testing import Mount
+from shadefs.testing.datasets import make_npy, npy_epoch
 
 SAMPLE = 100_000  # bytes of a tar shard's samples (about)
 
@@ -91,16 +92,6 @@ def make_lmdb(path: str, size: int, record: int) -> None:
         os.unlink(lock)
 
 
-def make_npy(path: str, size: int, record: int) -> None:
-    rows = size // record
-    a = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(rows, record // 4))
-    rng = np.random.default_rng(1)
-    for i in range(0, rows, 4096):
-        a[i:i + 4096] = rng.random((min(4096, rows - i), record // 4), dtype=np.float32)
-    a.flush()
-    del a
-
-
 def make_parquet(path: str, size: int) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -144,15 +135,6 @@ def lmdb_epoch(root: str, idx: np.ndarray) -> int:
         return total
     finally:
         env.close()
-
-
-def npy_epoch(root: str, idx: np.ndarray) -> float:
-    a = np.load(os.path.join(root, "rows.npy"), mmap_mode="r")
-    total = 0.0
-    for i in range(0, len(idx), 1000):
-        total += float(a[idx[i:i + 1000]].sum(dtype=np.float64))
-    del a
-    return round(total, 3)
 
 
 def pq_column_epoch(root: str, cols: List[str]) -> float:
@@ -250,9 +232,7 @@ def add_arguments(ap) -> None:
     ap.add_argument("--epochs", type=int, default=3, help="timed epochs per case (default 3)")
     ap.add_argument("--only", nargs="*", help="run only these workloads (names as in the table)")
     ap.add_argument("--work", default=None, help="directory for the files and mounts (default: a temp dir)")
-    ap.add_argument("--variant", action="append", default=[], metavar="LABEL=ARGS",
-                    help="also mount this tree with these mount arguments (space-separated), shown as "
-                    "'shadefs LABEL' (repeatable; e.g. 'large=--source-passthrough large')")
+    add_variant_option(ap, "large=--source-passthrough large")
     ap.add_argument("--per-epoch", action="store_true",
                     help="also print every epoch's seconds and the source MiB the daemon read in it, per case")
     ap.add_argument("--markdown", action="store_true", help="print the table as markdown")
@@ -262,20 +242,12 @@ def run(args, bench):
     size, record = parse_size(args.size).nbytes, parse_size(args.record).nbytes
     shard_size = parse_size(args.shard_size).nbytes
     work = tempfile.mkdtemp(prefix="bench-formats-", dir=args.work)
-    baseline_dir = None
     skipped = []
     results: List[Tuple[str, str, Dict[str, dict]]] = []
     try:
-        envs: Dict[str, Optional[dict]] = {"shadefs": None}
-        extra: Dict[str, List[str]] = {}
-        for v in args.variant:
-            label, _, vargs = v.partition("=")
-            envs[f"shadefs {label}"] = None
-            extra[f"shadefs {label}"] = vargs.split()
-        if args.baseline:
-
-            baseline_dir, rev = bench.baseline()
-            envs[f"shadefs {rev}"] = dict(os.environ, PYTHONPATH=baseline_dir)
+        variants = bench.mount_variants()
+        envs: Dict[str, Optional[dict]] = {k: env for k, (env, _) in variants.items()}
+        extra: Dict[str, List[str]] = {k: more for k, (_, more) in variants.items()}
         os.chdir(work)  # ``python -m shadefs`` puts the cwd first on sys.path: not this tree's package
         rng = np.random.default_rng(7)
         nrec = size // record
@@ -292,7 +264,7 @@ def run(args, bench):
         workloads.append(("lmdb", "lmdb", lambda s: make_lmdb(os.path.join(s, "data.lmdb"), size, record),
                           lmdb_epoch, rand_plans, [("tier < file", small), ("tier > file", big)]))
         workloads.append(("npy mmap", None, lambda s: make_npy(os.path.join(s, "rows.npy"), size, record),
-                          npy_epoch, rand_plans, [("tier < file", small), ("tier > file", big)]))
+                          lambda root, idx: round(npy_epoch(os.path.join(root, "rows.npy"), idx), 3), rand_plans, [("tier < file", small), ("tier > file", big)]))
         cols = [sorted(random.Random(e).sample([f"c{j}" for j in range(8)], 2)) for e in range(args.epochs + 1)]
         groups = [random.Random(100 + e).sample(range(16), 4) for e in range(args.epochs + 1)]
         workloads.append(("parquet column", "pyarrow", lambda s: make_parquet(os.path.join(s, "data.parquet"), size),

@@ -60,11 +60,12 @@ import threading
 import time
 from typing import Any, Dict, List, Optional
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-REPO = ROOT
+from shadefs.bench.runner import ROOT
+from shadefs.testing import docsection
+from shadefs.testing.datasets import completed_tree, mark_complete
+from shadefs.testing.training import train_step
 
-from shadefs.testing import docsection  # noqa: E402
-from shadefs.testing.datasets import completed_tree, mark_complete  # noqa: E402
+REPO = ROOT
 
 BUCKET, PREFIX = "shadefs-peers", "data"
 DOC = os.path.join(REPO, "docs", "results", "peers.md")
@@ -162,7 +163,6 @@ def child_main(cfg: Dict[str, Any]) -> int:
     import warnings
 
     import torch
-    import torch.nn.functional as F
     from torch.utils.data import DataLoader
 
     warnings.filterwarnings("ignore", message="This DataLoader will create")
@@ -195,12 +195,7 @@ def child_main(cfg: Dict[str, Any]) -> int:
         n = 0
         t0 = time.perf_counter()
         for x, y in loader:
-            losses = F.cross_entropy(model(x), y, reduction="none")
-            if reporter is not None:
-                reporter.report(losses.detach())
-            opt.zero_grad(set_to_none=True)
-            losses.mean().backward()
-            opt.step()
+            train_step(model, opt, x, y, reporter)
             n += len(y)
         epochs.append({"epoch": epoch + 1, "seconds": time.perf_counter() - t0, "samples": n})
         print("EPOCH_END", flush=True)

@@ -38,9 +38,10 @@ from typing import Callable, Dict, List
 
 import numpy as np
 
-from shadefs.bench.runner import ROOT
+from shadefs.bench.runner import ROOT, add_variant_option
 from shadefs.config import parse_size
 from shadefs.testing import Mount
+from shadefs.testing.datasets import make_npy, npy_epoch
 
 
 
@@ -52,14 +53,7 @@ def make_source(src: str, size: int, record: int) -> None:
             n = min(left, 16 << 20)
             f.write(os.urandom(n))
             left -= n
-    rows = size // record
-    a = np.lib.format.open_memmap(os.path.join(src, "rows.npy"), mode="w+", dtype=np.float32,
-                                  shape=(rows, record // 4))
-    rng = np.random.default_rng(1)
-    for i in range(0, rows, 4096):
-        a[i:i + 4096] = rng.random((min(4096, rows - i), record // 4), dtype=np.float32)
-    a.flush()
-    del a
+    make_npy(os.path.join(src, "rows.npy"), size, record)
 
 
 def pread_epoch(path: str, offsets: np.ndarray, record: int) -> int:
@@ -73,16 +67,6 @@ def pread_epoch(path: str, offsets: np.ndarray, record: int) -> int:
     finally:
         os.close(fd)
     return got
-
-
-def npy_epoch(path: str, rows: np.ndarray) -> float:
-    """One epoch of random rows of an mmap'd .npy; returns their sum."""
-    a = np.load(path, mmap_mode="r")
-    total = 0.0
-    for i in range(0, len(rows), 1000):
-        total += float(a[rows[i:i + 1000]].sum(dtype=np.float64))
-    del a
-    return total
 
 
 def folio_census(path: str, pages: int = 4096) -> Dict[str, int]:
@@ -127,9 +111,7 @@ def add_arguments(ap) -> None:
     ap.add_argument("--direct-by-reads", action="store_true",
                     help="also a direct case whose page cache the epochs build, as a mount's is: a copy of the "
                          "files with their pages dropped (posix_fadvise DONTNEED) before epoch 0")
-    ap.add_argument("--variant", action="append", default=[], metavar="LABEL=ARGS",
-                    help="also mount this tree with these mount arguments (space-separated), shown as "
-                    "'shadefs LABEL' (repeatable; e.g. 'daemon=--source-passthrough off')")
+    add_variant_option(ap, "daemon=--source-passthrough off")
     ap.add_argument("--markdown", action="store_true", help="print the table as markdown")
 
 
@@ -137,7 +119,6 @@ def run(args, bench):
     size, record = parse_size(args.size).nbytes, parse_size(args.record).nbytes
     work = tempfile.mkdtemp(prefix="bench-reread-", dir=args.work)
     mounts: List[Mount] = []
-    baseline_dir = None
     try:
         src = os.path.join(work, "src")
         make_source(src, size, record)
@@ -153,17 +134,9 @@ def run(args, bench):
                 finally:
                     os.close(fd)
             cases["direct, pages by reads"] = cold
-        envs = {"shadefs": None}
-        extra = {"shadefs": []}
-        if args.baseline:
-
-            baseline_dir, rev = bench.baseline()
-            envs[f"shadefs {rev}"] = dict(os.environ, PYTHONPATH=baseline_dir)
-            extra[f"shadefs {rev}"] = []
-        for v in args.variant:
-            label, _, vargs = v.partition("=")
-            envs[f"shadefs {label}"] = None
-            extra[f"shadefs {label}"] = vargs.split()
+        variants = bench.mount_variants()
+        envs = {k: env for k, (env, _) in variants.items()}
+        extra = {k: more for k, (_, more) in variants.items()}
         if args.nvme:
             envs["shadefs NVMe hit"] = None
             extra["shadefs NVMe hit"] = ["--disk-cache", os.path.join(work, "nvme"), "--disk-cache-size",

@@ -30,12 +30,13 @@ import shlex
 import shutil
 import statistics
 import sys
-from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from shadefs.testing import Mount, baseline as _baseline, docsection
 from shadefs.testing.regime import describe
 
-__all__ = ["ROOT", "DOCS", "Bench", "Side", "add_common", "benchmarks", "question", "main", "median", "loadavg"]
+__all__ = ["ROOT", "DOCS", "Bench", "Side", "add_common", "add_variant_option", "benchmarks", "question", "main",
+           "median", "loadavg"]
 
 #: the checkout this package runs from (its docs/ and git history: the baseline is a revision of it)
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -196,6 +197,19 @@ class Bench:
             out.append(Side(f"{self.args.baseline}@{b[1]}", b[0], cpus))
         return out
 
+    def mount_variants(self, tree: str = "shadefs") -> Dict[str, Tuple[Optional[dict], List[str]]]:
+        """``label -> (env, extra mount arguments)`` of the mounts to compare: the working tree (``tree``, env
+        None: this process's), ``--baseline``'s package (``"TREE HASH"``) and each ``--variant LABEL=ARGS``
+        (:func:`add_variant_option`: the tree mounted with ARGS too, ``"TREE LABEL"``)."""
+        out: Dict[str, Tuple[Optional[dict], List[str]]] = {tree: (None, [])}
+        b = self.baseline()
+        if b:
+            out[f"{tree} {b[1]}"] = (dict(os.environ, PYTHONPATH=b[0]), [])
+        for v in getattr(self.args, "variant", None) or []:
+            label, _, vargs = v.partition("=")
+            out[f"{tree} {label}"] = (None, vargs.split())
+        return out
+
     def on_close(self, fn: Callable[[], None]) -> None:
         """Call ``fn`` when the run ends (last registered, first called), whatever happened."""
         self._cleanups.append(fn)
@@ -247,6 +261,14 @@ def add_common(p: argparse.ArgumentParser) -> None:
                    help="rewrite this benchmark's section of docs/results/NAME.md (and of docs/performance.md "
                         "where it keeps one)")
     g.add_argument("--json", metavar="PATH", help="also write the figures to PATH as JSON")
+
+
+def add_variant_option(p: argparse.ArgumentParser, example: str) -> None:
+    """``--variant LABEL=ARGS`` (repeatable): also mount the working tree with these mount arguments
+    (:meth:`Bench.mount_variants`). ``example``: one for the help, e.g. ``"daemon=--source-passthrough off"``."""
+    p.add_argument("--variant", action="append", default=[], metavar="LABEL=ARGS",
+                   help="also mount this tree with these mount arguments (space-separated), shown as "
+                        f"'shadefs LABEL' (repeatable; e.g. '{example}')")
 
 
 def parser_for(name: str) -> Tuple[argparse.ArgumentParser, Any]:

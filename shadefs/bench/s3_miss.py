@@ -120,7 +120,6 @@ def run(a, bench):
         a.baseline = None
     base = None
     if a.baseline:
-
         base, rev = bench.baseline()
         codes["baseline"] = base
     results: Dict[tuple, List[Dict]] = {}
