@@ -36,6 +36,7 @@ setup(
         "shadefs.hooks",
         "shadefs.testing",
         "shadefs.fuse",
+        "shadefs.cli",
     ],
     package_dir={"shadefs.hooks": "hooks"},
     # the kernel front end's reader loop in C (optional; no libfuse: it speaks /dev/fuse itself), and the
