@@ -21,10 +21,13 @@ Threads and the path of one request (docs/architecture.md, "The front ends"):
   each open, which the cache applies (counters, policy, plans, trace) in its next critical section, or
   within ~2 ms (``cache.apply_hits``); ``SHADEFS_FUSE_GIL_OPENS=1`` hands every OPEN to Python.
 - **Misses on the reader**: a miss of a directory source that leads its own read (``OpenTicket.joins`` is
-  False) is served on the reader that read its OPEN, no hand-off, while such misses take under
-  :data:`READER_MISS_MAX_S` on average; a slower source sends misses to the workers for
-  :data:`READER_MISS_BACKOFF_S`; a read stuck past ``--backend-timeout`` is answered EIO by the backend's
-  watchdog (:func:`~shadefs.backends.timeout.on_deadline`), which starts a spare reader on the same fd.
+  False) is served on the reader that read its OPEN, no hand-off (``SHADEFS_FUSE_READER_MISSES=0``: on
+  workers), while such misses take under :data:`READER_MISS_MAX_S` on average; a slower source sends
+  misses to the workers for :data:`READER_MISS_BACKOFF_S`. A miss that holds its reader past
+  :data:`~shadefs.fuse.spare.SPARE_AFTER_S` (a few ms) gets a spare reader started on the same fd
+  (:class:`~shadefs.fuse.spare.ReaderWatch`), so a hung source never holds every reader; the replaced
+  reader ends once its miss is over. A read stuck past ``--backend-timeout`` is answered EIO by the
+  backend's watchdog (:func:`~shadefs.backends.timeout.on_deadline`).
 - **Workers** take what may block: any other OPEN that is a miss (``cache.open`` waits on the backend, or
   on another open's read of the file) and a READ of a file streamed by ranges. They reply themselves when the data arrives (a reply may come from any
   thread, in any order; it must go to the fd the request was read from). The pool grows with the misses
