@@ -1,8 +1,12 @@
-"""Passthrough to the source file: which opens the kernel front end may answer with a backing id of the
-source file itself (``--source-passthrough``), and how such an open is counted."""
+"""Passthrough to the source file (``--source-passthrough``): which opens the kernel front end may answer with
+a backing id of the source file itself, and how such an open is counted (the cache's part,
+:class:`SourcePassthrough`); the handle of such an open, which serves the READs that still reach the
+daemon from the source file (the front end's part, :class:`SourceReads`)."""
 from __future__ import annotations
 
+import errno
 import logging
+import os
 from typing import Optional
 
 from ..cache.chunks import ChunkedHandle
@@ -84,3 +88,37 @@ class SourcePassthrough:
                 self.counts.streamed += 1
                 if self.trace is not None:
                     self.trace.record(self.ns.path(h.fid), size, "miss")
+
+
+class SourceReads:
+    """The handle of an open answered by passthrough to the source file. The kernel reads the source file
+    itself; the READs that still reach the daemon are the kernel's read-ahead into the mount's own pages,
+    which passthrough does not redirect (``posix_fadvise(POSIX_FADV_WILLNEED)``: pyarrow issues one per
+    column chunk or row group it is about to read). They are served from the checked source file's fd,
+    kept for the open: no chunk is opened or admitted for them. ``bytes_read`` counts them (all handles)."""
+
+    __slots__ = ("h", "fd", "size", "fds")
+    source = "source"
+    bytes_read = 0
+
+    def __init__(self, h, fd: int, fds):
+        # ``fds``: the cache's descriptor reserve (shadefs.procutil.FdReserve), which granted holding ``fd``
+        self.h, self.fd, self.size, self.fds = h, fd, h.size, fds
+
+    def read(self, offset: int, length: int) -> bytes:
+        end = min(self.size, offset + length)
+        out = b""
+        while offset + len(out) < end:
+            piece = os.pread(self.fd, end - offset - len(out), offset + len(out))
+            if not piece:
+                raise OSError(errno.EIO, f"the source file ended at {offset + len(out)}, expected {end}")
+            out += piece
+        SourceReads.bytes_read += len(out)
+        return out
+
+    def release(self) -> None:
+        fd, self.fd = self.fd, -1
+        if fd >= 0:
+            os.close(fd)
+            self.fds.drop()
+        self.h.release()
