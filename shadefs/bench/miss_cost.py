@@ -34,7 +34,7 @@ is also given as a fraction of it), and one core's 1 / (CPU per open).
 ``--baseline REV`` (default ``main``) runs every case with the ``shadefs`` package of git revision REV
 as well (the runner's baseline: its daemon started with that package on PYTHONPATH), side by side with
 the working tree: round after round (``--rounds``, default 3), each round runs the direct reader and
-every case of both sides, the order alternating, so load that comes and goes on a shared machine hits
+every case of both sides, the order rotated by one each round, so load that comes and goes on a shared machine hits
 both alike. Each figure is the median over rounds; the table gives both sides and their ratio
 (baseline / tree).
 

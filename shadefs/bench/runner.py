@@ -158,11 +158,16 @@ class Bench:
 
     # -- rounds
     def interleaved(self, cases: Sequence[Any], rounds: Optional[int] = None) -> Iterator[Tuple[int, Any]]:
-        """``(round, case)`` for every case of every round (``--rounds`` by default); odd rounds take the
-        cases in reverse order. A progress line with the load ends every round."""
+        """``(round, case)`` for every case of every round (``--rounds`` by default); round ``r`` takes the
+        cases rotated by ``r`` (``[a, b, c]``, ``[b, c, a]``, ``[c, a, b]``, ...), so over as many rounds as
+        cases each case runs once in each position: a case that runs better first, last or right after
+        itself (as at the turn of reversed rounds) is not favoured. A progress line with the load ends
+        every round."""
         n = self.args.rounds if rounds is None else rounds
+        cases = list(cases)
         for r in range(n):
-            for case in (cases if r % 2 == 0 else list(cases)[::-1]):
+            k = r % len(cases) if cases else 0
+            for case in cases[k:] + cases[:k]:
                 yield r, case
             self.progress(f"round {r + 1}/{n} done")
 
