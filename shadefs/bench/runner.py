@@ -7,8 +7,8 @@ common options (:func:`add_common`) and the benchmark's, prints the load average
 and hands ``run`` a :class:`Bench` with the shared pieces:
 
 - :meth:`Bench.regime`: :func:`shadefs.testing.regime.describe`'s line, printed and kept;
-- :meth:`Bench.interleaved`: the rounds, each running every case, the order reversed every other round so
-  that load which comes and goes on a shared machine hits every case alike;
+- :meth:`Bench.interleaved`: the rounds, each running every case, the order rotated by one every round so
+  that load which comes and goes on a shared machine hits every case alike, each case in each position;
 - :meth:`Bench.sides` / :meth:`Bench.baseline`: the working tree and, with ``--baseline REV``, the package of
   git revision REV beside it (:func:`shadefs.testing.baseline.extract`, its compiled parts built), each with
   the environment (``PYTHONPATH``) that runs a child process over it;
