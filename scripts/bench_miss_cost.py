@@ -12,7 +12,12 @@ Cases, each on a fresh mount (``--policy static``):
 - ``miss``: no tier (``--ram-cache 0``): every open a miss, streamed from the source;
 - ``ram-fill``: ``--ram-cache 100%``, the first pass: every open a miss admitted to RAM;
 - ``nvme-fill``: ``--ram-cache 0 --disk-cache DIR``, the first pass: every open a miss written to NVMe;
-- ``nvme-hit``: the same mount's second pass: every open an NVMe hit (passthrough where the kernel has it).
+- ``nvme-hit``: the same mount's second pass: every open an NVMe hit (passthrough where the kernel has it);
+- ``ram-hit`` (``--hits``): the ``ram-fill`` mount's second pass: every open a RAM hit (the compiled reader
+  loop answers OPEN, READ and RELEASE of a resident file without the GIL where it is built);
+- ``prefetch`` (``--hits``): ``--ram-cache 0``, the pass's order announced first as a plan (one epoch, no
+  job: it follows every open): every open served from a prefetch (``prefetch.ready`` or ``.late``), the
+  file read from the source by the prefetcher ahead of the readers.
 
 Per case and pass: the daemon's whole-process CPU per open (``/proc/PID/stat`` utime + stime, every
 thread, ended threads included; taken when the daemon is idle again, so a fill's writes behind the
@@ -31,10 +36,21 @@ ratio (baseline / tree).
 ``--split`` adds, for the working tree's side, per case: CPU by thread (``/proc/PID/task/TID/stat``; the
 threads are named by the daemon, ``PR_SET_NAME``, where it names them), voluntary context switches per
 open, and system calls per open by name (``strace -c -f`` attached for one more pass: strace slows every
-call, so only its counts are kept). ``--cpus LIST`` pins the daemons to those CPUs (``taskset -c``).
+call, so only its counts are kept). ``--cpus LIST`` pins the daemons to those CPUs (``taskset -c``);
+several lists split by ``/`` (``--cpus 0/0,1``, with ``--baseline none``) make one side per list, the working
+tree's package pinned each way, interleaved round after round like a baseline.
+
+``--gil`` measures the daemon's serial time: ``py-spy record --gil --idle --nonblocking`` (PyPI ``py-spy``,
+on PATH or beside this Python) samples the daemon during each measured pass at ``--gil-rate`` Hz and keeps
+only the samples in which one of its threads holds the GIL (py-spy reads the interpreter's current thread
+state, which is unset while no thread holds it). GIL-held seconds = samples / rate; per open, that is the
+time no other thread of the daemon can run Python, so ``1 / (GIL s per open)`` is one daemon's ceiling in
+files/s on any number of cores. User-mode CPU is an upper bound of it (the compiled reader loop, zlib,
+memcpy run in user mode without the GIL) and is printed beside it.
 
     python scripts/bench_miss_cost.py --files 3000 --rounds 3
     python scripts/bench_miss_cost.py --files 2000 --rounds 1 --split --cpus 0 --baseline none
+    python scripts/bench_miss_cost.py --files 2000 --rounds 3 --hits --gil --cpus 0/0,1 --baseline none
 """
 from __future__ import annotations
 
@@ -42,6 +58,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -55,9 +72,11 @@ from shadefs.testing.regime import describe
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CASES = ("miss", "ram-fill", "nvme-fill", "nvme-hit")
+HIT_CASES = ("ram-hit", "prefetch")  # with --hits
 MOUNT_ARGS = {
     "miss": ["--ram-cache", "0"],
     "ram-fill": ["--ram-cache", "100%"],
+    "prefetch": ["--ram-cache", "0"],
     "nvme": ["--ram-cache", "0"],  # plus --disk-cache DIR
 }
 
@@ -156,11 +175,56 @@ def voluntary(pid: int) -> int:
     return n
 
 
-def counts_of(m: Mount) -> Tuple[int, int, int, int]:
-    """(opens, misses, RAM hits, disk hits) so far."""
+def counts_of(m: Mount) -> Tuple[int, int, int, int, int]:
+    """(opens, misses, RAM hits, disk hits, opens served from a prefetch) so far."""
     s = m.stats()
-    hits = s.get("hits", {})
-    return s["opens"], s["misses"], int(hits.get("ram", 0)), int(hits.get("disk", 0))
+    hits, pf = s.get("hits", {}), s.get("prefetch", {})
+    return (s["opens"], s["misses"], int(hits.get("ram", 0)), int(hits.get("disk", 0)),
+            int(pf.get("ready", 0)) + int(pf.get("late", 0)))
+
+
+def py_spy() -> str:
+    """The py-spy executable (PATH, then beside this Python); SystemExit when there is none."""
+    exe = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
+    if not os.access(exe, os.X_OK):
+        raise SystemExit("--gil needs py-spy (pip install py-spy)")
+    return exe
+
+
+class GilProbe:
+    """``py-spy record --gil`` on process ``pid`` from ``start()`` to ``stop()``: the samples (at ``rate``
+    Hz) in which a thread of ``pid`` held the GIL. ``stop()`` returns the GIL-held seconds (samples / rate)."""
+
+    def __init__(self, pid: int, rate: int, work: str):
+        self.pid, self.rate = pid, rate
+        self.out = os.path.join(work, f"gil-{pid}-{time.monotonic_ns()}.txt")
+        self.proc: Optional[subprocess.Popen] = None
+
+    def start(self) -> "GilProbe":
+        self.proc = subprocess.Popen([py_spy(), "record", "--gil", "--idle", "--nonblocking", "-r",
+                                      str(self.rate), "--format", "raw", "-o", self.out, "-p", str(self.pid)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        time.sleep(0.5)  # py-spy attaches (reads the interpreter's layout) before it samples
+        if self.proc.poll() is not None:
+            raise SystemExit(f"py-spy failed: {self.proc.stderr.read().strip()}")
+        return self
+
+    def stop(self) -> float:
+        self.proc.send_signal(signal.SIGINT)  # py-spy writes its output and exits
+        try:
+            err = self.proc.communicate(timeout=30)[1]
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise SystemExit("py-spy did not stop")
+        samples = 0
+        try:
+            with open(self.out) as f:  # raw (collapsed) stacks: "frame;frame;... COUNT"
+                samples = sum(int(line.rsplit(" ", 1)[1]) for line in f if line.strip())
+        except FileNotFoundError:
+            if "Samples: 0" not in err:  # no sample at all writes no file
+                raise SystemExit(f"py-spy wrote nothing: {err.strip()}")
+        os.unlink(self.out) if os.path.exists(self.out) else None
+        return samples / self.rate
 
 
 class Side:
@@ -179,36 +243,74 @@ class Side:
         return m
 
 
-def measure(m: Mount, files, procs: int, want: str, split: bool) -> dict:
-    """One pass over ``m``: CPU and context switches per open, files/s, the counters' outcome check."""
+def measure(m: Mount, files, procs: int, want: str, split: bool, gil: Optional[Tuple[int, str]] = None,
+            before_pass=None) -> dict:
+    """One pass over ``m``: CPU and context switches per open, files/s, the counters' outcome check;
+    with ``gil`` = (rate, work folder), the daemon's GIL-held microseconds per open (:class:`GilProbe`).
+    ``before_pass()`` runs after the first readings (the prefetch case announces its plan there)."""
     before = counts_of(m)
+    probe = GilProbe(m.pid, gil[0], gil[1]).start() if gil else None
     cpu0, cs0, vol0, user0 = proc_cpu_s(m.pid), ctx_switches(m.pid), voluntary(m.pid), user_cpu(m.pid)
     th0 = thread_cpu(m.pid) if split else {}
+    if before_pass:
+        before_pass()
     n, secs = read_pass(m.path, files, procs)
     cpu1 = idle_cpu(m.pid)
     cs1, vol1, user1 = ctx_switches(m.pid), voluntary(m.pid), user_cpu(m.pid)
+    gil_s = probe.stop() if probe else None
     after = counts_of(m)
     d = [a - b for a, b in zip(after, before)]
-    col = {"miss": 1, "ram": 2, "disk": 3}[want]
+    col = {"miss": 1, "ram": 2, "disk": 3, "prefetch": 4}[want]
     if d[0] != n or d[col] != n:
         raise SystemExit(f"{m.path}: {n} opens, counters say opens {d[0]}, misses {d[1]}, RAM hits {d[2]}, "
-                         f"disk hits {d[3]}: not every open a {want}")
+                         f"disk hits {d[3]}, from a prefetch {d[4]}: not every open a {want}")
     r = {"us": (cpu1 - cpu0) * 1e6 / n, "user_us": (user1 - user0) * 1e6 / n, "files_s": n / secs, "ctx": (cs1 - cs0) / n, "vol": (vol1 - vol0) / n}
+    if gil_s is not None:
+        r["gil_us"] = gil_s * 1e6 / n
     if split:
         th1 = thread_cpu(m.pid)
         r["threads"] = {k: (v - th0.get(k, 0.0)) * 1e6 / n for k, v in th1.items() if v - th0.get(k, 0.0) > 0}
     return r
 
 
-def run_side(side: Side, src: str, files, procs: int, work: str, split: bool) -> Dict[str, dict]:
+def announce(m: Mount, files) -> None:
+    """Announce one epoch over ``files`` in their order as a plan of no job (it follows every open), and
+    wait for the daemon to install it."""
+    import numpy as np
+
+    from shadefs.control.client import ControlClient, find_endpoint
+
+    c = ControlClient(find_endpoint(m.path))
+    try:
+        handle, _ = c.register([p for p, _ in files])
+        c.send_plan(handle, 0, 0, [len(files)], np.arange(len(files), dtype=np.uint32))
+        end = time.monotonic() + 30
+        while c.stats()["prefetch"]["plans_announced"] < 1:
+            if time.monotonic() > end:
+                raise SystemExit(f"{m.path}: the plan was not installed within 30 s")
+            time.sleep(0.02)
+    finally:
+        c.close()
+
+
+def run_side(side: Side, src: str, files, procs: int, work: str, split: bool, hits: bool = False,
+             gil: Optional[Tuple[int, str]] = None) -> Dict[str, dict]:
     out: Dict[str, dict] = {}
     for case, args in (("miss", MOUNT_ARGS["miss"]), ("ram-fill", MOUNT_ARGS["ram-fill"])):
         m = side.mount(src, os.path.join(work, f"mnt-{side.name}-{case}"), args)
         try:
-            out[case] = measure(m, files, procs, "miss", split)
+            out[case] = measure(m, files, procs, "miss", split, gil)
+            if hits and case == "ram-fill":
+                out["ram-hit"] = measure(m, files, procs, "ram", split, gil)
             if split:
                 out[case]["strace"] = strace_counts(m.pid, lambda: read_pass(m.path, files, procs)) \
                     if case == "miss" else {}
+        finally:
+            m.umount()
+    if hits:
+        m = side.mount(src, os.path.join(work, f"mnt-{side.name}-prefetch"), MOUNT_ARGS["prefetch"])
+        try:
+            out["prefetch"] = measure(m, files, procs, "prefetch", split, gil, lambda: announce(m, files))
         finally:
             m.umount()
     disk = os.path.join(work, f"disk-{side.name}")
@@ -216,8 +318,8 @@ def run_side(side: Side, src: str, files, procs: int, work: str, split: bool) ->
     os.makedirs(disk)
     m = side.mount(src, os.path.join(work, f"mnt-{side.name}-nvme"), MOUNT_ARGS["nvme"] + ["--disk-cache", disk, "--disk-cache-size", "2GiB"])
     try:
-        out["nvme-fill"] = measure(m, files, procs, "miss", split)
-        out["nvme-hit"] = measure(m, files, procs, "disk", split)
+        out["nvme-fill"] = measure(m, files, procs, "miss", split, gil)
+        out["nvme-hit"] = measure(m, files, procs, "disk", split, gil)
         if split:
             out["nvme-hit"]["strace"] = strace_counts(m.pid, lambda: read_pass(m.path, files, procs))
     finally:
@@ -239,7 +341,11 @@ def main(argv=None) -> int:
     p.add_argument("--baseline", default="main", help="git revision to compare with ('none': the tree alone)")
     p.add_argument("--source-dir", default="/dev/shm", help="where the source tree is made (tmpfs)")
     p.add_argument("--split", action="store_true", help="CPU by thread, syscalls per open (the tree's side)")
-    p.add_argument("--cpus", help="pin the daemons to these CPUs (taskset -c LIST)")
+    p.add_argument("--cpus", help="pin the daemons to these CPUs (taskset -c LIST); LIST/LIST...: one side "
+                   "per list (the working tree's package; with --baseline none)")
+    p.add_argument("--hits", action="store_true", help="also the ram-hit and prefetch cases")
+    p.add_argument("--gil", action="store_true", help="GIL-held us per open (py-spy record --gil)")
+    p.add_argument("--gil-rate", type=int, default=250, help="py-spy samples per second (--gil)")
     p.add_argument("--json", help="write every round's figures to this file")
     args = p.parse_args(argv)
 
@@ -247,7 +353,15 @@ def main(argv=None) -> int:
     files = random_tree(src, args.files, args.size, seed=7)
     total = sum(s for _, s in files)
     work = tempfile.mkdtemp(prefix="shadefs-miss-cost-")
-    sides = [Side("tree", None, args.cpus)]
+    cpus = (args.cpus or "").split("/")
+    if len(cpus) > 1 and args.baseline != "none":
+        raise SystemExit("--cpus with several lists compares the working tree with itself: add --baseline none")
+    sides = [Side("tree", None, args.cpus)] if len(cpus) == 1 else \
+        [Side("cpu" + c.replace(",", "+"), None, c) for c in cpus]
+    cases = CASES + (HIT_CASES if args.hits else ())
+    gil = (args.gil_rate, work) if args.gil else None
+    if gil:
+        py_spy()
     extracted = None
     if args.baseline != "none":
         extracted, short = baseline.extract(ROOT, args.baseline, prefix="shadefs-miss-cost-base-")
@@ -259,7 +373,7 @@ def main(argv=None) -> int:
             order = sides if r % 2 == 0 else sides[::-1]
             for side in order:
                 rec[side.name] = run_side(side, src, files, args.procs, work,
-                                          args.split and side.path is None)
+                                          args.split and side is sides[0] and side.path is None, args.hits, gil)
             rounds.append(rec)
             print(f"round {r + 1}/{args.rounds} done, load {os.getloadavg()[0]:.2f}", file=sys.stderr)
     finally:
@@ -284,7 +398,7 @@ def main(argv=None) -> int:
         hdr += f" | CPU {names[1]} / {names[0]}"
     print(hdr + " |")
     print("|" + "---|" * (hdr.count("|") - 1 + 1))
-    for case in CASES:
+    for case in cases:
         cells = [case]
         us = {}
         for n in names:
@@ -297,11 +411,11 @@ def main(argv=None) -> int:
         print("| " + " | ".join(cells) + " |")
     if args.split:
         print()
-        print("split (working tree, last round): CPU us per open by thread (of it system time); voluntary ctx "
+        print(f"split ({names[0]}, last round): CPU us per open by thread (of it system time); voluntary ctx "
               "switches per open; "
               "syscalls per open (strace -c -f, one more pass)")
-        last = rounds[-1]["tree"]
-        for case in CASES:
+        last = rounds[-1][names[0]]
+        for case in cases:
             c = last[case]
             t = c["threads"]
             th = ", ".join(f"{k} {v:.0f} (sys {t.get(k + ' sys', 0.0):.0f})"
@@ -311,13 +425,21 @@ def main(argv=None) -> int:
                 n = args.files
                 sc = ", ".join(f"{k} {v / n:.2f}" for k, v in sorted(c["strace"].items(), key=lambda kv: -kv[1])[:10])
                 print(f"  syscalls/open: {sc}")
-        print("ceiling of one daemon (medians): user-mode time holds the GIL, so 1 / (user us per open) bounds "
-              "the files/s of any number of cores; 1 / (CPU us per open) is one core's files/s, fully busy")
-        for case in CASES:
-            us = med([rec["tree"][case]["us"] for rec in rounds])
-            user = med([rec["tree"][case]["user_us"] for rec in rounds])
-            print(f"- {case}: user {user:.0f} us/open -> GIL-serial ceiling {1e6 / user:,.0f} files/s; "
-                  f"one core {1e6 / us:,.0f} files/s; {os.cpu_count()} cores {os.cpu_count() * 1e6 / us:,.0f} files/s")
+    if args.gil:
+        print()
+        print("serial time (py-spy --gil, medians): GIL-held us per open; user-mode us per open (an upper bound: "
+              "it includes the compiled loop, copies and hashing outside the GIL); the ceiling of one daemon on "
+              "any number of cores = 1 / GIL-held s per open; one core's files/s = 1 / CPU s per open")
+        print()
+        print("| case | side | GIL us/open | user us/open | CPU us/open | ceiling files/s (1/GIL) | one core files/s |")
+        print("|---|---|---|---|---|---|---|")
+        for case in cases:
+            for n in names:
+                g = med([rec[n][case]["gil_us"] for rec in rounds])
+                user = med([rec[n][case]["user_us"] for rec in rounds])
+                us = med([rec[n][case]["us"] for rec in rounds])
+                print(f"| {case} | {n} | {g:.0f} | {user:.0f} | {us:.0f} | "
+                      f"{(1e6 / g if g > 0 else float('inf')):,.0f} | {1e6 / us:,.0f} |")
     return 0
 
 
