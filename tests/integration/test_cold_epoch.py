@@ -1,7 +1,7 @@
 """The training job's cold epoch over a mount, in the regime: ImageFolder + DataLoader with worker processes
 and the loader that drops each file's pages on the same open (shadefs.testing.regime.pil_loader_dropping),
 counted exactly: every image opened once per epoch, every open of the first epoch a miss, and with an NVMe
-tier every open of the second a hit on it (scripts/bench_imagefolder.py --epochs measures the same epochs)."""
+tier every open of the second a hit on it (python -m shadefs.bench imagefolder --epochs measures the same epochs)."""
 import numpy as np
 import pytest
 from conftest import require
