@@ -22,7 +22,7 @@ writes every file to the NVMe tier, the next ones, started once it holds every f
 (``--ram-cache 100%``). Each round (``--rounds``, default 3) mounts afresh (a cold cache) and runs E epochs
 per configuration, the order reversed every other round. Per epoch: seconds, the CPU of the DataLoader's
 workers (``RUSAGE_CHILDREN``: reaped at the epoch's end) and of the loading process, the daemon's CPU
-(``/proc/PID/stat``), and the mount's counters (checked: every open of the first epoch a miss). ``--noise
+(``/proc/PID/stat``) and its context switches, and the mount's counters (checked: every open of the first epoch a miss). ``--noise
 N`` first writes SOURCE as N random-noise images of ImageNet size (~110 kB: 352x352 JPEG quality 90 and
 192x192 PNG, alternating) in 10 classes, so that reading and decoding both weigh.
 
@@ -37,7 +37,7 @@ import time
 from typing import Dict, List, Optional
 
 from shadefs.bench.runner import ROOT
-from shadefs.testing import Mount, docsection, proc_cpu_s
+from shadefs.testing import Mount, ctx_switches, docsection, proc_cpu_s
 from shadefs.testing.datasets import completed_tree, mark_complete
 
 SCRIPTS = os.path.join(ROOT, "scripts")  # the examples a user runs (train_fashion_mnist.py)
@@ -133,6 +133,7 @@ def loader_epochs(root: str, args, mount: Optional[Mount]) -> List[dict]:
                 time.sleep(0.1)
         s0 = mount.stats() if mount else None
         d0 = proc_cpu_s(mount.pid) if mount else 0.0
+        x0 = ctx_switches(mount.pid) if mount else 0
         w0 = children_cpu_s()
         r0 = resource.getrusage(resource.RUSAGE_SELF)
         t0 = time.perf_counter()
@@ -145,6 +146,7 @@ def loader_epochs(root: str, args, mount: Optional[Mount]) -> List[dict]:
              "main_cpu_s": (r1.ru_utime + r1.ru_stime) - (r0.ru_utime + r0.ru_stime)}
         if mount:
             e["daemon_cpu_s"] = daemon_idle_cpu(mount.pid) - d0
+            e["daemon_ctx"] = ctx_switches(mount.pid) - x0
             s1 = mount.stats()
             e["opens"] = s1["opens"] - s0["opens"]
             e["misses"] = s1["misses"] - s0["misses"]
@@ -200,7 +202,7 @@ def run_epochs(args, bench) -> int:
             f"{args.rounds} rounds (medians), interleaved; {cores} cores")
     print(head)
     headers = ["configuration", "epoch", "seconds", "x direct", "loader CPU ms/file", "daemon CPU us/file",
-               "daemon share of CPU", "CPU busy (of all cores)", "hits/opens"]
+               "daemon ctx/file", "daemon share of CPU", "CPU busy (of all cores)", "hits/opens"]
     rows = []
     for e in range(args.epochs):
         base = med([run[e]["seconds"] for run in runs["direct"]]) if "direct" in runs else None
@@ -210,9 +212,10 @@ def run_epochs(args, bench) -> int:
             n = eps[0]["files"]
             wk = med([x["workers_cpu_s"] + x["main_cpu_s"] for x in eps])
             dm = med([x.get("daemon_cpu_s", 0.0) for x in eps])
+            ctx = med([x.get("daemon_ctx", 0) for x in eps])
             hits = f"{eps[0]['hits']}/{eps[0]['opens']}" if "opens" in eps[0] else "-"
             rows.append([c, e + 1, f"{secs:.2f}", f"{secs / base:.2f}x" if base else "-", f"{wk * 1e3 / n:.2f}",
-                         f"{dm * 1e6 / n:.0f}", f"{dm / (wk + dm):.0%}", f"{(wk + dm) / (secs * cores):.0%}", hits])
+                         f"{dm * 1e6 / n:.0f}", f"{ctx / n:.1f}", f"{dm / (wk + dm):.0%}", f"{(wk + dm) / (secs * cores):.0%}", hits])
     note = ("loader CPU: the DataLoader's workers and the loading process (read, decode, resize, collate); daemon "
             "share = daemon CPU / (loader + daemon CPU); CPU busy = both / (seconds x cores); hits/opens: of "
             "the first round. Epoch 1 of every mount is every open a miss (checked).")
