@@ -329,21 +329,29 @@ def add_arguments(p) -> None:
     p.set_defaults(rounds=3, baseline="main")
 
 
+def cpu_sides(cpus: Optional[str]) -> List[Side]:
+    """One working-tree :class:`Side` per CPU list of ``--cpus A/B/...`` (named ``cpuA``, commas as ``+``),
+    or [] for a single list (or none): then the runner's sides, the tree and the baseline, pinned alike."""
+    lists = (cpus or "").split("/")
+    if len(lists) < 2:
+        return []
+    return [Side("cpu" + c.replace(",", "+"), None, c) for c in lists]
+
+
 def run(args, bench) -> int:
+    several = cpu_sides(args.cpus)
+    if several and args.baseline not in (None, "none"):
+        bench.error("--cpus with several lists compares the working tree with itself: add --baseline none")
+    if args.gil:
+        py_spy()
     src = os.path.join(args.source_dir, f"shadefs-miss-cost-{args.files}-{args.size}")
     files = random_tree(src, args.files, args.size, seed=7)
     total = sum(s for _, s in files)
     work = tempfile.mkdtemp(prefix="shadefs-miss-cost-")
     bench.on_close(lambda: shutil.rmtree(work, ignore_errors=True))
-    cpus = (args.cpus or "").split("/")
-    if len(cpus) > 1 and args.baseline not in (None, "none"):
-        bench.error("--cpus with several lists compares the working tree with itself: add --baseline none")
-    sides: List[Side] = bench.sides(args.cpus) if len(cpus) == 1 else \
-        [Side("cpu" + c.replace(",", "+"), None, c) for c in cpus]
+    sides: List[Side] = several or bench.sides(args.cpus)
     cases = CASES + (HIT_CASES if args.hits else ())
     gil = (args.gil_rate, work) if args.gil else None
-    if gil:
-        py_spy()
     rounds: List[dict] = [{} for _ in range(args.rounds)]
     for r, side in bench.interleaved(["direct", *sides]):
         if side == "direct":
