@@ -39,19 +39,20 @@ does not hold: a value that fails (another format, another length, another tag) 
 (``--shared-tier-insecure``) the tag is the same HMAC under an empty key: a checksum against accidents
 only, whose failures count as ``corrupt``.
 
+Here: :class:`SharedTier`, a member's calls with their deadlines, back-off and threads. The Lua scripts are
+in :mod:`.shared_scripts`, the value format and its tag in :mod:`.shared_values`, the options' URLs and
+secret in :mod:`.shared_config` (their public names are re-exported here).
+
 Thread-safe. ``redis`` (redis-py >= 5) is imported only when a shared tier is configured.
 """
 from __future__ import annotations
 
-import collections
 import concurrent.futures as cf
-import hashlib
 import hmac
 import logging
 import os
 import queue
 import socket
-import struct
 import threading
 import time
 import urllib.parse
@@ -60,6 +61,10 @@ from typing import Dict, List, Optional, Sequence
 import xxhash
 
 from ..logutil import RateLimitedLog
+from .shared_config import (MIN_SECRET, SharedTierConfigError, namespace_key, parse_urls, read_secret,
+                            redact_url)
+from .shared_scripts import ADMIT, DELETE, HEARTBEAT, RESCORE, SET_CAP, TOUCH
+from .shared_values import AUTH_LOG_WINDOW_S, HEADER, MAGIC, AuthFailureLog, SharedKey, value_tag
 
 __all__ = ["SharedTier", "SharedTierConfigError", "SharedKey", "parse_urls", "redact_url", "namespace_key",
            "read_secret", "value_tag", "HEADER", "MAGIC", "DEFAULT_PARTITIONS", "MODES", "MIN_SECRET"]
@@ -67,256 +72,11 @@ __all__ = ["SharedTier", "SharedTierConfigError", "SharedKey", "parse_urls", "re
 log = logging.getLogger("shadefs.shared")
 
 DEFAULT_PARTITIONS = 64
-MAGIC = b"SHD2"           # the value format: values of another format are never served
-TAG = 32                  # HMAC-SHA256
-HEADER = len(MAGIC) + TAG  # bytes in front of every value
-MIN_SECRET = 16           # bytes of group secret at least
-LOGGED_KEYS = 4096        # keys whose failed authentication was logged (each once), most recent kept
-AUTH_LOG_BURST = 10       # failed authentications logged per AUTH_LOG_WINDOW_S at most (a flood is summed up)
-AUTH_LOG_WINDOW_S = 10.0
 PER_MIB_S = 0.010         # the deadline grows by 10 ms per MiB of value (a 16 MiB value: 210 ms)
-# policy name -> admission mode of the partition script
 OFFER_QUEUE_BYTES = 64 << 20  # bytes of values queued for the offer thread at most (an offer past it is dropped)
 CAP_BATCH = 1000          # values one SET_CAP call evicts at most (Redis runs a script alone: ~10-20 ms per call)
+# policy name -> admission mode of the partition script
 MODES = {"shade": "imp", "static": "static", "lru": "lru", "fifo": "fifo"}
-
-
-class SharedTierConfigError(ValueError):
-    """A ``--shared-tier`` setting is invalid (one line for the user)."""
-
-
-class SharedKey(str):
-    """A group-wide key: the hex name of one version of a file (a ``str``, what Redis stores it under),
-    carrying ``ident``, the bytes of its path and version that the value's tag covers."""
-
-    __slots__ = ("ident",)
-
-    def __new__(cls, hexkey: str, ident: bytes):
-        self = super().__new__(cls, hexkey)
-        self.ident = ident
-        return self
-
-
-def read_secret(path: str) -> bytes:
-    """The group secret in ``path`` (its bytes, surrounding whitespace stripped).
-
-    Raises:
-        SharedTierConfigError: unreadable, not a regular file, readable or writable by group or others
-            (the secret would not be one), or shorter than :data:`MIN_SECRET` bytes.
-    """
-    import stat
-
-    name = f"--shared-tier-secret {path!r}"
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOCTTY)
-    except OSError as e:
-        raise SharedTierConfigError(f"{name}: {e.strerror}") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise SharedTierConfigError(f"{name}: not a regular file")
-        if st.st_mode & 0o066:
-            raise SharedTierConfigError(f"{name}: mode {stat.S_IMODE(st.st_mode):04o} lets group or others read "
-                                        f"or write the secret; chmod 600 it")
-        with os.fdopen(os.dup(fd), "rb") as f:
-            secret = f.read(1 << 16).strip()
-    finally:
-        os.close(fd)
-    if len(secret) < MIN_SECRET:
-        raise SharedTierConfigError(f"{name}: {len(secret)} bytes; give at least {MIN_SECRET} "
-                                    f"(head -c 32 /dev/urandom | base64 > FILE)")
-    return secret
-
-
-def value_tag(secret: bytes, ns: str, key: str, ident: bytes, data) -> bytes:
-    """The 32-byte tag of a value: HMAC-SHA256 under ``secret`` over the format tag, the group ``ns``,
-    the ``key``, the file's ``ident`` (path and version) and ``data`` (bytes-like; not copied)."""
-    h = hmac.new(secret, MAGIC + b"\0" + ns.encode() + b"\0" + key.encode() + b"\0"
-                 + struct.pack(">I", len(ident)) + ident, hashlib.sha256)
-    h.update(data)
-    return h.digest()
-
-
-def namespace_key(source_url: str) -> str:
-    """The group's name: sha256 of the source URL, first 16 hex digits (as the disk tier names its folder)."""
-    return hashlib.sha256(source_url.encode("utf-8", "surrogateescape")).hexdigest()[:16]
-
-
-def parse_urls(spec: str) -> List[str]:
-    """Split ``redis://h1:6379,h2:6379`` or ``redis://a:6379,redis://b:6379`` into full URLs.
-
-    A bare ``host:port`` after the first URL takes the first one's scheme and credentials.
-
-    Raises:
-        SharedTierConfigError: empty, a scheme other than redis:// or rediss://, no host, or a bad port.
-    """
-    parts = [p.strip() for p in (spec or "").split(",") if p.strip()]
-    if not parts:
-        raise SharedTierConfigError("--shared-tier: give at least one redis:// or rediss:// URL")
-    out = []
-    first = None
-    for p in parts:
-        if "://" not in p:
-            if first is None:
-                raise SharedTierConfigError(f"--shared-tier {redact_url(p)!r}: start with redis:// or rediss://")
-            userinfo = first.netloc.rpartition("@")[0]
-            p = f"{first.scheme}://{userinfo + '@' if userinfo else ''}{p}"
-        u = urllib.parse.urlsplit(p)
-        if u.scheme not in ("redis", "rediss"):
-            raise SharedTierConfigError(f"--shared-tier {redact_url(p)!r}: the scheme must be redis:// or rediss://")
-        try:
-            port = u.port
-        except ValueError:
-            raise SharedTierConfigError(f"--shared-tier {redact_url(p)!r}: bad port") from None
-        if not u.hostname:
-            raise SharedTierConfigError(f"--shared-tier {redact_url(p)!r}: no host")
-        if port is None:
-            p = urllib.parse.urlunsplit((u.scheme, u.netloc + ":6379", u.path, u.query, u.fragment))
-            u = urllib.parse.urlsplit(p)
-        if first is None:
-            first = u
-        out.append(p)
-    return out
-
-
-def redact_url(url: str) -> str:
-    """The URL with any password replaced by ``***`` (what logs and stats show)."""
-    try:
-        u = urllib.parse.urlsplit(url)
-    except ValueError:
-        return "<unparsable URL>"
-    if u.password is None and "@" not in u.netloc:
-        return url
-    user = u.username or ""
-    host = u.netloc.rpartition("@")[2]
-    cred = f"{user}:***" if u.password is not None else user
-    return urllib.parse.urlunsplit((u.scheme, f"{cred}@{host}", u.path, u.query, u.fragment))
-
-
-# -- Lua: one script per operation; every key it touches shares the partition's hash tag ---------------------
-# KEYS: zset, sizes, meta, value key.  ARGV: member, score, size, payload, mode, value-key prefix
-ADMIT = r"""
-local z, s, m, vk = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local member, size, mode, prefix = ARGV[1], tonumber(ARGV[3]), ARGV[5], ARGV[6]
-if redis.call('ZSCORE', z, member) then return {1, 0} end
-local cap = tonumber(redis.call('HGET', m, 'cap') or '0')
-if size > cap then return {0, 0} end
-local score = tonumber(ARGV[2])
-if mode == 'lru' or mode == 'fifo' then
-  local t = redis.call('TIME'); score = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
-end
-local used = tonumber(redis.call('HGET', m, 'used') or '0')
-local need = used + size - cap
-local victims, freed = {}, 0
-if need > 0 then
-  if mode == 'static' then return {0, 0} end
-  local start = 0
-  while freed < need do
-    local batch = redis.call('ZRANGE', z, start, start + 31, 'WITHSCORES')
-    if #batch == 0 then return {0, 0} end
-    for i = 1, #batch, 2 do
-      if mode == 'imp' and tonumber(batch[i + 1]) >= score then return {0, 0} end
-      victims[#victims + 1] = batch[i]
-      freed = freed + tonumber(redis.call('HGET', s, batch[i]) or '0')
-      if freed >= need then break end
-    end
-    start = start + 32
-  end
-  for _, v in ipairs(victims) do
-    redis.call('DEL', prefix .. v)
-    redis.call('ZREM', z, v)
-    redis.call('HDEL', s, v)
-  end
-  redis.call('HINCRBY', m, 'evictions', #victims)
-end
-redis.call('SET', vk, ARGV[4])
-redis.call('ZADD', z, score, member)
-redis.call('HSET', s, member, size)
-redis.call('HSET', m, 'used', used - freed + size)
-redis.call('HINCRBY', m, 'files', 1 - #victims)
-return {2, #victims}
-"""
-
-# KEYS: zset, sizes, meta.  ARGV: cap, gen, value-key prefix, most victims per call.
-# Returns {applied, evicted, more}: more = 1 when the partition is still over its cap (call again). One call
-# evicts at most ARGV[4] values, so Redis, which runs a script alone, is never blocked for long by a shrink.
-SET_CAP = r"""
-local z, s, m = KEYS[1], KEYS[2], KEYS[3]
-local cap, gen, prefix, most = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
-local g = tonumber(redis.call('HGET', m, 'gen') or '-1')
-if gen < g then return {0, 0, 0} end
-redis.call('HSET', m, 'cap', cap, 'gen', gen)
-local used = tonumber(redis.call('HGET', m, 'used') or '0')
-local n = 0
-while used > cap and n < most do
-  local v = redis.call('ZRANGE', z, 0, 0)[1]
-  if not v then used = 0; break end
-  used = used - tonumber(redis.call('HGET', s, v) or '0')
-  redis.call('DEL', prefix .. v)
-  redis.call('ZREM', z, v)
-  redis.call('HDEL', s, v)
-  n = n + 1
-end
-if n > 0 then
-  redis.call('HSET', m, 'used', used)
-  redis.call('HINCRBY', m, 'files', -n)
-  redis.call('HINCRBY', m, 'evictions', n)
-end
-if used > cap then return {1, n, 1} end
-return {1, n, 0}
-"""
-
-# KEYS: zset, sizes, meta, value key.  ARGV: member.  Returns 1 when it was resident.
-DELETE = r"""
-local z, s, m, vk = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local size = redis.call('HGET', s, ARGV[1])
-redis.call('DEL', vk)
-if not size then return 0 end
-redis.call('ZREM', z, ARGV[1])
-redis.call('HDEL', s, ARGV[1])
-redis.call('HINCRBY', m, 'used', -tonumber(size))
-redis.call('HINCRBY', m, 'files', -1)
-return 1
-"""
-
-# KEYS: members, sizes, meta.  ARGV: member id, bytes (-1: leave), ttl ms.  Returns {gen, total, count}.
-HEARTBEAT = r"""
-local mem, sz, meta = KEYS[1], KEYS[2], KEYS[3]
-local id, bytes, ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local changed = false
-for _, dead in ipairs(redis.call('ZRANGEBYSCORE', mem, '-inf', now)) do
-  redis.call('ZREM', mem, dead); redis.call('HDEL', sz, dead); changed = true
-end
-if bytes < 0 then
-  if redis.call('ZREM', mem, id) == 1 then changed = true end
-  redis.call('HDEL', sz, id)
-else
-  if not redis.call('ZSCORE', mem, id) or tonumber(redis.call('HGET', sz, id) or '-1') ~= bytes then
-    changed = true
-  end
-  redis.call('ZADD', mem, now + ttl, id)
-  redis.call('HSET', sz, id, bytes)
-end
-if changed then redis.call('HINCRBY', meta, 'gen', 1) end
-local total = 0
-for _, v in ipairs(redis.call('HVALS', sz)) do total = total + tonumber(v) end
-return {tonumber(redis.call('HGET', meta, 'gen') or '0'), total, redis.call('ZCARD', mem)}
-"""
-
-# KEYS: zset.  ARGV: score, member, score, member, ...  Updates resident members only (ZADD XX).
-RESCORE = r"""
-local n = 0
-for i = 1, #ARGV, 2 do n = n + redis.call('ZADD', KEYS[1], 'XX', 'CH', ARGV[i], ARGV[i + 1]) end
-return n
-"""
-
-# KEYS: zset.  ARGV: member.  An LRU hit: move to the most recent end (server time).
-TOUCH = r"""
-local t = redis.call('TIME')
-return redis.call('ZADD', KEYS[1], 'XX', tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000, ARGV[1])
-"""
 
 
 class _Breaker:
@@ -418,8 +178,7 @@ class SharedTier:
         self._stop = threading.Event()
         self._threads: List[threading.Thread] = []
         self._err_log = RateLimitedLog(log, 10.0)
-        self._auth_logged: "collections.OrderedDict[str, None]" = collections.OrderedDict()
-        self._auth_window = [-float("inf"), 0, 0]  # window start (monotonic s), logged in it, suppressed
+        self._auth_log = AuthFailureLog()  # which failed authentications are logged
         self.client = None
         self.cluster = False
         self._connect_lock = threading.Lock()
@@ -643,23 +402,9 @@ class SharedTier:
             self._err_log(logging.WARNING, "shared tier: dropping a corrupt value (%d bytes, expected %d + %d)",
                           len(raw), HEADER, size)
         else:
-            now = time.monotonic()
-            suppressed = 0
             with self._lock:
                 self.auth_failed += 1
-                w = self._auth_window
-                first = key not in self._auth_logged
-                if first:
-                    self._auth_logged[key] = None
-                    if len(self._auth_logged) > LOGGED_KEYS:
-                        self._auth_logged.popitem(last=False)
-                    if now - w[0] >= AUTH_LOG_WINDOW_S:
-                        suppressed, w[:] = w[2], [now, 0, 0]
-                    if w[1] < AUTH_LOG_BURST:
-                        w[1] += 1
-                    else:
-                        w[2] += 1
-                        first = False
+                first, suppressed = self._auth_log.note(key, time.monotonic())
             if first:
                 log.warning("shared tier: a value failed authentication (key %s, %d bytes, format %r): not written "
                             "with this group's secret; deleted, reading the source%s", key, len(raw),
