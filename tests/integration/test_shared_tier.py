@@ -58,7 +58,7 @@ def test_roundtrip_one_copy_and_exact_bytes(redis_server):
     a = tier(redis_server.url, member_id="a")
     b = tier(redis_server.url, member_id="b")
     try:
-        assert a.stats()["group_capacity_bytes"] == 20_000 or a.heartbeat()
+        assert a.heartbeat()  # a joined alone: its next heartbeat learns of b (its thread may have already)
         assert a.stats()["members"] == 2 and a.stats()["group_capacity_bytes"] == 20_000
         k = SharedTier.key("cat/1.jpg", 3000, 5)
         assert b.get(k, 3000) is None
@@ -367,7 +367,7 @@ def test_the_documented_acl_user_is_enough_and_confined_to_its_group(redis_clust
         assert a2.get_many([k], [500]) == [blob(1, 500)] and a2.contains_many([k]) == [True]
         assert a.rescore([k], [3.0]) == 1
         a.refresh()
-        assert a.apply_caps(a.gen, a.group_capacity) >= 0
+        assert a.apply_caps(a.gen, a.group_capacity) == 0  # applied already: nothing over the caps
         assert a.counters()["errors"] == a2.counters()["errors"] == b.counters()["errors"] == 0
         # group A's user on group B's keys: every call refused (counted errors, never a value)
         assert not a_on_b.heartbeat()
