@@ -39,9 +39,11 @@ does not hold: a value that fails (another format, another length, another tag) 
 (``--shared-tier-insecure``) the tag is the same HMAC under an empty key: a checksum against accidents
 only, whose failures count as ``corrupt``.
 
-Here: :class:`SharedTier`, a member's calls with their deadlines, back-off and threads. The Lua scripts are
-in :mod:`.shared_scripts`, the value format and its tag in :mod:`.shared_values`, the options' URLs and
-secret in :mod:`.shared_config` (their public names are re-exported here).
+Here: :class:`SharedTier`, a member's reads, offers and threads. Its calls with a deadline and back-off
+are :class:`.shared_calls.DeadlineCalls`, its membership and the group's budget
+:class:`.shared_group.GroupMembership`; the Lua scripts are in :mod:`.shared_scripts`, the value format
+and its tag in :mod:`.shared_values`, the options' URLs and secret in :mod:`.shared_config` (their
+public names are re-exported here).
 
 Thread-safe. ``redis`` (redis-py >= 5) is imported only when a shared tier is configured.
 """
@@ -61,9 +63,11 @@ from typing import Dict, List, Optional, Sequence
 import xxhash
 
 from ..logutil import RateLimitedLog
+from .shared_calls import PER_MIB_S, SKIP, Breaker, DeadlineCalls
 from .shared_config import (MIN_SECRET, SharedTierConfigError, namespace_key, parse_urls, read_secret,
                             redact_url)
-from .shared_scripts import ADMIT, DELETE, HEARTBEAT, RESCORE, SET_CAP, TOUCH
+from .shared_group import GroupMembership
+from .shared_scripts import ADMIT, DELETE, RESCORE, TOUCH
 from .shared_values import AUTH_LOG_WINDOW_S, HEADER, MAGIC, AuthFailureLog, SharedKey, value_tag
 
 __all__ = ["SharedTier", "SharedTierConfigError", "SharedKey", "parse_urls", "redact_url", "namespace_key",
@@ -72,44 +76,13 @@ __all__ = ["SharedTier", "SharedTierConfigError", "SharedKey", "parse_urls", "re
 log = logging.getLogger("shadefs.shared")
 
 DEFAULT_PARTITIONS = 64
-PER_MIB_S = 0.010         # the deadline grows by 10 ms per MiB of value (a 16 MiB value: 210 ms)
 OFFER_QUEUE_BYTES = 64 << 20  # bytes of values queued for the offer thread at most (an offer past it is dropped)
 CAP_BATCH = 1000          # values one SET_CAP call evicts at most (Redis runs a script alone: ~10-20 ms per call)
 # policy name -> admission mode of the partition script
 MODES = {"shade": "imp", "static": "static", "lru": "lru", "fifo": "fifo"}
 
 
-class _Breaker:
-    """Consecutive-failure circuit breaker: after ``threshold`` failures in a row, closed for a back-off
-    (``base_s``, doubling on every failed retry up to ``max_s``); then one call goes through."""
-
-    __slots__ = ("threshold", "base_s", "max_s", "fails", "until", "backoff")
-
-    def __init__(self, threshold: int, base_s: float, max_s: float):
-        self.threshold, self.base_s, self.max_s = threshold, base_s, max_s
-        self.fails, self.until, self.backoff = 0, 0.0, base_s
-
-    def open(self, now: float) -> bool:
-        return now < self.until
-
-    def ok(self) -> None:
-        self.fails, self.backoff = 0, self.base_s
-
-    def fail(self, now: float) -> bool:
-        """Record a failure; True when this one opened the breaker."""
-        self.fails += 1
-        if self.fails >= self.threshold:
-            self.until = now + self.backoff
-            self.backoff = min(self.max_s, self.backoff * 2)
-            self.fails = self.threshold - 1  # the retry after the back-off re-opens on one failure
-            return True
-        return False
-
-
-_SKIP = object()
-
-
-class SharedTier:
+class SharedTier(DeadlineCalls, GroupMembership):
     """This mount's membership in a group's shared tier.
 
     Args:
@@ -167,8 +140,8 @@ class SharedTier:
         self._group_keys = (g + "members", g + "sizes", g + "meta")
         self._pool = cf.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="shared")
         self._lock = threading.Lock()
-        self._breakers = [_Breaker(fail_threshold, backoff_s, backoff_max_s) for _ in range(self.K)]
-        self._global = _Breaker(fail_threshold * 3, backoff_s, backoff_max_s)
+        self._breakers = [Breaker(fail_threshold, backoff_s, backoff_max_s) for _ in range(self.K)]
+        self._global = Breaker(fail_threshold * 3, backoff_s, backoff_max_s)
         self._offers: "queue.Queue" = queue.Queue(maxsize=offer_queue)
         # the bytes of the values queued: at most offer_queue_bytes (an offer past it is dropped)
         self.offer_queue_bytes = OFFER_QUEUE_BYTES
@@ -276,41 +249,6 @@ class SharedTier:
                 c = self.client
         return c
 
-    # -- calls with a deadline ------------------------------------------------------------------------------
-    def _run(self, fn, partition: Optional[int], deadline_s: float, wait: bool = True):
-        """Run ``fn(client)`` on a worker, waiting at most ``deadline_s``. Returns its result or _SKIP."""
-        now = time.monotonic()
-        with self._lock:
-            if self._global.open(now) or (partition is not None and self._breakers[partition].open(now)):
-                self.skipped += 1
-                return _SKIP
-        fut = self._pool.submit(lambda: fn(self._client()))
-        try:
-            out = fut.result(timeout=deadline_s if wait else None)
-        except Exception as e:  # TimeoutError, redis errors, a broken cluster map: all cost one hit
-            now = time.monotonic()
-            with self._lock:
-                self.errors += 1
-                self.deadlines += isinstance(e, cf.TimeoutError)
-                opened = self._global.fail(now)
-                if partition is not None:
-                    opened = self._breakers[partition].fail(now) or opened
-            kind = "deadline" if isinstance(e, cf.TimeoutError) else f"{type(e).__name__}: {e}"
-            self._err_log(logging.WARNING, "shared tier %s: %s%s", self.redacted, kind,
-                          "; backing off" if opened else "")
-            return _SKIP
-        with self._lock:
-            self._global.ok()
-            if partition is not None:
-                self._breakers[partition].ok()
-        return out
-
-    def _deadline(self, nbytes: int) -> float:
-        return self.timeout_s + nbytes / 2**20 * PER_MIB_S
-
-    def _script(self, client, src: str, keys, args):
-        return client.execute_command("EVAL", src, len(keys), *keys, *args)
-
     # -- the read path -------------------------------------------------------------------------------------
     def get(self, key: str, size: int) -> Optional[bytes]:
         """The verified value of ``key`` (exactly ``size`` bytes), or None (absent, too large, failed,
@@ -331,7 +269,7 @@ class SharedTier:
         with self._lock:
             self.gets += 1
         raw = self._run(call, p, self._deadline(size))
-        if raw is _SKIP or raw is None:
+        if raw is SKIP or raw is None:
             return None
         data = self._verify(key, raw, size)
         if data is not None:
@@ -356,7 +294,7 @@ class SharedTier:
         raws = self._run(call, None, self._deadline(sum(sizes[i] for i in idx)) + self.timeout_s)
         with self._lock:
             self.gets += len(idx)
-        if raws is _SKIP:
+        if raws is SKIP:
             return out
         for i, raw in zip(idx, raws):
             if isinstance(raw, bytes):
@@ -381,7 +319,7 @@ class SharedTier:
                 return pipe.execute(raise_on_error=False)
 
             res = self._run(call, None, self.timeout_s * 4 + len(part) * 2e-6)
-            if res is _SKIP:
+            if res is SKIP:
                 break
             out[i:i + len(part)] = [isinstance(r, float) for r in res]
         return out
@@ -433,7 +371,7 @@ class SharedTier:
         args = (key, repr(float(score)), size, payload, self.mode, self._tags[p] + "v:")
         res = self._run(lambda c: self._script(c, ADMIT, (z, s, m, self._tags[p] + "v:" + key), args), p,
                         self._deadline(size) + self.timeout_s)
-        outcome = "failed" if res is _SKIP else ("refused", "resident", "admitted")[int(res[0])]
+        outcome = "failed" if res is SKIP else ("refused", "resident", "admitted")[int(res[0])]
         self._count_offer(outcome)
         return outcome
 
@@ -511,7 +449,7 @@ class SharedTier:
         z, s, m = self._pkeys(p)
         res = self._run(lambda c: self._script(c, DELETE, (z, s, m, self._tags[p] + "v:" + key), (key,)), p,
                         self.timeout_s * 4)
-        return res is not _SKIP and bool(res)
+        return res is not SKIP and bool(res)
 
     def rescore(self, keys: Sequence[str], scores: Sequence[float]) -> int:
         """Set the rank score of resident ``keys`` (the group's importance under ``shade``), one
@@ -529,112 +467,7 @@ class SharedTier:
             return pipe.execute(raise_on_error=False)
 
         res = self._run(call, None, self.timeout_s * 8, wait=True)
-        return 0 if res is _SKIP else sum(r for r in res if isinstance(r, int))
-
-    # -- membership ----------------------------------------------------------------------------------------
-    def heartbeat(self, leave: bool = False) -> bool:
-        """Renew (or end) this membership; apply the group's budget to every partition when it changed.
-
-        Returns True when the heartbeat reached Redis."""
-        ttl_ms = int(self.heartbeat_s * 3000)
-        args = (self.member_id, -1 if leave else self.size_bytes, ttl_ms)
-        res = self._run(lambda c: self._script(c, HEARTBEAT, self._group_keys, args), None,
-                        max(1.0, self.timeout_s * 20))
-        if res is _SKIP:
-            return False
-        gen, total, count = int(res[0]), int(res[1]), int(res[2])
-        with self._lock:
-            changed = gen != self.gen
-            self.group_capacity, self.members = total, count
-        if changed or leave:
-            self.apply_caps(gen, total)
-        if not leave:
-            self.joined = True
-        self.refresh()
-        return True
-
-    def caps(self, total: int) -> List[int]:
-        """Partition budgets for a group budget of ``total`` bytes (they sum to ``total`` exactly)."""
-        q, r = divmod(int(total), self.K)
-        return [q + (p < r) for p in range(self.K)]
-
-    def apply_caps(self, gen: int, total: int) -> int:
-        """Set every partition's budget for membership ``gen``, evicting the least important excess in
-        batches of at most :attr:`cap_batch` values per script call (Redis runs one script at a time: a
-        shrink that evicts 150,000 values in one call blocked it for seconds). Rounds of one pipelined call
-        per partition still over its cap, until none is. Returns the number evicted (-1 when Redis failed;
-        retried on the next heartbeat; the batches already applied stay applied)."""
-        caps = self.caps(total)
-        todo = list(range(self.K))
-        n = 0
-        calls = 0
-        while todo:
-            def call(c, todo=todo):
-                pipe = c.pipeline(transaction=False)
-                for p in todo:
-                    pipe.execute_command("EVAL", SET_CAP, 3, *self._pkeys(p), caps[p], gen, self._tags[p] + "v:",
-                                         self.cap_batch)
-                return pipe.execute()
-
-            res = self._run(call, None, max(2.0, self.timeout_s * 40))
-            if res is _SKIP:
-                with self._lock:
-                    self.cap_calls += calls
-                    self.cap_evictions += n
-                return -1
-            calls += len(todo)
-            n += sum(int(r[1]) for r in res)
-            todo = [p for p, r in zip(todo, res) if len(r) > 2 and int(r[2])]
-        with self._lock:
-            self.gen = gen
-            self.cap_calls += calls
-            self.cap_evictions += n
-        if n:
-            log.info("shared tier: group budget now %d bytes (%d members); evicted %d files over it",
-                     total, self.members, n)
-        return n
-
-    def refresh(self) -> Optional[dict]:
-        """Read every partition's byte counter (pipelined) into the group figures of :meth:`stats`."""
-        def call(c):
-            pipe = c.pipeline(transaction=False)
-            for p in range(self.K):
-                pipe.hmget(self._pkeys(p)[2], "used", "files", "evictions", "cap")
-            return pipe.execute()
-
-        res = self._run(call, None, max(1.0, self.timeout_s * 20))
-        if res is _SKIP:
-            return None
-        g = {"used_bytes": 0, "files": 0, "evictions": 0, "cap_bytes": 0}
-        free = []
-        for row in res:
-            for name, v in zip(("used_bytes", "files", "evictions", "cap_bytes"), row):
-                g[name] += int(v or 0)
-            free.append(int(row[3] or 0) - int(row[0] or 0))
-        with self._lock:
-            self._group = g
-            self._free = free
-        return g
-
-    def partition_figures(self) -> List[dict]:
-        """Per partition: cap, used, files, and the exact sum of stored value sizes (tests, ``shadefs
-        stats --json`` debugging). Blocking; raises redis errors."""
-        c = self._client()
-        out = []
-        for p in range(self.K):
-            z, s, m = self._pkeys(p)
-            meta = c.hgetall(m)
-            sizes = c.hgetall(s)
-            members = c.zrange(z, 0, -1)
-            pipe = c.pipeline(transaction=False)
-            for h in members:
-                pipe.strlen(self._tags[p] + "v:" + h.decode())
-            lens = pipe.execute() if members else []
-            out.append({"cap": int(meta.get(b"cap", 0)), "used": int(meta.get(b"used", 0)),
-                        "files": int(meta.get(b"files", 0)), "members": len(members),
-                        "sizes_sum": sum(int(v) for v in sizes.values()),
-                        "values_sum": sum(n - HEADER for n in lens)})
-        return out
+        return 0 if res is SKIP else sum(r for r in res if isinstance(r, int))
 
     # -- lifecycle -------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -650,14 +483,6 @@ class SharedTier:
             t = threading.Thread(target=target, name=name, daemon=True)
             t.start()
             self._threads.append(t)
-
-    def _heartbeat_loop(self) -> None:
-        n = 0
-        while not self._stop.wait(self.heartbeat_s):
-            n += 1
-            self.heartbeat()
-            if n % 10 == 0 and self.gen >= 0:  # re-apply now and then: a member may have died mid-apply
-                self.apply_caps(self.gen, self.group_capacity)
 
     def close(self, leave: bool = True) -> None:
         """Stop the threads; ``leave``: drop out of the group (its budget shrinks now, the excess is
