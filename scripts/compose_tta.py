@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Time to accuracy at full scale, composed from two measurements.
 
-The rig (``bench_tta.py``: the training set in S3 behind a latency proxy, a shadefs mount per run) gives
+The rig (``python -m shadefs.bench tta``: the training set in S3 behind a latency proxy, a shadefs mount per run) gives
 each mode's seconds per epoch: epoch 1 cold (``cold``), the mean of its later epochs warm (``warm``),
-over every rig run of that mode. The in-memory runs (``bench_shade_accuracy.py``: the same model, the
+over every rig run of that mode. The in-memory runs (``python -m shadefs.bench shade_accuracy``: the same model, the
 sampler alone, no storage) give the test accuracy per epoch of every seed. The accuracy after epoch k is
 then placed at the composed wall time ``cold + (k - 1) * warm``, and the time to a target accuracy is
 that of the first epoch that reached it, per seed of the in-memory runs.
@@ -12,7 +12,7 @@ A mode takes the accuracies of the in-memory configuration that trains on the sa
 ``shuffle`` and ``plan`` (both uniform permutations) that of ``uniform``, ``shade`` that of ``shade``
 (ShadeSampler's defaults), ``shade-rep1`` that of ``shade:rep_factor=1``. The targets are ``--target``
 and uniform's final mean accuracy (the in-memory ``uniform`` runs' last epoch, mean over seeds, rounded
-to 0.01 as ``bench_shade_accuracy.py`` reports it).
+to 0.01 as ``python -m shadefs.bench shade_accuracy`` reports it).
 
 It also sets the rig's own test accuracy per epoch beside the in-memory one of the same seed: both
 trained the same model on the same images, so they should be close; the difference is the order of
@@ -200,8 +200,8 @@ def plot(result: dict, memory: dict, rig: dict, png: str) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rig", required=True, help="bench_tta.py's JSON (the seconds per epoch)")
-    ap.add_argument("--memory", required=True, help="bench_shade_accuracy.py's JSON (the accuracy per epoch)")
+    ap.add_argument("--rig", required=True, help="``shadefs.bench tta``'s JSON (the seconds per epoch)")
+    ap.add_argument("--memory", required=True, help="``shadefs.bench shade_accuracy``'s JSON (the accuracy per epoch)")
     ap.add_argument("--target", type=float, action="append", help="test accuracy %% to reach; repeatable "
                     "(default 85 and 89); uniform's final mean is always added")
     ap.add_argument("--seed", type=int, default=0, help="the seed whose rig and in-memory accuracies are set "

@@ -14,7 +14,7 @@
 - :mod:`shadefs.testing.users`: :func:`~shadefs.testing.users.as_nobody` (run a function as uid/gid 65534 in a forked child; its errno back).
 - :mod:`shadefs.testing.datasets`: :class:`~shadefs.testing.datasets.FileDataset` (ImageFolder-like `samples`; an item reads its file whole), :func:`~shadefs.testing.datasets.random_tree` (the read benchmarks' tree of random files, reused when unchanged), :func:`~shadefs.testing.datasets.random_file`, :func:`~shadefs.testing.datasets.completed_tree` / :func:`~shadefs.testing.datasets.mark_complete` (a generated tree's ``.complete`` summary).
 
-Used by tests/conftest.py, scripts/bench_*.py and scripts/demo.py; ships with the package (it needs the ``test``
+Used by tests/conftest.py, the benchmarks (shadefs.bench) and scripts/demo.py; ships with the package (it needs the ``test``
 extra only for the S3 pieces).
 """
 from shadefs.testing.mounts import (

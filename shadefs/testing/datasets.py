@@ -1,5 +1,6 @@
 """A map-style dataset of the files under a directory, for the hook tests and the plan benchmarks, and
-:func:`random_tree`, the read benchmarks' tree of random files, and :func:`random_file`.
+:func:`random_tree`, the read benchmarks' tree of random files, and :func:`random_file`; :func:`make_npy` /
+:func:`npy_epoch`, the records file of the format benchmarks and its random-rows reader (they need numpy).
 
 :class:`FileDataset` looks like ``torchvision.datasets.ImageFolder`` where the hooks look
 (``samples`` of ``(path, class)``, ``root``), and its item is the length in bytes of the file read whole,
@@ -17,7 +18,8 @@ from typing import List, Optional, Tuple
 
 from shadefs.fsutil import atomic_write
 
-__all__ = ["FileDataset", "read_size", "random_file", "random_tree", "completed_tree", "mark_complete"]
+__all__ = ["FileDataset", "read_size", "random_file", "random_tree", "completed_tree", "mark_complete",
+           "make_npy", "npy_epoch"]
 
 
 def random_file(path: str, size: int) -> None:
@@ -51,7 +53,7 @@ def mark_complete(root: str, summary: dict) -> None:
 
 def random_tree(root: str, n: int, mean_size: int, seed: int, per_dir: int = 500) -> List[Tuple[str, int]]:
     """``n`` files of ``mean_size`` +-30 % bytes (uniform, drawn with ``seed``) of random content under
-    ``root``, ``per_dir`` to a directory: ``c0000/f0000000.bin`` ... (scripts/bench_read.py, bench_open_cost.py).
+    ``root``, ``per_dir`` to a directory: ``c0000/f0000000.bin`` ... (the read and open_cost benchmarks of shadefs.bench).
 
     A tree already there with the same list (its ``manifest.json``) is reused; otherwise ``root`` is replaced.
     The data are synced to disk before it returns. Returns ``[(relative path, size in bytes)]`` in path order.
@@ -83,6 +85,33 @@ def random_tree(root: str, n: int, mean_size: int, seed: int, per_dir: int = 500
     atomic_write(manifest, json.dumps(files).encode(), mode=0o644)
     os.sync()
     return files
+
+
+def make_npy(path: str, size: int, record: int) -> None:
+    """Write a ``.npy`` file at ``path`` of ``size // record`` float32 rows of ``record`` bytes each
+    (random values, seed 1, so a row's sum is the same in every run)."""
+    import numpy as np
+
+    rows = size // record
+    a = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(rows, record // 4))
+    rng = np.random.default_rng(1)
+    for i in range(0, rows, 4096):
+        a[i:i + 4096] = rng.random((min(4096, rows - i), record // 4), dtype=np.float32)
+    a.flush()
+    del a
+
+
+def npy_epoch(path: str, rows) -> float:
+    """One epoch of the rows ``rows`` (an integer array, in that order) of the ``.npy`` file at ``path``,
+    memory-mapped (``np.load(mmap_mode="r")``), 1,000 rows a read; returns their sum (float64)."""
+    import numpy as np
+
+    a = np.load(path, mmap_mode="r")
+    total = 0.0
+    for i in range(0, len(rows), 1000):
+        total += float(a[rows[i:i + 1000]].sum(dtype=np.float64))
+    del a
+    return total
 
 
 def read_size(path: str) -> int:

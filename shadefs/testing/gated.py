@@ -11,7 +11,7 @@ benchmark opens its gate::
     cache = GatedCache(ns, root, lambda: gate.wait(60))
     KernelFrontend(ns, cache, None, mountpoint=mp, passthrough=False).run()
 
-Used by tests/integration/test_hung_backend.py and scripts/bench_read.py (the hung-backend experiment).
+Used by tests/integration/test_hung_backend.py and ``python -m shadefs.bench read`` (the hung-backend experiment).
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Real shadefs mounts for tests and benchmarks: start through the CLI, wait, unmount cleanly.
 
 One implementation of "mount, find the daemon, unmount and wait until the daemon has exited" for the
-test fixtures (tests/conftest.py) and the benchmark scripts (scripts/bench_*.py)::
+test fixtures (tests/conftest.py) and the benchmark scripts (shadefs.bench)::
 
     from shadefs.testing import Mount
     with Mount(src, mnt, ["--ram-cache", "1GiB"], log_file="/tmp/x.log") as m:

@@ -1,4 +1,4 @@
-"""``scripts/bench_peers.py``'s plumbing on a few files, one round, through a real moto S3 server, the latency
+"""``python -m shadefs.bench peers``'s plumbing on a few files, one round, through a real moto S3 server, the latency
 proxy, real shadefs mounts and the peers installed here: every reader is a row that either ran (its GETs and
 HEADs counted at the proxy, per epoch) or says why not; the cacheless readers GET every file every epoch,
 shadefs's cold epoch GETs each file once, and its cache never holds more than the budget on the device."""
@@ -15,7 +15,7 @@ from conftest import require, require_fuse
 require("torch")
 require("moto.server", "boto3")
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_peers.py"
+BENCH = [sys.executable, "-m", "shadefs.bench", "peers"]
 FILES, EPOCHS = 20, 2
 CONFIGS = ["obstore", "s3torch", "rclone", "s3fs", "transparent", "plan", "plan-nokc", "shade"]
 
@@ -31,7 +31,7 @@ def _installed(module: str) -> bool:
 def test_every_reader_runs_or_says_why_and_the_counts_add_up(tmp_path):
     require_fuse()
     out = tmp_path / "peers.json"
-    r = subprocess.run([sys.executable, str(SCRIPT), "--files", str(FILES), "--epochs", str(EPOCHS), "--rounds", "1",
+    r = subprocess.run([*BENCH, "--files", str(FILES), "--epochs", str(EPOCHS), "--rounds", "1",
                         "--workdir", str(tmp_path / "work"), "--json", str(out)],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]

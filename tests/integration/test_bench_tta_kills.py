@@ -1,4 +1,4 @@
-"""``scripts/bench_tta.py``'s ways of ending a run early, through real mounts, daemons, a real moto S3 server,
+"""``python -m shadefs.bench tta``'s ways of ending a run early, through real mounts, daemons, a real moto S3 server,
 the latency proxy and the real training script on a tiny Fashion-MNIST tree: ``--stop-after``, the run
 time limit while the mount lists the bucket and while the training runs, and SIGTERM. Each keeps the run's
 record (why it stopped, the epochs it finished) and leaves no mount, daemon, training process or server
@@ -21,7 +21,6 @@ require(f"{SOURCE}/train-images-idx3-ubyte.gz", f"{SOURCE}/t10k-images-idx3-ubyt
 
 from mountutil import children_of, fashion_tree, mounts_under, processes_naming  # noqa: E402
 
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +29,7 @@ def data(tmp_path_factory):
 
 
 def bench(data, work, *extra):
-    return [sys.executable, str(SCRIPTS / "bench_tta.py"), "--data", str(data), "--workdir", str(work),
+    return [sys.executable, "-m", "shadefs.bench", "tta", "--data", str(data), "--workdir", str(work),
             "--json", str(work / "tta.json"), "--png", str(work / "tta.png"), "--seeds", "0", "--modes", "shuffle",
             "--workers", "1", *extra]
 

@@ -13,6 +13,9 @@ require("torch")  # the jobs run PlanSampler + DataLoader; skipped without torch
 
 from mountutil import class_tree, wait_for  # noqa: E402
 
+# READER: a reader that announces nothing (every file once, in a shuffled order)
+from shadefs.bench.plan_jobs import READER  # noqa: E402
+
 N = 3000
 
 JOB = textwrap.dedent("""
@@ -31,17 +34,6 @@ JOB = textwrap.dedent("""
     loader = DataLoader(ds, batch_size=16, sampler=sampler, num_workers=2, multiprocessing_context="fork")
     print(sum(int(b.sum()) for b in loader), flush=True)
     sampler.close()
-    """)
-
-READER = textwrap.dedent("""
-    import os, random, sys
-    paths = [os.path.join(d, f) for d, _, fs in os.walk(sys.argv[1]) for f in fs]
-    random.Random(7).shuffle(paths)
-    total = 0
-    for p in paths:
-        with open(p, "rb") as f:
-            total += len(f.read())
-    print(total, flush=True)
     """)
 
 

@@ -1,4 +1,4 @@
-"""scripts/bench_shade_accuracy.py: the IDX loader, the emulated SHADE cache, a tiny grid and its report."""
+"""python -m shadefs.bench shade_accuracy: the IDX loader, the emulated SHADE cache, a tiny grid and its report."""
 import gzip
 import json
 import subprocess
@@ -8,13 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import load_script
+from shadefs.bench import shade_accuracy as bsa
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
-SCRIPT = SCRIPTS / "bench_shade_accuracy.py"
-
-
-bsa = load_script("bench_shade_accuracy")
+BENCH = [sys.executable, "-m", "shadefs.bench", "shade_accuracy"]
 
 
 pytestmark = pytest.mark.slow  # runs a subprocess, an install or a long search
@@ -88,7 +85,7 @@ def test_emulated_cache_keeps_the_shade_rule():
 def test_tiny_grid_writes_its_json_and_reports(idx_dir, tmp_path):
     out = tmp_path / "r.json"
     png = tmp_path / "r.png"
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--data", str(idx_dir), "--epochs", "2", "--seeds", "0",
+    proc = subprocess.run([*BENCH, "--data", str(idx_dir), "--epochs", "2", "--seeds", "0",
                            "--configs", "uniform;shade", "--json", str(out)],
                           capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr
@@ -101,7 +98,7 @@ def test_tiny_grid_writes_its_json_and_reports(idx_dir, tmp_path):
     for e in uniform["epochs"] + shade["epochs"]:
         assert 0 < e["compute_s"] <= e["train_s"]
         assert 0.0 <= e["test_acc"] <= 100.0
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--report", str(out), "--target", "0", "--png", str(png)],
+    proc = subprocess.run([*BENCH, "--report", str(out), "--target", "0", "--png", str(png)],
                           capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr
     assert "| epoch | uniform | shade |" in proc.stdout

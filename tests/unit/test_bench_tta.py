@@ -1,10 +1,9 @@
-"""scripts/bench_tta.py: the run limits (--run-timeout, --until), the GETs per epoch, and the summary of runs stopped early."""
+"""python -m shadefs.bench tta: the run limits (--run-timeout, --until), the GETs per epoch, and the summary of runs stopped early."""
 
 import pytest
 
-from conftest import load_script
+from shadefs.bench import runner, tta as bt
 
-bt = load_script("bench_tta")
 DAY = 20_000 * 86400  # a UTC midnight
 
 
@@ -28,11 +27,18 @@ def test_run_limit_is_the_run_timeout_capped_by_the_time_left():
     assert bt.run_limit(300, DAY + 600, DAY) == 300
 
 
-def test_parse_args_turns_until_into_a_time_and_refuses_a_negative_timeout():
-    a = bt.parse_args(["--data", "d", "--until", "06:05", "--run-timeout", "1200", "--stop-after", "3"])
+def _args(argv):
+    p, _ = runner.parser_for("tta")
+    a = p.parse_args(argv)
+    bt.check_args(a, runner.Bench("tta", a, argv))
+    return a
+
+
+def test_check_args_turns_until_into_a_time_and_refuses_a_negative_timeout():
+    a = _args(["--data", "d", "--until", "06:05", "--run-timeout", "1200", "--stop-after", "3"])
     assert a.until % 86400 == 6 * 3600 + 5 * 60 and a.run_timeout == 1200 and a.stop_after == 3
     with pytest.raises(SystemExit):
-        bt.parse_args(["--data", "d", "--run-timeout", "-1"])
+        _args(["--data", "d", "--run-timeout", "-1"])
 
 
 def test_gets_per_epoch_are_the_differences_of_the_counts_at_each_record():

@@ -45,12 +45,11 @@ def test_an_open_moves_only_the_plans_of_the_openers_job(other_job):
     assert [plans.observe(f, worker) for f in range(4)] == [1] * 4
     assert (theirs.pos, mine.pos) == (4, 0)
 
-    tid, done = [], threading.Event()
-    t = threading.Thread(target=lambda: (tid.append(threading.get_native_id()), done.wait(10)))
+    tid, started, done = [], threading.Event(), threading.Event()
+    t = threading.Thread(target=lambda: (tid.append(threading.get_native_id()), started.set(), done.wait(10)))
     t.start()
     try:
-        while not tid:
-            time.sleep(0.01)
+        assert started.wait(10)
         assert tid[0] != os.getpid()
         # a thread of the announcing process: its process's job
         assert plans.observe(0, tid[0]) == 1 and (theirs.pos, mine.pos) == (4, 1)

@@ -1,4 +1,5 @@
-"""The scripts use the shared harness (shadefs.testing), start, and edit no sys.path to find it."""
+"""The examples in scripts/ and the benchmarks of ``python -m shadefs.bench`` use the shared harness
+(shadefs.testing), start, and edit no sys.path to find it."""
 import os
 import re
 import subprocess
@@ -6,31 +7,37 @@ import sys
 
 import pytest
 
+from shadefs.bench.runner import benchmarks
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPTS = sorted(f for f in os.listdir(os.path.join(ROOT, "scripts")) if f.endswith(".py"))
-BENCH = [f for f in SCRIPTS if f.startswith("bench_")]
+SOURCES = [os.path.join("scripts", f) for f in SCRIPTS] + [os.path.join("shadefs", "bench", f"{n}.py")
+                                                             for n in benchmarks()]
 
 
 pytestmark = pytest.mark.slow  # runs a subprocess, an install or a long search
 
 
-def test_there_are_benchmarks_to_check():
-    assert {"bench_read.py", "bench_hit_ratio.py", "bench_epoch.py"} <= set(BENCH)
+def test_scripts_hold_only_the_examples():
+    assert not [f for f in SCRIPTS if f.startswith("bench_")]
+    assert {"read", "hit_ratio", "epoch", "miss_cost"} <= set(benchmarks())
 
 
-@pytest.mark.parametrize("name", SCRIPTS)
-def test_no_script_imports_harness_pieces_through_sys_path(name):
-    with open(os.path.join(ROOT, "scripts", name)) as f:
+@pytest.mark.parametrize("path", SOURCES)
+def test_no_script_imports_harness_pieces_through_sys_path(path):
+    with open(os.path.join(ROOT, path)) as f:
         text = f.read()
     assert not re.search(r"^\s*import (docsection|latency_proxy)\b", text, re.M), \
-        f"{name}: use `from shadefs.testing import docsection` / shadefs.testing.latency_proxy"
+        f"{path}: use `from shadefs.testing import docsection` / shadefs.testing.latency_proxy"
     assert not re.search(r"sys\.path\.(insert|append)\((0, )?(HERE|ROOT|REPO|os\.path)", text), \
-        f"{name}: edits sys.path to import a sibling module"
+        f"{path}: edits sys.path to import a sibling module"
 
 
-@pytest.mark.parametrize("name", BENCH)
+@pytest.mark.parametrize("name", benchmarks())
 def test_every_benchmark_starts(name):
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", name), "--help"], capture_output=True,
+    r = subprocess.run([sys.executable, "-m", "shadefs.bench", name, "--help"], capture_output=True,
                        text=True, timeout=120, cwd="/")
     assert r.returncode == 0, r.stderr
-    assert "usage:" in r.stdout
+    assert r.stdout.startswith(f"usage: python -m shadefs.bench {name} ")
+    for common in ("--rounds", "--baseline REV", "--write-doc", "--json PATH"):
+        assert common in r.stdout

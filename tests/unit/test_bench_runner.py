@@ -1,0 +1,108 @@
+"""The benchmarks' runner (shadefs.bench.runner): the list, the common options, interleaved rounds, the
+sides, the doc sections; in process."""
+import argparse
+import os
+
+import pytest
+
+from shadefs.bench import runner
+from shadefs.testing import docsection
+
+
+def _bench(tmp_path, **kw):
+    args = argparse.Namespace(**{"rounds": 1, "baseline": None, "write_doc": False, "json": None, **kw})
+    return runner.Bench("miss_cost", args, ["--files", "10"])
+
+
+def test_the_list_names_every_benchmark_module_and_its_question(capsys):
+    names = runner.benchmarks()
+    assert {"miss_cost", "read", "hit_ratio", "epoch"} <= set(names)
+    assert not {"runner", "__main__", "__init__"} & set(names)
+    assert runner.main(["--list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [ln.split()[0] for ln in lines] == names
+    assert all(len(ln.split(None, 1)) == 2 for ln in lines)  # every benchmark states its question
+    assert runner.question("miss_cost").startswith("What does a miss cost the daemon")
+
+
+def test_an_unknown_benchmark_is_refused_with_the_list(capsys):
+    assert runner.main(["no_such_bench"]) == 2
+    assert "miss_cost" in capsys.readouterr().err
+
+
+def test_every_benchmark_takes_the_common_options():
+    p, _ = runner.parser_for("miss_cost")
+    a = p.parse_args(["--rounds", "2", "--baseline", "none", "--write-doc", "--json", "out.json"])
+    assert (a.rounds, a.baseline, a.write_doc, a.json) == (2, "none", True, "out.json")
+    # a benchmark's own defaults for them
+    assert (p.parse_args([]).rounds, p.parse_args([]).baseline) == (3, "main")
+
+
+def test_interleaved_rounds_reverse_the_order_every_other_round(tmp_path, capsys):
+    b = _bench(tmp_path, rounds=3)
+    assert list(b.interleaved(["a", "b", "c"])) == [(0, "a"), (0, "b"), (0, "c"), (1, "c"), (1, "b"), (1, "a"),
+                                                    (2, "a"), (2, "b"), (2, "c")]
+    assert capsys.readouterr().err.count("round ") == 3  # a progress line, with the load, per round
+    assert list(b.interleaved(["a"], rounds=2)) == [(0, "a"), (1, "a")]
+
+
+def test_without_a_baseline_the_only_side_is_the_tree(tmp_path):
+    for rev in (None, "none"):
+        b = _bench(tmp_path, baseline=rev)
+        assert b.baseline() is None
+        [side] = b.sides()
+        assert side.name == "tree" and side.is_tree
+        assert side.env["PYTHONPATH"].split(os.pathsep)[0] == runner.ROOT
+
+
+def test_a_baseline_that_is_no_revision_stops_the_run_with_gits_word(tmp_path):
+    b = _bench(tmp_path, baseline="no-such-revision-anywhere")
+    with pytest.raises(SystemExit, match="^--baseline no-such-revision-anywhere: fatal: Needed a single revision$"):
+        b.baseline()
+
+
+def test_the_command_and_a_table_printed_with_the_load(tmp_path, capsys):
+    b = _bench(tmp_path)
+    assert b.command == "python -m shadefs.bench miss_cost --files 10"
+    b.table("t", ["case", "us"], [["miss", 1]])
+    out = capsys.readouterr().out
+    assert out.splitlines()[:4] == ["t", "case  us", "----  --", "miss   1"]
+    assert out.splitlines()[4].startswith("load average ")
+    assert b.markdown_tables() == "#### t\n\n| case | us |\n|---|--:|\n| miss | 1 |"
+
+
+def test_doc_sections_are_written_only_with_write_doc(tmp_path):
+    doc = tmp_path / "r.md"
+    start, end = docsection.markers("miss_cost")
+    assert not _bench(tmp_path).write_results(f"{start}\nx\n{end}", path=str(doc))
+    assert not doc.exists()
+    b = _bench(tmp_path, write_doc=True)
+    assert b.write_results(f"{start}\nx\n{end}", path=str(doc))
+    assert b.write_results(f"{start}\ny\n{end}", path=str(doc))  # replaces its own section
+    assert doc.read_text() == f"# Performance\n\n{start}\ny\n{end}\n"
+    assert b.results_path() == os.path.join(runner.ROOT, "docs", "results", "miss_cost.md")
+
+
+def test_json_is_written_only_with_json(tmp_path):
+    _bench(tmp_path).save_json({"a": 1})
+    out = tmp_path / "o.json"
+    _bench(tmp_path, json=str(out)).save_json({"a": 1})
+    assert out.read_text() == '{\n "a": 1\n}'
+
+
+def test_a_bad_option_stops_the_run_with_status_2(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        _bench(tmp_path).error("--files must be >= 1")
+    assert e.value.code == 2
+    assert capsys.readouterr().err == "python -m shadefs.bench miss_cost: error: --files must be >= 1\n"
+
+
+def test_clean_ups_run_last_first_and_a_failing_one_does_not_stop_the_others(tmp_path, capsys):
+    b = _bench(tmp_path)
+    calls = []
+    b.on_close(lambda: calls.append(1))
+    b.on_close(lambda: 1 / 0)
+    b.on_close(lambda: calls.append(3))
+    b.close()
+    assert calls == [3, 1]
+    assert "clean-up failed: division by zero" in capsys.readouterr().err
