@@ -106,3 +106,29 @@ def test_clean_ups_run_last_first_and_a_failing_one_does_not_stop_the_others(tmp
     b.close()
     assert calls == [3, 1]
     assert "clean-up failed: division by zero" in capsys.readouterr().err
+
+
+@pytest.mark.slow  # compiles a C extension (about a second)
+def test_a_baseline_whose_c_source_differs_gets_its_own_build(tmp_path):
+    import filecmp
+    import glob
+    import shutil
+    import subprocess
+
+    from shadefs.testing import baseline
+
+    if not shutil.which("cc") or not glob.glob(os.path.join(runner.ROOT, "shadefs", "fuse", "_fastloop*.so")):
+        pytest.skip("no C compiler, or the working tree's compiled loop is not built")
+    # the revision before the last change of the compiled loop's source: a different source
+    revs = subprocess.run(["git", "-C", runner.ROOT, "log", "-2", "--format=%h", "--", "shadefs/fuse/_fastloop.c"],
+                          capture_output=True, text=True, check=True).stdout.split()
+    if len(revs) < 2:
+        pytest.skip("this checkout's history has one version of the compiled loop (a shallow clone)")
+    d, _ = baseline.extract(runner.ROOT, revs[1], build=True)
+    try:
+        [theirs] = glob.glob(os.path.join(d, "shadefs", "fuse", "_fastloop*.so"))
+        [ours] = glob.glob(os.path.join(runner.ROOT, "shadefs", "fuse", "_fastloop*.so"))
+        assert not filecmp.cmp(theirs, ours, shallow=False)  # built from REV's source, not copied
+        assert not os.path.exists(os.path.join(d, "build"))
+    finally:
+        shutil.rmtree(d)
