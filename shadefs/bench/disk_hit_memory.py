@@ -68,6 +68,10 @@ def run_case(src: str, work: str, env: Optional[dict], ram: int, policy: str, ve
             "rss after": after["VmRSS"], "peak": after["VmHWM"]}
 
 
+#: the runner's common options this benchmark honours
+COMMON = ('baseline',)
+
+
 def add_arguments(ap) -> None:
     ap.add_argument("--size", default="256MiB", help="bytes of the file (default 256MiB)")
     ap.add_argument("--verify-entries", default="every-open", choices=["every-open", "first-hit"])

@@ -996,6 +996,10 @@ def write_doc(results: Dict[str, Any], doc: str = DOC, png: str = PLOT) -> None:
     plot(results, png)
 
 
+#: the runner's common options this benchmark honours
+COMMON = ('baseline', 'write_doc', 'json')
+
+
 def add_arguments(p) -> None:
     p.add_argument("--train-limit", type=int, default=None, metavar="N",
                    help="training images (default 2000; --quick: 400)")

@@ -223,6 +223,10 @@ def run_case(src: str, work: str, envs: Dict[str, Optional[dict]], ram: int, epo
             m.umount()
 
 
+#: the runner's common options this benchmark honours
+COMMON = ('baseline',)
+
+
 def add_arguments(ap) -> None:
     ap.add_argument("--size", default="256MiB", help="bytes of the HDF5, LMDB, .npy and Parquet files")
     ap.add_argument("--record", default="10000", help="bytes per record (default 10000)")

@@ -82,6 +82,10 @@ def timed(pool, root: str, rel: List[str], procs: int, reps: int) -> float:
     return n / (time.monotonic() - t0)
 
 
+#: the runner's common options this benchmark honours
+COMMON = ('rounds', 'baseline')
+
+
 def add_arguments(ap) -> None:
     ap.add_argument("--ramfs", help="the native anchor's binary (ramfs.c built with libfuse3)")
     ap.add_argument("--reps", type=int, default=3, help="passes over the files per timed round")

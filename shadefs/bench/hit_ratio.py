@@ -825,6 +825,10 @@ def parse_sizes(text: str) -> List[float]:
     return sizes
 
 
+#: the runner's common options this benchmark honours
+COMMON = ('write_doc',)
+
+
 def add_arguments(p) -> None:
     p.add_argument("--data", default=os.path.join(REPO, "data", "fmnist"),
                    help="ImageFolder root with train/ and test/ (default: %(default)s)")

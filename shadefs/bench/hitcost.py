@@ -302,6 +302,10 @@ def table(results, labels, markdown) -> str:
     return "\n".join(lines)
 
 
+#: the runner's common options this benchmark honours
+COMMON = ('rounds', 'baseline', 'write_doc', 'json')
+
+
 def add_arguments(ap) -> None:
     ap.add_argument("--files", type=int, default=1_000_000, help="residents (files) per tier")
     ap.add_argument("--opens", type=int, default=100_000, help="timed hits per pass")

@@ -40,6 +40,10 @@ def build(root: str) -> float:
     return dt
 
 
+#: the runner's common options this benchmark honours
+COMMON = ('write_doc',)
+
+
 def add_arguments(p) -> None:
     p.add_argument("--data", default="data/fmnist/train", help="an ImageFolder root (class folders)")
     p.add_argument("--repeat", type=int, default=3)

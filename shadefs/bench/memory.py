@@ -71,6 +71,10 @@ def one(case: str, src: str, work: str, env: dict) -> dict:
             "ram_used": ram["used_bytes"], "ram_cap": ram["capacity_bytes"], "opens": s["opens"]}
 
 
+#: the runner's common options this benchmark honours
+COMMON = ('baseline', 'write_doc')
+
+
 def add_arguments(ap) -> None:
     ap.add_argument("--work", default="/tmp/shadefs-bench-memory", help="sources and mountpoints go here")
 

@@ -103,6 +103,10 @@ def one(case: str, src: str, work: str, env: dict, readers: int, passes: int, di
                 "high_water_bytes")}
 
 
+#: the runner's common options this benchmark honours
+COMMON = ('rounds', 'baseline', 'write_doc')
+
+
 def add_arguments(ap) -> None:
     ap.add_argument("--baseline-tree", default=None, help="a checkout to compare against (its shadefs package)")
     ap.add_argument("--readers", type=int, default=10)

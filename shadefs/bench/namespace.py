@@ -318,6 +318,10 @@ def floors(src: str, n: int, work: str, ref: str = "", rounds: int = 2, threads=
                             ["what", "wall s", "CPU s", "CPU us/file", "load"], rows)
 
 
+#: the runner's common options this benchmark honours
+COMMON = ('rounds', 'baseline', 'write_doc')
+
+
 def add_arguments(ap) -> None:
     ap.add_argument("--files", nargs="+", default=["1000000"], metavar="N[:K]",
                     help="file counts; N:K serves N files as K bind mounts of one N/K-file tree (root)")

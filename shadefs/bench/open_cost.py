@@ -448,6 +448,10 @@ def summary(rows: List[dict], procs: int) -> None:
               flush=True)
 
 
+#: the runner's common options this benchmark honours
+COMMON = ('rounds', 'baseline')
+
+
 def add_arguments(ap) -> None:
     ap.add_argument("--files", type=int, default=500)
     ap.add_argument("--size", type=int, default=110_000, help="mean file size, bytes (+-30 %%)")

@@ -607,6 +607,8 @@ def print_report(results: Dict[str, Any]) -> None:
     return text
 
 
+#: the runner's common options this benchmark honours
+COMMON = ('rounds', 'write_doc', 'json')
 
 
 def add_arguments(p) -> None:

@@ -82,6 +82,10 @@ def shade_rows(n, repeat):
     return rows
 
 
+#: the runner's common options this benchmark honours
+COMMON = ()
+
+
 def add_arguments(ap) -> None:
     ap.add_argument("--n", type=int, nargs="+", default=[1_281_167])
     ap.add_argument("--repeat", type=int, default=5)

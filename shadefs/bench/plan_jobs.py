@@ -525,6 +525,10 @@ def split(args) -> dict:
     return out
 
 
+#: the runner's common options this benchmark honours
+COMMON = ()
+
+
 def add_arguments(ap) -> None:
     sub = ap.add_subparsers(dest="cmd", required=True)
     a = sub.add_parser("announce")

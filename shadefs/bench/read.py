@@ -1323,6 +1323,10 @@ def write_plot(path: str, res: dict, readers: List[int], title: str) -> None:
 # -- main ---------------------------------------------------------------------------------------------------
 
 
+#: the runner's common options this benchmark honours
+COMMON = ('baseline', 'write_doc', 'json')
+
+
 def add_arguments(p) -> None:
     p.add_argument("--files", type=int, default=4000, help="files per dataset (default 4000)")
     p.add_argument("--readers", type=int, nargs="+", default=[1, 4, 8], help="reader process counts (default 1 4 8)")

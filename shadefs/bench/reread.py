@@ -97,6 +97,10 @@ def folio_census(path: str, pages: int = 4096) -> Dict[str, int]:
         mm.close()
 
 
+#: the runner's common options this benchmark honours
+COMMON = ('baseline',)
+
+
 def add_arguments(ap) -> None:
     ap.add_argument("--size", default="256MiB", help="bytes of each file (default 256MiB)")
     ap.add_argument("--record", default="10000", help="bytes per record (default 10000)")

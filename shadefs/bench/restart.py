@@ -140,6 +140,10 @@ def drop_caches() -> bool:
         return False
 
 
+#: the runner's common options this benchmark honours
+COMMON = ()
+
+
 def add_arguments(ap) -> None:
     ap.add_argument("--files", type=int, nargs="+", default=[100_000, 1_000_000])
     ap.add_argument("--size", type=int, default=64, help="bytes per file (default 64)")

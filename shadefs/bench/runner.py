@@ -1,9 +1,10 @@
 """The benchmarks' runner: one argument parser, load, regime line, interleaved rounds, baseline and doc writer.
 
-Every benchmark is a module of :mod:`shadefs.bench` with a docstring (its first line: the question it
-answers; then the regime it runs in and the physical limit it is measured against), ``add_arguments(parser)``
-(its own options) and ``run(args, bench)`` (returns an exit status, None for 0). :func:`main` parses the
-common options (:func:`add_common`) and the benchmark's, prints the load average at the start and the end,
+Every benchmark is a module of :mod:`shadefs.bench` with a docstring (its first paragraph: the question it
+answers; then the regime it runs in and the physical limit it is measured against), ``COMMON`` (which of
+the common options it honours), ``add_arguments(parser)`` (its own options) and ``run(args, bench)``
+(returns an exit status, None for 0). :func:`main` parses the common options (:func:`add_common`) and the
+benchmark's, prints the load average at the start and the end,
 and hands ``run`` a :class:`Bench` with the shared pieces:
 
 - :meth:`Bench.regime`: :func:`shadefs.testing.regime.describe`'s line, printed and kept;
@@ -250,17 +251,27 @@ class Bench:
             os.replace(tmp, self.args.json)
 
 
-def add_common(p: argparse.ArgumentParser) -> None:
-    """The options every benchmark takes (a benchmark changes their defaults with ``p.set_defaults``)."""
+#: the common options: name -> (flag, add_argument keywords)
+_COMMON = {
+    "rounds": ("--rounds", dict(type=int, default=1, help="interleaved rounds (every case once per round; "
+                                "figures are medians over rounds, or the best where the benchmark says so)")),
+    "baseline": ("--baseline", dict(metavar="REV", default=None, help="also run the shadefs package of git "
+                                    "revision REV side by side ('none': the tree alone)")),
+    "write_doc": ("--write-doc", dict(action="store_true", help="rewrite this benchmark's section of "
+                                      "docs/results/NAME.md (and of docs/performance.md where it keeps one)")),
+    "json": ("--json", dict(metavar="PATH", default=None, help="also write the figures to PATH as JSON")),
+}
+
+
+def add_common(p: argparse.ArgumentParser, names: Sequence[str] = tuple(_COMMON)) -> None:
+    """The common options ``names`` (of ``rounds``, ``baseline``, ``write_doc``, ``json``: those a benchmark
+    honours, its module's ``COMMON``); the others stay at their defaults, and a command line that gives one is
+    refused. A benchmark changes their defaults with ``p.set_defaults``."""
     g = p.add_argument_group("common options")
-    g.add_argument("--rounds", type=int, default=1, help="interleaved rounds (every case once per round; "
-                   "figures are medians over rounds)")
-    g.add_argument("--baseline", metavar="REV", default=None,
-                   help="also run the shadefs package of git revision REV side by side ('none': the tree alone)")
-    g.add_argument("--write-doc", action="store_true",
-                   help="rewrite this benchmark's section of docs/results/NAME.md (and of docs/performance.md "
-                        "where it keeps one)")
-    g.add_argument("--json", metavar="PATH", help="also write the figures to PATH as JSON")
+    for name, (flag, kw) in _COMMON.items():
+        if name in names:
+            g.add_argument(flag, **kw)
+    p.set_defaults(**{name: kw.get("default", False) for name, (_, kw) in _COMMON.items() if name not in names})
 
 
 def add_variant_option(p: argparse.ArgumentParser, example: str) -> None:
@@ -276,7 +287,7 @@ def parser_for(name: str) -> Tuple[argparse.ArgumentParser, Any]:
     mod = importlib.import_module(f"shadefs.bench.{name}")
     p = argparse.ArgumentParser(prog=f"python -m shadefs.bench {name}", description=mod.__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_common(p)
+    add_common(p, getattr(mod, "COMMON", tuple(_COMMON)))
     mod.add_arguments(p)
     return p, mod
 

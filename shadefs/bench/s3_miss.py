@@ -98,6 +98,10 @@ def run_one(code: str, backend: str, tiers: str, endpoint: str, proxy, names: Li
             "ctx_per_miss": (x1 - x0) / max(1, misses)}
 
 
+#: the runner's common options this benchmark honours
+COMMON = ('rounds', 'baseline')
+
+
 def add_arguments(p) -> None:
     p.add_argument("--files", type=int, default=300)
     p.add_argument("--size", type=int, default=40_000, help="bytes per file")

@@ -265,6 +265,10 @@ def plot(results: list, path: str, title: str) -> None:
     print(f"plot: {path}")
 
 
+#: the runner's common options this benchmark honours
+COMMON = ('json',)
+
+
 def add_arguments(ap) -> None:
     ap.add_argument("--data", help="a make_fashion_mnist.py tree, or a directory of the gzip'd IDX files "
                     "(/usr/share/datasets/fashion-mnist: the full 60,000 / 10,000 images)")

@@ -114,6 +114,10 @@ def overlap_table(n, fractions, seed=0):
               f"{jaccard(x, y):.3f} |")
 
 
+#: the runner's common options this benchmark honours
+COMMON = ()
+
+
 def add_arguments(ap) -> None:
     ap.add_argument("--n", type=int, default=2000, help="samples (= opens per epoch)")
     ap.add_argument("--epochs", type=int, default=3)

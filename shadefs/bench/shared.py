@@ -290,6 +290,10 @@ def plot(res: Dict[str, Any]) -> None:
     fig.savefig(PLOT, dpi=110)
 
 
+#: the runner's common options this benchmark honours
+COMMON = ('write_doc', 'json')
+
+
 def add_arguments(p) -> None:
     p.add_argument("--files", type=int, default=2000)
     p.add_argument("--mean-kb", type=int, default=16)

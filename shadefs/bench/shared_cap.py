@@ -59,6 +59,10 @@ def one(values: int, batch: int) -> dict:
             srv.stop()
 
 
+#: the runner's common options this benchmark honours
+COMMON = ('rounds',)
+
+
 def add_arguments(ap) -> None:
     ap.add_argument("--values", type=int, default=150_000)
     ap.add_argument("--batch", type=int, default=1000)

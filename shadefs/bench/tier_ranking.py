@@ -112,6 +112,10 @@ def run_one(data: str, tier: str, size: str, seed: int, work: str, tree: str = "
     return out
 
 
+#: the runner's common options this benchmark honours
+COMMON = ('json',)
+
+
 def add_arguments(ap) -> None:
     ap.add_argument("--data", required=True, help="a make_fashion_mnist.py tree (train/ and test/)")
     ap.add_argument("--sizes", default="25%,40%")

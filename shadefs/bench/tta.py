@@ -93,6 +93,10 @@ def run_limit(run_timeout: float, until, now: float):
     return min(limits) if limits else None
 
 
+#: the runner's common options this benchmark honours
+COMMON = ('json',)
+
+
 def add_arguments(ap) -> None:
     ap.add_argument("--data", help="make_fashion_mnist.py tree (train/ goes to S3; test/ is read locally)")
     ap.add_argument("--report", metavar="JSON", help="only print the report and draw the PNG of a saved run")

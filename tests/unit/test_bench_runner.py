@@ -30,12 +30,24 @@ def test_an_unknown_benchmark_is_refused_with_the_list(capsys):
     assert "miss_cost" in capsys.readouterr().err
 
 
-def test_every_benchmark_takes_the_common_options():
-    p, _ = runner.parser_for("miss_cost")
-    a = p.parse_args(["--rounds", "2", "--baseline", "none", "--write-doc", "--json", "out.json"])
-    assert (a.rounds, a.baseline, a.write_doc, a.json) == (2, "none", True, "out.json")
+def test_a_benchmark_takes_the_common_options_it_honours():
+    p, mod = runner.parser_for("miss_cost")
+    assert mod.COMMON == ("rounds", "baseline", "json")
+    a = p.parse_args(["--rounds", "2", "--baseline", "none", "--json", "out.json"])
+    assert (a.rounds, a.baseline, a.write_doc, a.json) == (2, "none", False, "out.json")
     # a benchmark's own defaults for them
     assert (p.parse_args([]).rounds, p.parse_args([]).baseline) == (3, "main")
+
+
+def test_a_common_option_a_benchmark_does_not_honour_is_refused(capsys):
+    p, mod = runner.parser_for("restart")
+    assert mod.COMMON == ()
+    with pytest.raises(SystemExit) as e:
+        p.parse_args(["--baseline", "main"])
+    assert e.value.code == 2
+    assert "unrecognized arguments: --baseline main" in capsys.readouterr().err
+    a = p.parse_args([])  # the helpers still find them, at their defaults
+    assert (a.rounds, a.baseline, a.write_doc, a.json) == (1, None, False, None)
 
 
 def test_interleaved_rounds_reverse_the_order_every_other_round(tmp_path, capsys):
