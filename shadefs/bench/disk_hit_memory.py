@@ -27,7 +27,7 @@ import shutil
 import tempfile
 from typing import Dict, Optional
 
-from shadefs.bench.runner import ROOT
+from shadefs.bench.runner import ROOT, env_with
 from shadefs.config import parse_size
 from shadefs.testing import Mount, proc_vm
 
@@ -57,7 +57,7 @@ def run_case(src: str, work: str, env: Optional[dict], ram: int, policy: str, ve
     with Mount(src, mnt, ["--ram-cache", "0"] + common, log_file=os.path.join(work, "fill.log"), env=env) as m:
         assert _digest(os.path.join(mnt, "big.bin")) == want
     with Mount(src, mnt, ["--ram-cache", str(ram), "--policy", policy] + common,
-               log_file=os.path.join(work, "hit.log"), env=dict(env or os.environ, SHADEFS_AUDIT="1")) as m:
+               log_file=os.path.join(work, "hit.log"), env=env_with(env, SHADEFS_AUDIT="1")) as m:
         before = proc_vm(m.pid)
         assert _digest(os.path.join(mnt, "big.bin")) == want
         after = proc_vm(m.pid)

@@ -41,6 +41,7 @@ import tempfile
 import time
 from typing import Dict, List
 
+from shadefs.bench.runner import env_with
 from shadefs.testing import Mount, ctx_switches, proc_cpu_s, wait_for
 from shadefs.testing.mounts import SHADEFS
 
@@ -108,15 +109,15 @@ def run(a, bench):
     os.makedirs(work, exist_ok=True)
     tmp = None
     # (label, environment, extra mount arguments)
-    shadefs_cases = [("shadefs", dict(os.environ, SHADEFS_FUSE_PYTHON_LOOP="0"), [])]
+    shadefs_cases = [("shadefs", env_with(SHADEFS_FUSE_PYTHON_LOOP="0"), [])]
     for n in a.readers:
         shadefs_cases.append((f"shadefs, {n} reader thread{'s' if n != 1 else ''}",
-                              dict(os.environ, SHADEFS_FUSE_PYTHON_LOOP="0"), ["--fuse-readers", str(n)]))
+                              env_with(SHADEFS_FUSE_PYTHON_LOOP="0"), ["--fuse-readers", str(n)]))
     if a.gil_opens:
-        shadefs_cases.append(("shadefs, OPEN under the GIL", dict(os.environ, SHADEFS_FUSE_PYTHON_LOOP="0",
+        shadefs_cases.append(("shadefs, OPEN under the GIL", env_with(SHADEFS_FUSE_PYTHON_LOOP="0",
                                                                   SHADEFS_FUSE_GIL_OPENS="1"), []))
     if not a.no_python_loop:
-        shadefs_cases.append(("shadefs, Python loop", dict(os.environ, SHADEFS_FUSE_PYTHON_LOOP="1"), []))
+        shadefs_cases.append(("shadefs, Python loop", env_with(SHADEFS_FUSE_PYTHON_LOOP="1"), []))
     if a.baseline:
         tmp, rev = bench.baseline()
         shadefs_cases.append((f"shadefs {rev} (baseline)", dict(os.environ, PYTHONPATH=tmp), []))
@@ -158,7 +159,7 @@ def run(a, bench):
                     log_file = os.path.join(work, f"m{len(mnts)}-{size}.log")
                     fg = subprocess.Popen(SHADEFS + ["mount", src, m, "--ram-cache", "100%",
                                            "--foreground", "--log-file", log_file],
-                                          env=dict(os.environ, SHADEFS_FUSE_PYTHON_LOOP="0"),
+                                          env=env_with(SHADEFS_FUSE_PYTHON_LOOP="0"),
                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                     d = Mount(src, m, log_file=log_file)
                     d.pid = fg.pid

@@ -499,16 +499,18 @@ def run(a, bench):
     if a.miss_inprocess:
         for k, v in inprocess_miss(src).items():
             print(f"in process, per miss: {k}: {v:.1f} us CPU (load {os.getloadavg()[0]:.1f})", flush=True)
-    sides = [("this tree", dict(os.environ, SHADEFS_FUSE_PYTHON_LOOP="0"))]
+    from shadefs.bench.runner import env_with  # here: the baseline's in-process child imports this module
+
+    sides = [("this tree", env_with(SHADEFS_FUSE_PYTHON_LOOP="0"))]
     tmp = None
     if a.baseline:
         tmp, rev = bench.baseline()
-        sides = [(f"baseline {rev}", {**os.environ, "PYTHONPATH": tmp}), ("this tree", dict(os.environ, SHADEFS_FUSE_PYTHON_LOOP="0"))]
+        sides.insert(0, (f"baseline {rev}", env_with(PYTHONPATH=tmp)))
     if a.gil_opens:
-        sides.append(("this tree, OPEN under the GIL", {**os.environ, "SHADEFS_FUSE_PYTHON_LOOP": "0",
-                                                         "SHADEFS_FUSE_GIL_OPENS": "1"}))
+        sides.append(("this tree, OPEN under the GIL", env_with(SHADEFS_FUSE_PYTHON_LOOP="0",
+                                                                SHADEFS_FUSE_GIL_OPENS="1")))
     if a.python_loop:
-        sides.append(("this tree, Python loop", {**os.environ, "SHADEFS_FUSE_PYTHON_LOOP": "1"}))
+        sides.append(("this tree, Python loop", env_with(SHADEFS_FUSE_PYTHON_LOOP="1")))
     os.chdir(work)  # ``python -m shadefs`` puts the cwd first on sys.path: never this tree's package by accident
     try:
         for nthreads in a.fuse_readers:

@@ -37,7 +37,7 @@ from shadefs.testing import Mount, baseline as _baseline, docsection
 from shadefs.testing.regime import describe
 
 __all__ = ["ROOT", "DOCS", "Bench", "Side", "add_common", "add_variant_option", "benchmarks", "question", "main",
-           "median", "loadavg"]
+           "median", "loadavg", "env_with"]
 
 #: the checkout this package runs from (its docs/ and git history: the baseline is a revision of it)
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -49,6 +49,12 @@ _NOT_BENCHMARKS = {"runner", "__main__"}
 def loadavg() -> str:
     """The 1, 5 and 15 minute load averages now, as ``"0.52 0.61 0.70"``."""
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def env_with(base: Optional[Dict[str, str]] = None, **overrides: str) -> Dict[str, str]:
+    """A child's environment: ``base`` (default this process's) with ``overrides`` set (a daemon's switches
+    such as ``SHADEFS_FUSE_PYTHON_LOOP="0"``; docs/configuration.md, "Environment")."""
+    return {**(os.environ if base is None else base), **overrides}
 
 
 def median(xs: Sequence[float]) -> float:
