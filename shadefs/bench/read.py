@@ -63,7 +63,7 @@ import tempfile
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from shadefs.cli import is_mounted
+from shadefs.cmdutil import is_mounted
 from shadefs.testing import Mount, ShadefsError, docsection, force_unmount, proc_cpu_s, shadefs, unmount
 from shadefs.testing.datasets import random_tree
 from shadefs.testing.docsection import Table
