@@ -240,6 +240,10 @@ class Bench:
         if not self.args.write_doc:
             return False
         path = path or self.results_path()
+        if not os.path.exists(path):  # a new report: its title names the command
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            with open(path, "w") as f:
+                f.write(f"# Results of `python -m shadefs.bench {self.name}`\n")
         docsection.write_section(path, marker or self.name, section)
         print(f"{self.name}: wrote {os.path.relpath(path, ROOT)}", file=sys.stderr)
         return True

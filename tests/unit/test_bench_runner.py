@@ -91,7 +91,7 @@ def test_doc_sections_are_written_only_with_write_doc(tmp_path):
     b = _bench(tmp_path, write_doc=True)
     assert b.write_results(f"{start}\nx\n{end}", path=str(doc))
     assert b.write_results(f"{start}\ny\n{end}", path=str(doc))  # replaces its own section
-    assert doc.read_text() == f"# Performance\n\n{start}\ny\n{end}\n"
+    assert doc.read_text() == f"# Results of `python -m shadefs.bench miss_cost`\n\n{start}\ny\n{end}\n"
     assert b.results_path() == os.path.join(runner.ROOT, "docs", "results", "miss_cost.md")
 
 
