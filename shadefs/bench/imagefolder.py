@@ -19,7 +19,6 @@ from shadefs.bench.runner import ROOT
 from shadefs.testing import Mount, docsection
 
 SCRIPTS = os.path.join(ROOT, "scripts")  # the examples a user runs (train_fashion_mnist.py)
-DOC = os.path.join(ROOT, "docs", "results", "imagefolder.md")
 START, END = docsection.markers("bench_imagefolder")
 
 
@@ -92,5 +91,5 @@ def run(args, bench):
         md += ["", "The mount scans the source once (parallel scandir); afterwards lookups and readdir are "
                "answered from the snapshot and cached by the kernel for an hour, so a second ImageFolder "
                "construction costs about what it costs on a local directory.", END]
-        docsection.write_section(DOC, "bench_imagefolder", "\n".join(md))
+        bench.write_results("\n".join(md), "bench_imagefolder")
     return 0

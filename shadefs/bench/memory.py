@@ -22,11 +22,9 @@ import os
 import tempfile
 import time
 
-from shadefs.bench.runner import ROOT
 from shadefs.testing import Mount, docsection, proc_vm
 from shadefs.testing.datasets import random_file
 
-DOC = os.path.join(ROOT, "docs", "results", "memory.md")
 MiB = 1 << 20
 
 
@@ -105,7 +103,7 @@ def run(args, bench):
     print(table)
     print(f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; {cmd}")
     if args.write_doc:
-        docsection.write_table_section(DOC, "memory", "Daemon memory with files held open", [
+        docsection.write_table_section(bench.results_path(), "memory", "Daemon memory with files held open", [
             f"`{cmd} --write-doc` (load average {load[0]:.2f}). VmRSS of the daemon after the mount (before) and",
             "with every file opened, read whole and still open (after). `stream`: 8 files of 40 MiB that no",
             "tier holds (`--ram-cache 0`, no disk tier); the bound is that a file no tier admits is streamed",

@@ -32,7 +32,6 @@ from shadefs.testing import Mount, docsection, proc_vm
 from shadefs.testing.datasets import random_file
 from shadefs.testing.regime import describe
 
-DOC = os.path.join(ROOT, "docs", "results", "memory_readers.md")
 MiB = 1 << 20
 
 READER = r"""
@@ -159,7 +158,7 @@ def run(args, bench):
     print(regime)
     print(f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; {cmd}")
     if args.write_doc:
-        docsection.write_table_section(DOC, "memory-readers", "Daemon memory under concurrent large reads", [
+        docsection.write_table_section(bench.results_path(), "memory-readers", "Daemon memory under concurrent large reads", [
             f"`{cmd} --write-doc` (load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}).",
             f"{regime}.",
             f"{args.readers} reader processes each read their own {args.file_mib} MiB file (8 MiB chunks) whole,",

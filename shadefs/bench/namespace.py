@@ -36,7 +36,6 @@ from shadefs.bench.runner import ROOT
 from shadefs.testing import docsection
 from shadefs.testing.mounts import Mount
 
-DOC = os.path.join(ROOT, "docs", "results", "namespace.md")
 PER_DIR = 1000
 
 
@@ -355,7 +354,7 @@ def run(a, bench):
             body = [start, f"## {a.title}", "",
                     "Reproduce: `" + bench.command + "`", "",
                     t.markdown(), "", end]
-            docsection.write_section(DOC, a.section, "\n".join(body))
+            bench.write_results("\n".join(body), a.section)
         return 0
     base = None if a.no_daemon else baseline_rss(a.workdir)
     rows, rows2 = [], []
@@ -427,5 +426,5 @@ def run(a, bench):
         for t in tables:
             body += [t.markdown(), ""]
         body.append(end)
-        docsection.write_section(DOC, a.section, "\n".join(body))
+        bench.write_results("\n".join(body), a.section)
     return 0

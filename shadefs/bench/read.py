@@ -1448,7 +1448,7 @@ def run(args, bench):
         with open(args.json, "w") as f:
             json.dump({"info": info, "results": results, "slow": slow, "hung": hung, "command": command}, f, indent=1, default=str)
     if args.write_doc:
-        docsection.write_section(args.doc, "bench_read", section)
+        bench.write_results(section, "bench_read", args.doc)
         large = next((res for label, res in results.items() if "KB" in label), None)
         if large is not None and args.plot:
             write_plot(args.plot, large, args.readers,

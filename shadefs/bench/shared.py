@@ -55,7 +55,6 @@ from shadefs.testing.s3 import DUMMY_AWS_ENV, LatencyProxyProcess, MotoServer
 REPO = ROOT
 BUCKET = "shadefs-bench"
 PREFIX = "shared"
-DOC = os.path.join(REPO, "docs", "results", "shared.md")
 PLOT = os.path.join(REPO, "docs", "img", "bench_shared.png")
 
 
@@ -325,7 +324,7 @@ def run(a, bench):
     for k, v in res["cost"].items():
         print(f"cost of a {k} open: median {v['median_ms']:.2f} ms, p90 {v['p90_ms']:.2f} ms")
     if a.write_doc:
-        docsection.write_section(DOC, "bench_shared", render(res))
+        bench.write_results(render(res), "bench_shared")
         plot(res)
     return 0
 
