@@ -1,6 +1,9 @@
 """Daemon memory for NVMe hits: what a disk hit holds in the daemon, with a RAM tier that refuses it and
 with one that promotes it.
 
+Regime: **counts** (the daemon's memory: the page cache does not change it). Limit: a refused hit holds
+no more than the chunk it reads (8 MiB); a promoted file is held once, its own size.
+
 One file of ``--size`` bytes (random, cached by 8 MiB chunks) is read whole through a first mount, which
 writes its chunks to an NVMe tier (``--ram-cache 0``). Then, per case, a fresh mount of the same NVMe tier
 reads it whole again: every chunk is a disk hit.

@@ -1,5 +1,9 @@
 """Dataset formats through the mount vs direct: tar shards, HDF5, LMDB, Parquet, mmap'd .npy.
 
+Regime: the first epoch is the daemon's; later ones **page cache** (the kernel keeps the files' pages
+between opens). Limit: the bytes the client touches (a sequential reader whole 8 MiB chunks once, a random
+reader the ranges it reads), against ``direct`` on the source.
+
 The clients users run over a dataset mount, each on files built here (random bytes, fixed seeds):
 
 - ``tar shards``: ``--shards`` WebDataset-style tar shards of ``--shard-size`` bytes (samples of ~100 kB);

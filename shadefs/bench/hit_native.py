@@ -1,5 +1,8 @@
 """RAM hits against the page cache and a native FUSE server, side by side in one run.
 
+Regime: **per open** (every timed open a RAM hit, the files' pages warm on purpose). Limit: the page
+cache's files/s (``direct``) and a native single-threaded libfuse server's (``--ramfs``).
+
 Cases, all mounted at once and timed in interleaved rounds (every case once per round; the median of
 ``--rounds`` reported), 8 reader processes (``--procs``) reading every file ``--reps`` times (``os.open``,
 ``os.read(256 KiB)`` to EOF, ``os.close``), ~110 KB and ~300 B files (+-30 %):

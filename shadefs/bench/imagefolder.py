@@ -1,6 +1,9 @@
 """Metadata benchmark: mount time (the one-time scan) and ``ImageFolder(...)`` construction over a shadefs
 mount vs on SOURCE directly.
 
+Regime: metadata only (the kernel's dentry and inode caches warm unless ``--drop-caches``). Limit:
+``ImageFolder`` on the source directly.
+
 ImageFolder construction is pure metadata (a readdir and a stat per file); over the mount it is answered
 from the in-memory snapshot, and with entry/attr timeouts of an hour the second construction does not
 reach the daemon at all. ``--drop-caches`` (root) drops the kernel's dentry/inode caches before each cold

@@ -1,5 +1,7 @@
 """Daemon memory with files held open: resident set size (VmRSS of the daemon) before and after.
 
+Regime: **counts** (the daemon's resident set; the page cache does not change it).
+
 Two cases, each a real mount of a local source through the CLI:
 
 - ``stream``: 8 files of 40 MiB that no tier holds (``--ram-cache 0``, no disk tier), all opened, read

@@ -1,5 +1,7 @@
 """Namespace cost at 1M+ files: daemon RSS per file, scan time, restart time from the snapshot.
 
+Regime: **counts** (bytes per file in the daemon; scan times with the source's metadata warm).
+
 For each N, builds (once, kept with ``--keep``) a source of N empty files, 1000 per directory, with
 ImageNet-like names (``n01440764/n01440764_10000.JPEG``), under ``--workdir``; with ``--bind K`` the
 tree is K bind mounts of one N/K-file tree instead (N distinct paths over N/K inodes: creating 10M

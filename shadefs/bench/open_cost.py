@@ -1,5 +1,8 @@
 """Where the daemon's CPU per open goes: RAM hit vs NVMe hit (kernel front end), counted per open.
 
+Regime: **per open** (every timed open checked to be the outcome named; the files' pages warm on
+purpose). Limit: the system calls a FUSE open costs the kernel, counted per open (strace).
+
 One reader process opens, reads to EOF and closes every file of a dataset in a loop (``os.open`` /
 ``os.read(256 KiB)`` / ``os.close``) against one mount at a time; per case, for one timed run:
 

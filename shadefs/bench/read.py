@@ -1,5 +1,8 @@
 """Read-path throughput of a shadefs mount: files/s and MB/s per open outcome, FUSE loop and reader count.
 
+Regime: **per open** for hits (pages warm on purpose); misses with ``--no-kernel-cache`` and the
+miss files' pages dropped before each round. Limit: ``direct`` (the page cache) and libfuse's loops.
+
 Generates two synthetic datasets on local disk (``--files`` files of ~300 B and of ~110 KB, sizes spread
 +-30 %, random content, 500 files per directory) and measures, for 1, 4 and 8 reader *processes* (each
 reads a disjoint contiguous shard with ``os.open`` / ``os.read`` until EOF / ``os.close``: no buffered

@@ -1,6 +1,9 @@
 """Daemon CPU and backend GETs per S3 miss, side by side: this tree's obstore and fsspec clients and,
 with ``--baseline REV``, the ``shadefs`` package of git revision REV (its only client, s3fs).
 
+Regime: **counts** (GETs per miss: every open a miss, each file read once). Limit: one GET per miss,
+and the client's CPU per GET measured alone (shared/anchors/s3_get_cpu.py).
+
 The store: moto's S3 server on loopback behind ``shadefs.testing.latency_proxy`` (``--delay-ms`` one way,
 ``--rate``), which counts every GET. Each run mounts the bucket fresh and reads every file once, whole,
 with ``--readers`` threads (``open``/``read(--read-size)``/``close``), with the tiers off (``--ram-cache 0``:

@@ -1,5 +1,7 @@
 """Why ShadeSampler's accuracy per epoch trails uniform shuffling: the sampler alone, in memory.
 
+Regime: in memory, no mount (the sampler alone). Limit: uniform shuffling's accuracy per epoch.
+
 Trains ``train_fashion_mnist.py``'s small CNN (same model, SGD lr 0.01 momentum 0.9, batch 64) on a
 ``make_fashion_mnist.py`` tree decoded once into memory, so that only the order of the samples differs
 between configurations (no FUSE, no S3, no DataLoader workers). ShadeSampler runs with ``client=False``

@@ -1,6 +1,9 @@
 """The shared tier across "nodes": N mounts of one S3 source on this machine, each reading its
 DistributedSampler shard of a per-epoch reshuffle, with and without a shared tier on Redis Cluster.
 
+Regime: **counts** (hit ratio per node, backend GETs; the mounts run with ``--no-kernel-cache``).
+Limit: f + s per node (its RAM fraction plus the group's shared fraction).
+
 What runs, for every N in ``--nodes`` and every shared size in ``--shared`` (percent of the dataset's
 bytes, the group's total; each member contributes 1/N of it):
 

@@ -1,5 +1,8 @@
 """How long a shared-tier budget shrink blocks Redis: the longest single SET_CAP script call.
 
+Regime: **counts** against a real redis-server on loopback. Limit: Redis runs one script at a time, so
+the longest script call is how long every other client waits.
+
 One partition of a real ``redis-server`` (loopback) holds ``--values`` values (100 B each, recorded as
 64 B, as the admission script writes them); the group budget then drops to 0, so every value must go. Redis
 runs a script alone: while it runs, every other client of that Redis (every member's GETs) waits. Each

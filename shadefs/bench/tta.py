@@ -1,5 +1,8 @@
 """Time to accuracy over slow S3 at full scale: shuffle + static, PlanSampler + static, ShadeSampler + shade.
 
+Regime: **regime** (``--no-kernel-cache``: every open the tiers do not serve reads S3). Limit: moto's
+CPU per GET (about 2.8 ms on this machine) times the misses.
+
 The training split of a ``make_fashion_mnist.py`` tree (60,000 PNGs) goes into a bucket on moto's S3 server
 (``python -m moto.server``) behind ``shadefs/testing/latency_proxy.py`` (``--delay-ms`` each way), the
 rig of ``make demo``. Per (seed, mode) the bucket is mounted fresh (``--ram-cache PCT``, cold) and
