@@ -1,8 +1,8 @@
 """Epoch time of a DataLoader(ImageFolder, num_workers=4) over slow storage, with and without shadefs.
 
 Regime: **page cache** (the readers' memory is not bounded: the kernel may keep what a worker read).
-Limit: ``local disk`` (ImageFolder on a local copy) and the
-GETs/s moto sustains through the proxy (the physical-limit probe).
+Limit: ``local disk`` (ImageFolder on a local copy) and the GETs/s moto sustains through the proxy (the
+physical-limit probe).
 
 What runs (each a fresh training process, the same model, seed, batch size and sample order):
 
