@@ -129,13 +129,10 @@ def run(args, bench):
                       {**os.environ, "PYTHONPATH": os.path.abspath(args.baseline_tree)}))
     sides.append(("after" if sides else "this tree", {**os.environ, "PYTHONPATH": ROOT}))
     res = {}
-    for _ in range(args.rounds):
-        for case in ("ram", "ram+disk"):
-            for label, env in sides:
-                r = one(case, src, args.work, env, args.readers, args.passes, args.disk_mib)
-                res.setdefault((case, label), []).append(r)
-                print(case, label, {k: (round(v / MiB, 1) if isinstance(v, int) else v) for k, v in r.items()},
-                      flush=True)
+    for _, (case, (label, env)) in bench.interleaved([(c, s) for c in ("ram", "ram+disk") for s in sides]):
+        r = one(case, src, args.work, env, args.readers, args.passes, args.disk_mib)
+        res.setdefault((case, label), []).append(r)
+        print(case, label, {k: (round(v / MiB, 1) if isinstance(v, int) else v) for k, v in r.items()}, flush=True)
     load = os.getloadavg()
     rows = []
     for (case, label), rs in res.items():

@@ -133,12 +133,11 @@ def run(a, bench):
     names = [f"c{i % 10}/{i:05d}.jpg" for i in range(a.files)]
 
     def rounds(endpoint: str, proxy) -> None:
-        for r in range(a.rounds):
-            for tiers in a.tiers.split(","):
-                for backend, code in codes.items():
-                    res = run_one(code, backend, tiers, endpoint, proxy, names, a, work)
-                    results.setdefault((tiers, backend), []).append(res)
-                    print(f"round {r} tiers={tiers} {backend}: {json.dumps(res)}", file=sys.stderr, flush=True)
+        cases = [(tiers, bc) for tiers in a.tiers.split(",") for bc in codes.items()]
+        for r, (tiers, (backend, code)) in bench.interleaved(cases):
+            res = run_one(code, backend, tiers, endpoint, proxy, names, a, work)
+            results.setdefault((tiers, backend), []).append(res)
+            print(f"round {r} tiers={tiers} {backend}: {json.dumps(res)}", file=sys.stderr, flush=True)
 
     try:
         if a.local:

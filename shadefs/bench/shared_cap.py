@@ -74,12 +74,11 @@ def add_arguments(ap) -> None:
 
 def run(args, bench):
     rows = []
-    for r in range(args.rounds):
-        for label, batch in (("one call", 1 << 62), (f"batches of {args.batch}", args.batch)):
-            x = one(args.values, batch)
-            rows.append(f"| {r + 1} | {label} | {x['evicted']} | {x['calls']} | {x['longest_ms']:.1f} | "
-                        f"{x['wall_s']:.2f} |")
-            print(rows[-1], flush=True)
+    for r, (label, batch) in bench.interleaved((("one call", 1 << 62), (f"batches of {args.batch}", args.batch))):
+        x = one(args.values, batch)
+        rows.append(f"| {r + 1} | {label} | {x['evicted']} | {x['calls']} | {x['longest_ms']:.1f} | "
+                    f"{x['wall_s']:.2f} |")
+        print(rows[-1], flush=True)
     load = os.getloadavg()
     print("| round | SET_CAP | values evicted | script calls | longest call (ms) | all (s) |")
     print("|---|---|--:|--:|--:|--:|")
