@@ -272,7 +272,8 @@ def run(args, bench):
         workloads.append(("lmdb", "lmdb", lambda s: make_lmdb(os.path.join(s, "data.lmdb"), size, record),
                           lmdb_epoch, rand_plans, [("tier < file", small), ("tier > file", big)]))
         workloads.append(("npy mmap", None, lambda s: make_npy(os.path.join(s, "rows.npy"), size, record),
-                          lambda root, idx: round(npy_epoch(os.path.join(root, "rows.npy"), idx), 3), rand_plans, [("tier < file", small), ("tier > file", big)]))
+                          lambda root, idx: round(npy_epoch(os.path.join(root, "rows.npy"), idx), 3), rand_plans,
+                          [("tier < file", small), ("tier > file", big)]))
         cols = [sorted(random.Random(e).sample([f"c{j}" for j in range(8)], 2)) for e in range(args.epochs + 1)]
         groups = [random.Random(100 + e).sample(range(16), 4) for e in range(args.epochs + 1)]
         workloads.append(("parquet column", "pyarrow", lambda s: make_parquet(os.path.join(s, "data.parquet"), size),
