@@ -37,6 +37,7 @@ setup(
         "shadefs.testing",
         "shadefs.fuse",
         "shadefs.bench",
+        "shadefs.cli",
     ],
     package_dir={"shadefs.hooks": "hooks"},
     # the kernel front end's reader loop in C (optional; no libfuse: it speaks /dev/fuse itself), and the

@@ -75,7 +75,7 @@ LABELS = {"obstore": "obstore Dataset (no cache)", "s3torch": "s3torchconnector 
           "plan-nokc": "shadefs + PlanSampler, --no-kernel-cache",
           "shade": "shadefs + ShadeSampler (shade)"}
 MOUNTED = ("rclone", "s3fs", "transparent", "plan", "plan-nokc", "shade")
-MOUNT_CONFIGS = ("transparent", "plan", "plan-nokc", "shade")
+OUR_CONFIGS = ("transparent", "plan", "plan-nokc", "shade")
 MEAN, STD = (0.5,) * 3, (0.29,) * 3
 
 
@@ -321,7 +321,7 @@ class Peer:
         shutil.rmtree(self.cache_dir, ignore_errors=True)  # start cold
         os.makedirs(self.cache_dir)
         os.makedirs(self.mnt, exist_ok=True)
-        if self.name in MOUNT_CONFIGS:
+        if self.name in OUR_CONFIGS:
             from shadefs.testing import Mount
 
             policy = "shade" if self.name == "shade" else "static"
@@ -565,7 +565,7 @@ def targets(results: Dict[str, Any]) -> List[str]:
             ratios = [r / s for r, s in zip(ref, p)]
             out.append(f"{LABELS[name]} vs s3torchconnector per epoch: {', '.join(f'{x:.2f}x' for x in ratios)} "
                        f"(target >= 2x in every epoch: {'met' if min(ratios) >= 2 else 'NOT met'})")
-    over = {n: cs[n]["cache_bytes"] for n in MOUNT_CONFIGS if n in cs and "cache_bytes" in cs[n]}
+    over = {n: cs[n]["cache_bytes"] for n in OUR_CONFIGS if n in cs and "cache_bytes" in cs[n]}
     if over:
         worst = max(over.values())
         out.append(f"shadefs on the cache device: at most {_mib(worst)} MiB of a {_mib(results['budget'])} MiB "

@@ -98,17 +98,22 @@ def cycles(g: dict) -> list:
     return out
 
 
+def in_cli(module: str) -> bool:
+    """``module`` is the ``shadefs`` command's package or one of its modules."""
+    return module == "shadefs.cli" or module.startswith("shadefs.cli.")
+
+
 def test_the_graph_is_read_from_every_module():
     g = graph()
     assert {"shadefs.cli", "shadefs.warm", "shadefs.fuse.libfuse", "shadefs.fuse.kernel",
             "shadefs.cache.core", "shadefs.hooks"} <= set(g)
     assert "shadefs.cache.core" in g["shadefs.plan.prefetch"]        # a module-level relative import
-    assert "shadefs.warm" in g["shadefs.cli"]                        # an import inside a function
+    assert "shadefs.warm" in g["shadefs.cli.parser"]                 # an import inside a function
 
 
 def test_nothing_imports_the_cli():
     g = graph()
-    importers = sorted(m for m, deps in g.items() if "shadefs.cli" in deps)
+    importers = sorted(m for m, deps in g.items() if not in_cli(m) and any(in_cli(d) for d in deps))
     assert importers == ["shadefs.entry"], importers   # the console script and python -m shadefs
 
 
@@ -123,7 +128,7 @@ def test_what_the_cli_runs_does_not_import_it_back(module):
             if d not in seen:
                 seen.add(d)
                 todo.append(d)
-    assert "shadefs.cli" not in seen
+    assert not any(in_cli(m) for m in seen)
 
 
 def test_no_import_circle():

@@ -274,7 +274,7 @@ def test_a_confirmation_carries_what_was_consumed_meanwhile_without_numpy_under_
         return lambda version: {}
 
     plans.preparers.insert(0, meanwhile)              # before the tier's preparation: it does not see them
-    heavy = {"PlanRegistry._carry", "PlanRegistry._carry_positions", "PlanRegistry._consume", "Plan.groups",
+    heavy = {"carry", "carry_positions", "_consume", "Plan.groups",
              "flatnonzero", "_nearest_use", "Plan.next_positions", "PlanPolicy._rehome_many"}
     under = []
 
