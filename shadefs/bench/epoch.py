@@ -64,6 +64,7 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
+from shadefs.bench.runner import example
 from shadefs.testing import Mount, docsection, proc_cpu_s, shadefs, unmount
 from shadefs.testing.datasets import completed_tree, mark_complete
 from shadefs.testing.docsection import markdown_table
@@ -107,7 +108,9 @@ def build_dataset(root: str, n: int, noise: float, quality: int, seed: int) -> D
     (``files``, ``bytes``, ``mean_bytes``)."""
     from PIL import Image
 
-    from make_fashion_mnist import CLASSES, DEFAULT_SOURCE, SPLITS, file_name, read_idx
+    mfm = example("make_fashion_mnist")
+    CLASSES, DEFAULT_SOURCE, SPLITS, file_name, read_idx = (mfm.CLASSES, mfm.DEFAULT_SOURCE, mfm.SPLITS,
+                                                            mfm.file_name, mfm.read_idx)
 
     params = {"n": n, "noise": noise, "quality": quality, "seed": seed, "size": 224}
     done = completed_tree(root)

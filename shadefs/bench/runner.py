@@ -37,7 +37,7 @@ from shadefs.testing import Mount, baseline as _baseline, docsection
 from shadefs.testing.regime import describe
 
 __all__ = ["ROOT", "DOCS", "Bench", "Side", "add_common", "add_variant_option", "benchmarks", "question", "main",
-           "median", "loadavg", "env_with"]
+           "median", "loadavg", "env_with", "example"]
 
 #: the checkout this package runs from (its docs/ and git history: the baseline is a revision of it)
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -55,6 +55,21 @@ def env_with(base: Optional[Dict[str, str]] = None, **overrides: str) -> Dict[st
     """A child's environment: ``base`` (default this process's) with ``overrides`` set (a daemon's switches
     such as ``SHADEFS_FUSE_PYTHON_LOOP="0"``; docs/configuration.md, "Environment")."""
     return {**(os.environ if base is None else base), **overrides}
+
+
+def example(name: str):
+    """The module of the example ``scripts/NAME.py`` (``make_fashion_mnist``, ``train_fashion_mnist``: what a
+    user runs, which some benchmarks drive or borrow from), loaded from its file once. Raises OSError where
+    the checkout has no such script."""
+    import importlib.util
+
+    key = f"shadefs_example_{name}"
+    if key not in sys.modules:
+        spec = importlib.util.spec_from_file_location(key, os.path.join(ROOT, "scripts", f"{name}.py"))
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        sys.modules[key] = mod
+    return sys.modules[key]
 
 
 def median(xs: Sequence[float]) -> float:
