@@ -16,7 +16,10 @@ and hands ``run`` a :class:`Bench` with the shared pieces:
 - :meth:`Bench.table`, :meth:`Bench.load`: a table printed with the load average it was measured at;
 - :meth:`Bench.write_results` / :meth:`Bench.write_performance`: with ``--write-doc``, the benchmark's section
   of docs/results/NAME.md and of docs/performance.md (:mod:`shadefs.testing.docsection`);
-- :meth:`Bench.save_json`: with ``--json PATH``, the figures as JSON.
+- :meth:`Bench.save_json`: with ``--json PATH``, the figures as JSON;
+- :meth:`Bench.mount_variants` / :func:`add_variant_option`: the tree, the baseline and ``--variant`` mounts;
+- :func:`env_with` (a child's environment with a daemon's switches), :func:`example` (the module of an
+  example in scripts/ that a benchmark borrows from), :func:`median`, :func:`loadavg`.
 
 ``python -m shadefs.bench --list`` lists the benchmarks; ``python -m shadefs.bench NAME --help`` their options.
 """
