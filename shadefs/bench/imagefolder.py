@@ -1,6 +1,9 @@
 """Metadata benchmark: mount time (the one-time scan) and ``ImageFolder(...)`` construction over a shadefs
 mount vs on SOURCE directly.
 
+Regime: metadata only (the kernel's dentry and inode caches warm unless ``--drop-caches``). Limit:
+``ImageFolder`` on the source directly.
+
 ImageFolder construction is pure metadata (a readdir and a stat per file); over the mount it is answered
 from the in-memory snapshot, and with entry/attr timeouts of an hour the second construction does not
 reach the daemon at all. ``--drop-caches`` (root) drops the kernel's dentry/inode caches before each cold
@@ -19,7 +22,6 @@ from shadefs.bench.runner import ROOT
 from shadefs.testing import Mount, docsection
 
 SCRIPTS = os.path.join(ROOT, "scripts")  # the examples a user runs (train_fashion_mnist.py)
-DOC = os.path.join(ROOT, "docs", "results", "imagefolder.md")
 START, END = docsection.markers("bench_imagefolder")
 
 
@@ -38,6 +40,10 @@ def build(root: str) -> float:
     dt = time.perf_counter() - t0
     assert len(ds) > 0
     return dt
+
+
+#: the runner's common options this benchmark honours
+COMMON = ('write_doc',)
 
 
 def add_arguments(p) -> None:
@@ -88,5 +94,5 @@ def run(args, bench):
         md += ["", "The mount scans the source once (parallel scandir); afterwards lookups and readdir are "
                "answered from the snapshot and cached by the kernel for an hour, so a second ImageFolder "
                "construction costs about what it costs on a local directory.", END]
-        docsection.write_section(DOC, "bench_imagefolder", "\n".join(md))
+        bench.write_results("\n".join(md), "bench_imagefolder")
     return 0
