@@ -25,7 +25,7 @@ setup(
     name="shadefs",
     version="0.1.0",
     description="Read-only FUSE cache (RAM + NVMe tiers) with importance-aware admission (SHADE, FAST '23)",
-    python_requires=">=3.9",
+    python_requires=">=3.10",
     packages=[
         "shadefs",
         "shadefs.cache",

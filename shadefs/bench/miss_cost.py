@@ -315,6 +315,10 @@ def run_side(side: Side, src: str, files, procs: int, work: str, split: bool, hi
     return out
 
 
+#: the runner's common options this benchmark honours
+COMMON = ('rounds', 'baseline', 'json')
+
+
 def add_arguments(p) -> None:
     p.add_argument("--files", type=int, default=3000)
     p.add_argument("--size", type=int, default=110_000, help="mean file size in bytes (+-30 %%)")
