@@ -11,9 +11,15 @@ regime: the kernel keeps nothing between opens, so every open and every READ rea
 Cases, each on a fresh mount (``--policy static``):
 
 - ``miss``: no tier (``--ram-cache 0``): every open a miss, streamed from the source;
+- ``miss-passthrough``: the same with ``--source-passthrough untiered``: the daemon opens and checks the
+  source file and the kernel reads it (FUSE passthrough), no READ reaches the daemon;
 - ``ram-fill``: ``--ram-cache 100%``, the first pass: every open a miss admitted to RAM;
 - ``nvme-fill``: ``--ram-cache 0 --disk-cache DIR``, the first pass: every open a miss written to NVMe;
 - ``nvme-hit``: the same mount's second pass: every open an NVMe hit (passthrough where the kernel has it).
+
+``--nvme-variants`` adds the NVMe pair on two more mounts: ``packed`` (``--disk-pack-below 256KiB``: the
+entries are records in segment files, no file created per fill; a hit is served by the daemon) and
+``first-hit`` (``--verify-entries first-hit``: a hit of an entry verified once is not read again).
 
 Per case and pass: the daemon's whole-process CPU per open (``/proc/PID/stat`` utime + stime, every
 thread, ended threads included; taken when the daemon is idle again, so a fill's writes behind the
@@ -28,7 +34,7 @@ is also given as a fraction of it), and one core's 1 / (CPU per open).
 ``--baseline REV`` (default ``main``) runs every case with the ``shadefs`` package of git revision REV
 as well (the runner's baseline: its daemon started with that package on PYTHONPATH), side by side with
 the working tree: round after round (``--rounds``, default 3), each round runs the direct reader and
-every case of both sides, the order alternating, so load that comes and goes on a shared machine hits
+every case of both sides, the order rotated by one each round, so load that comes and goes on a shared machine hits
 both alike. Each figure is the median over rounds; the table gives both sides and their ratio
 (baseline / tree).
 
@@ -54,9 +60,10 @@ from shadefs.bench.runner import Side, median as med
 from shadefs.testing import Mount, ctx_switches, proc_cpu_s, strace_counts
 from shadefs.testing.datasets import random_tree
 
-CASES = ("miss", "ram-fill", "nvme-fill", "nvme-hit")
+CASES = ("miss", "miss-passthrough", "ram-fill", "nvme-fill", "nvme-hit")
 MOUNT_ARGS = {
     "miss": ["--ram-cache", "0", "--policy", "static"],
+    "miss-passthrough": ["--ram-cache", "0", "--source-passthrough", "untiered", "--policy", "static"],
     "ram-fill": ["--ram-cache", "100%", "--policy", "static"],
     "nvme": ["--ram-cache", "0", "--policy", "static"],  # plus --disk-cache DIR
 }
@@ -184,9 +191,14 @@ def measure(m: Mount, files, procs: int, want: str, split: bool) -> dict:
     return r
 
 
-def run_side(side: Side, src: str, files, procs: int, work: str, split: bool) -> Dict[str, dict]:
+NVME_VARIANTS = {"packed": ["--disk-pack-below", "256KiB"], "first-hit": ["--verify-entries", "first-hit"]}
+
+
+def run_side(side: Side, src: str, files, procs: int, work: str, split: bool,
+             variants: bool = False) -> Dict[str, dict]:
     out: Dict[str, dict] = {}
-    for case, args in (("miss", MOUNT_ARGS["miss"]), ("ram-fill", MOUNT_ARGS["ram-fill"])):
+    for case in ("miss", "miss-passthrough", "ram-fill"):
+        args = MOUNT_ARGS[case]
         m = side.mount(src, os.path.join(work, f"mnt-{side.name}-{case}"), args)
         try:
             out[case] = measure(m, files, procs, "miss", split)
@@ -195,19 +207,21 @@ def run_side(side: Side, src: str, files, procs: int, work: str, split: bool) ->
                     if case == "miss" else {}
         finally:
             m.umount()
-    disk = os.path.join(work, f"disk-{side.name}")
-    shutil.rmtree(disk, ignore_errors=True)
-    os.makedirs(disk)
-    m = side.mount(src, os.path.join(work, f"mnt-{side.name}-nvme"),
-                   MOUNT_ARGS["nvme"] + ["--disk-cache", disk, "--disk-cache-size", "2GiB"])
-    try:
-        out["nvme-fill"] = measure(m, files, procs, "miss", split)
-        out["nvme-hit"] = measure(m, files, procs, "disk", split)
-        if split:
-            out["nvme-hit"]["strace"] = strace_counts(m.pid, lambda: read_pass(m.path, files, procs))
-    finally:
-        m.umount()
+    for variant, extra in [("", [])] + (list(NVME_VARIANTS.items()) if variants else []):
+        suffix = f" {variant}" if variant else ""
+        disk = os.path.join(work, f"disk-{side.name}")
         shutil.rmtree(disk, ignore_errors=True)
+        os.makedirs(disk)
+        m = side.mount(src, os.path.join(work, f"mnt-{side.name}-nvme"),
+                       MOUNT_ARGS["nvme"] + ["--disk-cache", disk, "--disk-cache-size", "2GiB"] + extra)
+        try:
+            out["nvme-fill" + suffix] = measure(m, files, procs, "miss", split)
+            out["nvme-hit" + suffix] = measure(m, files, procs, "disk", split)
+            if split and not variant:
+                out["nvme-hit"]["strace"] = strace_counts(m.pid, lambda: read_pass(m.path, files, procs))
+        finally:
+            m.umount()
+            shutil.rmtree(disk, ignore_errors=True)
     return out
 
 
@@ -222,6 +236,8 @@ def add_arguments(p) -> None:
     p.add_argument("--source-dir", default="/dev/shm", help="where the source tree is made (tmpfs)")
     p.add_argument("--split", action="store_true", help="CPU by thread, syscalls per open (the tree's side)")
     p.add_argument("--cpus", help="pin the daemons to these CPUs (taskset -c LIST)")
+    p.add_argument("--nvme-variants", action="store_true",
+                   help="also the NVMe fill and hit with --disk-pack-below 256KiB, and with --verify-entries first-hit")
     p.set_defaults(rounds=3, baseline="main")
 
 
@@ -237,8 +253,11 @@ def run(args, bench) -> int:
         if side == "direct":
             rounds[r]["direct"] = read_pass(src, files, args.procs)
         else:
-            rounds[r][side.name] = run_side(side, src, files, args.procs, work, args.split and side.is_tree)
+            rounds[r][side.name] = run_side(side, src, files, args.procs, work, args.split and side.is_tree,
+                                            args.nvme_variants)
     bench.save_json(rounds)
+    cases = CASES + (tuple(f"nvme-{k} {v}" for v in NVME_VARIANTS for k in ("fill", "hit"))
+                     if args.nvme_variants else ())
 
     direct = med([n / s for n, s in (rec["direct"] for rec in rounds)])
     bench.regime("dontneed", dataset_bytes=total)
@@ -250,7 +269,7 @@ def run(args, bench) -> int:
     if len(names) == 2:
         headers.append(f"CPU {names[1]} / {names[0]}")
     rows = []
-    for case in CASES:
+    for case in cases:
         cells = [case]
         us = {}
         for n in names:
@@ -268,7 +287,7 @@ def run(args, bench) -> int:
               "switches per open; "
               "syscalls per open (strace -c -f, one more pass)")
         last = rounds[-1]["tree"]
-        for case in CASES:
+        for case in cases:
             c = last[case]
             t = c["threads"]
             th = ", ".join(f"{k} {v:.0f} (sys {t.get(k + ' sys', 0.0):.0f})"
@@ -280,7 +299,7 @@ def run(args, bench) -> int:
                 print(f"  syscalls/open: {sc}")
         print("ceiling of one daemon (medians): user-mode time holds the GIL, so 1 / (user us per open) bounds "
               "the files/s of any number of cores; 1 / (CPU us per open) is one core's files/s, fully busy")
-        for case in CASES:
+        for case in cases:
             us = med([rec["tree"][case]["us"] for rec in rounds])
             user = med([rec["tree"][case]["user_us"] for rec in rounds])
             print(f"- {case}: user {user:.0f} us/open -> GIL-serial ceiling {1e6 / user:,.0f} files/s; "
