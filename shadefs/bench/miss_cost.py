@@ -11,6 +11,8 @@ regime: the kernel keeps nothing between opens, so every open and every READ rea
 Cases, each on a fresh mount (``--policy static``):
 
 - ``miss``: no tier (``--ram-cache 0``): every open a miss, streamed from the source;
+- ``miss-passthrough``: the same with ``--source-passthrough untiered``: the daemon opens and checks the
+  source file and the kernel reads it (FUSE passthrough), no READ reaches the daemon;
 - ``ram-fill``: ``--ram-cache 100%``, the first pass: every open a miss admitted to RAM;
 - ``nvme-fill``: ``--ram-cache 0 --disk-cache DIR``, the first pass: every open a miss written to NVMe;
 - ``nvme-hit``: the same mount's second pass: every open an NVMe hit (passthrough where the kernel has it);
@@ -19,6 +21,10 @@ Cases, each on a fresh mount (``--policy static``):
 - ``prefetch`` (``--hits``): ``--ram-cache 0``, the pass's order announced first as a plan (one epoch, no
   job: it follows every open): every open served from a prefetch (``prefetch.ready`` or ``.late``), the
   file read from the source by the prefetcher ahead of the readers.
+
+``--nvme-variants`` adds the NVMe pair on two more mounts: ``packed`` (``--disk-pack-below 256KiB``: the
+entries are records in segment files, no file created per fill; a hit is served by the daemon) and
+``first-hit`` (``--verify-entries first-hit``: a hit of an entry verified once is not read again).
 
 Per case and pass: the daemon's whole-process CPU per open (``/proc/PID/stat`` utime + stime, every
 thread, ended threads included; taken when the daemon is idle again, so a fill's writes behind the
@@ -33,7 +39,7 @@ is also given as a fraction of it), and one core's 1 / (CPU per open).
 ``--baseline REV`` (default ``main``) runs every case with the ``shadefs`` package of git revision REV
 as well (the runner's baseline: its daemon started with that package on PYTHONPATH), side by side with
 the working tree: round after round (``--rounds``, default 3), each round runs the direct reader and
-every case of both sides, the order alternating, so load that comes and goes on a shared machine hits
+every case of both sides, the order rotated by one each round, so load that comes and goes on a shared machine hits
 both alike. Each figure is the median over rounds; the table gives both sides and their ratio
 (baseline / tree).
 
@@ -73,10 +79,11 @@ from shadefs.bench.runner import Side, median as med
 from shadefs.testing import Mount, ctx_switches, proc_cpu_s, strace_counts
 from shadefs.testing.datasets import random_tree
 
-CASES = ("miss", "ram-fill", "nvme-fill", "nvme-hit")
+CASES = ("miss", "miss-passthrough", "ram-fill", "nvme-fill", "nvme-hit")
 HIT_CASES = ("ram-hit", "prefetch")  # with --hits
 MOUNT_ARGS = {
     "miss": ["--ram-cache", "0", "--policy", "static"],
+    "miss-passthrough": ["--ram-cache", "0", "--source-passthrough", "untiered", "--policy", "static"],
     "ram-fill": ["--ram-cache", "100%", "--policy", "static"],
     "prefetch": ["--ram-cache", "0", "--policy", "static"],
     "nvme": ["--ram-cache", "0", "--policy", "static"],  # plus --disk-cache DIR
@@ -259,6 +266,9 @@ def measure(m: Mount, files, procs: int, want: str, split: bool, gil: Optional[T
     return r
 
 
+NVME_VARIANTS = {"packed": ["--disk-pack-below", "256KiB"], "first-hit": ["--verify-entries", "first-hit"]}
+
+
 def announce(m: Mount, files) -> None:
     """Announce one epoch over ``files`` in their order as a plan of no job (it follows every open), and
     wait for the daemon to install it."""
@@ -279,10 +289,11 @@ def announce(m: Mount, files) -> None:
         c.close()
 
 
-def run_side(side: Side, src: str, files, procs: int, work: str, split: bool, hits: bool = False,
-             gil: Optional[Tuple[int, str]] = None) -> Dict[str, dict]:
+def run_side(side: Side, src: str, files, procs: int, work: str, split: bool, variants: bool = False,
+             hits: bool = False, gil: Optional[Tuple[int, str]] = None) -> Dict[str, dict]:
     out: Dict[str, dict] = {}
-    for case, args in (("miss", MOUNT_ARGS["miss"]), ("ram-fill", MOUNT_ARGS["ram-fill"])):
+    for case in ("miss", "miss-passthrough", "ram-fill"):
+        args = MOUNT_ARGS[case]
         m = side.mount(src, os.path.join(work, f"mnt-{side.name}-{case}"), args)
         try:
             out[case] = measure(m, files, procs, "miss", split, gil)
@@ -299,19 +310,21 @@ def run_side(side: Side, src: str, files, procs: int, work: str, split: bool, hi
             out["prefetch"] = measure(m, files, procs, "prefetch", split, gil, lambda: announce(m, files))
         finally:
             m.umount()
-    disk = os.path.join(work, f"disk-{side.name}")
-    shutil.rmtree(disk, ignore_errors=True)
-    os.makedirs(disk)
-    m = side.mount(src, os.path.join(work, f"mnt-{side.name}-nvme"),
-                   MOUNT_ARGS["nvme"] + ["--disk-cache", disk, "--disk-cache-size", "2GiB"])
-    try:
-        out["nvme-fill"] = measure(m, files, procs, "miss", split, gil)
-        out["nvme-hit"] = measure(m, files, procs, "disk", split, gil)
-        if split:
-            out["nvme-hit"]["strace"] = strace_counts(m.pid, lambda: read_pass(m.path, files, procs))
-    finally:
-        m.umount()
+    for variant, extra in [("", [])] + (list(NVME_VARIANTS.items()) if variants else []):
+        suffix = f" {variant}" if variant else ""
+        disk = os.path.join(work, f"disk-{side.name}")
         shutil.rmtree(disk, ignore_errors=True)
+        os.makedirs(disk)
+        m = side.mount(src, os.path.join(work, f"mnt-{side.name}-nvme"),
+                       MOUNT_ARGS["nvme"] + ["--disk-cache", disk, "--disk-cache-size", "2GiB"] + extra)
+        try:
+            out["nvme-fill" + suffix] = measure(m, files, procs, "miss", split, gil)
+            out["nvme-hit" + suffix] = measure(m, files, procs, "disk", split, gil)
+            if split and not variant:
+                out["nvme-hit"]["strace"] = strace_counts(m.pid, lambda: read_pass(m.path, files, procs))
+        finally:
+            m.umount()
+            shutil.rmtree(disk, ignore_errors=True)
     return out
 
 
@@ -327,6 +340,8 @@ def add_arguments(p) -> None:
     p.add_argument("--split", action="store_true", help="CPU by thread, syscalls per open (the tree's side)")
     p.add_argument("--cpus", help="pin the daemons to these CPUs (taskset -c LIST); LIST/LIST...: one side "
                    "per list (the working tree's package; with --baseline none)")
+    p.add_argument("--nvme-variants", action="store_true",
+                   help="also the NVMe fill and hit with --disk-pack-below 256KiB, and with --verify-entries first-hit")
     p.add_argument("--hits", action="store_true", help="also the ram-hit and prefetch cases")
     p.add_argument("--gil", action="store_true", help="GIL-held us per open (py-spy record --gil)")
     p.add_argument("--gil-rate", type=int, default=250, help="py-spy samples per second (--gil)")
@@ -362,8 +377,11 @@ def run(args, bench) -> int:
             rounds[r]["direct"] = read_pass(src, files, args.procs)
         else:
             rounds[r][side.name] = run_side(side, src, files, args.procs, work,
-                                            args.split and side is sides[0] and side.is_tree, args.hits, gil)
+                                            args.split and side is sides[0] and side.is_tree,
+                                            args.nvme_variants, args.hits, gil)
     bench.save_json(rounds)
+    cases = cases + (tuple(f"nvme-{k} {v}" for v in NVME_VARIANTS for k in ("fill", "hit"))
+                     if args.nvme_variants else ())
 
     direct = med([n / s for n, s in (rec["direct"] for rec in rounds)])
     bench.regime("dontneed", dataset_bytes=total)
@@ -403,6 +421,13 @@ def run(args, bench) -> int:
                 n = args.files
                 sc = ", ".join(f"{k} {v / n:.2f}" for k, v in sorted(c["strace"].items(), key=lambda kv: -kv[1])[:10])
                 print(f"  syscalls/open: {sc}")
+        print("ceiling of one daemon (medians): user-mode time holds the GIL, so 1 / (user us per open) bounds "
+              "the files/s of any number of cores; 1 / (CPU us per open) is one core's files/s, fully busy")
+        for case in cases:
+            us = med([rec[names[0]][case]["us"] for rec in rounds])
+            user = med([rec[names[0]][case]["user_us"] for rec in rounds])
+            print(f"- {case}: user {user:.0f} us/open -> GIL-serial ceiling {1e6 / user:,.0f} files/s; "
+                  f"one core {1e6 / us:,.0f} files/s; {os.cpu_count()} cores {os.cpu_count() * 1e6 / us:,.0f} files/s")
     if args.gil:
         rows = []
         for case in cases:

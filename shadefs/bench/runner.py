@@ -8,8 +8,8 @@ benchmark's, prints the load average at the start and the end,
 and hands ``run`` a :class:`Bench` with the shared pieces:
 
 - :meth:`Bench.regime`: :func:`shadefs.testing.regime.describe`'s line, printed and kept;
-- :meth:`Bench.interleaved`: the rounds, each running every case, the order reversed every other round so
-  that load which comes and goes on a shared machine hits every case alike;
+- :meth:`Bench.interleaved`: the rounds, each running every case, the order rotated by one every round so
+  that load which comes and goes on a shared machine hits every case alike, each case in each position;
 - :meth:`Bench.sides` / :meth:`Bench.baseline`: the working tree and, with ``--baseline REV``, the package of
   git revision REV beside it (:func:`shadefs.testing.baseline.extract`, its compiled parts built), each with
   the environment (``PYTHONPATH``) that runs a child process over it;
@@ -183,11 +183,16 @@ class Bench:
 
     # -- rounds
     def interleaved(self, cases: Sequence[Any], rounds: Optional[int] = None) -> Iterator[Tuple[int, Any]]:
-        """``(round, case)`` for every case of every round (``--rounds`` by default); odd rounds take the
-        cases in reverse order. A progress line with the load ends every round."""
+        """``(round, case)`` for every case of every round (``--rounds`` by default); round ``r`` takes the
+        cases rotated by ``r`` (``[a, b, c]``, ``[b, c, a]``, ``[c, a, b]``, ...), so over as many rounds as
+        cases each case runs once in each position: a case that runs better first, last or right after
+        itself (as at the turn of reversed rounds) is not favoured. A progress line with the load ends
+        every round."""
         n = self.args.rounds if rounds is None else rounds
+        cases = list(cases)
         for r in range(n):
-            for case in (cases if r % 2 == 0 else list(cases)[::-1]):
+            k = r % len(cases) if cases else 0
+            for case in cases[k:] + cases[:k]:
                 yield r, case
             self.progress(f"round {r + 1}/{n} done")
 

@@ -50,10 +50,10 @@ def test_a_common_option_a_benchmark_does_not_honour_is_refused(capsys):
     assert (a.rounds, a.baseline, a.write_doc, a.json) == (1, None, False, None)
 
 
-def test_interleaved_rounds_reverse_the_order_every_other_round(tmp_path, capsys):
+def test_interleaved_rounds_rotate_the_order_so_each_case_takes_each_position(tmp_path, capsys):
     b = _bench(tmp_path, rounds=3)
-    assert list(b.interleaved(["a", "b", "c"])) == [(0, "a"), (0, "b"), (0, "c"), (1, "c"), (1, "b"), (1, "a"),
-                                                    (2, "a"), (2, "b"), (2, "c")]
+    assert list(b.interleaved(["a", "b", "c"])) == [(0, "a"), (0, "b"), (0, "c"), (1, "b"), (1, "c"), (1, "a"),
+                                                    (2, "c"), (2, "a"), (2, "b")]
     assert capsys.readouterr().err.count("round ") == 3  # a progress line, with the load, per round
     assert list(b.interleaved(["a"], rounds=2)) == [(0, "a"), (1, "a")]
 
