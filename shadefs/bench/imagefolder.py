@@ -66,8 +66,8 @@ def build(root: str) -> float:
     return dt
 
 
-#: the runner's common options this benchmark honours (--rounds: the cold-epoch runs, --epochs)
-COMMON = ('write_doc', 'rounds')
+#: the runner's common options this benchmark honours (--rounds, --json: the cold-epoch runs, --epochs)
+COMMON = ('write_doc', 'rounds', 'json')
 
 
 def noise_tree(root: str, n: int, seed: int = 3) -> None:
