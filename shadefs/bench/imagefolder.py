@@ -23,7 +23,7 @@ Physical limit: the direct reader's epoch on the same tree. Configurations (``--
 every file, metadata and slack included; ``100%`` held 1,992 of 2,000 ~110 kB images here): the first epoch
 writes every file to the NVMe tier, the next ones, started once it holds every file, hit it), ``ram``
 (``--ram-cache 100%``). Each round (``--rounds``, default 3) mounts afresh (a cold cache) and runs E epochs
-per configuration, the order reversed every other round. Per epoch: seconds, the CPU of the DataLoader's
+per configuration, the order rotated by one each round. Per epoch: seconds, the CPU of the DataLoader's
 workers (``RUSAGE_CHILDREN``: reaped at the epoch's end) and of the loading process, the daemon's CPU
 (``/proc/PID/stat``) and its context switches, and the mount's counters (checked: every open of the first epoch a miss). ``--noise
 N`` first writes SOURCE as N random-noise images of ImageNet size (~110 kB: 352x352 JPEG quality 90 and
