@@ -25,7 +25,7 @@ setup(
     name="shadefs",
     version="0.1.0",
     description="Read-only FUSE cache (RAM + NVMe tiers) with importance-aware admission (SHADE, FAST '23)",
-    python_requires=">=3.9",
+    python_requires=">=3.10",
     packages=[
         "shadefs",
         "shadefs.cache",
@@ -60,7 +60,8 @@ setup(
         "s3": ["obstore>=0.12", "s3fs>=2023.1", "fsspec>=2023.1"],  # obstore reads, s3fs lists
         "plot": ["matplotlib>=3.5"],
         "shared": ["redis>=5", "xxhash>=3"],
-        "bench": ["h5py>=3", "lmdb>=1.4", "pyarrow>=12"],  # python -m shadefs.bench formats
+        "bench": ["h5py>=3", "lmdb>=1.4", "pyarrow>=12",  # python -m shadefs.bench formats
+                  "py-spy>=0.3.14"],  # python -m shadefs.bench miss_cost --gil
         "test": [
             "pytest>=7",
             "pytest-timeout>=2",

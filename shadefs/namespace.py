@@ -21,24 +21,22 @@ Must never: hold a Python object per file, or answer a query by touching the bac
 """
 from __future__ import annotations
 
-import json
 import logging
-import mmap
 import os
 import posixpath
 import stat as stat_mod
 import struct
-import threading
 import time
 from bisect import bisect_left
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
-from xxhash import xxh3_64, xxh3_64_intdigest, xxh3_128_hexdigest
+from xxhash import xxh3_64_intdigest, xxh3_128_hexdigest
 
 from .backends.base import BackendError, DirChunk, Entry, ScanReport, chunks_from_entries
 from .fsutil import removing_on_error
-from .procutil import can_fork, die_with, libc
+from .namespace_scan import scan
+from .namespace_snapshot import ARRAYS, load as load_snapshot, write
 
 __all__ = ["Namespace", "normalize", "SNAPSHOT_FILE"]
 
@@ -51,11 +49,6 @@ _FILE_MODE = stat_mod.S_IFREG | 0o444
 _SERVED_BITS = 0o555      # read-only mount: no write bits, no setuid/setgid/sticky
 _K = 0x9E3779B97F4A7C15   # golden-ratio multiplier: mixes the parent id into a name hash
 _M64 = (1 << 64) - 1
-# the format's version: a snapshot of another version is rescanned, never read (3: integer-nanosecond
-# file mtimes ``mtimes_ns`` in place of float seconds, and directory sizes)
-_MAGIC_PREFIX = b"SHADEFS-NAMESPACE-"
-_MAGIC = _MAGIC_PREFIX + b"3\n"
-_ALIGN = 64
 
 
 def normalize(path: str) -> Optional[str]:
@@ -81,43 +74,6 @@ def _encode(name: str) -> Optional[bytes]:
         return name.encode("utf-8", "surrogateescape")
     except UnicodeEncodeError:  # a lone surrogate no decoded name can contain
         return None
-
-
-def _one_heap() -> None:
-    """Let every thread allocate from one glibc heap (M_ARENA_MAX = 1) before the scan's threads start
-    (a network listing's 16 threads would otherwise each get an arena). No-op outside glibc.
-
-    This does not make an in-process scan leave the heap as a restart does: freeing the build's
-    temporary arrays (1-8 MiB each at 1M files, mmapped) raises glibc's dynamic mmap threshold to their
-    size, so the next arrays of that size (the cache's per-file ``np.zeros`` tables) are carved from the
-    freed heap and zeroed by ``calloc``, which makes them resident at once; after a restart they are
-    fresh mmaps whose untouched pages cost nothing. Measured: ~39 MiB more daemon RSS at 1M files after
-    an in-process scan (docs/performance.md, "Namespace"). Hence the daemon's isolated scan
-    (:meth:`Namespace.scan` ``isolate``).
-    """
-    lib = libc()
-    if lib is not None and hasattr(lib, "mallopt"):
-        lib.mallopt(-8, 1)  # M_ARENA_MAX
-
-
-def _counted(chunks: Iterable[DirChunk], progress) -> Iterator[DirChunk]:
-    """``chunks`` as they come, telling ``progress(files, dirs)`` the counts so far after each."""
-    files = dirs = 0
-    for c in chunks:
-        files += c.num_files
-        dirs += 1
-        progress(files, dirs)
-        yield c
-
-
-def _trim_heap() -> None:
-    """Return the heap's free pages to the system after a build (glibc ``malloc_trim``; else no-op)."""
-    import gc
-
-    gc.collect()
-    lib = libc()
-    if lib is not None and hasattr(lib, "malloc_trim"):
-        lib.malloc_trim(0)
 
 
 def _unique(a: np.ndarray, few: int = 8) -> Tuple[np.ndarray, np.ndarray]:
@@ -200,107 +156,7 @@ class Namespace:
             FileNotFoundError: the source root does not exist.
             BackendError: the root cannot be listed, or listing failed (or the scan process died).
         """
-        if isolate and getattr(backend, "scan_in_child", False):
-            if can_fork():
-                return cls._scan_in_child(backend, follow_symlinks, snapshot_key or {}, progress)
-            log.info("scanning in this process (%d threads running: a fork is not safe)", threading.active_count())
-        ns = cls._scan_here(backend, follow_symlinks, progress)
-        _trim_heap()
-        return ns
-
-    @classmethod
-    def _scan_here(cls, backend, follow_symlinks: bool, progress=None) -> "Namespace":
-        import gc
-
-        _one_heap()
-        # the listing allocates millions of short-lived objects (a DirEntry and a stat result per file) and
-        # creates no reference cycles: the cyclic collector would only walk them (~925 young collections
-        # per 1M files); it runs once at the end (_trim_heap)
-        was_enabled = gc.isenabled()
-        gc.disable()
-        try:
-            chunks, report = backend.scan(follow_symlinks=follow_symlinks)
-            if progress is not None:
-                chunks = _counted(chunks, progress)
-            ns = cls.__new__(cls)
-            ns._build(chunks, report)
-        finally:
-            if was_enabled:
-                gc.enable()
-        return ns
-
-    @classmethod
-    def _scan_in_child(cls, backend, follow_symlinks: bool, key: Dict[str, Any], progress=None) -> "Namespace":
-        """:meth:`scan` in a forked child; the namespace comes back through a memfd (:meth:`_write`
-        format, tagged with ``key``: :meth:`save` with that key writes it as it is), an exception pickled
-        through a pipe. The child dies with this process (PDEATHSIG)."""
-        import pickle
-        import signal
-
-        t0 = time.monotonic()
-        fd = os.memfd_create("shadefs-namespace", os.MFD_CLOEXEC)
-        r, w = os.pipe()
-        parent = os.getpid()
-        try:
-            pid = os.fork()
-        except OSError:
-            os.close(fd), os.close(r), os.close(w)
-            raise
-        if pid == 0:  # the child: never returns
-            code = 1
-            try:
-                os.close(r)
-                die_with(parent)
-                try:
-                    ns = cls._scan_here(backend, follow_symlinks, progress)   # its heap dies with it: no trim
-                    with open(fd, "wb", closefd=False) as f:
-                        ns._write(f, key)
-                    msg = b"ok"
-                except BaseException as e:  # handed to the parent, which raises it
-                    try:
-                        msg = b"E" + pickle.dumps(e, pickle.HIGHEST_PROTOCOL)
-                    except Exception:
-                        msg = b"E" + pickle.dumps(BackendError(f"{type(e).__name__}: {e}"))
-                with open(w, "wb", closefd=False) as f:
-                    f.write(msg)
-                code = 0
-            finally:
-                os._exit(code)
-        os.close(w)
-        try:
-            with open(r, "rb", closefd=False) as f:
-                msg = f.read()   # EOF when the child has exited (or died)
-            _, status = os.waitpid(pid, 0)
-            child, pid = pid, 0
-            if not msg:
-                sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0
-                raise BackendError(f"listing {getattr(backend, 'root', '?')!r}: the scan process died "
-                                   f"({f'signal {signal.Signals(sig).name}' if sig else f'exit {os.WEXITSTATUS(status)}'})")
-            if msg != b"ok":
-                raise pickle.loads(msg[1:])
-            size = os.fstat(fd).st_size
-            # mapped, not copied: the memfd's pages become the arrays' (copy-on-write, so they stay
-            # writable like a loaded snapshot's); the mapping outlives the fd
-            image = np.frombuffer(mmap.mmap(fd, size, access=mmap.ACCESS_COPY), dtype=np.uint8)
-            ns, why = cls._from_buffer(image, json.loads(json.dumps(key)), t0)
-            if ns is None:
-                raise BackendError(f"the scan process handed back an unreadable namespace ({why})")
-            ns._image = (image, key)
-            ns.from_snapshot = False
-            ns.unchecked = None
-            ns.scan_seconds = time.monotonic() - t0
-            log.info("namespace scanned and built in a child process (pid %d) in %.2f s, handed back as %s",
-                     child, ns.scan_seconds, f"{size / 2**20:.1f} MiB")
-            return ns
-        finally:
-            if pid:  # interrupted while the child runs: it must not outlive the wait
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                    os.waitpid(pid, 0)
-                except (ProcessLookupError, ChildProcessError):
-                    pass
-            os.close(r)
-            os.close(fd)
+        return scan(cls, backend, follow_symlinks, isolate, snapshot_key, progress)
 
     # -- construction ------------------------------------------------------------------------------
     def _build(self, chunks: Iterable[DirChunk], report: ScanReport) -> None:
@@ -644,8 +500,7 @@ class Namespace:
                 "from_snapshot": self.from_snapshot, "skipped": self.report.as_dict()}
 
     # -- snapshots ---------------------------------------------------------------------------------
-    _ARRAYS = ("_off", "_parent", "sizes", "mtimes_ns", "etags", "_perm", "_perm_table", "_keys", "_key_ids",
-               "_kids", "_dir_start", "_dir_nlink", "_dir_mtime_ns", "_dir_ctime_ns", "_dir_size")
+    _ARRAYS = ARRAYS
 
     def save(self, path: str, key: Dict[str, Any]) -> int:
         """Persist this namespace to ``path`` atomically (temporary file + rename), tagged with ``key``
@@ -668,99 +523,15 @@ class Namespace:
                     f.write(memoryview(image[0]))
                     written = len(image[0])
                 else:
-                    written = self._write(f, key)
+                    written = write(self, f, key)
             os.replace(tmp, path)
         return written
-
-    def _write(self, f, key: Dict[str, Any]) -> int:
-        """Write the :meth:`save` format to the binary file ``f``; returns the bytes written."""
-        parts: List[Tuple[str, Any]] = [("_blob", self._blob)]
-        parts += [(name, np.ascontiguousarray(getattr(self, name))) for name in self._ARRAYS]
-        layout: List[Tuple[str, int, str, List[int]]] = []
-        pos = 0
-        for name, a in parts:
-            pos += (-pos) % _ALIGN
-            if name == "_blob":
-                layout.append((name, pos, "|u1", [len(a)]))
-                pos += len(a)
-            else:
-                layout.append((name, pos, a.dtype.str, list(a.shape)))
-                pos += a.nbytes
-        header = json.dumps({"key": key, "num_files": self.num_files, "dirs": self.dir_paths,
-                             "fingerprint": self.fingerprint,
-                             "report": {"counts": self.report.counts, "examples": self.report.examples},
-                             "arrays": layout}, ensure_ascii=True).encode()
-        head = _MAGIC + struct.pack("<Q", len(header)) + header
-        head += b"\0" * ((-len(head)) % _ALIGN)
-        # streamed from the arrays' own memory (no copy of the namespace), hashed on the way
-        h = xxh3_64()
-        written = 0
-
-        def put(data) -> None:
-            nonlocal written
-            h.update(data)
-            f.write(data)
-            written += len(data)
-
-        put(head)
-        body = 0
-        for (name, a), (_, off, _, _) in zip(parts, layout):
-            if off > body:
-                put(b"\0" * (off - body))
-                body = off
-            mv = a if name == "_blob" else memoryview(a).cast("B")
-            put(mv)
-            body += len(mv)
-        f.write(struct.pack("<Q", h.intdigest()))
-        return written + 8
 
     @classmethod
     def load(cls, path: str, key: Dict[str, Any]) -> Tuple[Optional["Namespace"], str]:
         """Read a snapshot written by :meth:`save`. Returns (namespace, "") or (None, why not): missing,
         damaged (checksum), another format, or written for another ``key``. Never raises."""
-        t0 = time.monotonic()
-        try:
-            buf = np.fromfile(path, dtype=np.uint8)
-        except FileNotFoundError:
-            return None, "no snapshot"
-        except OSError as e:
-            return None, f"cannot read it: {e}"
-        return cls._from_buffer(buf, key, t0)
-
-    @classmethod
-    def _from_buffer(cls, buf: np.ndarray, key: Dict[str, Any], t0: float) -> Tuple[Optional["Namespace"], str]:
-        """:meth:`load` of the bytes ``buf`` (uint8, shape (n,)); the arrays are views of ``buf``."""
-        try:
-            m = len(_MAGIC)
-            if len(buf) < m + 16 or buf[:m].tobytes() != _MAGIC:
-                head = buf[:m].tobytes()
-                if head.startswith(_MAGIC_PREFIX):
-                    version = head[len(_MAGIC_PREFIX):].split(b"\n", 1)[0].decode("ascii", "replace")
-                    return None, f"another format (version {version}; this daemon reads version 3)"
-                return None, "not a namespace snapshot"
-            (hlen,) = struct.unpack("<Q", buf[m:m + 8].tobytes())
-            if xxh3_64_intdigest(memoryview(buf)[:-8]) != struct.unpack("<Q", buf[-8:].tobytes())[0]:
-                return None, "checksum mismatch (a damaged snapshot)"
-            header = json.loads(buf[m + 8:m + 8 + hlen].tobytes())
-            if header.get("key") != key:
-                return None, "written for another source, user or --follow-symlinks setting"
-            base = m + 8 + hlen
-            base += (-base) % _ALIGN
-            ns = cls.__new__(cls)
-            for name, off, dtype, shape in header["arrays"]:
-                dt = np.dtype(dtype)
-                count = int(np.prod(shape)) if shape else 1
-                a = np.frombuffer(buf, dtype=dt, count=count, offset=base + off).reshape(shape)
-                if name == "_blob":
-                    ns._blob = memoryview(a)
-                else:
-                    setattr(ns, name, a)
-            rep = ScanReport(counts=dict(header["report"]["counts"]), examples=dict(header["report"]["examples"]))
-            ns._finish(int(header["num_files"]), list(header["dirs"]), rep, time.monotonic() - t0,
-                       from_snapshot=True, fingerprint=header["fingerprint"])
-            return ns, ""
-        except (ValueError, KeyError, TypeError, struct.error) as e:
-            return None, f"unreadable ({e})"
+        return load_snapshot(cls, path, key)
 
     def snapshot_dirs(self) -> Tuple[List[str], np.ndarray, np.ndarray]:
         """Directory paths with their source mtime and ctime (ns), to validate a loaded snapshot."""

@@ -1,5 +1,9 @@
 """Epoch time of a DataLoader(ImageFolder, num_workers=4) over slow storage, with and without shadefs.
 
+Regime: **page cache** (the readers' memory is not bounded: the kernel may keep what a worker read).
+Limit: ``local disk`` (ImageFolder on a local copy) and the GETs/s moto sustains through the proxy (the
+physical-limit probe).
+
 What runs (each a fresh training process, the same model, seed, batch size and sample order):
 
 - ``direct S3``: no shadefs. A plain ImageFolder cannot read ``s3://``, so this is the FUSE-less
@@ -60,6 +64,7 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
+from shadefs.bench.runner import example
 from shadefs.testing import Mount, docsection, proc_cpu_s, shadefs, unmount
 from shadefs.testing.datasets import completed_tree, mark_complete
 from shadefs.testing.docsection import markdown_table
@@ -103,7 +108,9 @@ def build_dataset(root: str, n: int, noise: float, quality: int, seed: int) -> D
     (``files``, ``bytes``, ``mean_bytes``)."""
     from PIL import Image
 
-    from make_fashion_mnist import CLASSES, DEFAULT_SOURCE, SPLITS, file_name, read_idx
+    mfm = example("make_fashion_mnist")
+    CLASSES, DEFAULT_SOURCE, SPLITS, file_name, read_idx = (mfm.CLASSES, mfm.DEFAULT_SOURCE, mfm.SPLITS,
+                                                            mfm.file_name, mfm.read_idx)
 
     params = {"n": n, "noise": noise, "quality": quality, "seed": seed, "size": 224}
     done = completed_tree(root)
@@ -994,6 +1001,10 @@ def write_doc(results: Dict[str, Any], doc: str = DOC, png: str = PLOT) -> None:
     section = render_section(results)
     docsection.write_section(doc, "bench_epoch", section)
     plot(results, png)
+
+
+#: the runner's common options this benchmark honours
+COMMON = ('baseline', 'write_doc', 'json')
 
 
 def add_arguments(p) -> None:

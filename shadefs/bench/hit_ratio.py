@@ -1,5 +1,8 @@
 """Cache hit ratio of real Fashion-MNIST training through a shadefs mount, against Belady's OPT.
 
+Regime: **counts** (the tiers' hits; an open the kernel's pages served would count as a miss). Limit:
+Belady's OPT replayed on the run's own trace at the same cache bytes.
+
 For every cache size (``--sizes``, percent of the training set's bytes) and every mode (``--modes``):
 
 - sampler ``uniform``: the unmodified ``DataLoader(shuffle=True)`` (transparent mode);
@@ -823,6 +826,10 @@ def parse_sizes(text: str) -> List[float]:
     if not sizes or any(not 0 < s <= 100 for s in sizes):
         raise SystemExit("error: --sizes: percentages in (0, 100]")
     return sizes
+
+
+#: the runner's common options this benchmark honours
+COMMON = ('write_doc',)
 
 
 def add_arguments(p) -> None:

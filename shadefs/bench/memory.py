@@ -1,5 +1,7 @@
 """Daemon memory with files held open: resident set size (VmRSS of the daemon) before and after.
 
+Regime: **counts** (the daemon's resident set; the page cache does not change it).
+
 Two cases, each a real mount of a local source through the CLI:
 
 - ``stream``: 8 files of 40 MiB that no tier holds (``--ram-cache 0``, no disk tier), all opened, read
@@ -22,11 +24,9 @@ import os
 import tempfile
 import time
 
-from shadefs.bench.runner import ROOT
 from shadefs.testing import Mount, docsection, proc_vm
 from shadefs.testing.datasets import random_file
 
-DOC = os.path.join(ROOT, "docs", "results", "memory.md")
 MiB = 1 << 20
 
 
@@ -71,6 +71,10 @@ def one(case: str, src: str, work: str, env: dict) -> dict:
             "ram_used": ram["used_bytes"], "ram_cap": ram["capacity_bytes"], "opens": s["opens"]}
 
 
+#: the runner's common options this benchmark honours
+COMMON = ('baseline', 'write_doc')
+
+
 def add_arguments(ap) -> None:
     ap.add_argument("--work", default="/tmp/shadefs-bench-memory", help="sources and mountpoints go here")
 
@@ -101,7 +105,7 @@ def run(args, bench):
     print(table)
     print(f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; {cmd}")
     if args.write_doc:
-        docsection.write_table_section(DOC, "memory", "Daemon memory with files held open", [
+        docsection.write_table_section(bench.results_path(), "memory", "Daemon memory with files held open", [
             f"`{cmd} --write-doc` (load average {load[0]:.2f}). VmRSS of the daemon after the mount (before) and",
             "with every file opened, read whole and still open (after). `stream`: 8 files of 40 MiB that no",
             "tier holds (`--ram-cache 0`, no disk tier); the bound is that a file no tier admits is streamed",

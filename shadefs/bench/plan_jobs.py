@@ -1,6 +1,9 @@
 """Plans that many jobs share: what announcing costs under the cache lock, what a plan costs in memory,
 and whether each job's plan follows its own opens over one mount.
 
+Regime: **counts** (misses against Belady's OPT on the same trace; ``mount`` runs with
+``--no-kernel-cache``). Limit: OPT's misses; for ``announce``, a RAM hit's lock hold without announcements.
+
 ``announce`` (in this process, no FUSE, no data): a namespace of ``--files`` ids, a RAM tier of
 ``--residents`` one-byte files under Belady-on-plan (``static`` inner policy), and ``--ranks`` streams that
 announce at once, from one thread each, ``--epochs`` epochs of ``--samples`` samples each (two seeded
@@ -89,6 +92,17 @@ class TimingLock:
         return self._lock.locked()
 
 
+def observer(plans, pid):
+    """``observe(fid)`` of ``plans`` for the opens of process ``pid`` (None: no job named): the opener is
+    ``observe``'s argument; a package from before that names it per thread (``set_opener``, on this one)."""
+    try:
+        from shadefs.plan.plans import set_opener
+    except ImportError:
+        return plans.observe if pid is None else (lambda fid: plans.observe(fid, pid))
+    set_opener(pid)
+    return plans.observe
+
+
 def pct(xs, q):
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else 0.0
@@ -125,15 +139,14 @@ def announce(args) -> dict:
     # one process per rank (a sleeping child) owns its plan; the opener opens as rank 0, in its order
     owners = [subprocess.Popen(["sleep", "600"]) for _ in range(ranks)]
     if has_job:
-        from shadefs.plan.plans import proc_start_time, set_opener
+        from shadefs.plan.plans import proc_start_time
     reads = np.concatenate(orders[0]).tolist()
     res_list = residents.tolist()
 
     read_at = [0]  # rank 0's next position to open (the opener goes on where the last one left off)
 
     def opener(stop, lat):
-        if has_job:
-            set_opener(owners[0].pid)
+        observe = observer(plans, owners[0].pid if has_job else None)
         j = 0
         while not stop.is_set() and read_at[0] < len(reads):
             if (h, 0) in plans.plans:  # rank 0 reads its plan once it is there
@@ -144,7 +157,7 @@ def announce(args) -> dict:
                 j += 1
             t0 = time.perf_counter()
             with lock:  # as the cache holds it for an open: the cursor, then a hit or the miss's admission
-                plans.observe(f)
+                observe(f)
                 if f in idx:
                     idx.hit(f)
                 else:
@@ -192,11 +205,10 @@ def announce(args) -> dict:
     r1 = min(1, ranks - 1)
     planned = np.concatenate(orders[r1])
     newcomer = next((int(f) for f in planned.tolist() if f not in idx), None)
-    if has_job:
-        set_opener(owners[r1].pid)
+    observe = observer(plans, owners[r1].pid if has_job else None)
     if newcomer is not None:
         with lock:
-            plans.observe(newcomer)
+            observe(newcomer)
             idx.admit(newcomer, 1)
     else:  # every file of the plan is resident: a search for an unplanned newcomer
         lock.holds.append(0.0)
@@ -461,7 +473,7 @@ def split(args) -> dict:
 
     from shadefs import sim
     from shadefs.cache.index import TierIndex
-    from shadefs.plan.plans import PlanRegistry, proc_start_time, set_opener
+    from shadefs.plan.plans import PlanRegistry, proc_start_time
     from shadefs.plan.policy import PlanPolicy
     from shadefs.policies.base import Importance, get_policy
 
@@ -509,8 +521,7 @@ def split(args) -> dict:
                                job=(procs[j].pid, proc_start_time(procs[j].pid)))
             miss = [0, 0, 0]
             for f, i in zip(order, who):
-                set_opener(procs[i].pid)
-                plans.observe(f)          # the daemon follows the open, then serves it
+                observer(plans, procs[i].pid)(f)   # the daemon follows the open, then serves it
                 if f in idx:
                     idx.hit(f)
                 else:
@@ -523,6 +534,10 @@ def split(args) -> dict:
             p.kill()
             p.wait()
     return out
+
+
+#: the runner's common options this benchmark honours
+COMMON = ()
 
 
 def add_arguments(ap) -> None:

@@ -1,5 +1,8 @@
 """Restart-to-serving time of a mount whose NVMe tier already holds N entries.
 
+Regime: **counts** (wall time until the mount serves; metadata only). Limit: the source scan alone
+(a mount cannot serve before its namespace is known).
+
 For each N it synthesises, directly on local disk and without FUSE, a source tree of N tiny files
 (1000 per directory) and the matching disk-tier namespace a previous daemon would have left (entries
 named sha256(path), stamped with the source mtime). Then it times ``shadefs mount`` until the mount is
@@ -138,6 +141,10 @@ def drop_caches() -> bool:
         return True
     except OSError:
         return False
+
+
+#: the runner's common options this benchmark honours
+COMMON = ()
 
 
 def add_arguments(ap) -> None:

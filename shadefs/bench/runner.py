@@ -1,9 +1,10 @@
 """The benchmarks' runner: one argument parser, load, regime line, interleaved rounds, baseline and doc writer.
 
-Every benchmark is a module of :mod:`shadefs.bench` with a docstring (its first line: the question it
-answers; then the regime it runs in and the physical limit it is measured against), ``add_arguments(parser)``
-(its own options) and ``run(args, bench)`` (returns an exit status, None for 0). :func:`main` parses the
-common options (:func:`add_common`) and the benchmark's, prints the load average at the start and the end,
+Every benchmark is a module of :mod:`shadefs.bench` with a docstring (its first paragraph: the question it
+answers; then the regime it runs in and the physical limit it is measured against), ``COMMON`` (which of
+the common options it honours), ``add_arguments(parser)`` (its own options) and ``run(args, bench)``
+(returns an exit status, None for 0). :func:`main` parses the common options (:func:`add_common`) and the
+benchmark's, prints the load average at the start and the end,
 and hands ``run`` a :class:`Bench` with the shared pieces:
 
 - :meth:`Bench.regime`: :func:`shadefs.testing.regime.describe`'s line, printed and kept;
@@ -15,7 +16,10 @@ and hands ``run`` a :class:`Bench` with the shared pieces:
 - :meth:`Bench.table`, :meth:`Bench.load`: a table printed with the load average it was measured at;
 - :meth:`Bench.write_results` / :meth:`Bench.write_performance`: with ``--write-doc``, the benchmark's section
   of docs/results/NAME.md and of docs/performance.md (:mod:`shadefs.testing.docsection`);
-- :meth:`Bench.save_json`: with ``--json PATH``, the figures as JSON.
+- :meth:`Bench.save_json`: with ``--json PATH``, the figures as JSON;
+- :meth:`Bench.mount_variants` / :func:`add_variant_option`: the tree, the baseline and ``--variant`` mounts;
+- :func:`env_with` (a child's environment with a daemon's switches), :func:`example` (the module of an
+  example in scripts/ that a benchmark borrows from), :func:`median`, :func:`loadavg`.
 
 ``python -m shadefs.bench --list`` lists the benchmarks; ``python -m shadefs.bench NAME --help`` their options.
 """
@@ -36,7 +40,7 @@ from shadefs.testing import Mount, baseline as _baseline, docsection
 from shadefs.testing.regime import describe
 
 __all__ = ["ROOT", "DOCS", "Bench", "Side", "add_common", "add_variant_option", "benchmarks", "question", "main",
-           "median", "loadavg"]
+           "median", "loadavg", "env_with", "example"]
 
 #: the checkout this package runs from (its docs/ and git history: the baseline is a revision of it)
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -48,6 +52,27 @@ _NOT_BENCHMARKS = {"runner", "__main__"}
 def loadavg() -> str:
     """The 1, 5 and 15 minute load averages now, as ``"0.52 0.61 0.70"``."""
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def env_with(base: Optional[Dict[str, str]] = None, **overrides: str) -> Dict[str, str]:
+    """A child's environment: ``base`` (default this process's) with ``overrides`` set (a daemon's switches
+    such as ``SHADEFS_FUSE_PYTHON_LOOP="0"``; docs/configuration.md, "Environment")."""
+    return {**(os.environ if base is None else base), **overrides}
+
+
+def example(name: str):
+    """The module of the example ``scripts/NAME.py`` (``make_fashion_mnist``, ``train_fashion_mnist``: what a
+    user runs, which some benchmarks drive or borrow from), loaded from its file once. Raises OSError where
+    the checkout has no such script."""
+    import importlib.util
+
+    key = f"shadefs_example_{name}"
+    if key not in sys.modules:
+        spec = importlib.util.spec_from_file_location(key, os.path.join(ROOT, "scripts", f"{name}.py"))
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        sys.modules[key] = mod
+    return sys.modules[key]
 
 
 def median(xs: Sequence[float]) -> float:
@@ -238,6 +263,10 @@ class Bench:
         if not self.args.write_doc:
             return False
         path = path or self.results_path()
+        if not os.path.exists(path):  # a new report: its title names the command
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            with open(path, "w") as f:
+                f.write(f"# Results of `python -m shadefs.bench {self.name}`\n")
         docsection.write_section(path, marker or self.name, section)
         print(f"{self.name}: wrote {os.path.relpath(path, ROOT)}", file=sys.stderr)
         return True
@@ -255,17 +284,27 @@ class Bench:
             os.replace(tmp, self.args.json)
 
 
-def add_common(p: argparse.ArgumentParser) -> None:
-    """The options every benchmark takes (a benchmark changes their defaults with ``p.set_defaults``)."""
+#: the common options: name -> (flag, add_argument keywords)
+_COMMON = {
+    "rounds": ("--rounds", dict(type=int, default=1, help="interleaved rounds (every case once per round; "
+                                "figures are medians over rounds, or the best where the benchmark says so)")),
+    "baseline": ("--baseline", dict(metavar="REV", default=None, help="also run the shadefs package of git "
+                                    "revision REV side by side ('none': the tree alone)")),
+    "write_doc": ("--write-doc", dict(action="store_true", help="rewrite this benchmark's section of "
+                                      "docs/results/NAME.md (and of docs/performance.md where it keeps one)")),
+    "json": ("--json", dict(metavar="PATH", default=None, help="also write the figures to PATH as JSON")),
+}
+
+
+def add_common(p: argparse.ArgumentParser, names: Sequence[str] = tuple(_COMMON)) -> None:
+    """The common options ``names`` (of ``rounds``, ``baseline``, ``write_doc``, ``json``: those a benchmark
+    honours, its module's ``COMMON``); the others stay at their defaults, and a command line that gives one is
+    refused. A benchmark changes their defaults with ``p.set_defaults``."""
     g = p.add_argument_group("common options")
-    g.add_argument("--rounds", type=int, default=1, help="interleaved rounds (every case once per round; "
-                   "figures are medians over rounds)")
-    g.add_argument("--baseline", metavar="REV", default=None,
-                   help="also run the shadefs package of git revision REV side by side ('none': the tree alone)")
-    g.add_argument("--write-doc", action="store_true",
-                   help="rewrite this benchmark's section of docs/results/NAME.md (and of docs/performance.md "
-                        "where it keeps one)")
-    g.add_argument("--json", metavar="PATH", help="also write the figures to PATH as JSON")
+    for name, (flag, kw) in _COMMON.items():
+        if name in names:
+            g.add_argument(flag, **kw)
+    p.set_defaults(**{name: kw.get("default", False) for name, (_, kw) in _COMMON.items() if name not in names})
 
 
 def add_variant_option(p: argparse.ArgumentParser, example: str) -> None:
@@ -281,7 +320,7 @@ def parser_for(name: str) -> Tuple[argparse.ArgumentParser, Any]:
     mod = importlib.import_module(f"shadefs.bench.{name}")
     p = argparse.ArgumentParser(prog=f"python -m shadefs.bench {name}", description=mod.__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_common(p)
+    add_common(p, getattr(mod, "COMMON", tuple(_COMMON)))
     mod.add_arguments(p)
     return p, mod
 

@@ -52,10 +52,10 @@ from ..policies.base import Importance
 from ..procutil import FdReserve
 from .buffers import FILL_BUFFERS, FillBuffers
 from .chunks import ChunkedNamespace, ChunkMap
-from .counters import COUNTER_NAMES, OpenCounters
+from .counters import COUNTER_NAMES, OpenCounters, Outcome
 from .disk_hits import ENTRY_GONE_ERRNOS, DiskHits
 from .fetch import COMPACTION_WAIT, FILL_CHUNK, Fetches
-from .handle import Handle, OpenTicket, Outcome
+from .handle import Handle, OpenTicket
 from .index import TierIndex
 from .movers import MOVE_QUEUE, Mover
 from .opens import UNLINK_WAIT, OpenPath

@@ -8,11 +8,30 @@ and ``"late"`` outcomes).
 """
 from __future__ import annotations
 
-__all__ = ["OpenCounters", "OUTCOMES", "COUNTER_NAMES"]
+import enum
+
+__all__ = ["OpenCounters", "Outcome", "OUTCOMES", "COUNTER_NAMES"]
+
+
+class Outcome(str, enum.Enum):
+    """The one outcome every open is counted under (:mod:`shadefs.cache.counters`). A ``str``: the value is
+    what the counters, the stats JSON and the trace say (``Outcome.RAM == "ram"``, ``str(Outcome.RAM) ==
+    "ram"``)."""
+
+    RAM = "ram"            # a hit of the RAM tier (or of a RAM victim's bytes still in memory)
+    DISK = "disk"          # a hit of the NVMe tier
+    SHARED = "shared"      # the group's shared tier served it
+    MISS = "miss"          # the backend served it (a fetch led or joined, or a stream)
+    PREFETCH = "prefetch"  # a completed read ahead was taken (the prefetcher counts it ``ready``)
+    LATE = "late"          # it waited for a read ahead in flight (the prefetcher counts it ``late``)
+
+    __str__ = str.__str__        # the value, as a plain string would print: the trace's CSV, log lines
+    __format__ = str.__format__
+
 
 # an open's outcome: a hit of one tier, a miss, a completed prefetch taken ("prefetch", counted ready by the
 # prefetcher) or a prefetch waited for ("late")
-OUTCOMES = ("ram", "disk", "shared", "miss", "prefetch", "late")
+OUTCOMES = tuple(Outcome)
 
 COUNTER_NAMES = (
     "opens", "hits_ram", "hits_disk", "hits_shared", "misses",
@@ -40,8 +59,8 @@ class OpenCounters:
         for name in COUNTER_NAMES:
             setattr(self, name, 0)
 
-    def count(self, outcome: str, size: int) -> None:
-        """One open of ``size`` bytes counted ``outcome`` (one of :data:`OUTCOMES`; ValueError otherwise,
+    def count(self, outcome: Outcome, size: int) -> None:
+        """One open of ``size`` bytes counted ``outcome`` (an :class:`Outcome`, or its value; ValueError otherwise,
         nothing counted). ``"prefetch"`` and ``"late"`` raise only ``opens`` here: the prefetcher counts
         them (ready, late)."""
         if outcome == "ram":

@@ -9,7 +9,8 @@ import os
 import threading
 from typing import List, Optional
 
-from .handle import Handle, Outcome, _pread_exact
+from .counters import Outcome
+from .handle import Handle, _pread_exact
 from .movers import Victim
 from .tiers import CorruptEntry
 
@@ -29,9 +30,10 @@ class DiskHits:
         # under self.lock: is generation ``gen`` the resident disk entry of ``fid``?
         return fid in self.disk_index and int(self.entries.gen[fid]) == gen
 
-    def open_kept(self, fid: int, gen: int) -> Optional[Handle]:
+    def open_kept(self, fid: int, gen: int, opener: Optional[int] = None) -> Optional[Handle]:
         """An NVMe hit whose entry the caller already holds open: generation ``gen`` of ``fid``'s disk
-        entry (a FUSE passthrough backing id the kernel front end kept, which pins that entry file).
+        entry (a FUSE passthrough backing id the kernel front end kept, which pins that entry file), for
+        process ``opener``.
 
         Counted as one disk hit, exactly as :meth:`open_nowait` counts it, when that generation is still
         the resident entry, under ``--verify-entries first-hit``, has passed its check (its first hit
@@ -53,15 +55,16 @@ class DiskHits:
             if self._promotable(fid, size):
                 return None  # _disk_hit reads and verifies it to promote it
             self.disk_index.hit(fid)
-            self._count(fid, size, "disk")
-        return Handle(self, fid, size, "disk", gen=gen)
+            self._count(fid, size, Outcome.DISK, opener)
+        return Handle(self, fid, size, Outcome.DISK, gen=gen)
 
-    def _disk_hit(self, fid: int, size: int, gen: int, csum: int) -> Optional[Handle]:
+    def _disk_hit(self, fid: int, size: int, gen: int, csum: int,
+                  opener: Optional[int] = None) -> Optional[Handle]:
         """Serve a disk-resident file: open its entry, verify its checksum, count the hit, promote it to
         RAM when RAM admits it. None (nothing counted) when the entry was dropped, moved or corrupt. A
         packed entry: :meth:`_packed_hit`."""
         if self.disk.segments is not None and self.disk.packed(size):
-            return self._packed_hit(fid, size, gen, csum)
+            return self._packed_hit(fid, size, gen, csum, opener)
         try:
             fd = self.disk.open_entry(self.ns.path(fid), gen, csum)
         except CorruptEntry as e:
@@ -82,9 +85,9 @@ class DiskHits:
             with self.lock:  # this generation passed at an earlier hit (cleared with every new one)
                 passed = self._current(fid, gen) and self.verified[fid]
                 if passed:
-                    self._count(fid, size, "disk")
+                    self._count(fid, size, Outcome.DISK, opener)
             if passed:
-                return self._entry_handle(fid, size, "disk", fd, gen, csum)
+                return self._entry_handle(fid, size, Outcome.DISK, fd, gen, csum)
         grant = self.fills.take(size) if keep else 0  # an entry read whole is a fill buffer until promoted
         try:
             data = self.disk.verify(fd, size, csum, keep=keep)
@@ -102,7 +105,7 @@ class DiskHits:
             self._settle_due()  # (it may promote: a reservation decides on pins)
             if self._current(fid, gen):
                 self.verified[fid] = True
-            self._count(fid, size, "disk")
+            self._count(fid, size, Outcome.DISK, opener)
             if keep:
                 self.counts.entry_loads += 1
             if data is not None and self._current(fid, gen):
@@ -111,8 +114,8 @@ class DiskHits:
         if promoted is not None:
             os.close(fd)
             self.mover.submit(demote, [old])  # the old entry's unlink and the victims' writes
-            return Handle(self, fid, size, "disk", data=data, pin=promoted)
-        return self._entry_handle(fid, size, "disk", fd, gen, csum, data)
+            return Handle(self, fid, size, Outcome.DISK, data=data, pin=promoted)
+        return self._entry_handle(fid, size, Outcome.DISK, fd, gen, csum, data)
 
     def _entry_handle(self, fid: int, size: int, outcome: Outcome, fd: int, gen: int, csum: int,
                       data: Optional[bytes] = None) -> Handle:
@@ -145,7 +148,8 @@ class DiskHits:
         if corrupt:
             self._drop_corrupt(fid, gen, csum, size, f"disk entry for {self.ns.path(fid)!r}: {e.strerror or e}")
 
-    def _packed_hit(self, fid: int, size: int, gen: int, csum: int) -> Optional[Handle]:
+    def _packed_hit(self, fid: int, size: int, gen: int, csum: int,
+                    opener: Optional[int] = None) -> Optional[Handle]:
         """A disk hit of a packed entry (a record in a segment): one read of its header and bytes together
         (:meth:`SegmentStore.read`), checked (header always, the bytes' xxh3_64 per ``--verify-entries``),
         then counted and served from those bytes: its READs never read the record again; promoted to RAM
@@ -169,17 +173,17 @@ class DiskHits:
             current = self._current(fid, gen)
             if current:
                 self.verified[fid] = True
-            self._count(fid, size, "disk")
+            self._count(fid, size, Outcome.DISK, opener)
             if current and self.ram_index.capacity_bytes > 0:
                 demote, old, promoted = self._promote_locked(fid, size, data)
             if promoted is None:
                 if self.loose_bytes + size <= self.loose_budget:
                     self.loose_bytes += size  # the record's bytes, held by the handle (LOOSE_BUFFERS)
-                    return Handle(self, fid, size, "disk", data, None, None, size)
+                    return Handle(self, fid, size, Outcome.DISK, data, None, None, size)
         if promoted is not None:
             self.mover.submit(demote, [old])  # the old entry's unlink and the victims' writes
-            return Handle(self, fid, size, "disk", data=data, pin=promoted)
-        return Handle(self, fid, size, "disk")  # no loose room: served by ranges from the backend
+            return Handle(self, fid, size, Outcome.DISK, data=data, pin=promoted)
+        return Handle(self, fid, size, Outcome.DISK)  # no loose room: served by ranges from the backend
 
     def _promote_locked(self, fid: int, size: int, data: bytes):
         # under self.lock, settled (_settle_due), for a verified disk hit of ``fid`` with its bytes in hand:

@@ -12,7 +12,8 @@ import time
 from typing import Iterator, List, Optional
 
 from ..backends.timeout import on_deadline
-from .handle import Handle, Outcome, _pread_exact
+from .counters import Outcome
+from .handle import Handle, _pread_exact
 from .movers import Victim
 from .state import SOURCE_BACKEND, SOURCE_SHARED, DyingEntry, Fetch
 from .tiers import CompactionBehind, DiskFloorReached
@@ -43,8 +44,8 @@ class Fetches:
         if victims is not None:
             moving = self._evict_ram(victims)
             return self.table.begin_fetch(fid, "ram", source), moving
-        plan = self._reserve_disk(fid, size)
-        if plan is None:
+        reservation = self._reserve_disk(fid, size)
+        if reservation is None:
             if (transient and size <= self.whole_max and self.loose_bytes + size <= self.loose_budget
                     and not self._read_whole_once[fid]
                     and (self.source_passthrough == "off" or fid >= self._nfiles)):
@@ -60,7 +61,7 @@ class Fetches:
                 return self.table.begin_fetch(fid, "memory", source), []
             return None, []
         fl = self.table.begin_fetch(fid, "disk", source)
-        fl.plan = plan
+        fl.reservation = reservation
         return fl, []
 
     def _reserve_disk(self, fid: int, size: int):
@@ -199,7 +200,7 @@ class Fetches:
     def _fill_disk(self, fid: int, size: int, fl: Fetch, data: Optional[bytes]) -> Optional[bytes]:
         """Fill the reserved disk entry from ``data`` or the backend. Returns the bytes read from the
         backend when they were read whole (to offer to the group), else None."""
-        gen, doomed = fl.plan
+        gen, doomed = fl.reservation
         failed: list = []
         keep: list = []
         if data is not None:

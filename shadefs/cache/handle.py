@@ -6,12 +6,11 @@ import errno
 import os
 from typing import Optional
 
+from .counters import Outcome
+from .decision import Decision, DiskHit, Lead, Stream
 from .state import Pin
 
-__all__ = ["Handle", "OpenTicket", "Outcome"]
-
-Outcome = str  # "ram" | "disk" | "shared" | "miss" | "prefetch" (a completed prefetch) | "late" (waited on one)
-
+__all__ = ["Handle", "OpenTicket"]
 
 class Handle:
     """One open of one file: serves its bytes until :meth:`release`.
@@ -19,8 +18,9 @@ class Handle:
     Attributes:
         fid: the file id.
         size: the file's size in bytes (the snapshot's).
-        outcome: what this open was counted as: ``"ram"``, ``"disk"``, ``"shared"``, ``"miss"``,
-            ``"prefetch"`` (a completed prefetch, ``ready``) or ``"late"`` (it waited for one).
+        outcome: what this open was counted as (an :class:`~shadefs.cache.counters.Outcome`, a ``str``):
+            ``"ram"``, ``"disk"``, ``"shared"``, ``"miss"``, ``"prefetch"`` (a completed prefetch,
+            ``ready``) or ``"late"`` (it waited for one).
         gen: the generation of the disk entry the handle serves (or served: an entry-less disk hit of
             :meth:`TieredCache.open_kept`), else 0.
         keep_pages: whether the kernel may keep the file's pages from earlier opens (FOPEN_KEEP_CACHE):
@@ -52,7 +52,7 @@ class Handle:
         self.gen = gen
         self.size = size
         self.outcome = outcome
-        self.keep_pages = outcome != "miss" if keep_pages is None else keep_pages
+        self.keep_pages = outcome != Outcome.MISS if keep_pages is None else keep_pages
         self._cache = cache
         self._data = data
         self._fd = fd
@@ -159,17 +159,16 @@ def _pread_exact(fd: int, length: int, offset: int) -> bytes:
 class OpenTicket:
     """An open :meth:`TieredCache.open_nowait` looked up but could not serve without waiting (a miss,
     or a file fetching): pass it to :meth:`TieredCache.open_ticket`, exactly once, on a thread that may
-    block. ``fid``, ``size``: the file; ``plan``: what the lookup decided (opaque)."""
+    block. ``fid``, ``size``: the file; ``decision``: what the lookup decided (:mod:`shadefs.cache.decision`);
+    ``opener``: the process whose open it is (or None)."""
 
-    __slots__ = ("fid", "size", "plan")
+    __slots__ = ("fid", "size", "decision", "opener")
 
-    def __init__(self, fid: int, size: int, plan: tuple):
-        self.fid, self.size, self.plan = fid, size, plan
+    def __init__(self, fid: int, size: int, decision: Decision, opener: Optional[int] = None):
+        self.fid, self.size, self.decision, self.opener = fid, size, decision, opener
 
     @property
     def joins(self) -> bool:
         """Whether serving it waits on another thread's read (a fetch in flight, a prefetch), rather than
         on a read of its own or nothing (a file no tier admits)."""
-        fl, _, leader, _ = self.plan
-        return fl is not None and not leader
-
+        return not isinstance(self.decision, (DiskHit, Lead, Stream))

@@ -176,11 +176,11 @@ class Mover:
                 continue
             gen = csum = 0
             with c.lock:
-                plan = c._reserve_disk(fid, len(data))
+                reservation = c._reserve_disk(fid, len(data))
             ok = False
             try:
-                if plan is not None:
-                    gen, doomed = plan
+                if reservation is not None:
+                    gen, doomed = reservation
                     c._clear_victims(fid, doomed)
                     csum = c.disk.put(c.ns.path(fid), gen, (data,), len(data), mtime_ns=c._mtime_ns(fid))
                     ok = True
@@ -193,7 +193,7 @@ class Mover:
                         c.table.commit_move(fid, mv, gen, csum)
                         c.counts.demotions += 1
                     else:
-                        if plan is not None:
+                        if reservation is not None:
                             c.disk_index.abort(fid)
                         c.table.drop_move(fid, mv)
                     c._unpin_locked(mv.pin, 0)  # the bytes are on disk (or dropped): the move's ref

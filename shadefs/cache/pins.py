@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import List, Optional
 
-from .handle import Handle, Outcome
+from .counters import Outcome
+from .handle import Handle
 from .movers import Victim
 from .state import PIN_DYING, PIN_LOOSE, PIN_TIER, Pin
 

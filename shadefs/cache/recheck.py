@@ -13,6 +13,12 @@ class Recheck:
     """A reused snapshot's records compared with the source at their file's first open (mixed into
     :class:`~shadefs.cache.core.TieredCache`; ``_unchecked``: the namespace's not-yet-compared flags)."""
 
+    @property
+    def rechecks(self) -> bool:
+        """Whether the namespace came from a reused snapshot whose records are compared with the source at
+        their file's first open (:meth:`unchecked` may be True for some file)."""
+        return self._unchecked is not None
+
     def unchecked(self, fid: int) -> bool:
         """Whether file ``fid``'s record came from a reused snapshot and was not compared with the
         source yet (then :meth:`recheck` stats the source before anything of it is served)."""

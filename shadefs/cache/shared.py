@@ -39,19 +39,22 @@ does not hold: a value that fails (another format, another length, another tag) 
 (``--shared-tier-insecure``) the tag is the same HMAC under an empty key: a checksum against accidents
 only, whose failures count as ``corrupt``.
 
+Here: :class:`SharedTier`, a member's reads, offers and threads. Its calls with a deadline and back-off
+are :class:`.shared_calls.DeadlineCalls`, its membership and the group's budget
+:class:`.shared_group.GroupMembership`; the Lua scripts are in :mod:`.shared_scripts`, the value format
+and its tag in :mod:`.shared_values`, the options' URLs and secret in :mod:`.shared_config` (their
+public names are re-exported here).
+
 Thread-safe. ``redis`` (redis-py >= 5) is imported only when a shared tier is configured.
 """
 from __future__ import annotations
 
-import collections
 import concurrent.futures as cf
-import hashlib
 import hmac
 import logging
 import os
 import queue
 import socket
-import struct
 import threading
 import time
 import urllib.parse
@@ -60,6 +63,12 @@ from typing import Dict, List, Optional, Sequence
 import xxhash
 
 from ..logutil import RateLimitedLog
+from .shared_calls import PER_MIB_S, SKIP, Breaker, DeadlineCalls
+from .shared_config import (MIN_SECRET, SharedTierConfigError, namespace_key, parse_urls, read_secret,
+                            redact_url)
+from .shared_group import GroupMembership
+from .shared_scripts import ADMIT, DELETE, RESCORE, TOUCH
+from .shared_values import AUTH_LOG_WINDOW_S, HEADER, MAGIC, AuthFailureLog, SharedKey, value_tag
 
 __all__ = ["SharedTier", "SharedTierConfigError", "SharedKey", "parse_urls", "redact_url", "namespace_key",
            "read_secret", "value_tag", "HEADER", "MAGIC", "DEFAULT_PARTITIONS", "MODES", "MIN_SECRET"]
@@ -67,289 +76,13 @@ __all__ = ["SharedTier", "SharedTierConfigError", "SharedKey", "parse_urls", "re
 log = logging.getLogger("shadefs.shared")
 
 DEFAULT_PARTITIONS = 64
-MAGIC = b"SHD2"           # the value format: values of another format are never served
-TAG = 32                  # HMAC-SHA256
-HEADER = len(MAGIC) + TAG  # bytes in front of every value
-MIN_SECRET = 16           # bytes of group secret at least
-LOGGED_KEYS = 4096        # keys whose failed authentication was logged (each once), most recent kept
-AUTH_LOG_BURST = 10       # failed authentications logged per AUTH_LOG_WINDOW_S at most (a flood is summed up)
-AUTH_LOG_WINDOW_S = 10.0
-PER_MIB_S = 0.010         # the deadline grows by 10 ms per MiB of value (a 16 MiB value: 210 ms)
-# policy name -> admission mode of the partition script
 OFFER_QUEUE_BYTES = 64 << 20  # bytes of values queued for the offer thread at most (an offer past it is dropped)
 CAP_BATCH = 1000          # values one SET_CAP call evicts at most (Redis runs a script alone: ~10-20 ms per call)
+# policy name -> admission mode of the partition script
 MODES = {"shade": "imp", "static": "static", "lru": "lru", "fifo": "fifo"}
 
 
-class SharedTierConfigError(ValueError):
-    """A ``--shared-tier`` setting is invalid (one line for the user)."""
-
-
-class SharedKey(str):
-    """A group-wide key: the hex name of one version of a file (a ``str``, what Redis stores it under),
-    carrying ``ident``, the bytes of its path and version that the value's tag covers."""
-
-    __slots__ = ("ident",)
-
-    def __new__(cls, hexkey: str, ident: bytes):
-        self = super().__new__(cls, hexkey)
-        self.ident = ident
-        return self
-
-
-def read_secret(path: str) -> bytes:
-    """The group secret in ``path`` (its bytes, surrounding whitespace stripped).
-
-    Raises:
-        SharedTierConfigError: unreadable, not a regular file, readable or writable by group or others
-            (the secret would not be one), or shorter than :data:`MIN_SECRET` bytes.
-    """
-    import stat
-
-    name = f"--shared-tier-secret {path!r}"
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOCTTY)
-    except OSError as e:
-        raise SharedTierConfigError(f"{name}: {e.strerror}") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise SharedTierConfigError(f"{name}: not a regular file")
-        if st.st_mode & 0o066:
-            raise SharedTierConfigError(f"{name}: mode {stat.S_IMODE(st.st_mode):04o} lets group or others read "
-                                        f"or write the secret; chmod 600 it")
-        with os.fdopen(os.dup(fd), "rb") as f:
-            secret = f.read(1 << 16).strip()
-    finally:
-        os.close(fd)
-    if len(secret) < MIN_SECRET:
-        raise SharedTierConfigError(f"{name}: {len(secret)} bytes; give at least {MIN_SECRET} "
-                                    f"(head -c 32 /dev/urandom | base64 > FILE)")
-    return secret
-
-
-def value_tag(secret: bytes, ns: str, key: str, ident: bytes, data) -> bytes:
-    """The 32-byte tag of a value: HMAC-SHA256 under ``secret`` over the format tag, the group ``ns``,
-    the ``key``, the file's ``ident`` (path and version) and ``data`` (bytes-like; not copied)."""
-    h = hmac.new(secret, MAGIC + b"\0" + ns.encode() + b"\0" + key.encode() + b"\0"
-                 + struct.pack(">I", len(ident)) + ident, hashlib.sha256)
-    h.update(data)
-    return h.digest()
-
-
-def namespace_key(source_url: str) -> str:
-    """The group's name: sha256 of the source URL, first 16 hex digits (as the disk tier names its folder)."""
-    return hashlib.sha256(source_url.encode("utf-8", "surrogateescape")).hexdigest()[:16]
-
-
-def parse_urls(spec: str) -> List[str]:
-    """Split ``redis://h1:6379,h2:6379`` or ``redis://a:6379,redis://b:6379`` into full URLs.
-
-    A bare ``host:port`` after the first URL takes the first one's scheme and credentials.
-
-    Raises:
-        SharedTierConfigError: empty, a scheme other than redis:// or rediss://, no host, or a bad port.
-    """
-    parts = [p.strip() for p in (spec or "").split(",") if p.strip()]
-    if not parts:
-        raise SharedTierConfigError("--shared-tier: give at least one redis:// or rediss:// URL")
-    out = []
-    first = None
-    for p in parts:
-        if "://" not in p:
-            if first is None:
-                raise SharedTierConfigError(f"--shared-tier {redact_url(p)!r}: start with redis:// or rediss://")
-            userinfo = first.netloc.rpartition("@")[0]
-            p = f"{first.scheme}://{userinfo + '@' if userinfo else ''}{p}"
-        u = urllib.parse.urlsplit(p)
-        if u.scheme not in ("redis", "rediss"):
-            raise SharedTierConfigError(f"--shared-tier {redact_url(p)!r}: the scheme must be redis:// or rediss://")
-        try:
-            port = u.port
-        except ValueError:
-            raise SharedTierConfigError(f"--shared-tier {redact_url(p)!r}: bad port") from None
-        if not u.hostname:
-            raise SharedTierConfigError(f"--shared-tier {redact_url(p)!r}: no host")
-        if port is None:
-            p = urllib.parse.urlunsplit((u.scheme, u.netloc + ":6379", u.path, u.query, u.fragment))
-            u = urllib.parse.urlsplit(p)
-        if first is None:
-            first = u
-        out.append(p)
-    return out
-
-
-def redact_url(url: str) -> str:
-    """The URL with any password replaced by ``***`` (what logs and stats show)."""
-    try:
-        u = urllib.parse.urlsplit(url)
-    except ValueError:
-        return "<unparsable URL>"
-    if u.password is None and "@" not in u.netloc:
-        return url
-    user = u.username or ""
-    host = u.netloc.rpartition("@")[2]
-    cred = f"{user}:***" if u.password is not None else user
-    return urllib.parse.urlunsplit((u.scheme, f"{cred}@{host}", u.path, u.query, u.fragment))
-
-
-# -- Lua: one script per operation; every key it touches shares the partition's hash tag ---------------------
-# KEYS: zset, sizes, meta, value key.  ARGV: member, score, size, payload, mode, value-key prefix
-ADMIT = r"""
-local z, s, m, vk = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local member, size, mode, prefix = ARGV[1], tonumber(ARGV[3]), ARGV[5], ARGV[6]
-if redis.call('ZSCORE', z, member) then return {1, 0} end
-local cap = tonumber(redis.call('HGET', m, 'cap') or '0')
-if size > cap then return {0, 0} end
-local score = tonumber(ARGV[2])
-if mode == 'lru' or mode == 'fifo' then
-  local t = redis.call('TIME'); score = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
-end
-local used = tonumber(redis.call('HGET', m, 'used') or '0')
-local need = used + size - cap
-local victims, freed = {}, 0
-if need > 0 then
-  if mode == 'static' then return {0, 0} end
-  local start = 0
-  while freed < need do
-    local batch = redis.call('ZRANGE', z, start, start + 31, 'WITHSCORES')
-    if #batch == 0 then return {0, 0} end
-    for i = 1, #batch, 2 do
-      if mode == 'imp' and tonumber(batch[i + 1]) >= score then return {0, 0} end
-      victims[#victims + 1] = batch[i]
-      freed = freed + tonumber(redis.call('HGET', s, batch[i]) or '0')
-      if freed >= need then break end
-    end
-    start = start + 32
-  end
-  for _, v in ipairs(victims) do
-    redis.call('DEL', prefix .. v)
-    redis.call('ZREM', z, v)
-    redis.call('HDEL', s, v)
-  end
-  redis.call('HINCRBY', m, 'evictions', #victims)
-end
-redis.call('SET', vk, ARGV[4])
-redis.call('ZADD', z, score, member)
-redis.call('HSET', s, member, size)
-redis.call('HSET', m, 'used', used - freed + size)
-redis.call('HINCRBY', m, 'files', 1 - #victims)
-return {2, #victims}
-"""
-
-# KEYS: zset, sizes, meta.  ARGV: cap, gen, value-key prefix, most victims per call.
-# Returns {applied, evicted, more}: more = 1 when the partition is still over its cap (call again). One call
-# evicts at most ARGV[4] values, so Redis, which runs a script alone, is never blocked for long by a shrink.
-SET_CAP = r"""
-local z, s, m = KEYS[1], KEYS[2], KEYS[3]
-local cap, gen, prefix, most = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
-local g = tonumber(redis.call('HGET', m, 'gen') or '-1')
-if gen < g then return {0, 0, 0} end
-redis.call('HSET', m, 'cap', cap, 'gen', gen)
-local used = tonumber(redis.call('HGET', m, 'used') or '0')
-local n = 0
-while used > cap and n < most do
-  local v = redis.call('ZRANGE', z, 0, 0)[1]
-  if not v then used = 0; break end
-  used = used - tonumber(redis.call('HGET', s, v) or '0')
-  redis.call('DEL', prefix .. v)
-  redis.call('ZREM', z, v)
-  redis.call('HDEL', s, v)
-  n = n + 1
-end
-if n > 0 then
-  redis.call('HSET', m, 'used', used)
-  redis.call('HINCRBY', m, 'files', -n)
-  redis.call('HINCRBY', m, 'evictions', n)
-end
-if used > cap then return {1, n, 1} end
-return {1, n, 0}
-"""
-
-# KEYS: zset, sizes, meta, value key.  ARGV: member.  Returns 1 when it was resident.
-DELETE = r"""
-local z, s, m, vk = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local size = redis.call('HGET', s, ARGV[1])
-redis.call('DEL', vk)
-if not size then return 0 end
-redis.call('ZREM', z, ARGV[1])
-redis.call('HDEL', s, ARGV[1])
-redis.call('HINCRBY', m, 'used', -tonumber(size))
-redis.call('HINCRBY', m, 'files', -1)
-return 1
-"""
-
-# KEYS: members, sizes, meta.  ARGV: member id, bytes (-1: leave), ttl ms.  Returns {gen, total, count}.
-HEARTBEAT = r"""
-local mem, sz, meta = KEYS[1], KEYS[2], KEYS[3]
-local id, bytes, ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local changed = false
-for _, dead in ipairs(redis.call('ZRANGEBYSCORE', mem, '-inf', now)) do
-  redis.call('ZREM', mem, dead); redis.call('HDEL', sz, dead); changed = true
-end
-if bytes < 0 then
-  if redis.call('ZREM', mem, id) == 1 then changed = true end
-  redis.call('HDEL', sz, id)
-else
-  if not redis.call('ZSCORE', mem, id) or tonumber(redis.call('HGET', sz, id) or '-1') ~= bytes then
-    changed = true
-  end
-  redis.call('ZADD', mem, now + ttl, id)
-  redis.call('HSET', sz, id, bytes)
-end
-if changed then redis.call('HINCRBY', meta, 'gen', 1) end
-local total = 0
-for _, v in ipairs(redis.call('HVALS', sz)) do total = total + tonumber(v) end
-return {tonumber(redis.call('HGET', meta, 'gen') or '0'), total, redis.call('ZCARD', mem)}
-"""
-
-# KEYS: zset.  ARGV: score, member, score, member, ...  Updates resident members only (ZADD XX).
-RESCORE = r"""
-local n = 0
-for i = 1, #ARGV, 2 do n = n + redis.call('ZADD', KEYS[1], 'XX', 'CH', ARGV[i], ARGV[i + 1]) end
-return n
-"""
-
-# KEYS: zset.  ARGV: member.  An LRU hit: move to the most recent end (server time).
-TOUCH = r"""
-local t = redis.call('TIME')
-return redis.call('ZADD', KEYS[1], 'XX', tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000, ARGV[1])
-"""
-
-
-class _Breaker:
-    """Consecutive-failure circuit breaker: after ``threshold`` failures in a row, closed for a back-off
-    (``base_s``, doubling on every failed retry up to ``max_s``); then one call goes through."""
-
-    __slots__ = ("threshold", "base_s", "max_s", "fails", "until", "backoff")
-
-    def __init__(self, threshold: int, base_s: float, max_s: float):
-        self.threshold, self.base_s, self.max_s = threshold, base_s, max_s
-        self.fails, self.until, self.backoff = 0, 0.0, base_s
-
-    def open(self, now: float) -> bool:
-        return now < self.until
-
-    def ok(self) -> None:
-        self.fails, self.backoff = 0, self.base_s
-
-    def fail(self, now: float) -> bool:
-        """Record a failure; True when this one opened the breaker."""
-        self.fails += 1
-        if self.fails >= self.threshold:
-            self.until = now + self.backoff
-            self.backoff = min(self.max_s, self.backoff * 2)
-            self.fails = self.threshold - 1  # the retry after the back-off re-opens on one failure
-            return True
-        return False
-
-
-_SKIP = object()
-
-
-class SharedTier:
+class SharedTier(DeadlineCalls, GroupMembership):
     """This mount's membership in a group's shared tier.
 
     Args:
@@ -407,8 +140,8 @@ class SharedTier:
         self._group_keys = (g + "members", g + "sizes", g + "meta")
         self._pool = cf.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="shared")
         self._lock = threading.Lock()
-        self._breakers = [_Breaker(fail_threshold, backoff_s, backoff_max_s) for _ in range(self.K)]
-        self._global = _Breaker(fail_threshold * 3, backoff_s, backoff_max_s)
+        self._breakers = [Breaker(fail_threshold, backoff_s, backoff_max_s) for _ in range(self.K)]
+        self._global = Breaker(fail_threshold * 3, backoff_s, backoff_max_s)
         self._offers: "queue.Queue" = queue.Queue(maxsize=offer_queue)
         # the bytes of the values queued: at most offer_queue_bytes (an offer past it is dropped)
         self.offer_queue_bytes = OFFER_QUEUE_BYTES
@@ -418,8 +151,7 @@ class SharedTier:
         self._stop = threading.Event()
         self._threads: List[threading.Thread] = []
         self._err_log = RateLimitedLog(log, 10.0)
-        self._auth_logged: "collections.OrderedDict[str, None]" = collections.OrderedDict()
-        self._auth_window = [-float("inf"), 0, 0]  # window start (monotonic s), logged in it, suppressed
+        self._auth_log = AuthFailureLog()  # which failed authentications are logged
         self.client = None
         self.cluster = False
         self._connect_lock = threading.Lock()
@@ -517,41 +249,6 @@ class SharedTier:
                 c = self.client
         return c
 
-    # -- calls with a deadline ------------------------------------------------------------------------------
-    def _run(self, fn, partition: Optional[int], deadline_s: float, wait: bool = True):
-        """Run ``fn(client)`` on a worker, waiting at most ``deadline_s``. Returns its result or _SKIP."""
-        now = time.monotonic()
-        with self._lock:
-            if self._global.open(now) or (partition is not None and self._breakers[partition].open(now)):
-                self.skipped += 1
-                return _SKIP
-        fut = self._pool.submit(lambda: fn(self._client()))
-        try:
-            out = fut.result(timeout=deadline_s if wait else None)
-        except Exception as e:  # TimeoutError, redis errors, a broken cluster map: all cost one hit
-            now = time.monotonic()
-            with self._lock:
-                self.errors += 1
-                self.deadlines += isinstance(e, cf.TimeoutError)
-                opened = self._global.fail(now)
-                if partition is not None:
-                    opened = self._breakers[partition].fail(now) or opened
-            kind = "deadline" if isinstance(e, cf.TimeoutError) else f"{type(e).__name__}: {e}"
-            self._err_log(logging.WARNING, "shared tier %s: %s%s", self.redacted, kind,
-                          "; backing off" if opened else "")
-            return _SKIP
-        with self._lock:
-            self._global.ok()
-            if partition is not None:
-                self._breakers[partition].ok()
-        return out
-
-    def _deadline(self, nbytes: int) -> float:
-        return self.timeout_s + nbytes / 2**20 * PER_MIB_S
-
-    def _script(self, client, src: str, keys, args):
-        return client.execute_command("EVAL", src, len(keys), *keys, *args)
-
     # -- the read path -------------------------------------------------------------------------------------
     def get(self, key: str, size: int) -> Optional[bytes]:
         """The verified value of ``key`` (exactly ``size`` bytes), or None (absent, too large, failed,
@@ -572,7 +269,7 @@ class SharedTier:
         with self._lock:
             self.gets += 1
         raw = self._run(call, p, self._deadline(size))
-        if raw is _SKIP or raw is None:
+        if raw is SKIP or raw is None:
             return None
         data = self._verify(key, raw, size)
         if data is not None:
@@ -597,7 +294,7 @@ class SharedTier:
         raws = self._run(call, None, self._deadline(sum(sizes[i] for i in idx)) + self.timeout_s)
         with self._lock:
             self.gets += len(idx)
-        if raws is _SKIP:
+        if raws is SKIP:
             return out
         for i, raw in zip(idx, raws):
             if isinstance(raw, bytes):
@@ -622,7 +319,7 @@ class SharedTier:
                 return pipe.execute(raise_on_error=False)
 
             res = self._run(call, None, self.timeout_s * 4 + len(part) * 2e-6)
-            if res is _SKIP:
+            if res is SKIP:
                 break
             out[i:i + len(part)] = [isinstance(r, float) for r in res]
         return out
@@ -643,23 +340,9 @@ class SharedTier:
             self._err_log(logging.WARNING, "shared tier: dropping a corrupt value (%d bytes, expected %d + %d)",
                           len(raw), HEADER, size)
         else:
-            now = time.monotonic()
-            suppressed = 0
             with self._lock:
                 self.auth_failed += 1
-                w = self._auth_window
-                first = key not in self._auth_logged
-                if first:
-                    self._auth_logged[key] = None
-                    if len(self._auth_logged) > LOGGED_KEYS:
-                        self._auth_logged.popitem(last=False)
-                    if now - w[0] >= AUTH_LOG_WINDOW_S:
-                        suppressed, w[:] = w[2], [now, 0, 0]
-                    if w[1] < AUTH_LOG_BURST:
-                        w[1] += 1
-                    else:
-                        w[2] += 1
-                        first = False
+                first, suppressed = self._auth_log.note(key, time.monotonic())
             if first:
                 log.warning("shared tier: a value failed authentication (key %s, %d bytes, format %r): not written "
                             "with this group's secret; deleted, reading the source%s", key, len(raw),
@@ -688,7 +371,7 @@ class SharedTier:
         args = (key, repr(float(score)), size, payload, self.mode, self._tags[p] + "v:")
         res = self._run(lambda c: self._script(c, ADMIT, (z, s, m, self._tags[p] + "v:" + key), args), p,
                         self._deadline(size) + self.timeout_s)
-        outcome = "failed" if res is _SKIP else ("refused", "resident", "admitted")[int(res[0])]
+        outcome = "failed" if res is SKIP else ("refused", "resident", "admitted")[int(res[0])]
         self._count_offer(outcome)
         return outcome
 
@@ -766,7 +449,7 @@ class SharedTier:
         z, s, m = self._pkeys(p)
         res = self._run(lambda c: self._script(c, DELETE, (z, s, m, self._tags[p] + "v:" + key), (key,)), p,
                         self.timeout_s * 4)
-        return res is not _SKIP and bool(res)
+        return res is not SKIP and bool(res)
 
     def rescore(self, keys: Sequence[str], scores: Sequence[float]) -> int:
         """Set the rank score of resident ``keys`` (the group's importance under ``shade``), one
@@ -784,112 +467,7 @@ class SharedTier:
             return pipe.execute(raise_on_error=False)
 
         res = self._run(call, None, self.timeout_s * 8, wait=True)
-        return 0 if res is _SKIP else sum(r for r in res if isinstance(r, int))
-
-    # -- membership ----------------------------------------------------------------------------------------
-    def heartbeat(self, leave: bool = False) -> bool:
-        """Renew (or end) this membership; apply the group's budget to every partition when it changed.
-
-        Returns True when the heartbeat reached Redis."""
-        ttl_ms = int(self.heartbeat_s * 3000)
-        args = (self.member_id, -1 if leave else self.size_bytes, ttl_ms)
-        res = self._run(lambda c: self._script(c, HEARTBEAT, self._group_keys, args), None,
-                        max(1.0, self.timeout_s * 20))
-        if res is _SKIP:
-            return False
-        gen, total, count = int(res[0]), int(res[1]), int(res[2])
-        with self._lock:
-            changed = gen != self.gen
-            self.group_capacity, self.members = total, count
-        if changed or leave:
-            self.apply_caps(gen, total)
-        if not leave:
-            self.joined = True
-        self.refresh()
-        return True
-
-    def caps(self, total: int) -> List[int]:
-        """Partition budgets for a group budget of ``total`` bytes (they sum to ``total`` exactly)."""
-        q, r = divmod(int(total), self.K)
-        return [q + (p < r) for p in range(self.K)]
-
-    def apply_caps(self, gen: int, total: int) -> int:
-        """Set every partition's budget for membership ``gen``, evicting the least important excess in
-        batches of at most :attr:`cap_batch` values per script call (Redis runs one script at a time: a
-        shrink that evicts 150,000 values in one call blocked it for seconds). Rounds of one pipelined call
-        per partition still over its cap, until none is. Returns the number evicted (-1 when Redis failed;
-        retried on the next heartbeat; the batches already applied stay applied)."""
-        caps = self.caps(total)
-        todo = list(range(self.K))
-        n = 0
-        calls = 0
-        while todo:
-            def call(c, todo=todo):
-                pipe = c.pipeline(transaction=False)
-                for p in todo:
-                    pipe.execute_command("EVAL", SET_CAP, 3, *self._pkeys(p), caps[p], gen, self._tags[p] + "v:",
-                                         self.cap_batch)
-                return pipe.execute()
-
-            res = self._run(call, None, max(2.0, self.timeout_s * 40))
-            if res is _SKIP:
-                with self._lock:
-                    self.cap_calls += calls
-                    self.cap_evictions += n
-                return -1
-            calls += len(todo)
-            n += sum(int(r[1]) for r in res)
-            todo = [p for p, r in zip(todo, res) if len(r) > 2 and int(r[2])]
-        with self._lock:
-            self.gen = gen
-            self.cap_calls += calls
-            self.cap_evictions += n
-        if n:
-            log.info("shared tier: group budget now %d bytes (%d members); evicted %d files over it",
-                     total, self.members, n)
-        return n
-
-    def refresh(self) -> Optional[dict]:
-        """Read every partition's byte counter (pipelined) into the group figures of :meth:`stats`."""
-        def call(c):
-            pipe = c.pipeline(transaction=False)
-            for p in range(self.K):
-                pipe.hmget(self._pkeys(p)[2], "used", "files", "evictions", "cap")
-            return pipe.execute()
-
-        res = self._run(call, None, max(1.0, self.timeout_s * 20))
-        if res is _SKIP:
-            return None
-        g = {"used_bytes": 0, "files": 0, "evictions": 0, "cap_bytes": 0}
-        free = []
-        for row in res:
-            for name, v in zip(("used_bytes", "files", "evictions", "cap_bytes"), row):
-                g[name] += int(v or 0)
-            free.append(int(row[3] or 0) - int(row[0] or 0))
-        with self._lock:
-            self._group = g
-            self._free = free
-        return g
-
-    def partition_figures(self) -> List[dict]:
-        """Per partition: cap, used, files, and the exact sum of stored value sizes (tests, ``shadefs
-        stats --json`` debugging). Blocking; raises redis errors."""
-        c = self._client()
-        out = []
-        for p in range(self.K):
-            z, s, m = self._pkeys(p)
-            meta = c.hgetall(m)
-            sizes = c.hgetall(s)
-            members = c.zrange(z, 0, -1)
-            pipe = c.pipeline(transaction=False)
-            for h in members:
-                pipe.strlen(self._tags[p] + "v:" + h.decode())
-            lens = pipe.execute() if members else []
-            out.append({"cap": int(meta.get(b"cap", 0)), "used": int(meta.get(b"used", 0)),
-                        "files": int(meta.get(b"files", 0)), "members": len(members),
-                        "sizes_sum": sum(int(v) for v in sizes.values()),
-                        "values_sum": sum(n - HEADER for n in lens)})
-        return out
+        return 0 if res is SKIP else sum(r for r in res if isinstance(r, int))
 
     # -- lifecycle -------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -905,14 +483,6 @@ class SharedTier:
             t = threading.Thread(target=target, name=name, daemon=True)
             t.start()
             self._threads.append(t)
-
-    def _heartbeat_loop(self) -> None:
-        n = 0
-        while not self._stop.wait(self.heartbeat_s):
-            n += 1
-            self.heartbeat()
-            if n % 10 == 0 and self.gen >= 0:  # re-apply now and then: a member may have died mid-apply
-                self.apply_caps(self.gen, self.group_capacity)
 
     def close(self, leave: bool = True) -> None:
         """Stop the threads; ``leave``: drop out of the group (its budget shrinks now, the excess is

@@ -38,6 +38,8 @@ import enum
 import threading
 from typing import Dict, NamedTuple, Optional
 
+from .counters import Outcome
+
 __all__ = ["FileState", "Pin", "Fetch", "Move", "DyingEntry", "StateTable", "IllegalTransition", "TRANSITIONS",
            "ENTRY_TRANSITIONS", "PIN_TIER", "PIN_DYING", "PIN_LOOSE", "SOURCE_BACKEND", "SOURCE_SHARED",
            "SOURCE_WINDOW", "LEADER_OUTCOME", "JOINER_OUTCOME"]
@@ -85,10 +87,10 @@ SOURCE_BACKEND = "backend"   # read from the backend by this fetch
 SOURCE_SHARED = "shared"     # the group's shared tier held them
 SOURCE_WINDOW = "window"     # the plan prefetcher's window held them (its open was counted ready or late)
 # the outcome of the open that led a fetch (a window fetch's open is counted before it leads it) ...
-LEADER_OUTCOME = {SOURCE_BACKEND: "miss", SOURCE_SHARED: "shared"}
+LEADER_OUTCOME = {SOURCE_BACKEND: Outcome.MISS, SOURCE_SHARED: Outcome.SHARED}
 # ... and of an open that waited for it: a backend or group read it shared (a miss, counted ``joined``, or a
 # shared hit), or the admission of prefetched bytes (it waited for a prefetch: ``late``)
-JOINER_OUTCOME = {SOURCE_BACKEND: "miss", SOURCE_SHARED: "shared", SOURCE_WINDOW: "late"}
+JOINER_OUTCOME = {SOURCE_BACKEND: Outcome.MISS, SOURCE_SHARED: Outcome.SHARED, SOURCE_WINDOW: Outcome.LATE}
 
 
 class IllegalTransition(RuntimeError):
@@ -120,11 +122,11 @@ class Fetch:
         data: the bytes once read (the RAM tier's own, or a buffer waiting opens are served from).
         error: the exception the read raised (every waiter raises it).
         gen, csum: the disk entry written (``"disk"``).
-        plan: ``"disk"``: (generation, the victims' :class:`DyingEntry` records).
+        reservation: ``"disk"``: (generation, the victims' :class:`DyingEntry` records).
         loose: bytes reserved in the loose working set for the first handle (``"memory"``).
     """
 
-    __slots__ = ("tier", "data", "error", "source", "gen", "csum", "plan", "loose", "done")
+    __slots__ = ("tier", "data", "error", "source", "gen", "csum", "reservation", "loose", "done")
     kind = "fetch"
 
     def __init__(self, tier: str, source: str = SOURCE_BACKEND):
@@ -134,7 +136,7 @@ class Fetch:
         self.error: Optional[BaseException] = None
         self.gen = 0
         self.csum = 0
-        self.plan = None
+        self.reservation = None
         self.loose = 0
         self.done = threading.Event()
 

@@ -151,7 +151,7 @@ def _hold_mountpoint(mountpoint: str):
 def cmd_mount(args) -> int:
     """Mount (see the module's docstring). Ctrl-C before the mount is reported ends with one line, status
     130 and nothing mounted: a daemon already forked is stopped (its process group), a mount it made is
-    unmounted; Ctrl-C before the fork has changed nothing (:func:`main` says so)."""
+    unmounted; Ctrl-C before the fork has changed nothing (:func:`shadefs.cli.main` says so)."""
     cfg = build_config(args)
     check_machine(cfg)
     mp_lock = _hold_mountpoint(cfg.mountpoint)  # held until the daemon exits (inherited by the fork)

@@ -12,7 +12,6 @@ from typing import Optional, Tuple
 
 from ..backends.timeout import on_deadline
 from ..cache.handle import Handle, OpenTicket
-from ..plan.plans import set_opener
 from . import protocol as P
 from .backing import BackingConflict
 from .passthrough import SourceReads
@@ -66,7 +65,6 @@ class FileOps:
         if node >= self._num_files:
             self._send(fd, unique, P.OPEN, errno.EISDIR, ())
             return None
-        set_opener(pid)
         # until its handle is in self._files (or it failed): the file is opening (open_now)
         self._opening[unique] = node
         try:
@@ -83,11 +81,11 @@ class FileOps:
                 # an NVMe hit of a file whose backing id we hold: counted without opening its entry
                 gen = self.modes.gen_of(node)
                 if gen is not None:
-                    h = self._open_kept(node, gen)
+                    h = self._open_kept(node, gen, pid)
                     if h is not None:
                         self.kept_opens += 1
             if h is None:
-                h = self._open_nowait(node, True) if self._open_ticket is not None else self._open_nowait(node)
+                h = self._open_nowait(node, True, pid)
         except Exception as e:
             self._fail(fd, unique, P.OPEN, self.ns.path(node), e)
             return None
@@ -195,11 +193,10 @@ class FileOps:
     def _open_slow(self, fd: int, unique: int, fid: int, ticket, pid: Optional[int] = None) -> None:
         """Worker: a miss (waits on the backend, or on another open's fetch of the same file); ``ticket``:
         the reader's lookup of it (:meth:`TieredCache.open_ticket`), or None; ``pid``: the opener."""
-        set_opener(pid)
         try:
             # the backend's reads run on this thread; at a deadline its watchdog answers the open
             with on_deadline(lambda e: self._past_deadline(fd, unique)):
-                h = self.cache.open(fid) if ticket is None else self._open_ticket(ticket)
+                h = self.cache.open(fid, pid) if ticket is None else self._open_ticket(ticket)
         except Exception as e:
             self._opening.pop(unique, None)
             if self._finish(unique):

@@ -86,6 +86,7 @@ import threading
 from typing import Dict, List, Optional, Tuple
 
 from ..backends.base import BackendError, reply_errno
+from ..cache.api import CacheAPI
 from ..config import Environment
 from ..procutil import name_thread
 from . import protocol as P
@@ -170,7 +171,9 @@ class KernelFrontend(FileOps, MetadataOps, KernelPages):
 
     Args:
         namespace: the metadata snapshot (node ids are its dense ids).
-        cache: the read path (``open``/``open_nowait`` -> :class:`~shadefs.cache.core.Handle`).
+        cache: the read path (a :class:`~shadefs.cache.api.CacheAPI`: ``open``/``open_nowait`` ->
+            :class:`~shadefs.cache.core.Handle`); a source with no tiers derives from
+            :class:`~shadefs.cache.api.BareCache`.
         daemon: ``on_mounted()`` is called once INIT is answered; ``daemon.endpoint`` is served as the
             ``user.shadefs.endpoint`` xattr. May be None.
         mountpoint: an existing empty directory.
@@ -187,7 +190,7 @@ class KernelFrontend(FileOps, MetadataOps, KernelPages):
         max_workers: cap on the worker threads that serve misses (misses beyond it queue).
     """
 
-    def __init__(self, namespace, cache, daemon=None, *, mountpoint: str, fsname: str = "shadefs",
+    def __init__(self, namespace, cache: CacheAPI, daemon=None, *, mountpoint: str, fsname: str = "shadefs",
                  allow_other: bool = False, kernel_cache: bool = True, passthrough: bool = True,
                  readers: int = READERS, max_workers: int = 256, source_passthrough: str = "off"):
         self.ns = namespace
@@ -200,18 +203,18 @@ class KernelFrontend(FileOps, MetadataOps, KernelPages):
         self.want_passthrough = passthrough
         if source_passthrough not in ("untiered", "large", "off"):
             raise ValueError(f"source_passthrough {source_passthrough!r}: choose untiered, large or off")
-        backend = getattr(cache, "backend", None)
+        backend = cache.backend
         # the mode asked for, where the backend opens source files (posix); set on the cache at INIT
-        self.want_source = source_passthrough if getattr(backend, "open_source", None) is not None else "off"
+        self.want_source = source_passthrough if cache.opens_source else "off"
         self.source_mode = "off"  # what INIT granted
         self.nreaders = max(1, int(readers))
         self.workers = Workers(max_workers)
         self._open_nowait = cache.open_nowait
-        # a cache with tickets: a miss's lookup on the reader is not repeated on the worker (open_ticket)
-        self._open_ticket = getattr(cache, "open_ticket", None)
+        # a miss's lookup on the reader is not repeated on the worker (its ticket: open_ticket)
+        self._open_ticket = cache.open_ticket
         # a reused snapshot: each file's record is compared with the source at its first LOOKUP
-        self._recheck = getattr(cache, "recheck", None) if getattr(cache, "_unchecked", None) is not None else None
-        self._recheck_needed = getattr(cache, "unchecked", None)
+        self._recheck = cache.recheck if cache.rechecks else None
+        self._recheck_needed = cache.unchecked
         # a cache that counts an NVMe hit on a kept passthrough backing id without opening the entry: set at
         # INIT when passthrough is on and the cache verifies entries at their first hit only (every-open reads
         # the entry at every hit)
@@ -226,8 +229,7 @@ class KernelFrontend(FileOps, MetadataOps, KernelPages):
         self.gil_opens = env.fuse_gil_opens
         # a miss of a directory source is served on the reader that read its OPEN (no hand-off to a worker)
         # while the source answers within READER_MISS_MAX_S; a network backend's misses always go to workers
-        self.reader_misses = (getattr(backend, "scheme", None) == "file" and self._open_ticket is not None
-                              and env.fuse_reader_misses)
+        self.reader_misses = backend is not None and backend.scheme == "file" and env.fuse_reader_misses
         self._reader_misses_after = 0.0   # monotonic time before which misses go to workers (backoff)
         self._reader_miss_s = 0.0         # moving average of a reader miss's wall time, seconds
         self.reader_misses_served = 0     # misses served on a reader thread
@@ -400,7 +402,7 @@ class KernelFrontend(FileOps, MetadataOps, KernelPages):
                                       "built with CONFIG_FUSE_PASSTHROUGH)"
         elif not _has_cap_sys_admin():
             self.passthrough_reason = "off (needs CAP_SYS_ADMIN)"
-        elif (self.cache is None or getattr(self.cache, "disk", None) is None) and self.want_source == "off":
+        elif self.cache.disk is None and self.want_source == "off":
             self.passthrough_reason = "off (no NVMe tier, and no passthrough to the source: --source-passthrough " \
                                       "off, or a source other than a directory)"
         else:
@@ -416,16 +418,14 @@ class KernelFrontend(FileOps, MetadataOps, KernelPages):
                                            f"{self.source_mode}"
             self.passthrough_reason += ")"
             self.modes = _Modes(fd)
-            if getattr(self.cache, "verify_entries", None) == "first-hit":
-                self._open_kept = getattr(self.cache, "open_kept", None)
-            hooks = getattr(self.cache, "entry_unlinked", None)
-            if hooks is not None:  # an evicted entry must not stay pinned outside --disk-cache-size
-                hooks.append(self.modes.forget)
-            hooks = getattr(self.cache, "entry_dropped", None)
-            if hooks is not None:  # a corrupt entry's backing id is never given to another generation's open
-                hooks.append(self.modes.dropped)
+            if self.cache.verify_entries == "first-hit":
+                self._open_kept = self.cache.open_kept
+            # an evicted entry must not stay pinned outside --disk-cache-size
+            self.cache.entry_unlinked.append(self.modes.forget)
+            # a corrupt entry's backing id is never given to another generation's open
+            self.cache.entry_dropped.append(self.modes.dropped)
         self._attach_residents()
-        prefetcher = getattr(self.cache, "prefetcher", None)
+        prefetcher = self.cache.prefetcher
         if self.kernel_cache and prefetcher is not None:
             # the kernel may keep pages between opens: the prefetcher asks it before reading a file again
             prefetcher.page_probe = self.pages_held
@@ -446,12 +446,12 @@ class KernelFrontend(FileOps, MetadataOps, KernelPages):
         """With the compiled loop, a cache that supports it and no passthrough (whose per-file io modes,
         :class:`_Modes`, every open must take part in): RAM hits' OPEN, READ and RELEASE are answered in C
         without the GIL (docs/architecture.md, "The front ends")."""
-        attach = getattr(self.cache, "attach_residents", None)
-        if (not self.compiled_loop or attach is None or self.modes is not None or self.gil_opens
+        if (not self.compiled_loop or self.modes is not None or self.gil_opens
                 or not hasattr(_fastloop, "Residents")):
             return
-        self.residents = _fastloop.Residents(self._num_files, P.FOPEN_KEEP_CACHE if self.kernel_cache else 0)
-        attach(self.residents)
+        residents = _fastloop.Residents(self._num_files, P.FOPEN_KEEP_CACHE if self.kernel_cache else 0)
+        if self.cache.attach_residents(residents):
+            self.residents = residents
 
     # -- the reader loop ---------------------------------------------------------------------------------
     def _reader(self, fd: int) -> None:
@@ -654,3 +654,4 @@ def _has_cap_sys_admin() -> bool:
     except OSError:
         pass
     return os.geteuid() == 0
+

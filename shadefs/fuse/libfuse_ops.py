@@ -21,7 +21,6 @@ from mfusepy import FuseOSError, fuse_get_context
 
 from ..backends.base import BackendError, reply_errno
 from ..namespace import _DIR_MODE, Namespace
-from ..plan.plans import set_opener
 
 __all__ = ["ShadeOperations", "ENDPOINT_XATTR"]
 
@@ -57,7 +56,7 @@ class ShadeOperations:
 
     Args:
         namespace: the metadata snapshot.
-        cache: a :class:`~shadefs.cache.core.TieredCache` (``open(fid) -> Handle``).
+        cache: the read path (:class:`~shadefs.cache.api.CacheAPI`: ``open``, ``unchecked``, ``recheck``).
         daemon: notified in :meth:`init` (starts threads after the mount) and :meth:`destroy`;
             ``daemon.endpoint`` is served as the ``user.shadefs.endpoint`` extended attribute.
         kernel_cache: let the kernel keep a file's pages between opens when the open is a hit or the file
@@ -89,8 +88,7 @@ class ShadeOperations:
         node = self.ns.lookup(path)
         if node is None:
             raise FuseOSError(errno.ENOENT)
-        if node < self.ns.num_files and getattr(self.cache, "unchecked", None) is not None \
-                and self.cache.unchecked(node):
+        if node < self.ns.num_files and self.cache.unchecked(node):
             try:  # a reused snapshot's record: compared with the source before the kernel caches its size
                 self.cache.recheck(node)
             except OSError as e:  # gone or unreachable: the open reports it
@@ -137,8 +135,7 @@ class ShadeOperations:
             raise FuseOSError(errno.ENOENT)
         if self.ns.is_dir(fid):
             raise FuseOSError(errno.EISDIR)
-        set_opener(fuse_get_context()[2])  # the opener's pid: plans follow the opens of its job only
-        h = self.cache.open(fid)
+        h = self.cache.open(fid, fuse_get_context()[2])  # the opener's pid: plans follow its job's opens only
         fh = next(self._next_fh)
         self._handles[fh] = h
         fi.fh = fh

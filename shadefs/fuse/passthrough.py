@@ -10,12 +10,19 @@ import os
 from typing import Optional
 
 from ..cache.chunks import ChunkedHandle
+from ..cache.counters import Outcome
 from ..cache.handle import Handle
 
 
 class SourcePassthrough:
     """Opens answered by FUSE passthrough to the source file (mixed into
     :class:`~shadefs.cache.core.TieredCache`; :attr:`source_passthrough` is set by the kernel front end)."""
+
+    @property
+    def opens_source(self) -> bool:
+        """Whether the backend opens source files for passthrough to them (``open_source``: a directory
+        source, the posix backend; a wrapper such as the deadline's forwards it)."""
+        return getattr(self.backend, "open_source", None) is not None
 
     def source_fd(self, h) -> Optional[int]:
         """For an open ``h`` served from the source (a file no tier admits, streamed; or a chunked file),
@@ -37,10 +44,7 @@ class SourcePassthrough:
                 a symlink) or changed (size, mtime): the open fails as a read of it would.
         """
         mode = self.source_passthrough
-        if mode == "off":
-            return None
-        opener = getattr(self.backend, "open_source", None)
-        if opener is None:
+        if mode == "off" or not self.opens_source:
             return None
         fid = h.fid
         if type(h) is ChunkedHandle:
@@ -48,7 +52,7 @@ class SourcePassthrough:
                 with self.lock:
                     if not self._chunks_untiered(fid):
                         return None
-        elif not (type(h) is Handle and h.outcome == "miss" and h.gen == 0 and h.source == "backend"):
+        elif not (type(h) is Handle and h.outcome == Outcome.MISS and h.gen == 0 and h.source == "backend"):
             return None
         if not self.fds.room():  # past the descriptor reserve: served by ranges, as without passthrough
             self.fds.refuse()
@@ -56,7 +60,7 @@ class SourcePassthrough:
                          "the tiers and the source): files are served from the source without passthrough to "
                          "it (counted in stats 'descriptors', refused)", self.fds.limit(), self.fds.reserve)
             return None
-        return opener(self.ns.path(fid), int(self.ns.size(fid)))
+        return self.backend.open_source(self.ns.path(fid), int(self.ns.size(fid)))
 
     def _chunks_untiered(self, fid: int) -> bool:
         # under self.lock: no tier would take any chunk of chunked file ``fid`` now (source_fd)
@@ -84,10 +88,10 @@ class SourcePassthrough:
             self.counts.source_opens += 1
             if type(h) is ChunkedHandle:
                 size = int(self.ns.size(h.fid))
-                self.counts.count("miss", size)
+                self.counts.count(Outcome.MISS, size)
                 self.counts.streamed += 1
                 if self.trace is not None:
-                    self.trace.record(self.ns.path(h.fid), size, "miss")
+                    self.trace.record(self.ns.path(h.fid), size, Outcome.MISS)
 
 
 class SourceReads:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 
 from ..cache.state import PIN_TIER, Pin
-from ..plan.plans import opener, set_opener
+from ..cache.counters import Outcome
 
 log = logging.getLogger("shadefs.cache")
 
@@ -36,17 +36,19 @@ class Residents:
     :class:`~shadefs.cache.core.TieredCache`): publishing residents, retiring them before an eviction
     decides on their pins, and applying the loop's hit log."""
 
-    def attach_residents(self, residents) -> None:
+    def attach_residents(self, residents) -> bool:
         """Let a front end answer RAM hits without the GIL (``shadefs.fuse._fastloop.Residents``; before
         serving). A RAM hit served here publishes its file's bytes to ``residents``; the front end then
         answers that file's opens and reads itself and logs each open (file id, opener pid, size), until the
         file leaves the RAM tier (:meth:`_retire`, under the lock, before an eviction decides on its pins).
         Every critical section that reads or decides on counters, pins or the policy applies the log first
         (:meth:`_settle`), and the front end has it applied every ~2 ms while its reader threads are busy,
-        every 50 ms otherwise (:meth:`apply_hits`): counting is exact at every stats and metrics read."""
+        every 50 ms otherwise (:meth:`apply_hits`): counting is exact at every stats and metrics read.
+        Returns True (this cache publishes its RAM hits)."""
         self._residents = residents
         self._hits_pending = residents.pending
         self.ram_index.pinned = _ResidentsPinned(self)
+        return True
 
     def apply_hits(self) -> None:
         """Apply the RAM hits the front end answered without the GIL (thread-safe; never raises)."""
@@ -62,7 +64,7 @@ class Residents:
         # entries whose last open answered without the GIL was released
         fids, pids, sizes, pins = self._residents.take()
         if fids:
-            # _count(fid, size, "ram") per hit, inlined: the one copy of it (every RAM hit after a file's
+            # _count(fid, size, Outcome.RAM, pid) per hit, inlined: the one copy of it (every RAM hit after a file's
             # first is applied here; the calls doubled this loop's time per hit, ~0.17 us more, under the
             # lock). Counters per batch; policy, plans and trace per hit, as _ram_hit and _count do them
             # (tests/unit/test_ram_hits.py runs both on the same opens)
@@ -75,19 +77,13 @@ class Residents:
             on_hit = self.ram_index.policy.on_hit
             resident = self.ram_index.sizes
             plans, trace, nfiles = self.plans, self.trace, self._nfiles
-            saved = opener() if plans is not None else None
-            try:
-                for fid, pid, size in zip(fids, pids, sizes):
-                    if fid in resident:  # (evicted since: its rank went with it)
-                        on_hit(fid)
-                    if plans is not None and fid < nfiles:  # a chunk's open is its file's, counted once
-                        set_opener(pid)  # the plans follow it as its opener's open
-                        plans.observe(fid)
-                    if trace is not None:
-                        trace.record(self.ns.path(fid), size, "ram")
-            finally:
-                if plans is not None:
-                    set_opener(saved)
+            for fid, pid, size in zip(fids, pids, sizes):
+                if fid in resident:  # (evicted since: its rank went with it)
+                    on_hit(fid)
+                if plans is not None and fid < nfiles:  # a chunk's open is its file's, counted once
+                    plans.observe(fid, pid)  # the plans follow it as its opener's open
+                if trace is not None:
+                    trace.record(self.ns.path(fid), size, Outcome.RAM)
         for rec in pins:
             self._unpin_locked(rec, 0)
 

@@ -1,28 +1,13 @@
-"""Which job an open belongs to: the process the FUSE request names (:func:`set_opener`, per thread) and
-the processes it descends from (:func:`ancestry`, read from ``/proc``), matched to the job that announced
+"""Which job an open belongs to: the process the FUSE request names (its opener, handed with the open to
+:meth:`PlanRegistry.observe <shadefs.plan.plans.PlanRegistry.observe>`) and the processes it descends from (:func:`ancestry`, read from ``/proc``), matched to the job that announced
 a plan (:class:`JobKey`: a pid and its start time, so a reused pid is not taken for the job)."""
 from __future__ import annotations
 
 import dataclasses
-import threading
 from typing import List, Optional, Tuple
 
 
-__all__ = ["JobKey", "set_opener", "opener", "ancestry", "proc_start_time"]
-
-_OPENER = threading.local()
-
-
-def set_opener(pid: Optional[int]) -> None:
-    """Name the process whose open the calling thread serves next (the FUSE request's ``pid``; None:
-    unknown). :meth:`PlanRegistry.observe` on this thread matches the open to that process's job only.
-    The front ends call it before each open (and on the worker that finishes a miss)."""
-    _OPENER.pid = pid
-
-
-def opener() -> Optional[int]:
-    """The process :func:`set_opener` named on the calling thread (None: none)."""
-    return getattr(_OPENER, "pid", None)
+__all__ = ["JobKey", "ancestry", "proc_start_time"]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,7 +12,7 @@ file f therefore consumes f's earliest unconsumed planned position if it lies wi
 of the cursor (the lowest unconsumed position); repeats (with-replacement draws) are separate positions
 of the same file, consumed in order. An open of a file the plan does not name (the test split) is not
 this plan's business and is ignored; nor is an open by a process outside the plan's job, when the plan
-names its job (:class:`JobKey`: the announcing process and its descendants; :func:`set_opener`). An open of a file the plan names, but not within the
+names its job (:class:`JobKey`: the announcing process and its descendants; the opener of each open). An open of a file the plan names, but not within the
 window, is *unmatched*; a plan with ``unmatched_limit`` unmatched opens since its last match, or no match
 for ``idle_s`` seconds, is **retired** (its reader stopped following it: the job changed its mind,
 crashed or ended), logged once and counted. A plan whose every position was consumed is *finished*. A
@@ -26,7 +26,7 @@ Neither state pins cache space: a plan only ranks files (Belady on the known fut
 :mod:`shadefs.plan.policy`) and lends the prefetcher its order (:mod:`shadefs.plan.prefetch`).
 
 Here: the registry of path tables, plans and scans (:class:`PlanRegistry`). A plan and its cursor are in
-:mod:`shadefs.plan.cursor`, an open's job (:func:`set_opener`, :func:`ancestry`) in :mod:`shadefs.plan.jobs`;
+:mod:`shadefs.plan.cursor`, an open's job (:func:`ancestry`) in :mod:`shadefs.plan.jobs`;
 their names are re-exported here.
 
 Not thread-safe by itself: every method runs under ``lock`` (the cache's lock in the daemon), which
@@ -44,9 +44,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from .cursor import NOT_PLANNED, STRIDE_ONE, STRIDE_SHIFT, Plan, carry, carry_positions, carry_rest
-from .jobs import _OPENER, JobKey, ancestry, opener, proc_start_time, set_opener  # _OPENER: read per open, no call
+from .jobs import JobKey, ancestry, proc_start_time
 
-__all__ = ["Plan", "PlanRegistry", "PlanError", "NOT_PLANNED", "STRIDE_SHIFT", "JobKey", "set_opener", "opener", "ancestry", "proc_start_time"]
+__all__ = ["Plan", "PlanRegistry", "PlanError", "NOT_PLANNED", "STRIDE_SHIFT", "JobKey", "ancestry", "proc_start_time"]
 
 log = logging.getLogger("shadefs.plan")
 
@@ -493,14 +493,14 @@ class PlanRegistry:
         self._jobs[pid] = (expires, anc, self.version, owner)
         return owner
 
-    def observe(self, fid: int) -> int:
-        """Follow one open of ``fid`` in the plans of the opener's job (:func:`set_opener`); retire plans
-        that stopped matching.
+    def observe(self, fid: int, opener: Optional[int] = None) -> int:
+        """Follow one open of ``fid`` by process ``opener`` (the FUSE request's pid) in the plans of the
+        opener's job; retire plans that stopped matching.
 
         The opener's job: the owner of a plan (:class:`JobKey`) that is the opener or one of its ancestors.
         Plans without an owner follow every open; a plan with one follows only its job's opens, so another
         job's opens and a reader of no plan (an evaluation loop, ``cp``) move no cursor of it. An opener
-        the thread did not name (None) is followed by every plan.
+        nobody named (None) is followed by every plan.
 
         Returns the number of plans whose position it consumed. Caller holds :attr:`lock`.
         """
@@ -508,7 +508,7 @@ class PlanRegistry:
             self.on_open(fid)
         if not self.plans:
             if self._scans:  # the scans followed while plans were active go on being followed
-                pid = getattr(_OPENER, "pid", None)
+                pid = opener
                 if pid is not None and 0 <= fid < self.num_files:
                     self._scanned(pid, fid, self.clock(), create=False)
             return 0
@@ -518,7 +518,7 @@ class PlanRegistry:
         now = self.clock()
         plans = self.plans.values()
         if self._owned:
-            pid = getattr(_OPENER, "pid", None)
+            pid = opener
             if pid is not None:
                 owner = self._job_of(pid, now)
                 if owner:

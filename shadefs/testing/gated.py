@@ -19,13 +19,14 @@ import os
 import threading
 from typing import Callable
 
+from shadefs.cache.api import BareCache
 from shadefs.testing.handles import MemoryHandle, memory_handle
 
 __all__ = ["GatedCache"]
 
 
-class GatedCache:
-    """The read API of the cache (``open_nowait``/``open``), over the files of ``root`` as named by ``ns``
+class GatedCache(BareCache):
+    """The read API of the cache (``open_nowait``/``open``; the rest of it a :class:`BareCache`'s), over the files of ``root`` as named by ``ns``
     (a :class:`shadefs.namespace.Namespace` of that tree).
 
     ``open_nowait(fid)`` serves every file whose path does not start with ``prefix`` (its bytes read whole,
@@ -35,6 +36,7 @@ class GatedCache:
     """
 
     def __init__(self, ns, root: str, wait: Callable[[], object], prefix: str = "hang/"):
+        super().__init__()
         self.ns, self.root, self.wait, self.prefix = ns, root, wait, prefix
         self.waiting = 0
         self.lock = threading.Lock()
@@ -43,10 +45,10 @@ class GatedCache:
         with open(os.path.join(self.root, self.ns.path(fid)), "rb") as f:
             return memory_handle(f.read())
 
-    def open_nowait(self, fid: int):
+    def open_nowait(self, fid: int, ticket: bool = False, opener=None):
         return None if self.ns.path(fid).startswith(self.prefix) else self._load(fid)
 
-    def open(self, fid: int) -> MemoryHandle:
+    def open(self, fid: int, opener=None) -> MemoryHandle:
         with self.lock:
             self.waiting += 1
         try:

@@ -27,9 +27,15 @@ def _rank(rank, root, init_file, out_dir):
         order = list(iter(sampler))
         assert sampler.flush(20)
         assert sampler.announcer.stream == rank and sampler.announcer.sent == 1
-        dist.barrier()           # both plans are on the daemon's socket before anyone reads
         import time
-        time.sleep(1.0)
+
+        from shadefs.control.client import ControlClient, find_endpoint
+
+        with ControlClient(find_endpoint(root)) as c:  # both plans are announced before anyone reads
+            deadline = time.monotonic() + 60
+            while c.stats()["prefetch"]["plans_announced"] < 2:
+                assert time.monotonic() < deadline, "the daemon did not announce both plans"
+                time.sleep(0.02)
         for i in order:
             ds[i]
         with open(os.path.join(out_dir, f"rank{rank}.txt"), "w") as f:

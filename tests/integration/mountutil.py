@@ -127,6 +127,27 @@ def children_of(pid: int) -> list:
     return out
 
 
+def waiting_on_fuse(pid: int) -> list:
+    """The threads of ``pid`` and of its descendants that wait for a FUSE daemon's answer (their kernel wait
+    channel is ``request_wait_answer`` or another ``fuse`` function): ``(tid, wait channel)``."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        todo += [c for c, _ in children_of(p)]
+        try:
+            tids = os.listdir(f"/proc/{p}/task")
+        except OSError:
+            continue
+        for t in tids:
+            try:
+                wchan = Path(f"/proc/{p}/task/{t}/wchan").read_text()
+            except OSError:
+                continue
+            if "request_wait_answer" in wchan or "fuse" in wchan:
+                out.append((int(t), wchan))
+    return out
+
+
 def fashion_tree(tmp_path_factory, train: int, test: int) -> Path:
     """A Fashion-MNIST ImageFolder tree of ``train`` training and ``test`` test images
     (``scripts/make_fashion_mnist.py``) in a new temporary folder; its path."""

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from conftest import SHADEFS, is_mounted
-from mountutil import children_of, pid_gone
+from mountutil import children_of, pid_gone, waiting_on_fuse
 
 from shadefs.testing.mounts import wait_for
 
@@ -197,7 +197,8 @@ def test_ctrl_c_while_mount_waits_stops_the_daemon(small_tree, tmp_path, mount):
         # the CLI forked its daemon (a child of p): from then on it waits on the daemon's pipe (a sleep
         # alone could signal a CLI still importing on a loaded machine)
         wait_for(lambda: children_of(p.pid), timeout=60, what="the CLI forked its daemon")
-        time.sleep(1.0)          # the daemon is into its scan of the stopped mount
+        # the daemon's scan is in the kernel, waiting on the stopped mount (not merely started)
+        wait_for(lambda: waiting_on_fuse(p.pid), timeout=60, what="the daemon's scan waits on the stopped mount")
         assert p.poll() is None  # still waiting for the daemon
         p.send_signal(signal.SIGINT)
         out, err = p.communicate(timeout=30)
@@ -209,5 +210,4 @@ def test_ctrl_c_while_mount_waits_stops_the_daemon(small_tree, tmp_path, mount):
         assert pid_gone(pid)
     finally:
         os.kill(inner.pid, signal.SIGCONT)
-    time.sleep(1.0)
-    assert not is_mounted(mp)
+    assert not is_mounted(mp)  # (its daemon is gone: nothing can mount there later)

@@ -14,6 +14,7 @@ import pytest
 from conftest import CI, is_mounted
 from mountutil import disk_budget, read, wait_for
 from shadefs.backends.posix import PosixBackend
+from shadefs.cache.api import BareCache
 from shadefs.cache.core import TieredCache
 from shadefs.cache.index import TierIndex
 from shadefs.cache.tiers import DiskTier, MemoryTier
@@ -344,11 +345,12 @@ def test_a_non_root_user_mounts_through_fusermount3(tmp_path, dev_fuse_for_every
             os.chmod(p, 0o755)
         ns = Namespace(PosixBackend(src).walk())
 
-        class Cache:
-            def open_nowait(self, fid):
+        class Cache(BareCache):
+            def open_nowait(self, fid, ticket=False, opener=None):
                 return memory_handle(data, "ram")
 
-            open = open_nowait
+            def open(self, fid, opener=None):
+                return memory_handle(data, "ram")
 
         def serve():
             KernelFrontend(ns, Cache(), None, mountpoint=mp, fsname="shadefs-user-test", passthrough=False).run()

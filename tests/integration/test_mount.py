@@ -9,7 +9,7 @@ import time
 import pytest
 
 from conftest import is_mounted
-from mountutil import LockedPages, disk_budget, read
+from mountutil import LockedPages, disk_budget, pid_gone, read
 
 from shadefs.testing import pid_alive
 
@@ -122,7 +122,7 @@ def test_unreachable_backend_is_eio_hits_keep_serving(small_tree, mount, tmp_pat
     outer = mount(inner.path, "--ram-cache", "1MiB", name="outer")
     assert read(os.path.join(outer.path, "dog/00.bin")) == spec["dog/00.bin"]
     os.kill(inner.pid, signal.SIGKILL)
-    time.sleep(0.2)
+    pid_gone(inner.pid)  # its mount is dead now: every request to it fails
     with pytest.raises(OSError) as e:
         read(os.path.join(outer.path, "cat/01.bin"))
     assert e.value.errno == errno.EIO

@@ -58,7 +58,7 @@ def test_roundtrip_one_copy_and_exact_bytes(redis_server):
     a = tier(redis_server.url, member_id="a")
     b = tier(redis_server.url, member_id="b")
     try:
-        assert a.stats()["group_capacity_bytes"] == 20_000 or a.heartbeat()
+        assert a.heartbeat()  # a joined alone: its next heartbeat learns of b (its thread may have already)
         assert a.stats()["members"] == 2 and a.stats()["group_capacity_bytes"] == 20_000
         k = SharedTier.key("cat/1.jpg", 3000, 5)
         assert b.get(k, 3000) is None
@@ -250,7 +250,7 @@ def test_group_budget_holds_under_concurrent_offers(redis_cluster, offers, sizes
 
 
 def test_down_server_costs_hits_never_errors(redis_server):
-    t = tier(redis_server.url, timeout_s=0.05, backoff_s=0.3)
+    t = tier(redis_server.url, timeout_s=0.05, backoff_s=1.0)
     try:
         k = SharedTier.key("x", 1000)
         assert t.offer(k, blob(1, 1000)) == "admitted"
@@ -260,10 +260,11 @@ def test_down_server_costs_hits_never_errors(redis_server):
         assert t.counters()["errors"] == t.counters()["deadlines"] == 1
         for _ in range(3):
             assert t.get(k, 1000) is None
-        assert t.counters()["skipped"] >= 1  # backing off after repeated failures
+        # the partition's third failure in a row opened its breaker: the fourth get was not sent (the
+        # heartbeats' failures count towards the whole tier's breaker only, 9 in a row)
+        assert t.counters()["skipped"] == 1
         redis_server.resume()
-        time.sleep(0.4)  # the back-off ends; the tier is retried and hits again
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 5  # the back-off (1 s) ends; the tier is retried and hits again
         while t.get(k, 1000) is None and time.monotonic() < deadline:
             time.sleep(0.1)
         assert t.get(k, 1000) == blob(1, 1000)
@@ -279,11 +280,24 @@ def test_killed_master_costs_its_partitions_only(redis_cluster):
         keys = [SharedTier.key(f"f{i}", 100) for i in range(64)]
         for i, k in enumerate(keys):
             assert t.offer(k, blob(i, 100)) == "admitted"
+        # the keys whose partition lives on the master about to die (EXISTS there; MOVED for the others')
+        import redis
+        doomed = redis.Redis.from_url(redis_cluster.masters[2].url)
+        lost = set()
+        for k in keys:
+            try:
+                if doomed.exists(t._tags[t.partition(k)] + "v:" + k):
+                    lost.add(k)
+            except redis.ResponseError:  # MOVED: another master's slot
+                pass
+        doomed.close()
+        assert 0 < len(lost) < 64
         redis_cluster.masters[2].kill()
         got = [t.get(k, 100) for k in keys]
-        assert all(g is None or g == blob(i, 100) for i, g in enumerate(got))
-        hits = sum(g is not None for g in got)
-        assert 0 < hits < 64  # the two live masters still serve their partitions
+        assert [g for k, g in zip(keys, got) if k in lost] == [None] * len(lost)
+        # the two live masters still serve every one of their partitions' values, exact
+        assert [g for k, g in zip(keys, got) if k not in lost] == [blob(i, 100) for i, k in enumerate(keys)
+                                                                   if k not in lost]
         assert t.counters()["errors"] >= 1
     finally:
         t.close(leave=False)
@@ -353,7 +367,7 @@ def test_the_documented_acl_user_is_enough_and_confined_to_its_group(redis_clust
         assert a2.get_many([k], [500]) == [blob(1, 500)] and a2.contains_many([k]) == [True]
         assert a.rescore([k], [3.0]) == 1
         a.refresh()
-        assert a.apply_caps(a.gen, a.group_capacity) >= 0
+        assert a.apply_caps(a.gen, a.group_capacity) == 0  # applied already: nothing over the caps
         assert a.counters()["errors"] == a2.counters()["errors"] == b.counters()["errors"] == 0
         # group A's user on group B's keys: every call refused (counted errors, never a value)
         assert not a_on_b.heartbeat()
@@ -415,8 +429,10 @@ def test_a_full_redis_refuses_writes_and_still_serves(tmp_path):
         outcomes = [t.offer(SharedTier.key(f"f{i}", 100_000), blob(i, 100_000)) for i in range(1, 60)]
         assert "failed" in outcomes  # OOM: Redis refuses the write; counted, never raised
         assert t.counters()["offers"]["failed"] >= 1 and t.counters()["errors"] >= 1
-        time.sleep(1.1)  # past a partition's back-off
-        assert t.get(first, 100_000) == blob(0, 100_000)  # what is stored is still served, exact
+        deadline = time.monotonic() + 10  # past a partition's back-off (1 s), if the refusals opened one
+        while (got := t.get(first, 100_000)) is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert got == blob(0, 100_000)  # what is stored is still served, exact
         check_exact(t)
     finally:
         t.close()

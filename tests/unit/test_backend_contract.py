@@ -42,7 +42,9 @@ def moto_endpoint(moto_server):
     return moto_server.endpoint, client
 
 
-@pytest.fixture(params=["posix", "memory", "s3", "s3-fsspec"])
+# the s3 sources need moto's server process (seconds to start): ``slow``, out of ``make test-fast``
+@pytest.fixture(params=["posix", "memory", pytest.param("s3", marks=pytest.mark.slow),
+                        pytest.param("s3-fsspec", marks=pytest.mark.slow)])
 def source(request, tmp_path):
     if request.param == "posix":
         root = tmp_path / "src"

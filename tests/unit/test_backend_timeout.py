@@ -73,11 +73,11 @@ def test_stuck_threads_are_bounded():
     for name in ("stuck/1", "stuck/2"):
         with pytest.raises(BackendError, match="no answer"):
             b.read(name, 1)
-    t0 = time.monotonic()
     with pytest.raises(BackendError, match="2 backend reads are stuck"):
         b.read("ok/x", 1)                      # refused at once: no third thread to hang
-    assert time.monotonic() - t0 < 0.05
-    assert b.refused == 1 and b.threads == 2
+    # refused, not timed out: no deadline ran for it (timeouts stays at the two stuck reads') and no thread
+    # was started for it
+    assert b.refused == 1 and b.timeouts == 2 and b.threads == 2 and "ok/x" not in inner.finished
     inner.release.set()
     deadline = time.monotonic() + 5
     while b.stuck and time.monotonic() < deadline:
@@ -103,13 +103,12 @@ def test_a_path_whose_read_is_stuck_fails_fast_until_it_returns(caplog):
     with caplog.at_level(logging.ERROR, logger="shadefs.backends.timeout"):
         with pytest.raises(BackendError, match=r"read 'stuck/a' at 0: no answer .* 0.3 s"):
             b.read_range("stuck/a", 0, 4)
-        t0 = time.monotonic()
         for call in (lambda: b.read_range("stuck/a", 4096, 4), lambda: b.read("stuck/a", 8),
                      lambda: b.stat("stuck/a")):
             with pytest.raises(BackendError, match=r"an earlier read of this file has been stuck"):
                 call()
-        assert time.monotonic() - t0 < 0.25           # no deadline (0.3 s) of their own
     assert caplog.text.count("an earlier read of this file") == 1   # logged once per stuck episode
+    # no deadline of their own: refused (3) without a thread, the one timeout is the first read's
     assert b.stuck == 1 and b.threads == 1 and b.refused == 3 and b.timeouts == 1
     assert b.read_range("ok/b", 1, 3) == b"k/b"       # another path is served meanwhile
     inner.release.set()

@@ -36,7 +36,9 @@ def test_a_compiled_extension_goes_to_the_baseline_only_where_its_source_is_the_
                          f"shadefs/fuse/_loop.{so}"]
         with open(os.path.join(tmp, "shadefs", "fuse", f"_loop.{so}"), "rb") as f:
             assert f.read() == b"fuse/_loop"
-        assert len(rev) >= 7
+        head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], check=True, capture_output=True,
+                              text=True).stdout.strip()
+        assert len(rev) >= 7 and head.startswith(rev)   # git's short hash of that revision (7 digits or more)
     finally:
         import shutil
 

@@ -11,6 +11,7 @@ import time
 import numpy as np
 import pytest
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from shadefs.backends.base import Entry
@@ -201,16 +202,26 @@ def test_handler_failures_are_answered_and_survived(live, caplog):
 def test_rejections_are_logged_at_most_once_a_second(live, caplog):
     srv, _, _ = live
     caplog.set_level(logging.WARNING, logger="shadefs.control")
-    srv._log_reject._last = -float("inf")                 # forget earlier tests' rejections
+    limiter = srv._log_reject
+    now = [1000.0]
+    limiter._clock, limiter._last, limiter._suppressed = (lambda: now[0]), -float("inf"), 0  # the test's clock
     sock = raw_dealer(srv.endpoint)
-    t0 = time.monotonic()
-    for _ in range(200):
+    try:
+        for _ in range(200):
+            sock.send_multipart([b"SHADEFS1", b"scores", b"../x", b"\0\0\0\0"])
+        sync(sock)
+        now[0] += 0.999                                   # within the second: still suppressed
         sock.send_multipart([b"SHADEFS1", b"scores", b"../x", b"\0\0\0\0"])
-    sync(sock)
-    elapsed = time.monotonic() - t0
-    warnings = [r for r in caplog.records if "rejected" in r.getMessage()]
-    assert 1 <= len(warnings) <= int(elapsed) + 2
-    sock.close()
+        sync(sock)
+        now[0] += 0.001                                   # a second after the first: logged, with the count
+        sock.send_multipart([b"SHADEFS1", b"scores", b"../x", b"\0\0\0\0"])
+        sync(sock)
+    finally:
+        limiter._clock = time.monotonic
+        sock.close()
+    warnings = [r.getMessage() for r in caplog.records if "rejected" in r.getMessage()]
+    assert len(warnings) == 2, warnings
+    assert "suppressed" not in warnings[0] and warnings[1].endswith("(200 similar messages suppressed)")
 
 
 def test_oversize_at_the_real_limits(live):
@@ -229,8 +240,13 @@ def test_frames_beyond_maxmsgsize_drop_the_peer_not_the_server(small):
     srv, _ = small
     before = srv.counters()["scores_rejected"]["oversize"]
     sock = raw_dealer(srv.endpoint)
+    monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
     sock.send_multipart([b"SHADEFS1", b"scores", b"a", bytes(SMALL_BYTES + S.MAXMSGSIZE_SLACK + 1)])
-    time.sleep(0.1)
+    # the server's transport refuses the frame and drops the connection: wait for that, not for a while
+    assert monitor.poll(10_000), "the oversized frame did not drop the connection"
+    assert recv_monitor_message(monitor)["event"] == zmq.EVENT_DISCONNECTED
+    sock.disable_monitor()
+    monitor.close()
     fresh = raw_dealer(srv.endpoint)
     _, stats = sync(fresh)  # the server still answers a new peer
     # the transport dropped the frame (ZMQ_MAXMSGSIZE) before it reached the server: nothing counted

@@ -94,7 +94,7 @@ def test_score_batches_wait_for_the_background_thread_and_apply_in_slices(small_
         if not gate.is_set():                       # hold the thread back until we looked
             time.sleep(0.001)
             return True
-        slices.append((limit, cache.lock.locked()))
+        slices.append((limit, cache.lock.locked(), policy.pending()))
         return real(limit)
 
     policy.apply_pending = spy
@@ -109,8 +109,10 @@ def test_score_batches_wait_for_the_background_thread_and_apply_in_slices(small_
     gate.set()
     assert wait_for(lambda: policy.ranking() == list(range(9, -1, -1)))
     assert wait_for(lambda: policy.pending() == 0)
-    # 10 ids + 1 hit touch in slices of at most 3, each under the lock
-    assert len(slices) >= 4 and all(limit == 3 and locked for limit, locked in slices)
+    # 10 ids + 1 hit touch in slices of at most 3, each under the lock (a slice the thread runs after
+    # the last one found nothing queued)
+    assert [left for _, _, left in slices if left] == [11, 8, 5, 2]
+    assert all(limit == 3 and locked for limit, locked, _ in slices)
     cache.close()
     assert not cache._bg_thread.is_alive()
 
@@ -131,11 +133,20 @@ def test_capacity_zero_tier_never_subscribes_and_nothing_queues(small_tree, tmp_
 def test_trace_rows_are_written_by_the_thread_in_order(tmp_path):
     path = tmp_path / "t.csv"
     clock = iter(range(1_000_000)).__next__
-    t = TraceWriter(str(path), flush_every=10, clock=clock)
+    t = TraceWriter(str(path), flush_every=10, clock=clock, interval_s=3600)  # no periodic write here
     t.start()
-    for i in range(25):
-        t.record(f"d/{i}.bin", i, "miss" if i % 2 else "ram")
-    assert wait_for(lambda: t.written >= 20)        # two blocks of 10 woke the writer
+    def record(lo, hi):
+        for i in range(lo, hi):
+            t.record(f"d/{i}.bin", i, "miss" if i % 2 else "ram")
+
+    record(0, 10)
+    assert wait_for(lambda: t.written == 10)        # a block of 10 woke the writer: it wrote those 10
+    record(10, 19)
+    assert t.written == 10                          # 9 rows: no block, nothing wakes the writer
+    record(19, 20)
+    assert wait_for(lambda: t.written == 20)        # the second block
+    record(20, 25)
+    assert t.written == 20                          # the last 5 wait for a block, the interval or a flush
     t.flush()
     assert t.written == 25
     t.close()

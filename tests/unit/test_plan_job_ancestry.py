@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from shadefs.plan.plans import PlanRegistry, ancestry, proc_start_time, set_opener
+from shadefs.plan.plans import PlanRegistry, ancestry, proc_start_time
 
 
 def children(pid):
@@ -31,12 +31,6 @@ def other_job():
         p.wait()
 
 
-@pytest.fixture(autouse=True)
-def no_opener():
-    yield
-    set_opener(None)
-
-
 def test_an_open_moves_only_the_plans_of_the_openers_job(other_job):
     shell, worker = other_job
     n = 64
@@ -47,25 +41,24 @@ def test_an_open_moves_only_the_plans_of_the_openers_job(other_job):
     theirs = plans.announce(h, 1, 0, [n], order, job=(shell, proc_start_time(shell)))
     assert ancestry(worker)[:3] == (worker, shell, os.getpid())
 
-    set_opener(worker)                           # the other job's worker: its plan only (the nearest owner)
-    assert [plans.observe(f) for f in range(4)] == [1] * 4
+    # the other job's worker: its plan only (the nearest owner)
+    assert [plans.observe(f, worker) for f in range(4)] == [1] * 4
     assert (theirs.pos, mine.pos) == (4, 0)
 
-    tid, done = [], threading.Event()
-    t = threading.Thread(target=lambda: (tid.append(threading.get_native_id()), done.wait(10)))
+    tid, started, done = [], threading.Event(), threading.Event()
+    t = threading.Thread(target=lambda: (tid.append(threading.get_native_id()), started.set(), done.wait(10)))
     t.start()
     try:
-        while not tid:
-            time.sleep(0.01)
+        assert started.wait(10)
         assert tid[0] != os.getpid()
-        set_opener(tid[0])                       # a thread of the announcing process: its process's job
-        assert plans.observe(0) == 1 and (theirs.pos, mine.pos) == (4, 1)
+        # a thread of the announcing process: its process's job
+        assert plans.observe(0, tid[0]) == 1 and (theirs.pos, mine.pos) == (4, 1)
     finally:
         done.set()
         t.join()
 
-    set_opener(os.getppid())                     # a reader of no job (this test's parent): no cursor moves
-    assert [plans.observe(f) for f in range(10, 30)] == [0] * 20
+    # a reader of no job (this test's parent): no cursor moves
+    assert [plans.observe(f, os.getppid()) for f in range(10, 30)] == [0] * 20
     assert (theirs.pos, mine.pos) == (4, 1) and theirs.unmatched == mine.unmatched == 0
     assert plans.counters()["plans_foreign_opens"] == 20
     assert plans.counters()["plans_matched"] == 5 and plans.retired == 0
@@ -78,7 +71,5 @@ def test_a_job_this_daemon_cannot_see_gets_a_plan_that_follows_every_open():
     start = proc_start_time(os.getpid())
     unseen = plans.announce(h, 0, 0, [n], np.arange(n, dtype=np.uint32), job=(os.getpid(), start + 1))
     assert unseen.owner is None                  # same pid, another start time: not this process
-    set_opener(os.getppid())
-    assert plans.observe(0) == 1
-    set_opener(None)                             # an opener nobody named: every plan follows it
-    assert plans.observe(1) == 1
+    assert plans.observe(0, os.getppid()) == 1
+    assert plans.observe(1, None) == 1           # an opener nobody named: every plan follows it

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from shadefs.cache.index import TierIndex
-from shadefs.plan.plans import PlanRegistry, proc_start_time, set_opener
+from shadefs.plan.plans import PlanRegistry, proc_start_time
 from shadefs.plan.policy import PlanPolicy
 from shadefs.policies.base import Importance, get_policy
 
@@ -17,7 +17,6 @@ def procs():
     for p in ps:
         p.kill()
         p.wait()
-    set_opener(None)
 
 
 def job(p):
@@ -26,8 +25,7 @@ def job(p):
 
 def open_as(plans, idx, proc, f):
     """An open as the daemon serves it: the plans follow it, then a hit or the miss's admission."""
-    set_opener(proc.pid)
-    plans.observe(f)
+    plans.observe(f, proc.pid)
     if f in idx:
         idx.hit(f)
         return None
@@ -90,7 +88,6 @@ def replay(n, scans):
         for p in ps:
             p.kill()
             p.wait()
-        set_opener(None)
 
 
 @pytest.mark.slow
@@ -118,6 +115,5 @@ def test_a_newcomer_of_no_plan_takes_room_from_the_residents_now_after_an_instal
     plans.preparers.append(meanwhile)             # after the tier took its snapshot
     plans.announce(h, 1, 0, [1], np.array([11], dtype=np.uint32), job=job(procs[0]))
     plans.preparers.remove(meanwhile)
-    set_opener(procs[0].pid)
-    plans.observe(5)
+    plans.observe(5, procs[0].pid)
     assert idx.admit(5, 2) == [6, 2]             # the spent 6, then static's highest id among the residents

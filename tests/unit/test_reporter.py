@@ -163,6 +163,7 @@ def _image_folder(root, per_class=8):
             Image.fromarray(px, mode="L").save(d / f"{i}.png")
 
 
+@pytest.mark.slow  # a training run (torchvision's import included): over a second
 def test_tiny_training_without_a_daemon_follows_the_user_code(tmp_path, monkeypatch):
     from torchvision import transforms
     from torchvision.datasets import ImageFolder

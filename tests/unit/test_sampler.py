@@ -217,7 +217,7 @@ def test_fractional_rep_factor(tmp_path):
         s = ShadeSampler(live.dataset, client=client, rep_factor=2.5, seed=6)
         list(s)
     h = s.plan.resident
-    assert h >= 2 and s.plan.hits == 2 * h + h // 2
+    assert h == 10 and s.plan.hits == 2 * h + h // 2  # every resident file is in the (one) shard
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,6 @@
 """The examples in scripts/ and the benchmarks of ``python -m shadefs.bench`` use the shared harness
 (shadefs.testing), start, and edit no sys.path to find it."""
+import importlib
 import os
 import re
 import subprocess
@@ -39,5 +40,7 @@ def test_every_benchmark_starts(name):
                        text=True, timeout=120, cwd="/")
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith(f"usage: python -m shadefs.bench {name} ")
-    for common in ("--rounds", "--baseline REV", "--write-doc", "--json PATH"):
-        assert common in r.stdout
+    honoured = importlib.import_module(f"shadefs.bench.{name}").COMMON
+    for common, flag in (("rounds", "--rounds ROUNDS"), ("baseline", "--baseline REV"), ("write_doc", "--write-doc"),
+                         ("json", "--json PATH")):
+        assert (flag in r.stdout) == (common in honoured), flag

@@ -209,8 +209,8 @@ def test_open_nowait_ticket_serves_a_miss_without_a_second_lookup(small_tree, tm
     t2 = cache.open_nowait(f, ticket=True)
     assert isinstance(t2, OpenTicket) and backend.reads == []
     calls = []
-    real_plan = cache._plan_open
-    cache._plan_open = lambda *a: calls.append(a) or real_plan(*a)   # the worker plans nothing again
+    real_decide = cache._decide
+    cache._decide = lambda *a: calls.append(a) or real_decide(*a)   # the worker decides nothing again
     h = cache.open_ticket(t)
     h2 = cache.open_ticket(t2)
     assert calls == []
