@@ -254,7 +254,7 @@ def run(args, bench):
         with tempfile.TemporaryDirectory() as tmp:
             mnt = os.path.join(tmp, "mnt")
             os.mkdir(mnt)
-                m = Mount(src, mnt, log_file=os.path.join(tmp, "log"))
+            m = Mount(src, mnt, log_file=os.path.join(tmp, "log"))
             t0 = time.perf_counter()
             m.start()
             mount_s.append(time.perf_counter() - t0)
