@@ -3,13 +3,13 @@
 Metadata (the default): mount time (the one-time scan) and ``ImageFolder(...)`` construction over a shadefs
 mount vs on SOURCE directly.
 
-Regime: metadata only (the kernel's dentry and inode caches warm unless ``--drop-caches``). Limit:
+Regime: metadata only (the kernel's dentry and inode caches of the source stay warm: nothing here drops them
+machine-wide). Limit:
 ``ImageFolder`` on the source directly.
 
 ImageFolder construction is pure metadata (a readdir and a stat per file); over the mount it is answered
 from the in-memory snapshot, and with entry/attr timeouts of an hour the second construction does not
-reach the daemon at all. ``--drop-caches`` (root) drops the kernel's dentry/inode caches before each cold
-measurement, so the SOURCE numbers include its real metadata cost.
+reach the daemon at all.
 
     python -m shadefs.bench imagefolder --data data/fmnist/train [--repeat 3] [--write-doc]
 
@@ -47,13 +47,6 @@ SCRIPTS = os.path.join(ROOT, "scripts")  # the examples a user runs (train_fashi
 START, END = docsection.markers("bench_imagefolder")
 EPOCH_SECTION = "imagefolder_epoch"  # docs/results/imagefolder.md: one section per tree, imagefolder_epoch_NAME
 EPOCH_CONFIGS = {"direct": None, "shadefs": [], "nvme": ["--ram-cache", "0"], "ram": ["--ram-cache", "100%"]}
-
-
-def drop_caches(enabled: bool) -> None:
-    if enabled:
-        os.sync()
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("2\n")
 
 
 def build(root: str) -> float:
@@ -237,7 +230,6 @@ def run_epochs(args, bench) -> int:
 def add_arguments(p) -> None:
     p.add_argument("--data", default="data/fmnist/train", help="an ImageFolder root (class folders)")
     p.add_argument("--repeat", type=int, default=3)
-    p.add_argument("--drop-caches", action="store_true", help="drop dentry/inode caches before cold runs (root)")
     p.add_argument("--epochs", type=int, default=0, help="measure E loading epochs (the cold epoch) instead")
     p.add_argument("--configs", default="direct,shadefs,nvme", help="--epochs: of direct,shadefs,nvme,ram")
     p.add_argument("--workers", type=int, default=4, help="--epochs: DataLoader workers")
@@ -257,13 +249,11 @@ def run(args, bench):
     rows = []
     cold_src, warm_src, mount_s, cold_mnt, warm_mnt = [], [], [], [], []
     for _ in range(args.repeat):
-        drop_caches(args.drop_caches)
         cold_src.append(build(src))
         warm_src.append(build(src))
         with tempfile.TemporaryDirectory() as tmp:
             mnt = os.path.join(tmp, "mnt")
             os.mkdir(mnt)
-            drop_caches(args.drop_caches)
             m = Mount(src, mnt, log_file=os.path.join(tmp, "log"))
             t0 = time.perf_counter()
             m.start()
@@ -280,14 +270,14 @@ def run(args, bench):
             ("shadefs mount (scan + fork + mount)", med(mount_s)),
             ("over the mount, first after mounting", med(cold_mnt)), ("over the mount, again", med(warm_mnt))]
     header = (f"ImageFolder over {n_files} files ({src}); median of {args.repeat}; "
-              f"caches dropped: {'yes' if args.drop_caches else 'no'}; load average {os.getloadavg()[0]:.1f}")
+              f"the source's dentries warm; load average {os.getloadavg()[0]:.1f}")
     print(header)
     for name, s in rows:
         print(f"  {name:<40} {s:8.3f} s")
     if args.write_doc:
         md = [START, "## Metadata: mount and ImageFolder construction", "",
               f"`python -m shadefs.bench imagefolder --data {args.data} --repeat {args.repeat}"
-              f"{' --drop-caches' if args.drop_caches else ''} --write-doc` — {header}.", "",
+              " --write-doc` — {header}.", "",
               "| what | seconds |", "|---|---:|"]
         md += [f"| {name} | {s:.3f} |" for name, s in rows]
         md += ["", "The mount scans the source once (parallel scandir); afterwards lookups and readdir are "
