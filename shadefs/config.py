@@ -125,7 +125,7 @@ class MountConfig:
     fuse_impl: str = "kernel" if sys.platform.startswith("linux") else "libfuse"  # --fuse-impl
     fuse_readers: int = 2                     # kernel front end: reader threads on /dev/fuse clones
     passthrough: bool = True                  # kernel front end: FUSE passthrough for NVMe hits when allowed
-    source_passthrough: str = "off"           # ...and for opens served from the source: untiered, large, off
+    source_passthrough: str = "untiered"      # ...and for opens served from the source: untiered, large, off
     verify_entries: str = "every-open"        # disk entry checksums: at every disk hit, or the first of each entry
     disk_pack_below: int = 64 << 10           # disk entries smaller than this (with a 64-byte header) go in segments
     backend_options: tuple = ()               # (key, value) pairs for fsspec backends

@@ -33,6 +33,7 @@ MISSES = "shadefs_misses_total"
 OPEN_BYTES = "shadefs_open_bytes_total"
 HIT_BYTES = "shadefs_hit_bytes_total"
 BACKEND_BYTES = "shadefs_backend_bytes_total"
+SOURCE_PASSTHROUGH_BYTES = "shadefs_source_passthrough_bytes_total"
 BACKEND_ERRORS = "shadefs_backend_errors_total"
 BACKEND_READ_SECONDS = "shadefs_backend_read_seconds"  # histogram
 EVICTIONS = "shadefs_evictions_total"             # {tier}
@@ -82,7 +83,8 @@ PLAN_MESSAGES = "shadefs_plan_messages_total"
 DESCRIPTORS = "shadefs_descriptors"                       # {kind="open"|"limit"|"reserve"|"held"}
 DESCRIPTOR_REFUSALS = "shadefs_descriptor_refusals_total"  # {result="served"|"failed"}
 
-NAMES = (INFO, UPTIME, OPENS, HITS, MISSES, OPEN_BYTES, HIT_BYTES, BACKEND_BYTES, BACKEND_ERRORS,
+NAMES = (INFO, UPTIME, OPENS, HITS, MISSES, OPEN_BYTES, HIT_BYTES, BACKEND_BYTES, SOURCE_PASSTHROUGH_BYTES,
+         BACKEND_ERRORS,
          BACKEND_READ_SECONDS, EVICTIONS, PROMOTIONS, DEMOTIONS, TIER_USED, TIER_CAPACITY, TIER_FILES,
          CORRUPT, DISK_WRITE_ERRORS, DISK_WRITES_REFUSED, DISK_RELOAD_ENTRIES, DISK_RELOAD_SECONDS,
          SCORE_MESSAGES, SCORE_REJECTED, CHECKPOINTS, SHARED_ERRORS, SHARED_DEADLINES, SHARED_SKIPPED, SHARED_CORRUPT,
@@ -135,8 +137,12 @@ class CacheCollector:
         yield CounterMetricFamily(OPEN_BYTES, "Bytes of every opened file (snapshot sizes).",
                                   value=c["open_bytes"])
         yield CounterMetricFamily(HIT_BYTES, "Bytes of the opens served from a tier.", value=c["hit_bytes"])
-        yield CounterMetricFamily(BACKEND_BYTES, "Bytes read from the backend (single-flight: once per "
-                                  "concurrent miss).", value=c["backend_bytes"])
+        yield CounterMetricFamily(BACKEND_BYTES, "Bytes the daemon read from the backend (single-flight: once "
+                                  "per concurrent miss); not what the kernel reads by passthrough to the "
+                                  "source file.", value=c["backend_bytes"])
+        yield CounterMetricFamily(SOURCE_PASSTHROUGH_BYTES, "Bytes the kernel may read from the source by "
+                                  "passthrough to the source file: the file's size at each such open.",
+                                  value=c["source_passthrough_bytes"])
         yield CounterMetricFamily(BACKEND_ERRORS, "Backend reads that failed (EIO to the reader), missing "
                                   "files excluded.", value=c["backend_errors"])
         evictions = CounterMetricFamily(EVICTIONS, "Files evicted by the tier's policy.", labels=["tier"])

@@ -268,7 +268,7 @@ class TieredCache(OpenPath, DiskHits, Fetches, WorkingSet, Recheck, Fill, Source
                 "opens", "hits_ram", "hits_disk", "hits_shared", "misses", "joined", "streamed",
                 "backend_reads", "range_reads", "backend_errors", "corrupt_entries", "disk_write_errors",
                 "disk_writes_refused", "promotions", "entry_loads", "demotions", "demotions_skipped",
-                "loose_refused", "source_changes", "source_opens")}
+                "loose_refused", "source_changes", "source_opens", "source_passthrough_bytes")}
         want = np.zeros(len(flags), dtype=np.uint8)
         want[np.asarray(ram, dtype=np.int64)] |= RAM_BIT
         want[np.asarray(disk, dtype=np.int64)] |= DISK_BIT
@@ -406,6 +406,7 @@ class TieredCache(OpenPath, DiskHits, Fetches, WorkingSet, Recheck, Fill, Source
                 "demotions": self.demotions, "demotions_skipped": self.demotions_skipped,
                 "loose_refused": self.loose_refused, "source_changes": self.source_changes,
                 "entry_loads": self.entry_loads, "source_opens": self.source_opens,
+                "source_passthrough_bytes": self.source_passthrough_bytes,
                 "loose_bytes": self.loose_bytes, "tiers": tiers, "prefetch": self._prefetch_stats(),
             }
 
@@ -435,6 +436,7 @@ class TieredCache(OpenPath, DiskHits, Fetches, WorkingSet, Recheck, Fill, Source
                 "hit_ratio": hits / self.opens if self.opens else 0.0,
                 "byte_hit_ratio": self.hit_bytes / self.open_bytes if self.open_bytes else 0.0,
                 "backend_bytes": self.backend_bytes,
+                "source_passthrough_bytes": self.source_passthrough_bytes,
                 "corrupt_entries": self.corrupt_entries,
                 "tiers": {"ram": self.ram_index.snapshot(), "disk": disk},
                 "prefetch": self._prefetch_stats(),

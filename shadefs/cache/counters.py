@@ -48,6 +48,9 @@ COUNTER_NAMES = (
     "loose_refused",        # opens with bytes in hand served by ranges: no loose room
     "source_changes",       # files a reused snapshot described before they changed (recheck)
     "source_opens",         # opens answered by FUSE passthrough to the source file (counted misses, streamed)
+    # bytes the kernel may read from the source file by passthrough: the file's size at each such open
+    # (the daemon reads none of them: not in backend_bytes)
+    "source_passthrough_bytes",
 )
 
 class OpenCounters:

@@ -157,11 +157,12 @@ def make_parser() -> argparse.ArgumentParser:
     m.add_argument("--no-passthrough", action="store_true",
                    help="kernel front end: no FUSE passthrough at all (NVMe hits and files served from the source "
                    "go through the daemon)")
-    m.add_argument("--source-passthrough", choices=("untiered", "large", "off"), default="off",
+    m.add_argument("--source-passthrough", choices=("untiered", "large", "off"), default="untiered",
                    help="kernel front end, directory source: answer an open served from the source by FUSE "
-                   "passthrough to the source file (the kernel reads it: re-reads at the source's page-cache "
-                   "speed). untiered: files no tier would take any part of; large: also every file "
-                   "above 8 MiB (cached by chunks) whatever the tiers hold; off (default): through the daemon")
+                   "passthrough to the source file (checked at its open; the kernel reads it: a miss at the "
+                   "source's speed, re-reads at its page-cache speed). untiered (default): files no tier would "
+                   "take any part of; large: also every file above 8 MiB (cached by chunks) whatever the tiers "
+                   "hold; off: through the daemon (every read checked). Object stores: always off")
     m.add_argument("--verify-entries", choices=("every-open", "first-hit"), default="every-open",
                    help="when a disk entry's checksum is verified: on every disk hit (default), or only at its "
                    "first hit after it was written or reloaded (later hits of it trust it; faster NVMe hits)")

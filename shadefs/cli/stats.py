@@ -12,7 +12,7 @@ from ..config import format_bytes
 
 
 STATS_KEYS = ("policy", "uptime_s", "opens", "hits", "misses", "hit_ratio", "byte_hit_ratio",
-              "backend_bytes", "corrupt_entries", "tiers", "shared_errors", "shared_deadlines", "namespace", "prefetch",
+              "backend_bytes", "source_passthrough_bytes", "corrupt_entries", "tiers", "shared_errors", "shared_deadlines", "namespace", "prefetch",
               "descriptors", "memory")  # shared_*: only with --shared-tier
 
 
@@ -46,7 +46,8 @@ def format_stats(s: dict) -> str:
         f"hits            {hits}  ({per_tier})",
         f"misses          {s['misses']}",
         f"hit ratio       {s['hit_ratio'] * 100:.2f} %   (byte hit ratio {s['byte_hit_ratio'] * 100:.2f} %)",
-        f"backend read    {format_bytes(s['backend_bytes'])}",
+        f"backend read    {format_bytes(s['backend_bytes'])}  (by the daemon; by passthrough to the source: "
+        f"{format_bytes(s.get('source_passthrough_bytes', 0))} of files opened)",
         f"corrupt entries {s.get('corrupt_entries', 0)}  (dropped and read from the backend)",
         "tier   used / capacity            files   evictions",
     ]

@@ -29,7 +29,7 @@ def make_frontend(impl: str, namespace, cache, daemon, cfg, fsname: str):
         return KernelFrontend(namespace, cache, daemon, mountpoint=cfg.mountpoint, fsname=fsname,
                               allow_other=cfg.allow_other, kernel_cache=cfg.kernel_cache,
                               passthrough=cfg.passthrough, readers=cfg.fuse_readers,
-                              source_passthrough=getattr(cfg, "source_passthrough", "off"))
+                              source_passthrough=getattr(cfg, "source_passthrough", "untiered"))
     if impl == "libfuse":
         from .libfuse import LibfuseFrontend
 

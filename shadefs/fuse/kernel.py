@@ -192,7 +192,7 @@ class KernelFrontend(FileOps, MetadataOps, KernelPages):
 
     def __init__(self, namespace, cache: CacheAPI, daemon=None, *, mountpoint: str, fsname: str = "shadefs",
                  allow_other: bool = False, kernel_cache: bool = True, passthrough: bool = True,
-                 readers: int = READERS, max_workers: int = 256, source_passthrough: str = "off"):
+                 readers: int = READERS, max_workers: int = 256, source_passthrough: str = "untiered"):
         self.ns = namespace
         self.cache = cache
         self.daemon = daemon

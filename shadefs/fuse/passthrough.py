@@ -81,13 +81,17 @@ class SourcePassthrough:
 
     def source_opened(self, h) -> None:
         """``h``'s open was answered by passthrough to the source file (:meth:`source_fd`): counted in
-        ``source_opens``; a chunked file's open, which counted nothing (its READs would have opened its
-        chunks, and none will reach the daemon now), is counted here as one miss of the file (streamed),
-        and traced so; a streamed file's open was counted a miss already."""
+        ``source_opens``, and the file's size (bytes, the snapshot's, which its ``fstat`` matched at the
+        open) in ``source_passthrough_bytes``: what the kernel may read from the source file for this
+        open, none of it through the daemon (``backend_bytes`` counts only what the daemon read). A
+        chunked file's open, which counted nothing (its READs would have opened its chunks, and none will
+        reach the daemon now), is counted here as one miss of the file (streamed), and traced so; a
+        streamed file's open was counted a miss already."""
+        size = int(self.ns.size(h.fid))
         with self.lock:
             self.counts.source_opens += 1
+            self.counts.source_passthrough_bytes += size
             if type(h) is ChunkedHandle:
-                size = int(self.ns.size(h.fid))
                 self.counts.count(Outcome.MISS, size)
                 self.counts.streamed += 1
                 if self.trace is not None:

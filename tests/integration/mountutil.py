@@ -78,6 +78,15 @@ def pid_gone(pid: int, timeout: float = 10.0) -> bool:
     return True
 
 
+def source_passthrough(m) -> str:
+    """The passthrough to the source file the mount ``m``'s front end granted at INIT (its log's
+    passthrough line): ``"untiered"`` (the default of a directory source) or ``"large"``; ``"off"`` with the
+    libfuse front end, ``--source-passthrough off``, ``--no-passthrough``, a source other than a directory,
+    or a kernel that offers no FUSE passthrough (then every open is served through the daemon)."""
+    found = re.search(r"files served from the source, from the source file: (\w+)\)", m.log())
+    return found.group(1) if found else "off"
+
+
 def disk_budget(entry_bytes: int, packed: bool = True) -> int:
     """The ``--disk-cache-size`` (device bytes) that leaves exactly ``entry_bytes`` for the entries of a
     small tree (under 63 file entries, a snapshot and path digests of one page each, 4 KiB blocks): the

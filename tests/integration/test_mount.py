@@ -9,7 +9,7 @@ import time
 import pytest
 
 from conftest import is_mounted
-from mountutil import LockedPages, disk_budget, pid_gone, read
+from mountutil import LockedPages, disk_budget, pid_gone, read, source_passthrough
 
 from shadefs.testing import pid_alive
 
@@ -41,7 +41,8 @@ def test_stats_counters_are_exact_for_a_scripted_sequence(small_tree, mount, tmp
         assert read(os.path.join(m.path, rel)) == spec[rel]
     s = m.stats()
     assert set(s) == {"policy", "uptime_s", "opens", "hits", "misses", "hit_ratio", "byte_hit_ratio",
-                      "backend_bytes", "corrupt_entries", "tiers", "namespace", "prefetch", "descriptors", "memory"}
+                      "backend_bytes", "source_passthrough_bytes", "corrupt_entries", "tiers", "namespace",
+                      "prefetch", "descriptors", "memory"}
     d = s["descriptors"]   # no file is open: none held, none refused
     assert (d["reserve"], d["held"], d["refused"], d["failed"]) == (64, 0, 0, 0) and 0 < d["open"] < d["limit"]
     mem = s["memory"]
@@ -61,7 +62,14 @@ def test_stats_counters_are_exact_for_a_scripted_sequence(small_tree, mount, tmp
     total = sum(len(spec[r]) for r in seq)
     hit_bytes = 1000 + 2000 + 3000 + 1000
     assert s["byte_hit_ratio"] == pytest.approx(hit_bytes / total)
-    assert s["backend_bytes"] == 1000 + 2000 + 3000 + 4000 + 4000
+    # 03 (4000) is admitted by no tier: with passthrough to the source file (the kernel front end's
+    # default for a directory source) each of its two opens is answered by it, the kernel reads the
+    # source file and the daemon none of it; the libfuse front end (or a kernel that offers no FUSE
+    # passthrough, its log says so) reads it through the daemon
+    if source_passthrough(m) == "untiered":
+        assert (s["backend_bytes"], s["source_passthrough_bytes"]) == (1000 + 2000 + 3000, 4000 + 4000)
+    else:
+        assert (s["backend_bytes"], s["source_passthrough_bytes"]) == (1000 + 2000 + 3000 + 4000 + 4000, 0)
     assert s["corrupt_entries"] == 0
     assert s["tiers"]["ram"] == {"used_bytes": 3000, "capacity_bytes": 3000, "files": 2, "evictions": 0}
     # a packed record is charged its 64-byte header, its bytes and an eighth of both (its share of the
@@ -214,14 +222,15 @@ def test_mount_preflight_errors(small_tree, tmp_path, cli, mount):
     assert r.returncode == 2 and "not writable" in r.stderr
 
 
-def test_a_file_larger_than_every_tier_streams_byte_exactly(tmp_path, mount):
+@pytest.mark.parametrize("source_mode", ["untiered", "off"])
+def test_a_file_larger_than_every_tier_streams_byte_exactly(tmp_path, mount, source_mode):
     import hashlib
 
     src = tmp_path / "big"
     src.mkdir()
     blob = os.urandom(1 << 20) * 70  # 70 MiB: above the 64 MiB streaming threshold
     (src / "shard.tar").write_bytes(blob)
-    m = mount(src, "--ram-cache", "1MiB")
+    m = mount(src, "--ram-cache", "1MiB", "--source-passthrough", source_mode)
     h = hashlib.sha256()
     with open(os.path.join(m.path, "shard.tar"), "rb") as f:
         f.seek(5)
@@ -231,21 +240,30 @@ def test_a_file_larger_than_every_tier_streams_byte_exactly(tmp_path, mount):
             h.update(chunk)
     assert h.hexdigest() == hashlib.sha256(blob).hexdigest()
     s = m.stats()
-    # cached by chunks of 8 MiB: nine chunk entries, each opened (a miss) and read from the source once
+    if source_passthrough(m) == "untiered":
+        # no tier would take any of its 8 MiB chunks: the open is answered by passthrough to the source
+        # file, counted one miss of the file; the kernel reads it, the daemon none of it
+        assert (s["opens"], s["misses"], s["tiers"]["ram"]["files"]) == (1, 1, 0)
+        assert (s["backend_bytes"], s["source_passthrough_bytes"]) == (0, len(blob))
+        return
+    # through the daemon (--source-passthrough off, or the libfuse front end): cached by chunks of 8 MiB:
+    # nine chunk entries, each opened (a miss) and read from the source once
     assert s["opens"] == 9 and s["misses"] == 9 and s["tiers"]["ram"]["files"] == 0
-    assert s["backend_bytes"] == len(blob)
+    assert (s["backend_bytes"], s["source_passthrough_bytes"]) == (len(blob), 0)
 
 
 def test_an_untiered_file_is_read_again_from_the_kernels_pages(tmp_path, mount):
     """A file no tier admits keeps its kernel pages between opens (the mount is a snapshot): its second
     open is still counted (a miss), but none of its reads reach the daemon, so the backend serves its
-    bytes once. A file that fills a tier is read once too (then a RAM hit)."""
+    bytes once. A file that fills a tier is read once too (then a RAM hit). Through the daemon
+    (``--source-passthrough off``); with passthrough to the source file the kernel reads the source
+    file's own pages (tests/integration/test_source_passthrough.py)."""
     src = tmp_path / "src"
     src.mkdir()
     big, small = os.urandom(3 << 20), os.urandom(5000)
     (src / "big.bin").write_bytes(big)
     (src / "small.bin").write_bytes(small)
-    m = mount(src, "--ram-cache", "64KiB")
+    m = mount(src, "--ram-cache", "64KiB", "--source-passthrough", "off")
     path = os.path.join(m.path, "big.bin")
     # The kernel's proactive reclaim (DAMON pageout, see LockedPages) may drop the file's clean pages
     # between a close and the next open, and a re-read would then reach the daemon: the pages are locked
