@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import logging
+import os
 import queue
 import threading
 import time
@@ -156,19 +157,23 @@ class TimeoutBackend(Backend):
                         self.threads -= 1
                         return
                 continue
-            fn, fut = task
+            fn, fut, drop = task
             if fut.set_running_or_notify_cancel():
                 try:
                     fut.set_result(fn())
                 except BaseException as e:  # noqa: BLE001 - handed to the waiting reader
                     fut.set_exception(e)
             with self._lock:
-                if worker.abandoned:  # the reader got EIO long ago: drop the result, end the thread
+                abandoned = worker.abandoned
+                if abandoned:  # the reader got EIO long ago: drop the result, end the thread
                     self.threads -= 1
                     self._stuck_returned(worker.key)
-                    log.info("a backend read that timed out returned after %.1f s",
-                             time.monotonic() - worker.started)
-                    return
+            if abandoned:
+                log.info("a backend read that timed out returned after %.1f s", time.monotonic() - worker.started)
+                if drop is not None and fut.done() and fut.exception() is None:
+                    drop(fut.result())
+                return
+            with self._lock:
                 if len(self._idle) >= self.max_idle:
                     self.threads -= 1
                     return
@@ -195,9 +200,11 @@ class TimeoutBackend(Backend):
             log.error("%s", msg)
             raise BackendError(msg)
 
-    def _call(self, fn: Callable[[], T], what: str, key: str) -> T:
+    def _call(self, fn: Callable[[], T], what: str, key: str, drop: Optional[Callable[[T], None]] = None) -> T:
+        # ``drop``: called with the result of a call that returned after its deadline (dropped; e.g. an fd
+        # to close)
         if getattr(_local, "answering", 0):
-            return self._call_watched(fn, what, key, tuple(_local.handlers))
+            return self._call_watched(fn, what, key, tuple(_local.handlers), drop)
         with self._lock:
             self._refuse(what, key)
             worker = self._idle.pop() if self._idle else None
@@ -211,7 +218,7 @@ class TimeoutBackend(Backend):
             threading.Thread(target=self._run, args=(worker,), name="shadefs-backend", daemon=True).start()
         fut: cf.Future = cf.Future()
         worker.started = time.monotonic()
-        worker.tasks.put((fn, fut))
+        worker.tasks.put((fn, fut, drop))
         try:
             return fut.result(self.timeout_s)
         except cf.TimeoutError:
@@ -237,7 +244,8 @@ class TimeoutBackend(Backend):
         raise BackendError(msg)
 
     # -- reads on the caller's thread, under the watchdog --------------------------------------------
-    def _call_watched(self, fn: Callable[[], T], what: str, key: str, handlers: tuple) -> T:
+    def _call_watched(self, fn: Callable[[], T], what: str, key: str, handlers: tuple,
+                      drop: Optional[Callable[[T], None]] = None) -> T:
         now = time.monotonic()
         rec = _InFlight(now, now + self.timeout_s, what, key, handlers)
         with self._lock:
@@ -255,6 +263,8 @@ class TimeoutBackend(Backend):
         else:
             if not self._returned(rec):
                 return result
+            if drop is not None:
+                drop(result)
         # past its deadline: its waiters were answered EIO by the handlers; this late return gets the same
         raise BackendError(f"{what}: no answer from the backend within {self.timeout_s:g} s (--backend-timeout); "
                            f"answered after {time.monotonic() - rec.started:.1f} s, the result dropped")
@@ -342,6 +352,17 @@ class TimeoutBackend(Backend):
 
     def identify(self, path: str) -> Tuple[int, int, int]:
         return self._call(lambda: self.inner.identify(path), f"stat {path!r}", path)
+
+    @property
+    def open_source(self) -> Optional[Callable[[str, int], int]]:
+        """The inner backend's ``open_source(path, size)`` (an fd of the checked source file: passthrough to
+        the source file) under the deadline, as a read: a source file whose open hangs (a FIFO with no
+        writer, a hung NFS server) fails with BackendError (EIO) at ``timeout_s``, and the fd of an open
+        that returns after it is closed. None where the inner backend opens no source file (object stores)."""
+        inner = getattr(self.inner, "open_source", None)
+        if inner is None:
+            return None
+        return lambda path, size: self._call(lambda: inner(path, size), f"open {path!r}", path, os.close)
 
     def attach(self, namespace, follow_symlinks: bool = False) -> None:
         self.inner.attach(namespace, follow_symlinks)

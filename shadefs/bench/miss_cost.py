@@ -10,7 +10,10 @@ regime: the kernel keeps nothing between opens, so every open and every READ rea
 
 Cases, each on a fresh mount (``--policy static``):
 
-- ``miss``: no tier (``--ram-cache 0``): every open a miss, streamed from the source;
+- ``miss``: no tier (``--ram-cache 0``), the default ``--source-passthrough``: every open a miss no tier
+  admits, as a user's mount serves it (a revision without passthrough to the source by default streams
+  it through the daemon);
+- ``miss-daemon``: the same with ``--source-passthrough off``: streamed from the source through the daemon;
 - ``miss-passthrough``: the same with ``--source-passthrough untiered``: the daemon opens and checks the
   source file and the kernel reads it (FUSE passthrough), no READ reaches the daemon;
 - ``ram-fill``: ``--ram-cache 100%``, the first pass: every open a miss admitted to RAM;
@@ -79,10 +82,11 @@ from shadefs.bench.runner import Side, median as med
 from shadefs.testing import Mount, ctx_switches, proc_cpu_s, strace_counts
 from shadefs.testing.datasets import random_tree
 
-CASES = ("miss", "miss-passthrough", "ram-fill", "nvme-fill", "nvme-hit")
+CASES = ("miss", "miss-daemon", "miss-passthrough", "ram-fill", "nvme-fill", "nvme-hit")
 HIT_CASES = ("ram-hit", "prefetch")  # with --hits
 MOUNT_ARGS = {
     "miss": ["--ram-cache", "0", "--policy", "static"],
+    "miss-daemon": ["--ram-cache", "0", "--source-passthrough", "off", "--policy", "static"],
     "miss-passthrough": ["--ram-cache", "0", "--source-passthrough", "untiered", "--policy", "static"],
     "ram-fill": ["--ram-cache", "100%", "--policy", "static"],
     "prefetch": ["--ram-cache", "0", "--policy", "static"],
@@ -292,7 +296,7 @@ def announce(m: Mount, files) -> None:
 def run_side(side: Side, src: str, files, procs: int, work: str, split: bool, variants: bool = False,
              hits: bool = False, gil: Optional[Tuple[int, str]] = None) -> Dict[str, dict]:
     out: Dict[str, dict] = {}
-    for case in ("miss", "miss-passthrough", "ram-fill"):
+    for case in ("miss", "miss-daemon", "miss-passthrough", "ram-fill"):
         args = MOUNT_ARGS[case]
         m = side.mount(src, os.path.join(work, f"mnt-{side.name}-{case}"), args)
         try:
@@ -301,7 +305,7 @@ def run_side(side: Side, src: str, files, procs: int, work: str, split: bool, va
                 out["ram-hit"] = measure(m, files, procs, "ram", split, gil)
             if split:
                 out[case]["strace"] = strace_counts(m.pid, lambda: read_pass(m.path, files, procs)) \
-                    if case == "miss" else {}
+                    if case == "miss-daemon" else {}
         finally:
             m.umount()
     if hits:

@@ -145,9 +145,10 @@ class FileOps:
         t0 = time.monotonic()
         stuck: list = []  # the watchdog's mark: this miss went past the deadline (its backoff started then)
         try:
+            # the backend's reads, and the open of the source file for passthrough to it, under its deadline
             with on_deadline(lambda e: self._reader_stuck(fd, unique, stuck)):
                 h = self._open_ticket(ticket)
-            reply = self._open_handle(fid, h, self.nreaders > 1)
+                reply = self._open_handle(fid, h, self.nreaders > 1)
         except BackingConflict as e:
             self._reader_miss_took(t0, stuck)
             if self._finish(unique):
@@ -215,7 +216,10 @@ class FileOps:
         the handle is released). The handle is made first (an open of the source file may wait on it), so
         an INTERRUPT that comes meanwhile is answered at once."""
         try:
-            reply = self._open_handle(fid, h)
+            # the open of the source file for passthrough to it may hang (a FIFO, a hung NFS server): at the
+            # backend's deadline its watchdog answers the open EIO
+            with on_deadline(lambda e: self._past_deadline(fd, unique)):
+                reply = self._open_handle(fid, h)
         except BackingConflict as e:
             if self._finish(unique):
                 self._refuse(fd, unique, fid, e)

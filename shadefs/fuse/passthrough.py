@@ -32,6 +32,9 @@ class SourcePassthrough:
         the open is not served that way (the front end serves it as before). Counts nothing
         (:meth:`source_opened` does, once the kernel took it). The caller closes the fd.
 
+        A streamed file goes to the source unless its open was left to the kernel's pages (``h.left``:
+        the plan prefetcher found the file's pages in the mount's page cache and did not prefetch it; the
+        open must read those pages, which passthrough to the source file would bypass).
         A chunked file goes to the source under ``"large"`` always; under ``"untiered"`` only when no
         tier would take any more of it: none of its chunks fetching or moving, not every chunk resident
         (a file the tiers hold whole is served from them), and every chunk that is not resident refused
@@ -52,7 +55,10 @@ class SourcePassthrough:
                 with self.lock:
                     if not self._chunks_untiered(fid):
                         return None
-        elif not (type(h) is Handle and h.outcome == Outcome.MISS and h.gen == 0 and h.source == "backend"):
+        elif not (type(h) is Handle and h.outcome == Outcome.MISS and h.gen == 0 and h.source == "backend"
+                  and not h.left):
+            # an open left to the kernel's pages (the plan prefetcher found them in the mount's own page
+            # cache and did not prefetch the file) reads those pages: through the mount, never the source
             return None
         if not self.fds.room():  # past the descriptor reserve: served by ranges, as without passthrough
             self.fds.refuse()

@@ -15,6 +15,9 @@ from mountutil import read, wait_for
 pytestmark = pytest.mark.usefixtures("fuse")
 
 AUDIT = dict(os.environ, SHADEFS_AUDIT="1")
+# the compiled loop answers RAM hits where no FUSE passthrough was negotiated (its io modes are per file):
+# no passthrough to the source file, which a directory source has by default
+KERNEL = ("--fuse-impl", "kernel", "--source-passthrough", "off")
 
 
 def _c_hits(m) -> tuple:
@@ -42,7 +45,7 @@ def test_a_hit_answered_in_c_is_counted_traced_and_ranked_before_the_next_evicti
     of C that follows must see it (A most recent), so B is the victim, not A."""
     src, spec = small_tree
     trace = tmp_path / "trace.csv"
-    m = mount(src, "--fuse-impl", "kernel", "--ram-cache", "5000", "--policy", "lru", "--trace", trace)
+    m = mount(src, *KERNEL, "--ram-cache", "5000", "--policy", "lru", "--trace", trace)
     _gil_free(m)
     a, b, c = "dog/00.bin", "cat/01.bin", "dog/02.bin"
     for rel in (a, b, a, b, a, c):   # miss, miss, hit (publishes A), hit (publishes B), hit in C, miss
@@ -65,7 +68,7 @@ def test_a_hit_answered_in_c_is_counted_traced_and_ranked_before_the_next_evicti
 
 def test_every_hit_answered_in_c_is_in_the_stats_at_once(small_tree, mount):
     src, spec = small_tree
-    m = mount(src, "--fuse-impl", "kernel", "--ram-cache", "100%")
+    m = mount(src, *KERNEL, "--ram-cache", "100%")
     _gil_free(m)
     paths = sorted(spec)
     for i in range(7):   # a miss, a hit through the cache (publishes), then 5 answered in C, per file
@@ -82,7 +85,7 @@ def test_hits_answered_in_c_advance_the_plan_cursor(small_tree, mount):
     from shadefs.control.client import ControlClient, find_endpoint
 
     src, spec = small_tree
-    m = mount(src, "--fuse-impl", "kernel", "--ram-cache", "100%")
+    m = mount(src, *KERNEL, "--ram-cache", "100%")
     _gil_free(m)
     paths = sorted(spec)
     for _ in range(2):   # resident, and published
@@ -115,7 +118,7 @@ def test_an_entry_evicted_while_an_open_answered_in_c_holds_it_keeps_its_bytes_u
     tier: its bytes are counted as held outside the tier (as for an open the cache answered), its READ is
     still answered with them, and they are let go at its RELEASE."""
     src, spec = small_tree
-    m = mount(src, "--fuse-impl", "kernel", "--ram-cache", "5000", "--policy", "lru", "--no-kernel-cache", env=AUDIT)
+    m = mount(src, *KERNEL, "--ram-cache", "5000", "--policy", "lru", "--no-kernel-cache", env=AUDIT)
     _gil_free(m)
     a, big = "dog/00.bin", "dog/04.bin"
     pa = os.path.join(m.path, a)
@@ -150,7 +153,7 @@ def test_a_victim_held_in_c_with_no_loose_room_is_not_evicted_and_published_agai
     cache until its next hit there publishes it again."""
     src, spec = small_tree
     env = dict(AUDIT, SHADEFS_LOOSE_BUFFERS="0")
-    m = mount(src, "--fuse-impl", "kernel", "--ram-cache", "5000", "--policy", "lru", "--no-kernel-cache", env=env)
+    m = mount(src, *KERNEL, "--ram-cache", "5000", "--policy", "lru", "--no-kernel-cache", env=env)
     _gil_free(m)
     a, big = "dog/00.bin", "dog/04.bin"
     pa = os.path.join(m.path, a)

@@ -84,7 +84,9 @@ def test_concurrent_fills_hold_at_most_the_fill_buffer_bound(gated_source, mount
 def test_a_streamed_read_without_room_for_a_whole_chunk_reads_the_bytes_asked(gated_source, mount):
     src, spec, gate, cache = gated_source
     env = dict(AUDIT, SHADEFS_FILL_BUFFERS=str(BOUND))
-    m = mount(src, "--ram-cache", "0", "--no-kernel-cache", "--fuse-impl", "kernel", env=env)
+    # the streamed file's READs through the daemon (no passthrough to the source file)
+    m = mount(src, "--ram-cache", "0", "--no-kernel-cache", "--fuse-impl", "kernel", "--source-passthrough", "off",
+              env=env)
     s_path = os.path.join(m.path, "plain/s.bin")
     assert read(s_path) == spec["plain/s.bin"]  # read whole once (no tier): its next opens are streamed
     out = {}
