@@ -57,9 +57,9 @@ its last open, so a daemon-side count still held only by RELEASEs in flight on a
 is waited for (up to :data:`RELEASE_WAIT_S`); an open while the corrupt generation is really still open
 is refused with EIO (logged once, counted at unmount), never served that generation's bytes.
 
-Passthrough to the source file (``--source-passthrough``, default ``untiered``, a directory source): an open the cache serves
-from the source (a file no tier admits; a chunked file no tier would take more of, or any under ``large``:
-``cache.source_fd``) is answered with a backing id registered from the source file, opened and checked
+Passthrough to the source file (``--source-passthrough``, default ``untiered``, a directory source): an open
+the cache serves from the source (a file no tier admits; a chunked file no tier would take more of, or any
+under ``large``: ``cache.source_fd``) is answered with a backing id registered from the source file, opened and checked
 against the snapshot on a worker; the id is closed at the file's last release (never kept), so every later
 open checks the source file again. Its ``_Modes`` generation is -1.
 

@@ -37,7 +37,8 @@ def test_a_streamed_open_is_handed_the_checked_source_file_and_counts_its_size(s
         finally:
             os.close(fd)
         s = cache.stats()
-        assert (s["source_passthrough_bytes"], s["backend_bytes"]) == (0, 0)  # nothing counted before the kernel took it
+        # nothing counted before the kernel took it
+        assert (s["source_passthrough_bytes"], s["backend_bytes"]) == (0, 0)
         cache.source_opened(h)
     finally:
         h.release()
