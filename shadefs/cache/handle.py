@@ -6,7 +6,7 @@ import errno
 import os
 from typing import Optional
 
-from .counters import Outcome
+from .counters import MISS, Outcome
 from .decision import Decision, DiskHit, Lead, Stream
 from .state import Pin
 
@@ -52,7 +52,7 @@ class Handle:
         self.gen = gen
         self.size = size
         self.outcome = outcome
-        self.keep_pages = outcome != Outcome.MISS if keep_pages is None else keep_pages
+        self.keep_pages = outcome != MISS if keep_pages is None else keep_pages
         self._cache = cache
         self._data = data
         self._fd = fd

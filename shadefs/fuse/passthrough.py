@@ -10,7 +10,7 @@ import os
 from typing import Optional
 
 from ..cache.chunks import ChunkedHandle
-from ..cache.counters import Outcome
+from ..cache.counters import MISS
 from ..cache.handle import Handle
 
 
@@ -52,7 +52,7 @@ class SourcePassthrough:
                 with self.lock:
                     if not self._chunks_untiered(fid):
                         return None
-        elif not (type(h) is Handle and h.outcome == Outcome.MISS and h.gen == 0 and h.source == "backend"):
+        elif not (type(h) is Handle and h.outcome == MISS and h.gen == 0 and h.source == "backend"):
             return None
         if not self.fds.room():  # past the descriptor reserve: served by ranges, as without passthrough
             self.fds.refuse()
@@ -88,10 +88,10 @@ class SourcePassthrough:
             self.counts.source_opens += 1
             if type(h) is ChunkedHandle:
                 size = int(self.ns.size(h.fid))
-                self.counts.count(Outcome.MISS, size)
+                self.counts.count(MISS, size)
                 self.counts.streamed += 1
                 if self.trace is not None:
-                    self.trace.record(self.ns.path(h.fid), size, Outcome.MISS)
+                    self.trace.record(self.ns.path(h.fid), size, MISS)
 
 
 class SourceReads:
