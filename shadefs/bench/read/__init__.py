@@ -71,6 +71,7 @@ from shadefs.bench.runner import ROOT
 # sources (the slow and the gated FUSE sources, each its own process), measure (the cases and the
 # experiments), report (tables, what limits each path, the doc section, the plot).
 
+
 #: the runner's common options this benchmark honours
 COMMON = ('baseline', 'write_doc', 'json')
 
