@@ -1,6 +1,7 @@
 """The benchmarks' runner: one argument parser, load, regime line, interleaved rounds, baseline and doc writer.
 
-Every benchmark is a module of :mod:`shadefs.bench` with a docstring (its first paragraph: the question it
+Every benchmark is a module of :mod:`shadefs.bench` (or a package, its ``__init__`` the module; its
+other modules the benchmark's parts) with a docstring (its first paragraph: the question it
 answers; then the regime it runs in and the physical limit it is measured against), ``COMMON`` (which of
 the common options it honours), ``add_arguments(parser)`` (its own options) and ``run(args, bench)``
 (returns an exit status, None for 0). :func:`main` parses the common options (:func:`add_common`) and the
@@ -40,7 +41,7 @@ from shadefs.testing import Mount, baseline as _baseline, docsection
 from shadefs.testing.regime import describe
 
 __all__ = ["ROOT", "DOCS", "Bench", "Side", "add_common", "add_variant_option", "benchmarks", "question", "main",
-           "median", "loadavg", "env_with", "example"]
+           "median", "loadavg", "env_with", "example", "source_of"]
 
 #: the checkout this package runs from (its docs/ and git history: the baseline is a revision of it)
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -81,9 +82,16 @@ def median(xs: Sequence[float]) -> float:
 
 
 def benchmarks() -> List[str]:
-    """The names of the benchmarks (the modules of :mod:`shadefs.bench` but the runner), sorted."""
+    """The names of the benchmarks (the modules and packages of :mod:`shadefs.bench` but the runner), sorted."""
     here = os.path.dirname(os.path.abspath(__file__))
     return sorted(m.name for m in pkgutil.iter_modules([here]) if m.name not in _NOT_BENCHMARKS)
+
+
+def source_of(name: str) -> str:
+    """The file that holds benchmark ``name``'s docstring: ``NAME.py``, or ``NAME/__init__.py`` for a
+    benchmark that is a package (one that it splits into parts)."""
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
+    return os.path.join(here, "__init__.py") if os.path.isdir(here) else here + ".py"
 
 
 def question(name: str) -> str:
@@ -91,7 +99,7 @@ def question(name: str) -> str:
     from the source, nothing imported). Raises OSError for an unknown name."""
     import ast
 
-    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py"), encoding="utf-8") as f:
+    with open(source_of(name), encoding="utf-8") as f:
         doc = ast.get_docstring(ast.parse(f.read())) or ""
     return " ".join(doc.split("\n\n", 1)[0].split())
 
