@@ -37,6 +37,9 @@ setup(
         "shadefs.testing",
         "shadefs.fuse",
         "shadefs.bench",
+        "shadefs.bench.epoch",  # the benchmarks that are packages of parts
+        "shadefs.bench.hit_ratio",
+        "shadefs.bench.read",
         "shadefs.cli",
     ],
     package_dir={"shadefs.hooks": "hooks"},
@@ -60,7 +63,8 @@ setup(
         "s3": ["obstore>=0.12", "s3fs>=2023.1", "fsspec>=2023.1"],  # obstore reads, s3fs lists
         "plot": ["matplotlib>=3.5"],
         "shared": ["redis>=5", "xxhash>=3"],
-        "bench": ["h5py>=3", "lmdb>=1.4", "pyarrow>=12"],  # python -m shadefs.bench formats
+        "bench": ["h5py>=3", "lmdb>=1.4", "pyarrow>=12",  # python -m shadefs.bench formats
+                  "py-spy>=0.3.14"],  # python -m shadefs.bench miss_cost --gil
         "test": [
             "pytest>=7",
             "pytest-timeout>=2",

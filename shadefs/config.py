@@ -161,7 +161,7 @@ ENV_VARS = {
     "SHADEFS_NO_OPENAT2": "stable",            # 1: open source files one O_NOFOLLOW component at a time
     "SHADEFS_FUSE_PYTHON_LOOP": "experimental",  # 1: the kernel front end's Python reader loop
     "SHADEFS_FUSE_GIL_OPENS": "experimental",  # 1: the compiled loop hands every OPEN to Python
-    "SHADEFS_FUSE_READER_MISSES": "experimental",  # 1: misses of a directory source on the reader thread
+    "SHADEFS_FUSE_READER_MISSES": "experimental",  # 0: misses of a directory source go to workers
     "SHADEFS_FUSE_CHECK_REPLIES": "testing",   # 1: check every FUSE reply's length against its opcode
     "SHADEFS_AUDIT": "testing",                # 1: the state machine's audit in the stats JSON
     "SHADEFS_LOOSE_BUFFERS": "testing",        # with SHADEFS_AUDIT=1: a smaller loose-buffer bound
@@ -179,14 +179,14 @@ class Environment:
     """The ``SHADEFS_*`` environment switches, read in one place (:meth:`from_env`).
 
     ``endpoint`` / ``credentials``: strings, "" when unset. ``loose_buffers``, ``fill_buffers``: bytes or None. The flags
-    are True only for the value ``1``. ``testing_pause``: ``(point, file)`` or None."""
+    are True only for the value ``1``, except ``fuse_reader_misses``, True unless the value is ``0``. ``testing_pause``: ``(point, file)`` or None."""
 
     endpoint: str = ""
     credentials: str = ""
     no_openat2: bool = False
     fuse_python_loop: bool = False
     fuse_gil_opens: bool = False
-    fuse_reader_misses: bool = False
+    fuse_reader_misses: bool = True
     fuse_check_replies: bool = False
     audit: bool = False
     loose_buffers: Optional[int] = None
@@ -206,7 +206,7 @@ class Environment:
                    no_openat2=_flag(env, "SHADEFS_NO_OPENAT2"),
                    fuse_python_loop=_flag(env, "SHADEFS_FUSE_PYTHON_LOOP"),
                    fuse_gil_opens=_flag(env, "SHADEFS_FUSE_GIL_OPENS"),
-                   fuse_reader_misses=_flag(env, "SHADEFS_FUSE_READER_MISSES"),
+                   fuse_reader_misses=env.get("SHADEFS_FUSE_READER_MISSES", "") != "0",
                    fuse_check_replies=_flag(env, "SHADEFS_FUSE_CHECK_REPLIES"),
                    audit=_flag(env, "SHADEFS_AUDIT"),
                    loose_buffers=int(loose) if loose.isdigit() else None,

@@ -1,6 +1,9 @@
 """Daemon memory for NVMe hits: what a disk hit holds in the daemon, with a RAM tier that refuses it and
 with one that promotes it.
 
+Regime: **counts** (the daemon's memory: the page cache does not change it). Limit: a refused hit holds
+no more than the chunk it reads (8 MiB); a promoted file is held once, its own size.
+
 One file of ``--size`` bytes (random, cached by 8 MiB chunks) is read whole through a first mount, which
 writes its chunks to an NVMe tier (``--ram-cache 0``). Then, per case, a fresh mount of the same NVMe tier
 reads it whole again: every chunk is a disk hit.
@@ -27,7 +30,7 @@ import shutil
 import tempfile
 from typing import Dict, Optional
 
-from shadefs.bench.runner import ROOT
+from shadefs.bench.runner import ROOT, env_with
 from shadefs.config import parse_size
 from shadefs.testing import Mount, proc_vm
 
@@ -57,7 +60,7 @@ def run_case(src: str, work: str, env: Optional[dict], ram: int, policy: str, ve
     with Mount(src, mnt, ["--ram-cache", "0"] + common, log_file=os.path.join(work, "fill.log"), env=env) as m:
         assert _digest(os.path.join(mnt, "big.bin")) == want
     with Mount(src, mnt, ["--ram-cache", str(ram), "--policy", policy] + common,
-               log_file=os.path.join(work, "hit.log"), env=dict(env or os.environ, SHADEFS_AUDIT="1")) as m:
+               log_file=os.path.join(work, "hit.log"), env=env_with(env, SHADEFS_AUDIT="1")) as m:
         before = proc_vm(m.pid)
         assert _digest(os.path.join(mnt, "big.bin")) == want
         after = proc_vm(m.pid)
@@ -66,6 +69,10 @@ def run_case(src: str, work: str, env: Optional[dict], ram: int, policy: str, ve
     return {"disk hits": s["hits"]["disk"], "promotions": counters.get("promotions"),
             "entry_loads": counters.get("entry_loads"), "rss before": before["VmRSS"],
             "rss after": after["VmRSS"], "peak": after["VmHWM"]}
+
+
+#: the runner's common options this benchmark honours
+COMMON = ('baseline',)
 
 
 def add_arguments(ap) -> None:

@@ -1,5 +1,9 @@
 """Dataset formats through the mount vs direct: tar shards, HDF5, LMDB, Parquet, mmap'd .npy.
 
+Regime: the first epoch is the daemon's; later ones **page cache** (the kernel keeps the files' pages
+between opens). Limit: the bytes the client touches (a sequential reader whole 8 MiB chunks once, a random
+reader the ranges it reads), against ``direct`` on the source.
+
 The clients users run over a dataset mount, each on files built here (random bytes, fixed seeds):
 
 - ``tar shards``: ``--shards`` WebDataset-style tar shards of ``--shard-size`` bytes (samples of ~100 kB);
@@ -223,6 +227,10 @@ def run_case(src: str, work: str, envs: Dict[str, Optional[dict]], ram: int, epo
             m.umount()
 
 
+#: the runner's common options this benchmark honours
+COMMON = ('baseline',)
+
+
 def add_arguments(ap) -> None:
     ap.add_argument("--size", default="256MiB", help="bytes of the HDF5, LMDB, .npy and Parquet files")
     ap.add_argument("--record", default="10000", help="bytes per record (default 10000)")
@@ -264,7 +272,8 @@ def run(args, bench):
         workloads.append(("lmdb", "lmdb", lambda s: make_lmdb(os.path.join(s, "data.lmdb"), size, record),
                           lmdb_epoch, rand_plans, [("tier < file", small), ("tier > file", big)]))
         workloads.append(("npy mmap", None, lambda s: make_npy(os.path.join(s, "rows.npy"), size, record),
-                          lambda root, idx: round(npy_epoch(os.path.join(root, "rows.npy"), idx), 3), rand_plans, [("tier < file", small), ("tier > file", big)]))
+                          lambda root, idx: round(npy_epoch(os.path.join(root, "rows.npy"), idx), 3), rand_plans,
+                          [("tier < file", small), ("tier > file", big)]))
         cols = [sorted(random.Random(e).sample([f"c{j}" for j in range(8)], 2)) for e in range(args.epochs + 1)]
         groups = [random.Random(100 + e).sample(range(16), 4) for e in range(args.epochs + 1)]
         workloads.append(("parquet column", "pyarrow", lambda s: make_parquet(os.path.join(s, "data.parquet"), size),

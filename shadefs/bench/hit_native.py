@@ -1,5 +1,8 @@
 """RAM hits against the page cache and a native FUSE server, side by side in one run.
 
+Regime: **per open** (every timed open a RAM hit, the files' pages warm on purpose). Limit: the page
+cache's files/s (``direct``) and a native single-threaded libfuse server's (``--ramfs``).
+
 Cases, all mounted at once and timed in interleaved rounds (every case once per round; the median of
 ``--rounds`` reported), 8 reader processes (``--procs``) reading every file ``--reps`` times (``os.open``,
 ``os.read(256 KiB)`` to EOF, ``os.close``), ~110 KB and ~300 B files (+-30 %):
@@ -41,6 +44,7 @@ import tempfile
 import time
 from typing import Dict, List
 
+from shadefs.bench.runner import env_with
 from shadefs.testing import Mount, ctx_switches, proc_cpu_s, wait_for
 from shadefs.testing.mounts import SHADEFS
 
@@ -82,6 +86,10 @@ def timed(pool, root: str, rel: List[str], procs: int, reps: int) -> float:
     return n / (time.monotonic() - t0)
 
 
+#: the runner's common options this benchmark honours
+COMMON = ('rounds', 'baseline')
+
+
 def add_arguments(ap) -> None:
     ap.add_argument("--ramfs", help="the native anchor's binary (ramfs.c built with libfuse3)")
     ap.add_argument("--reps", type=int, default=3, help="passes over the files per timed round")
@@ -104,15 +112,15 @@ def run(a, bench):
     os.makedirs(work, exist_ok=True)
     tmp = None
     # (label, environment, extra mount arguments)
-    shadefs_cases = [("shadefs", dict(os.environ, SHADEFS_FUSE_PYTHON_LOOP="0"), [])]
+    shadefs_cases = [("shadefs", env_with(SHADEFS_FUSE_PYTHON_LOOP="0"), [])]
     for n in a.readers:
         shadefs_cases.append((f"shadefs, {n} reader thread{'s' if n != 1 else ''}",
-                              dict(os.environ, SHADEFS_FUSE_PYTHON_LOOP="0"), ["--fuse-readers", str(n)]))
+                              env_with(SHADEFS_FUSE_PYTHON_LOOP="0"), ["--fuse-readers", str(n)]))
     if a.gil_opens:
-        shadefs_cases.append(("shadefs, OPEN under the GIL", dict(os.environ, SHADEFS_FUSE_PYTHON_LOOP="0",
+        shadefs_cases.append(("shadefs, OPEN under the GIL", env_with(SHADEFS_FUSE_PYTHON_LOOP="0",
                                                                   SHADEFS_FUSE_GIL_OPENS="1"), []))
     if not a.no_python_loop:
-        shadefs_cases.append(("shadefs, Python loop", dict(os.environ, SHADEFS_FUSE_PYTHON_LOOP="1"), []))
+        shadefs_cases.append(("shadefs, Python loop", env_with(SHADEFS_FUSE_PYTHON_LOOP="1"), []))
     if a.baseline:
         tmp, rev = bench.baseline()
         shadefs_cases.append((f"shadefs {rev} (baseline)", dict(os.environ, PYTHONPATH=tmp), []))
@@ -154,7 +162,7 @@ def run(a, bench):
                     log_file = os.path.join(work, f"m{len(mnts)}-{size}.log")
                     fg = subprocess.Popen(SHADEFS + ["mount", src, m, "--ram-cache", "100%",
                                            "--foreground", "--log-file", log_file],
-                                          env=dict(os.environ, SHADEFS_FUSE_PYTHON_LOOP="0"),
+                                          env=env_with(SHADEFS_FUSE_PYTHON_LOOP="0"),
                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                     d = Mount(src, m, log_file=log_file)
                     d.pid = fg.pid

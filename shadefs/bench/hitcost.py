@@ -1,6 +1,8 @@
 """What the cache lock costs: ``cache.open`` on a RAM hit per policy, and the lock hold time of the
 other paths that take it (a score batch, a residency query, a checkpoint), in this process, no FUSE.
 
+Regime: in this process, no FUSE (lock holds and CPU per call).
+
 For each policy a RAM tier holding ``--files`` residents (every file fits; the
 files are 64 bytes) is built over an in-memory backend; every file has a SHADE rank score (batches of
 256 through ``rank_transform``), so ``shade`` ranks over ~256 importance levels. Then ``--opens`` random
@@ -300,6 +302,10 @@ def table(results, labels, markdown) -> str:
         else:
             lines.append(f"{label:60s}" + "".join(f"{c:>14s}" for c in cells))
     return "\n".join(lines)
+
+
+#: the runner's common options this benchmark honours
+COMMON = ('rounds', 'baseline', 'write_doc', 'json')
 
 
 def add_arguments(ap) -> None:

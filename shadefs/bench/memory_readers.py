@@ -32,7 +32,6 @@ from shadefs.testing import Mount, docsection, proc_vm
 from shadefs.testing.datasets import random_file
 from shadefs.testing.regime import describe
 
-DOC = os.path.join(ROOT, "docs", "results", "memory_readers.md")
 MiB = 1 << 20
 
 READER = r"""
@@ -103,6 +102,10 @@ def one(case: str, src: str, work: str, env: dict, readers: int, passes: int, di
                 "high_water_bytes")}
 
 
+#: the runner's common options this benchmark honours
+COMMON = ('rounds', 'baseline', 'write_doc')
+
+
 def add_arguments(ap) -> None:
     ap.add_argument("--baseline-tree", default=None, help="a checkout to compare against (its shadefs package)")
     ap.add_argument("--readers", type=int, default=10)
@@ -126,13 +129,10 @@ def run(args, bench):
                       {**os.environ, "PYTHONPATH": os.path.abspath(args.baseline_tree)}))
     sides.append(("after" if sides else "this tree", {**os.environ, "PYTHONPATH": ROOT}))
     res = {}
-    for _ in range(args.rounds):
-        for case in ("ram", "ram+disk"):
-            for label, env in sides:
-                r = one(case, src, args.work, env, args.readers, args.passes, args.disk_mib)
-                res.setdefault((case, label), []).append(r)
-                print(case, label, {k: (round(v / MiB, 1) if isinstance(v, int) else v) for k, v in r.items()},
-                      flush=True)
+    for _, (case, (label, env)) in bench.interleaved([(c, s) for c in ("ram", "ram+disk") for s in sides]):
+        r = one(case, src, args.work, env, args.readers, args.passes, args.disk_mib)
+        res.setdefault((case, label), []).append(r)
+        print(case, label, {k: (round(v / MiB, 1) if isinstance(v, int) else v) for k, v in r.items()}, flush=True)
     load = os.getloadavg()
     rows = []
     for (case, label), rs in res.items():
@@ -155,7 +155,7 @@ def run(args, bench):
     print(regime)
     print(f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; {cmd}")
     if args.write_doc:
-        docsection.write_table_section(DOC, "memory-readers", "Daemon memory under concurrent large reads", [
+        docsection.write_table_section(bench.results_path(), "memory-readers", "Daemon memory under concurrent large reads", [
             f"`{cmd} --write-doc` (load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}).",
             f"{regime}.",
             f"{args.readers} reader processes each read their own {args.file_mib} MiB file (8 MiB chunks) whole,",

@@ -1,5 +1,7 @@
 """Namespace cost at 1M+ files: daemon RSS per file, scan time, restart time from the snapshot.
 
+Regime: **counts** (bytes per file in the daemon; scan times with the source's metadata warm).
+
 For each N, builds (once, kept with ``--keep``) a source of N empty files, 1000 per directory, with
 ImageNet-like names (``n01440764/n01440764_10000.JPEG``), under ``--workdir``; with ``--bind K`` the
 tree is K bind mounts of one N/K-file tree instead (N distinct paths over N/K inodes: creating 10M
@@ -36,7 +38,6 @@ from shadefs.bench.runner import ROOT
 from shadefs.testing import docsection
 from shadefs.testing.mounts import Mount
 
-DOC = os.path.join(ROOT, "docs", "results", "namespace.md")
 PER_DIR = 1000
 
 
@@ -318,6 +319,10 @@ def floors(src: str, n: int, work: str, ref: str = "", rounds: int = 2, threads=
                             ["what", "wall s", "CPU s", "CPU us/file", "load"], rows)
 
 
+#: the runner's common options this benchmark honours
+COMMON = ('rounds', 'baseline', 'write_doc')
+
+
 def add_arguments(ap) -> None:
     ap.add_argument("--files", nargs="+", default=["1000000"], metavar="N[:K]",
                     help="file counts; N:K serves N files as K bind mounts of one N/K-file tree (root)")
@@ -351,7 +356,7 @@ def run(a, bench):
             body = [start, f"## {a.title}", "",
                     "Reproduce: `" + bench.command + "`", "",
                     t.markdown(), "", end]
-            docsection.write_section(DOC, a.section, "\n".join(body))
+            bench.write_results("\n".join(body), a.section)
         return 0
     base = None if a.no_daemon else baseline_rss(a.workdir)
     rows, rows2 = [], []
@@ -423,5 +428,5 @@ def run(a, bench):
         for t in tables:
             body += [t.markdown(), ""]
         body.append(end)
-        docsection.write_section(DOC, a.section, "\n".join(body))
+        bench.write_results("\n".join(body), a.section)
     return 0

@@ -1,5 +1,8 @@
 """Where the daemon's CPU per open goes: RAM hit vs NVMe hit (kernel front end), counted per open.
 
+Regime: **per open** (every timed open checked to be the outcome named; the files' pages warm on
+purpose). Limit: the system calls a FUSE open costs the kernel, counted per open (strace).
+
 One reader process opens, reads to EOF and closes every file of a dataset in a loop (``os.open`` /
 ``os.read(256 KiB)`` / ``os.close``) against one mount at a time; per case, for one timed run:
 
@@ -38,7 +41,6 @@ opens/s ratio.
 from __future__ import annotations
 
 import collections
-import json
 import os
 import re
 import shutil
@@ -48,10 +50,9 @@ import tempfile
 import time
 from typing import Dict, List, Optional, Tuple
 
-from shadefs.testing import Mount, ctx_switches, shadefs, unmount
+from shadefs.bench.runner import env_with
+from shadefs.testing import Mount, ctx_switches, shadefs, strace_counts, unmount
 from shadefs.testing.datasets import random_tree
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 CASES = {
@@ -209,193 +210,6 @@ def perf_profile(pid: int, run) -> Optional[Dict[str, float]]:
     return {k: v / 1000 / max(1, opens) for k, v in sorted(res.items(), key=lambda kv: -kv[1])}
 
 
-def inprocess_miss(src: str, rounds: int = 5) -> Dict[str, float]:
-    """CPU microseconds per miss in process (no FUSE), the kernel front end's two ways of serving one:
-    ``open_nowait`` then ``open`` (the lookup done twice: review D8) and ``open_nowait(ticket=True)`` then
-    ``open_ticket``. An LRU RAM tier of 1/8 of the files' bytes read in a cycle: every open is a miss
-    that reads the backend, admits the file and evicts a victim. Interleaved rounds; the minimum is kept."""
-    from shadefs.backends.posix import PosixBackend
-    from shadefs.cache.core import TieredCache
-    from shadefs.cache.index import TierIndex
-    from shadefs.cache.tiers import MemoryTier
-    from shadefs.namespace import Namespace
-    from shadefs.policies import Importance, get_policy
-
-    backend = PosixBackend(src)
-    ns = Namespace(backend.walk())
-    imp = Importance(ns.num_files)
-    cap = max(1, ns.total_bytes // 8)
-    cache = TieredCache(ns, backend, (TierIndex("ram", cap, get_policy("lru")(cap, imp)), MemoryTier()), None, imp)
-    fids = [f for f in range(ns.num_files) if ns.size(f) > 0]
-
-    def twice(f):
-        h = cache.open_nowait(f)
-        if h is None:
-            h = cache.open(f)
-        h.release()
-
-    def ticket(f):
-        t = cache.open_nowait(f, ticket=True)
-        h = cache.open_ticket(t) if t.__class__.__name__ == "OpenTicket" else t
-        h.release()
-
-    best: Dict[str, float] = {}
-    for _ in range(rounds):
-        for name, fn in (("open_nowait + open", twice), ("open_nowait(ticket) + open_ticket", ticket)):
-            m0 = cache.misses
-            t0 = time.thread_time()
-            for f in fids:
-                fn(f)
-            dt = time.thread_time() - t0
-            n = cache.misses - m0
-            if n < 0.95 * len(fids):
-                raise SystemExit(f"{name}: {n} misses of {len(fids)} opens")
-            best[name] = min(best.get(name, 1e9), dt / len(fids) * 1e6)
-        absent = [f for f in fids if cache.state(f) == "absent"]
-        t0 = time.thread_time()
-        for f in absent:
-            cache.open_nowait(f)        # None, nothing counted: the lookup a ticket saves
-        dt = time.thread_time() - t0
-        best["open_nowait of an absent file alone"] = min(best.get("open_nowait of an absent file alone", 1e9),
-                                                          dt / max(1, len(absent)) * 1e6)
-    return best
-
-
-def inprocess_hits(src: str, work: str, rounds: int = 5) -> Dict[str, float]:
-    """CPU microseconds per hit in process (no FUSE, no front end): ``open_nowait`` + ``release`` of a
-    RAM hit and of an NVMe hit in each verify mode, and the NVMe hit's parts (the entry's path: sha256
-    of the file's path; ``open`` + ``close`` of the entry; ``DiskTier.verify``); the same of a packed NVMe
-    hit (a record in a segment, ``--disk-pack-below`` 64 KiB) and its parts (``SegmentStore.read``, the
-    bare ``os.pread``). Minimum of ``rounds``."""
-    from shadefs.backends.posix import PosixBackend
-    from shadefs.cache.core import TieredCache
-    from shadefs.cache.index import TierIndex
-    from shadefs.cache.tiers import DiskTier, MemoryTier
-    from shadefs.namespace import Namespace
-    from shadefs.policies import Importance, get_policy
-
-    backend = PosixBackend(src)
-    ns = Namespace(backend.walk())
-    imp = Importance(ns.num_files)
-    big = ns.total_bytes * 2
-    pol = get_policy("static")
-    ram = TieredCache(ns, backend, (TierIndex("ram", big, pol(big, imp)), MemoryTier()), None, imp)
-    cdir = os.path.join(work, "inprocess-cache")
-    shutil.rmtree(cdir, ignore_errors=True)
-    disk = TieredCache(ns, backend, (TierIndex("ram", 0, pol(0, imp)), MemoryTier()),
-                       (TierIndex("disk", big, pol(big, imp)), DiskTier(cdir, src)), imp)
-    fids = list(range(ns.num_files))
-    for c in (ram, disk):
-        for f in fids:
-            c.open(f).release()
-    paths = [ns.path(f) for f in fids]
-    gens = [(int(disk.entries.gen[f]), int(disk.entries.csum[f])) for f in fids]
-
-    def hits(c):
-        for f in fids:
-            c.open_nowait(f).release()
-
-    def entry_paths():
-        for p, (g, k) in zip(paths, gens):
-            disk.disk.entry_file(p, g, k)
-
-    files = [disk.disk.entry_file(p, g, k) for p, (g, k) in zip(paths, gens)]
-
-    def open_close():
-        for e in files:
-            os.close(os.open(e, os.O_RDONLY | os.O_CLOEXEC))
-
-    def verify():
-        for e, f, (g, k) in zip(files, fids, gens):
-            fd = os.open(e, os.O_RDONLY | os.O_CLOEXEC)
-            DiskTier.verify(fd, int(ns.size(f)), k, keep=False)
-            os.close(fd)
-
-    def mode(m):
-        def run():
-            disk.verify_entries = m
-            hits(disk)
-        return run
-
-    from shadefs.fuse.kernel import _Modes
-
-    modes = _Modes(-1)   # the kernel front end's per-file passthrough state; every file has a kept backing id
-    for f, (g, _) in zip(fids, gens):
-        modes.kept[f] = (1000 + f, int(ns.size(f)), g)
-
-    def passthrough_state():
-        disk.verify_entries = "first-hit"
-        for f in fids:
-            h = disk.open_nowait(f)
-            modes.acquire(f, h)
-            modes.release(f)
-            h.release()
-
-    def kept_state():
-        # what the front end does for an NVMe hit on a kept backing id: open_kept, no entry open
-        disk.verify_entries = "first-hit"
-        for f in fids:
-            h = disk.open_kept(f, modes.gen_of(f))
-            modes.acquire(f, h)
-            modes.release(f)
-            h.release()
-
-    # packed entries (the daemon's default --disk-pack-below 64 KiB): records in segments, one read per hit
-    pdir = os.path.join(work, "inprocess-packed")
-    shutil.rmtree(pdir, ignore_errors=True)
-    pstore = DiskTier(pdir, src, pack_below=64 << 10)
-    pbig = big + (64 << 20)  # and room for the tier's metadata and a compaction's headroom
-    pidx = TierIndex("disk", pbig, pol(pbig, imp))
-    packed = TieredCache(ns, backend, (TierIndex("ram", 0, pol(0, imp)), MemoryTier()), (pidx, pstore), imp)
-    pstore.bind(pidx, packed.lock)
-    for f in fids:
-        packed.open(f).release()
-    if packed.stats()["tiers"]["disk"]["files"] != len(fids):
-        raise SystemExit("in process: not every file was packed into the disk tier")
-    segs = pstore.segments
-    precs = [(int(packed.entries.gen[f]), int(packed.entries.csum[f]), int(ns.size(f))) for f in fids]
-    where = [(segs._map[g].seg.fd, segs._map[g].off, 64 + n) for g, _, n in precs]
-
-    def packed_mode(m):
-        def run():
-            packed.verify_entries = m
-            for f in fids:
-                h = packed.open_nowait(f)
-                h.read(0, 1 << 17)
-                h.release()
-        return run
-
-    def record_reads():
-        for g, k, n in precs:
-            segs.read(g, k, n, True)
-
-    def record_preads():
-        for fd, off, n in where:
-            os.pread(fd, n, off)
-
-    cases = [("RAM hit: open_nowait + release", lambda: hits(ram)),
-             ("packed NVMe hit, first-hit: open_nowait + read + release", packed_mode("first-hit")),
-             ("packed NVMe hit, every-open: open_nowait + read + release", packed_mode("every-open")),
-             ("  SegmentStore.read of its record (header and xxh3_64 checked)", record_reads),
-             ("  os.pread of its record", record_preads),
-             ("NVMe hit, first-hit, with the front end's passthrough state (_Modes acquire + release)",
-              passthrough_state),
-             ("NVMe hit, first-hit, on a kept backing id (open_kept, _Modes acquire + release; no entry open)",
-              kept_state),
-             ("NVMe hit, first-hit: open_nowait + release", mode("first-hit")),
-             ("NVMe hit, every-open: open_nowait + release", mode("every-open")),
-             ("  its entry path (sha256 of the path, join)", entry_paths),
-             ("  open + close of the entry", open_close),
-             ("  open + DiskTier.verify + close of the entry", verify)]
-    best: Dict[str, float] = {}
-    for _ in range(rounds):
-        for name, fn in cases:
-            t0 = time.thread_time()
-            fn()
-            best[name] = min(best.get(name, 1e9), (time.thread_time() - t0) / len(fids) * 1e6)
-    return best
-
-
 def timed_run(case: str, mnt: str, pid: int, files, seconds: float, procs: int) -> dict:
     """One timed pass: opens/s and the daemon's CPU and context switches per open, every open checked to
     be counted as the case's outcome."""
@@ -448,6 +262,10 @@ def summary(rows: List[dict], procs: int) -> None:
               flush=True)
 
 
+#: the runner's common options this benchmark honours
+COMMON = ('rounds', 'baseline')
+
+
 def add_arguments(ap) -> None:
     ap.add_argument("--files", type=int, default=500)
     ap.add_argument("--size", type=int, default=110_000, help="mean file size, bytes (+-30 %%)")
@@ -458,8 +276,6 @@ def add_arguments(ap) -> None:
     ap.add_argument("--py-spy", action="store_true", help="also profile the daemon with py-spy (if installed)")
     ap.add_argument("--perf", action="store_true", help="also split the daemon's user/system CPU with perf")
     ap.add_argument("--no-strace", action="store_true")
-    ap.add_argument("--miss-inprocess", action="store_true", help="also the in-process CPU per miss (D8)")
-    ap.add_argument("--hit-inprocess", action="store_true", help="also the in-process CPU per RAM / NVMe hit")
     ap.add_argument("--workdir")
     ap.add_argument("--gil-opens", action="store_true", help="also this tree with SHADEFS_FUSE_GIL_OPENS=1 (the "
                     "compiled loop hands every OPEN to Python, as before RAM hits were answered in C)")
@@ -478,33 +294,16 @@ def run(a, bench):
     files = random_tree(src, a.files, a.size, seed=12)
     print(f"{a.files} files of ~{a.size} B; load {os.getloadavg()}", flush=True)
     rows = []
-    if a.hit_inprocess:
-        for k, v in inprocess_hits(src, work).items():
-            print(f"in process, per hit: {k}: {v:.1f} us CPU (load {os.getloadavg()[0]:.1f})", flush=True)
-        if a.baseline:  # the same function on the baseline's package, in a child process
-            tmp, rev = bench.baseline()
-            code = ("import json, sys; sys.path[:0] = [sys.argv[1], sys.argv[2]]; import open_cost as b; "
-                    "print(json.dumps(b.inprocess_hits(sys.argv[3], sys.argv[4])))")
-            os.makedirs(os.path.join(work, "baseline"), exist_ok=True)
-            out = subprocess.run([sys.executable, "-c", code, tmp, os.path.dirname(os.path.abspath(__file__)),
-                                  src, os.path.join(work, "baseline")], check=True, capture_output=True,
-                                 text=True, cwd=work).stdout
-            for k, v in json.loads(out.strip().splitlines()[-1]).items():
-                print(f"in process, per hit [baseline {rev}]: {k}: {v:.1f} us CPU "
-                      f"(load {os.getloadavg()[0]:.1f})", flush=True)
-    if a.miss_inprocess:
-        for k, v in inprocess_miss(src).items():
-            print(f"in process, per miss: {k}: {v:.1f} us CPU (load {os.getloadavg()[0]:.1f})", flush=True)
-    sides = [("this tree", dict(os.environ, SHADEFS_FUSE_PYTHON_LOOP="0"))]
+    sides = [("this tree", env_with(SHADEFS_FUSE_PYTHON_LOOP="0"))]
     tmp = None
     if a.baseline:
         tmp, rev = bench.baseline()
-        sides = [(f"baseline {rev}", {**os.environ, "PYTHONPATH": tmp}), ("this tree", dict(os.environ, SHADEFS_FUSE_PYTHON_LOOP="0"))]
+        sides.insert(0, (f"baseline {rev}", env_with(PYTHONPATH=tmp)))
     if a.gil_opens:
-        sides.append(("this tree, OPEN under the GIL", {**os.environ, "SHADEFS_FUSE_PYTHON_LOOP": "0",
-                                                         "SHADEFS_FUSE_GIL_OPENS": "1"}))
+        sides.append(("this tree, OPEN under the GIL", env_with(SHADEFS_FUSE_PYTHON_LOOP="0",
+                                                                SHADEFS_FUSE_GIL_OPENS="1")))
     if a.python_loop:
-        sides.append(("this tree, Python loop", {**os.environ, "SHADEFS_FUSE_PYTHON_LOOP": "1"}))
+        sides.append(("this tree, Python loop", env_with(SHADEFS_FUSE_PYTHON_LOOP="1")))
     os.chdir(work)  # ``python -m shadefs`` puts the cwd first on sys.path: never this tree's package by accident
     try:
         for nthreads in a.fuse_readers:
@@ -519,8 +318,10 @@ def run(a, bench):
                         shutil.rmtree(cache, ignore_errors=True)
                         opts = (["--policy", "static", "--fuse-impl", "kernel", "--fuse-readers", str(nthreads)]
                                 + CASES[case])
-                        if case not in ("ram", "miss"):
-                            opts += ["--disk-cache", cache, "--disk-cache-size", "100%"]
+                        if case not in ("ram", "miss"):  # twice the files' bytes and 64 MiB: the budget
+                            # counts device bytes and a slack for packed segments; 100 % would leave files out
+                            budget = 2 * sum(s for _, s in files) + (64 << 20)
+                            opts += ["--disk-cache", cache, "--disk-cache-size", str(budget)]
                         m = Mount(src, mnt, opts, log_file=os.path.join(work, f"{case}-{k}.log"), env=env).start()
                         mounted.append((case, label, mnt, m))
                         read_loop(mnt, files, 0.01)     # one pass: fills the tier
@@ -535,10 +336,6 @@ def run(a, bench):
                     row = dict(runs[len(runs) // 2], case=case, threads=nthreads, side=label)   # the median
                     if not a.no_strace and shutil.which("strace"):
                         box = []
-                        # imported here: the baseline's in-process child imports this script against the
-                        # baseline revision's package, which may have no strace_counts
-                        from shadefs.testing import strace_counts
-
                         counts = strace_counts(m.pid, lambda: box.append(read_loop(mnt, files, 1.5, a.procs)))
                         row["syscalls"] = {k: v / box[0] for k, v in sorted(counts.items(), key=lambda kv: -kv[1])}
                     if a.py_spy and shutil.which("py-spy"):

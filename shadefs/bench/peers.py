@@ -68,7 +68,6 @@ from shadefs.testing.training import train_step
 REPO = ROOT
 
 BUCKET, PREFIX = "shadefs-peers", "data"
-DOC = os.path.join(REPO, "docs", "results", "peers.md")
 CONFIGS = ("obstore", "s3torch", "rclone", "s3fs", "transparent", "plan", "plan-nokc", "shade")
 LABELS = {"obstore": "obstore Dataset (no cache)", "s3torch": "s3torchconnector S3MapDataset (no cache)",
           "rclone": "rclone mount, vfs-cache full", "s3fs": "s3fs-fuse, use_cache",
@@ -607,6 +606,8 @@ def print_report(results: Dict[str, Any]) -> None:
     return text
 
 
+#: the runner's common options this benchmark honours
+COMMON = ('rounds', 'write_doc', 'json')
 
 
 def add_arguments(p) -> None:
@@ -633,8 +634,7 @@ def run(a, bench):
     results = docsection.saved_or_measured(a.results, a.json, lambda: run_benchmark(a))
     text = print_report(results)
     if a.write_doc:
-        docsection.write_section(DOC, "bench_peers", text)
-        log(f"wrote {DOC}")
+        bench.write_results(text, "bench_peers")
     return 0
 
 

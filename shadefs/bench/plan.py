@@ -626,6 +626,10 @@ def epoch_rows(out):
     return markdown_table(head, body, "lrrrrrrrrrrrrrrr")
 
 
+#: the runner's common options this benchmark honours
+COMMON = ('write_doc', 'json')
+
+
 def add_arguments(ap) -> None:
     ap.add_argument("--data", help="a make_fashion_mnist.py tree (its train/ is used); default: random files")
     ap.add_argument("--n", type=int, default=1000, help="files uploaded (default 1000)")

@@ -2,6 +2,8 @@
 draw (stable vs cdf) and its provisional next-epoch draw, and the size and encoding time of one epoch's
 plan message, for an ImageNet-sized epoch (1.28M samples).
 
+Regime: in this process, no I/O. Limit: ``RandomSampler``'s ``__iter__`` (what a job pays without a plan).
+
     python -m shadefs.bench plan_hook [--n 1281167 60000] [--repeat 5]
 
 Prints one table per N (median of --repeat runs, seconds). No daemon: the background send and the
@@ -80,6 +82,10 @@ def shade_rows(n, repeat):
     rows.append(("the trigger on the loop's thread (queue the provisional job), per epoch",
                  (time.perf_counter() - t0) / 1000))
     return rows
+
+
+#: the runner's common options this benchmark honours
+COMMON = ()
 
 
 def add_arguments(ap) -> None:

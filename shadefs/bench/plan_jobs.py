@@ -1,6 +1,9 @@
 """Plans that many jobs share: what announcing costs under the cache lock, what a plan costs in memory,
 and whether each job's plan follows its own opens over one mount.
 
+Regime: **counts** (misses against Belady's OPT on the same trace; ``mount`` runs with
+``--no-kernel-cache``). Limit: OPT's misses; for ``announce``, a RAM hit's lock hold without announcements.
+
 ``announce`` (in this process, no FUSE, no data): a namespace of ``--files`` ids, a RAM tier of
 ``--residents`` one-byte files under Belady-on-plan (``static`` inner policy), and ``--ranks`` streams that
 announce at once, from one thread each, ``--epochs`` epochs of ``--samples`` samples each (two seeded
@@ -531,6 +534,10 @@ def split(args) -> dict:
             p.kill()
             p.wait()
     return out
+
+
+#: the runner's common options this benchmark honours
+COMMON = ()
 
 
 def add_arguments(ap) -> None:

@@ -1,5 +1,8 @@
 """Re-reads of files no tier admits: random 10 kB records, through the mount vs direct from a warm page cache.
 
+Regime: **page cache**, on purpose: the question is whether the kernel keeps the file's pages between
+opens so that the source is read once, not once per epoch. Limit: ``direct`` (the source file, warm).
+
 What HDF5 and LMDB readers do (random records by ``pread`` on a file each epoch opens again) and what
 ``np.load(mmap_mode='r')`` does (page faults on a mapping made again each epoch), on one file each of
 ``--size`` bytes that is larger than the mount's only tier (``--ram-cache``, 16 MiB by default; no disk
@@ -95,6 +98,10 @@ def folio_census(path: str, pages: int = 4096) -> Dict[str, int]:
         return out
     finally:
         mm.close()
+
+
+#: the runner's common options this benchmark honours
+COMMON = ('baseline',)
 
 
 def add_arguments(ap) -> None:

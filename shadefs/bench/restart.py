@@ -1,5 +1,8 @@
 """Restart-to-serving time of a mount whose NVMe tier already holds N entries.
 
+Regime: **counts** (wall time until the mount serves; metadata only). Limit: the source scan alone
+(a mount cannot serve before its namespace is known).
+
 For each N it synthesises, directly on local disk and without FUSE, a source tree of N tiny files
 (1000 per directory) and the matching disk-tier namespace a previous daemon would have left (entries
 named sha256(path), stamped with the source mtime). Then it times ``shadefs mount`` until the mount is
@@ -10,7 +13,9 @@ disk hits:
 - after a crash: no manifest (``index.bin``) and no cached path digests, so every entry is stat'ed and
   every snapshot path hashed;
 - after a clean unmount: the manifest written at unmount and the digests cached (the usual restart);
-- the same after ``echo 3 > /proc/sys/vm/drop_caches`` (root only): as after a reboot;
+- the same with the pages of the tier's and the source's files dropped (``POSIX_FADV_DONTNEED`` per file,
+  :func:`shadefs.testing.regime.drop_tree_pages`; dentries stay cached): the nearest to a reboot that
+  leaves the rest of a shared machine alone;
 - the reload alone, in this process (:func:`shadefs.cache.persist.reload_disk_tier`, snapshot given).
 
 Prints a table (``--markdown`` for docs/results/restart.md) with the 1-minute load average after each row:
@@ -35,6 +40,7 @@ from shadefs.namespace import Namespace
 from shadefs.policies import Importance, get_policy
 from shadefs.testing import Mount, ShadefsError
 from shadefs.testing.docsection import markdown_table
+from shadefs.testing.regime import drop_tree_pages
 
 MTIME_NS = 1_700_000_000 * 10**9  # whole seconds: the float snapshot mtime round-trips exactly
 PER_DIR = 1000
@@ -130,14 +136,8 @@ def reload_alone(src, cache, repeats: int = 3) -> dict:
             "hashes": rep.digest_seconds, "reloaded": rep.loaded, "statted": rep.statted}
 
 
-def drop_caches() -> bool:
-    try:
-        os.sync()
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
-        return True
-    except OSError:
-        return False
+#: the runner's common options this benchmark honours
+COMMON = ()
 
 
 def add_arguments(ap) -> None:
@@ -146,7 +146,7 @@ def add_arguments(ap) -> None:
     ap.add_argument("--workdir", default="/var/tmp/shadefs-bench-restart")
     ap.add_argument("--keep", action="store_true",
                     help="keep the synthesised trees, and reuse them when they exist")
-    ap.add_argument("--no-drop-caches", action="store_true")
+    ap.add_argument("--no-drop-pages", action="store_true", help="skip the row with the files' pages dropped")
     ap.add_argument("--markdown", action="store_true", help="print the table as Markdown")
 
 
@@ -176,9 +176,13 @@ def run(args, bench):
         log_file = os.path.join(root, "daemon.log")
         plan = [("mount after a crash (no manifest, no digests)", lambda: timed_mount(src, mnt, cache, log_file)),
                 ("mount after a clean unmount", lambda: timed_mount(src, mnt, cache, log_file))]
-        if not args.no_drop_caches:
-            plan.append(("the same after drop_caches",
-                         lambda: timed_mount(src, mnt, cache, log_file) if drop_caches() else None))
+        if not args.no_drop_pages:
+            def after_pages_dropped():
+                drop_tree_pages(src)
+                drop_tree_pages(cache)
+                return timed_mount(src, mnt, cache, log_file)
+
+            plan.append(("the same, the files' pages dropped", after_pages_dropped))
         plan.append(("reload alone, in process (best of 3)", lambda: reload_alone(src, cache)))
         for what, run in plan:
             r = run()

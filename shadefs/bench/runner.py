@@ -1,21 +1,26 @@
 """The benchmarks' runner: one argument parser, load, regime line, interleaved rounds, baseline and doc writer.
 
-Every benchmark is a module of :mod:`shadefs.bench` with a docstring (its first line: the question it
-answers; then the regime it runs in and the physical limit it is measured against), ``add_arguments(parser)``
-(its own options) and ``run(args, bench)`` (returns an exit status, None for 0). :func:`main` parses the
-common options (:func:`add_common`) and the benchmark's, prints the load average at the start and the end,
+Every benchmark is a module of :mod:`shadefs.bench` (or a package, its ``__init__`` the module; its
+other modules the benchmark's parts) with a docstring (its first paragraph: the question it
+answers; then the regime it runs in and the physical limit it is measured against), ``COMMON`` (which of
+the common options it honours), ``add_arguments(parser)`` (its own options) and ``run(args, bench)``
+(returns an exit status, None for 0). :func:`main` parses the common options (:func:`add_common`) and the
+benchmark's, prints the load average at the start and the end,
 and hands ``run`` a :class:`Bench` with the shared pieces:
 
 - :meth:`Bench.regime`: :func:`shadefs.testing.regime.describe`'s line, printed and kept;
-- :meth:`Bench.interleaved`: the rounds, each running every case, the order reversed every other round so
-  that load which comes and goes on a shared machine hits every case alike;
+- :meth:`Bench.interleaved`: the rounds, each running every case, the order rotated by one every round so
+  that load which comes and goes on a shared machine hits every case alike, each case in each position;
 - :meth:`Bench.sides` / :meth:`Bench.baseline`: the working tree and, with ``--baseline REV``, the package of
   git revision REV beside it (:func:`shadefs.testing.baseline.extract`, its compiled parts built), each with
   the environment (``PYTHONPATH``) that runs a child process over it;
 - :meth:`Bench.table`, :meth:`Bench.load`: a table printed with the load average it was measured at;
 - :meth:`Bench.write_results` / :meth:`Bench.write_performance`: with ``--write-doc``, the benchmark's section
   of docs/results/NAME.md and of docs/performance.md (:mod:`shadefs.testing.docsection`);
-- :meth:`Bench.save_json`: with ``--json PATH``, the figures as JSON.
+- :meth:`Bench.save_json`: with ``--json PATH``, the figures as JSON;
+- :meth:`Bench.mount_variants` / :func:`add_variant_option`: the tree, the baseline and ``--variant`` mounts;
+- :func:`env_with` (a child's environment with a daemon's switches), :func:`example` (the module of an
+  example in scripts/ that a benchmark borrows from), :func:`median`, :func:`loadavg`.
 
 ``python -m shadefs.bench --list`` lists the benchmarks; ``python -m shadefs.bench NAME --help`` their options.
 """
@@ -36,7 +41,7 @@ from shadefs.testing import Mount, baseline as _baseline, docsection
 from shadefs.testing.regime import describe
 
 __all__ = ["ROOT", "DOCS", "Bench", "Side", "add_common", "add_variant_option", "benchmarks", "question", "main",
-           "median", "loadavg"]
+           "median", "loadavg", "env_with", "example", "source_of"]
 
 #: the checkout this package runs from (its docs/ and git history: the baseline is a revision of it)
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -50,15 +55,43 @@ def loadavg() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
+def env_with(base: Optional[Dict[str, str]] = None, **overrides: str) -> Dict[str, str]:
+    """A child's environment: ``base`` (default this process's) with ``overrides`` set (a daemon's switches
+    such as ``SHADEFS_FUSE_PYTHON_LOOP="0"``; docs/configuration.md, "Environment")."""
+    return {**(os.environ if base is None else base), **overrides}
+
+
+def example(name: str):
+    """The module of the example ``scripts/NAME.py`` (``make_fashion_mnist``, ``train_fashion_mnist``: what a
+    user runs, which some benchmarks drive or borrow from), loaded from its file once. Raises OSError where
+    the checkout has no such script."""
+    import importlib.util
+
+    key = f"shadefs_example_{name}"
+    if key not in sys.modules:
+        spec = importlib.util.spec_from_file_location(key, os.path.join(ROOT, "scripts", f"{name}.py"))
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        sys.modules[key] = mod
+    return sys.modules[key]
+
+
 def median(xs: Sequence[float]) -> float:
     """The median of ``xs``; NaN for none."""
     return statistics.median(xs) if xs else float("nan")
 
 
 def benchmarks() -> List[str]:
-    """The names of the benchmarks (the modules of :mod:`shadefs.bench` but the runner), sorted."""
+    """The names of the benchmarks (the modules and packages of :mod:`shadefs.bench` but the runner), sorted."""
     here = os.path.dirname(os.path.abspath(__file__))
     return sorted(m.name for m in pkgutil.iter_modules([here]) if m.name not in _NOT_BENCHMARKS)
+
+
+def source_of(name: str) -> str:
+    """The file that holds benchmark ``name``'s docstring: ``NAME.py``, or ``NAME/__init__.py`` for a
+    benchmark that is a package (one that it splits into parts)."""
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
+    return os.path.join(here, "__init__.py") if os.path.isdir(here) else here + ".py"
 
 
 def question(name: str) -> str:
@@ -66,7 +99,7 @@ def question(name: str) -> str:
     from the source, nothing imported). Raises OSError for an unknown name."""
     import ast
 
-    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py"), encoding="utf-8") as f:
+    with open(source_of(name), encoding="utf-8") as f:
         doc = ast.get_docstring(ast.parse(f.read())) or ""
     return " ".join(doc.split("\n\n", 1)[0].split())
 
@@ -158,11 +191,16 @@ class Bench:
 
     # -- rounds
     def interleaved(self, cases: Sequence[Any], rounds: Optional[int] = None) -> Iterator[Tuple[int, Any]]:
-        """``(round, case)`` for every case of every round (``--rounds`` by default); odd rounds take the
-        cases in reverse order. A progress line with the load ends every round."""
+        """``(round, case)`` for every case of every round (``--rounds`` by default); round ``r`` takes the
+        cases rotated by ``r`` (``[a, b, c]``, ``[b, c, a]``, ``[c, a, b]``, ...), so over as many rounds as
+        cases each case runs once in each position: a case that runs better first, last or right after
+        itself (as at the turn of reversed rounds) is not favoured. A progress line with the load ends
+        every round."""
         n = self.args.rounds if rounds is None else rounds
+        cases = list(cases)
         for r in range(n):
-            for case in (cases if r % 2 == 0 else list(cases)[::-1]):
+            k = r % len(cases) if cases else 0
+            for case in cases[k:] + cases[:k]:
                 yield r, case
             self.progress(f"round {r + 1}/{n} done")
 
@@ -233,6 +271,10 @@ class Bench:
         if not self.args.write_doc:
             return False
         path = path or self.results_path()
+        if not os.path.exists(path):  # a new report: its title names the command
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            with open(path, "w") as f:
+                f.write(f"# Results of `python -m shadefs.bench {self.name}`\n")
         docsection.write_section(path, marker or self.name, section)
         print(f"{self.name}: wrote {os.path.relpath(path, ROOT)}", file=sys.stderr)
         return True
@@ -250,17 +292,27 @@ class Bench:
             os.replace(tmp, self.args.json)
 
 
-def add_common(p: argparse.ArgumentParser) -> None:
-    """The options every benchmark takes (a benchmark changes their defaults with ``p.set_defaults``)."""
+#: the common options: name -> (flag, add_argument keywords)
+_COMMON = {
+    "rounds": ("--rounds", dict(type=int, default=1, help="interleaved rounds (every case once per round; "
+                                "figures are medians over rounds, or the best where the benchmark says so)")),
+    "baseline": ("--baseline", dict(metavar="REV", default=None, help="also run the shadefs package of git "
+                                    "revision REV side by side ('none': the tree alone)")),
+    "write_doc": ("--write-doc", dict(action="store_true", help="rewrite this benchmark's section of "
+                                      "docs/results/NAME.md (and of docs/performance.md where it keeps one)")),
+    "json": ("--json", dict(metavar="PATH", default=None, help="also write the figures to PATH as JSON")),
+}
+
+
+def add_common(p: argparse.ArgumentParser, names: Sequence[str] = tuple(_COMMON)) -> None:
+    """The common options ``names`` (of ``rounds``, ``baseline``, ``write_doc``, ``json``: those a benchmark
+    honours, its module's ``COMMON``); the others stay at their defaults, and a command line that gives one is
+    refused. A benchmark changes their defaults with ``p.set_defaults``."""
     g = p.add_argument_group("common options")
-    g.add_argument("--rounds", type=int, default=1, help="interleaved rounds (every case once per round; "
-                   "figures are medians over rounds)")
-    g.add_argument("--baseline", metavar="REV", default=None,
-                   help="also run the shadefs package of git revision REV side by side ('none': the tree alone)")
-    g.add_argument("--write-doc", action="store_true",
-                   help="rewrite this benchmark's section of docs/results/NAME.md (and of docs/performance.md "
-                        "where it keeps one)")
-    g.add_argument("--json", metavar="PATH", help="also write the figures to PATH as JSON")
+    for name, (flag, kw) in _COMMON.items():
+        if name in names:
+            g.add_argument(flag, **kw)
+    p.set_defaults(**{name: kw.get("default", False) for name, (_, kw) in _COMMON.items() if name not in names})
 
 
 def add_variant_option(p: argparse.ArgumentParser, example: str) -> None:
@@ -276,7 +328,7 @@ def parser_for(name: str) -> Tuple[argparse.ArgumentParser, Any]:
     mod = importlib.import_module(f"shadefs.bench.{name}")
     p = argparse.ArgumentParser(prog=f"python -m shadefs.bench {name}", description=mod.__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_common(p)
+    add_common(p, getattr(mod, "COMMON", tuple(_COMMON)))
     mod.add_arguments(p)
     return p, mod
 

@@ -1,6 +1,9 @@
 """Daemon CPU and backend GETs per S3 miss, side by side: this tree's obstore and fsspec clients and,
 with ``--baseline REV``, the ``shadefs`` package of git revision REV (its only client, s3fs).
 
+Regime: **counts** (GETs per miss: every open a miss, each file read once). Limit: one GET per miss,
+and the client's CPU per GET measured alone (shared/anchors/s3_get_cpu.py).
+
 The store: moto's S3 server on loopback behind ``shadefs.testing.latency_proxy`` (``--delay-ms`` one way,
 ``--rate``), which counts every GET. Each run mounts the bucket fresh and reads every file once, whole,
 with ``--readers`` threads (``open``/``read(--read-size)``/``close``), with the tiers off (``--ram-cache 0``:
@@ -98,6 +101,10 @@ def run_one(code: str, backend: str, tiers: str, endpoint: str, proxy, names: Li
             "ctx_per_miss": (x1 - x0) / max(1, misses)}
 
 
+#: the runner's common options this benchmark honours
+COMMON = ('rounds', 'baseline')
+
+
 def add_arguments(p) -> None:
     p.add_argument("--files", type=int, default=300)
     p.add_argument("--size", type=int, default=40_000, help="bytes per file")
@@ -126,12 +133,11 @@ def run(a, bench):
     names = [f"c{i % 10}/{i:05d}.jpg" for i in range(a.files)]
 
     def rounds(endpoint: str, proxy) -> None:
-        for r in range(a.rounds):
-            for tiers in a.tiers.split(","):
-                for backend, code in codes.items():
-                    res = run_one(code, backend, tiers, endpoint, proxy, names, a, work)
-                    results.setdefault((tiers, backend), []).append(res)
-                    print(f"round {r} tiers={tiers} {backend}: {json.dumps(res)}", file=sys.stderr, flush=True)
+        cases = [(tiers, bc) for tiers in a.tiers.split(",") for bc in codes.items()]
+        for r, (tiers, (backend, code)) in bench.interleaved(cases):
+            res = run_one(code, backend, tiers, endpoint, proxy, names, a, work)
+            results.setdefault((tiers, backend), []).append(res)
+            print(f"round {r} tiers={tiers} {backend}: {json.dumps(res)}", file=sys.stderr, flush=True)
 
     try:
         if a.local:

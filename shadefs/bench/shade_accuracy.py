@@ -1,5 +1,7 @@
 """Why ShadeSampler's accuracy per epoch trails uniform shuffling: the sampler alone, in memory.
 
+Regime: in memory, no mount (the sampler alone). Limit: uniform shuffling's accuracy per epoch.
+
 Trains ``train_fashion_mnist.py``'s small CNN (same model, SGD lr 0.01 momentum 0.9, batch 64) on a
 ``make_fashion_mnist.py`` tree decoded once into memory, so that only the order of the samples differs
 between configurations (no FUSE, no S3, no DataLoader workers). ShadeSampler runs with ``client=False``
@@ -34,18 +36,7 @@ import time
 
 import numpy as np
 
-from shadefs.bench.runner import ROOT
-
-SCRIPTS = os.path.join(ROOT, "scripts")  # the examples a user runs (train_fashion_mnist.py)
-
-
-def _module(name: str):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(name, os.path.join(SCRIPTS, name + ".py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from shadefs.bench.runner import example
 
 
 IDX_FILES = {"train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
@@ -59,10 +50,10 @@ def load(data: str, split: str):
     60,000 / 10,000 images, the same pixels and normalisation, labels as in the IDX files)."""
     import torch
 
-    tfm = _module("train_fashion_mnist")
+    tfm = example("train_fashion_mnist")
     images, labels = IDX_FILES[split]
     if os.path.exists(os.path.join(data, images)):
-        read_idx = _module("make_fashion_mnist").read_idx
+        read_idx = example("make_fashion_mnist").read_idx
         raw = read_idx(os.path.join(data, images)).astype(np.float32) / 255.0
         x = (torch.from_numpy(raw).unsqueeze(1) - tfm.MEAN[0]) / tfm.STD[0]
         return x.contiguous(), torch.from_numpy(read_idx(os.path.join(data, labels)).astype(np.int64)), tfm
@@ -263,6 +254,10 @@ def plot(results: list, path: str, title: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     print(f"plot: {path}")
+
+
+#: the runner's common options this benchmark honours
+COMMON = ('json',)
 
 
 def add_arguments(ap) -> None:

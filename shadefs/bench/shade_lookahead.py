@@ -2,6 +2,8 @@
 provisional draw is announced (``lookahead_at``) and by draw (stable vs cdf), and how close the
 provisional draw is to the real one.
 
+Regime: **counts**, simulated (no mount). Limit: Belady's OPT on the same trace.
+
 The loop is the daemon's classes without a mount: one ``TierIndex`` running ``PlanPolicy`` around
 ``shade`` (as every tier of a mount with a plan), a ``PlanRegistry`` that gets each epoch's real draw at its
 start and, at ``lookahead_at``, ``[this epoch, provisional next epoch]`` (as the hook announces them), and a
@@ -112,6 +114,10 @@ def overlap_table(n, fractions, seed=0):
         y = np.minimum(np.searchsorted(c2, u * c2[-1], side="right"), n - 1)
         print(f"| {100 * frac:g} % | {np.mean(a == b):.3f} | {jaccard(a, b):.3f} | {np.mean(x == y):.3f} | "
               f"{jaccard(x, y):.3f} |")
+
+
+#: the runner's common options this benchmark honours
+COMMON = ()
 
 
 def add_arguments(ap) -> None:

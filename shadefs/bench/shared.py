@@ -1,6 +1,9 @@
 """The shared tier across "nodes": N mounts of one S3 source on this machine, each reading its
 DistributedSampler shard of a per-epoch reshuffle, with and without a shared tier on Redis Cluster.
 
+Regime: **counts** (hit ratio per node, backend GETs; the mounts run with ``--no-kernel-cache``).
+Limit: f + s per node (its RAM fraction plus the group's shared fraction).
+
 What runs, for every N in ``--nodes`` and every shared size in ``--shared`` (percent of the dataset's
 bytes, the group's total; each member contributes 1/N of it):
 
@@ -55,7 +58,6 @@ from shadefs.testing.s3 import DUMMY_AWS_ENV, LatencyProxyProcess, MotoServer
 REPO = ROOT
 BUCKET = "shadefs-bench"
 PREFIX = "shared"
-DOC = os.path.join(REPO, "docs", "results", "shared.md")
 PLOT = os.path.join(REPO, "docs", "img", "bench_shared.png")
 
 
@@ -290,6 +292,10 @@ def plot(res: Dict[str, Any]) -> None:
     fig.savefig(PLOT, dpi=110)
 
 
+#: the runner's common options this benchmark honours
+COMMON = ('write_doc', 'json')
+
+
 def add_arguments(p) -> None:
     p.add_argument("--files", type=int, default=2000)
     p.add_argument("--mean-kb", type=int, default=16)
@@ -321,7 +327,7 @@ def run(a, bench):
     for k, v in res["cost"].items():
         print(f"cost of a {k} open: median {v['median_ms']:.2f} ms, p90 {v['p90_ms']:.2f} ms")
     if a.write_doc:
-        docsection.write_section(DOC, "bench_shared", render(res))
+        bench.write_results(render(res), "bench_shared")
         plot(res)
     return 0
 

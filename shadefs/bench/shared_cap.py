@@ -1,5 +1,8 @@
 """How long a shared-tier budget shrink blocks Redis: the longest single SET_CAP script call.
 
+Regime: **counts** against a real redis-server on loopback. Limit: Redis runs one script at a time, so
+the longest script call is how long every other client waits.
+
 One partition of a real ``redis-server`` (loopback) holds ``--values`` values (100 B each, recorded as
 64 B, as the admission script writes them); the group budget then drops to 0, so every value must go. Redis
 runs a script alone: while it runs, every other client of that Redis (every member's GETs) waits. Each
@@ -59,6 +62,10 @@ def one(values: int, batch: int) -> dict:
             srv.stop()
 
 
+#: the runner's common options this benchmark honours
+COMMON = ('rounds',)
+
+
 def add_arguments(ap) -> None:
     ap.add_argument("--values", type=int, default=150_000)
     ap.add_argument("--batch", type=int, default=1000)
@@ -67,12 +74,11 @@ def add_arguments(ap) -> None:
 
 def run(args, bench):
     rows = []
-    for r in range(args.rounds):
-        for label, batch in (("one call", 1 << 62), (f"batches of {args.batch}", args.batch)):
-            x = one(args.values, batch)
-            rows.append(f"| {r + 1} | {label} | {x['evicted']} | {x['calls']} | {x['longest_ms']:.1f} | "
-                        f"{x['wall_s']:.2f} |")
-            print(rows[-1], flush=True)
+    for r, (label, batch) in bench.interleaved((("one call", 1 << 62), (f"batches of {args.batch}", args.batch))):
+        x = one(args.values, batch)
+        rows.append(f"| {r + 1} | {label} | {x['evicted']} | {x['calls']} | {x['longest_ms']:.1f} | "
+                    f"{x['wall_s']:.2f} |")
+        print(rows[-1], flush=True)
     load = os.getloadavg()
     print("| round | SET_CAP | values evicted | script calls | longest call (ms) | all (s) |")
     print("|---|---|--:|--:|--:|--:|")

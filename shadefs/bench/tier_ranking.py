@@ -1,5 +1,8 @@
 """Does a tier keep the most important files? Residents in the top of the importance ranking, per tier.
 
+Limit: the residents a tier can hold, all of them among the most important (share 100 %), and
+``shadefs simulate`` replaying the same trace.
+
 A Fashion-MNIST tree (``make_fashion_mnist.py``: train and test splits) is mounted with ``--policy shade
 --score-transform raw``; every training file gets a distinct importance (a seeded permutation of
 10 .. 10 + n - 1) sent with ``ControlClient.send_scores``; then one shuffled pass reads every training
@@ -110,6 +113,10 @@ def run_one(data: str, tier: str, size: str, seed: int, work: str, tree: str = "
     out["sim_residents"] = len(r.residents)
     out["sim_equal"] = set(r.residents) == daemon_set
     return out
+
+
+#: the runner's common options this benchmark honours
+COMMON = ('json',)
 
 
 def add_arguments(ap) -> None:

@@ -1,5 +1,8 @@
 """Time to accuracy over slow S3 at full scale: shuffle + static, PlanSampler + static, ShadeSampler + shade.
 
+Regime: **regime** (``--no-kernel-cache``: every open the tiers do not serve reads S3). Limit: moto's
+CPU per GET (about 2.8 ms on this machine) times the misses.
+
 The training split of a ``make_fashion_mnist.py`` tree (60,000 PNGs) goes into a bucket on moto's S3 server
 (``python -m moto.server``) behind ``shadefs/testing/latency_proxy.py`` (``--delay-ms`` each way), the
 rig of ``make demo``. Per (seed, mode) the bucket is mounted fresh (``--ram-cache PCT``, cold) and
@@ -91,6 +94,10 @@ def run_limit(run_timeout: float, until, now: float):
     time left until ``until`` (Unix time or None); None when neither limits it."""
     limits = ([run_timeout] if run_timeout > 0 else []) + ([until - now] if until is not None else [])
     return min(limits) if limits else None
+
+
+#: the runner's common options this benchmark honours
+COMMON = ('json',)
 
 
 def add_arguments(ap) -> None:

@@ -28,7 +28,7 @@
  *   request's length in bytes; opcode 0 for a request shorter than its header).
  *
  * It returns when the fd ends or fails (0 for end of file, else the errno: ENODEV when unmounted), or
- * when `stop.stopped` is true after a dispatch. So a kernel-cached open (OPEN + RELEASE) takes the GIL once,
+ * when `stop.stopped` is true after a dispatch (the handles kept for release are dropped first). So a kernel-cached open (OPEN + RELEASE) takes the GIL once,
  * not twice, and the loop's own work (the read, the header, the RELEASE reply) is no interpreted code.
  */
 #define PY_SSIZE_T_CLEAN
@@ -635,7 +635,9 @@ static PyObject *serve(PyObject *self, PyObject *args) {
         Py_DECREF(s);
         if (done < 0)
             goto out;
-        if (done) {
+        if (done) {  /* the front end stops, or this reader retires (a spare serves in its place) */
+            if (flush(release, kept, &nkept) < 0)
+                goto out;
             result = 0;
             break;
         }

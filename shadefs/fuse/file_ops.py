@@ -92,8 +92,8 @@ class FileOps:
         if h is None:
             self._defer(fd, unique, self._open_slow, node, None, pid)
         elif h.__class__ is OpenTicket:
-            if (self.reader_misses and self.source_mode == "off" and not h.joins
-                    and time.monotonic() >= self._reader_misses_after):
+            if (self.reader_misses and not h.joins and time.monotonic() >= self._reader_misses_after
+                    and self.reader_watch.room()):
                 return self._open_on_reader(fd, unique, node, h)
             # the ticket is served even if the open is interrupted first: it may lead a fetch that other
             # opens of the file wait on (its handle is then released)
@@ -115,10 +115,30 @@ class FileOps:
         worker (a thread hand-off, two GIL switches), for a directory source that has been answering fast.
         Returns the reply triple as :meth:`_open_request` does, or None (answered here).
 
+        A miss that holds this reader longer than :data:`~shadefs.fuse.spare.SPARE_AFTER_S` gets a spare
+        reader started in its place (:attr:`reader_watch`); this reader then ends once the miss is over.
         When misses take longer than :data:`READER_MISS_MAX_S` on average (a slow source), misses go to
-        the workers for :data:`READER_MISS_BACKOFF_S`. A read stuck past ``--backend-timeout`` is answered EIO by the
-        backend's watchdog (:meth:`_reader_stuck`), which also starts a spare reader in this one's place;
-        the request is registered as pending meanwhile, so an INTERRUPT or the watchdog answers it once."""
+        the workers for :data:`READER_MISS_BACKOFF_S`. A read stuck past ``--backend-timeout`` is answered
+        EIO by the backend's watchdog (:meth:`_reader_stuck`); the request is registered as pending
+        meanwhile, so an INTERRUPT or the watchdog answers it once."""
+        rec = self.reader_watch.begin(fd)
+        try:
+            return self._serve_on_reader(fd, unique, fid, ticket)
+        finally:
+            if self.reader_watch.end(rec):
+                stop = getattr(self._reader_local, "stop", None)
+                if stop is not None:
+                    stop.retired = stop.stopped = True
+
+    def _start_spare(self, fd: int) -> None:
+        # the reader watch's: a reader is held by a slow miss; a fresh one reads fd's requests meanwhile
+        if self._stop.stopped:
+            return
+        self.spare_readers += 1
+        threading.Thread(target=self._reader, args=(fd,), name="fuse-reader-spare", daemon=True).start()
+
+    def _serve_on_reader(self, fd: int, unique: int, fid: int, ticket):
+        # the miss of _open_on_reader, on this reader thread
         with self._plock:
             self._pending[unique] = fd
         self.reader_misses_served += 1
@@ -156,18 +176,14 @@ class FileOps:
 
     def _reader_stuck(self, fd: int, unique: int, stuck: list) -> None:
         """The backend's watchdog, for a reader whose miss is past ``--backend-timeout``: answer the OPEN
-        EIO, send misses to the workers (backoff) and start a spare reader on the same fd (the stuck one
-        goes on serving once its read returns: reader threads grow by at most the reads stuck, which
-        ``TimeoutBackend.max_stuck`` bounds)."""
+        EIO and send misses to the workers (backoff). A spare reader serves in its place since the miss
+        passed ``SPARE_AFTER_S`` (:attr:`reader_watch`); the stuck one ends once its read returns."""
         stuck.append(True)
         self.reader_misses_slow += 1
         self._reader_misses_after = time.monotonic() + READER_MISS_BACKOFF_S
         self._reader_miss_s = 0.0
         if self._finish(unique):
             self._send(fd, unique, P.OPEN, errno.EIO, ())
-        if not self._stop.stopped:
-            self.spare_readers += 1
-            threading.Thread(target=self._reader, args=(fd,), name="fuse-reader-spare", daemon=True).start()
 
     def _open_source(self, fd: int, unique: int, fid: int, h) -> None:
         """Worker: an open served from the source that the reader handed over (:meth:`_open_handle` may

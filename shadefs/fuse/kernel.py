@@ -21,10 +21,13 @@ Threads and the path of one request (docs/architecture.md, "The front ends"):
   each open, which the cache applies (counters, policy, plans, trace) in its next critical section, or
   within ~2 ms (``cache.apply_hits``); ``SHADEFS_FUSE_GIL_OPENS=1`` hands every OPEN to Python.
 - **Misses on the reader**: a miss of a directory source that leads its own read (``OpenTicket.joins`` is
-  False) is served on the reader that read its OPEN, no hand-off, while such misses take under
-  :data:`READER_MISS_MAX_S` on average; a slower source sends misses to the workers for
-  :data:`READER_MISS_BACKOFF_S`; a read stuck past ``--backend-timeout`` is answered EIO by the backend's
-  watchdog (:func:`~shadefs.backends.timeout.on_deadline`), which starts a spare reader on the same fd.
+  False) is served on the reader that read its OPEN, no hand-off (``SHADEFS_FUSE_READER_MISSES=0``: on
+  workers), while such misses take under :data:`READER_MISS_MAX_S` on average; a slower source sends
+  misses to the workers for :data:`READER_MISS_BACKOFF_S`. A miss that holds its reader past
+  :data:`~shadefs.fuse.spare.SPARE_AFTER_S` (a few ms) gets a spare reader started on the same fd
+  (:class:`~shadefs.fuse.spare.ReaderWatch`), so a hung source never holds every reader; the replaced
+  reader ends once its miss is over. A read stuck past ``--backend-timeout`` is answered EIO by the
+  backend's watchdog (:func:`~shadefs.backends.timeout.on_deadline`).
 - **Workers** take what may block: any other OPEN that is a miss (``cache.open`` waits on the backend, or
   on another open's read of the file) and a READ of a file streamed by ranges. They reply themselves when the data arrives (a reply may come from any
   thread, in any order; it must go to the fd the request was read from). The pool grows with the misses
@@ -91,6 +94,7 @@ from .backing import KEEP_BACKING_IDS, RELEASE_WAIT_S, BackingConflict, _Modes
 from .file_ops import (READER_MISS_BACKOFF_S, READER_MISS_MAX_S, SOURCE_RELEASE_WAIT_S, FileOps)
 from .metadata import TIMEOUT_S, MetadataOps
 from .mount import mount_fuse, unmount_fuse
+from .spare import ReaderWatch
 from .pages import PAGE, PROBE_TIMEOUT_S, KernelPages, _Probe
 from .passthrough import SourceReads
 from .workers import Workers
@@ -124,13 +128,34 @@ _OUT_HEADER_SIZE = P.OUT_HEADER.size
 
 class _StopFlag(threading.Event):
     """An Event whose state is also the plain attribute ``stopped``: the reader loop reads it once per
-    request (``Event.is_set`` is a Python call there)."""
+    request (``Event.is_set`` is a Python call there). Each reader thread's loop reads its own
+    :class:`_ReaderStop`, set with this one (:meth:`reader`), or alone when that reader retires."""
 
     stopped = False
 
+    def __init__(self):
+        super().__init__()
+        self._readers: List["_ReaderStop"] = []
+
+    def reader(self) -> "_ReaderStop":
+        r = _ReaderStop()
+        self._readers.append(r)
+        r.stopped = self.stopped
+        return r
+
     def set(self) -> None:
         self.stopped = True
+        for r in list(self._readers):
+            r.stopped = True
         super().set()
+
+
+class _ReaderStop:
+    """One reader thread's stop flag: ``stopped`` when the front end stops, or when the reader was
+    replaced by a spare while it served a slow miss (``retired``: only this reader ends)."""
+
+    stopped = False
+    retired = False
 
 
 
@@ -210,6 +235,10 @@ class KernelFrontend(FileOps, MetadataOps, KernelPages):
         self.reader_misses_served = 0     # misses served on a reader thread
         self.reader_misses_slow = 0       # backoffs: the moving average went past READER_MISS_MAX_S
         self.spare_readers = 0            # reader threads started in place of one stuck on the source
+        # a reader in a miss for longer than spare.SPARE_AFTER_S is replaced by a spare reader, and ends
+        # once its miss is over: a hung source never holds the readers (shadefs.fuse.spare)
+        self.reader_watch = ReaderWatch(self._start_spare) if self.reader_misses else None
+        self._reader_local = threading.local()   # .stop: the reader thread's _ReaderStop
         self.fd: Optional[int] = None
         self._fds: List[int] = []
         self._stop = _StopFlag()
@@ -308,6 +337,8 @@ class KernelFrontend(FileOps, MetadataOps, KernelPages):
                     self.cache.apply_hits()
         finally:
             self._stop.set()
+            if self.reader_watch is not None:
+                self.reader_watch.close()
             for sig, handler in old.items():
                 signal.signal(sig, handler)
             if signalled:
@@ -425,13 +456,22 @@ class KernelFrontend(FileOps, MetadataOps, KernelPages):
     # -- the reader loop ---------------------------------------------------------------------------------
     def _reader(self, fd: int) -> None:
         name_thread()
+        stop = self._reader_local.stop = self._stop.reader()
+        try:
+            self._reader_loop(fd, stop)
+        finally:
+            try:
+                self._stop._readers.remove(stop)
+            except ValueError:
+                pass
+
+    def _reader_loop(self, fd: int, stop: "_ReaderStop") -> None:
         if _fastloop is not None and self.compiled_loop:
-            self._reader_compiled(fd)
+            self._reader_compiled(fd, stop)
             return
         buf = bytearray(BUFSIZE)
         dispatch = self._dispatch  # the same per-request handling as the compiled loop's
         unpack = P.IN_HEADER.unpack_from
-        stop = self._stop
         while not stop.stopped:
             try:
                 n = os.readv(fd, [buf])
@@ -449,15 +489,17 @@ class KernelFrontend(FileOps, MetadataOps, KernelPages):
             _, opcode, unique, nodeid, _, _, _, _, _ = unpack(buf, 0)
             dispatch(fd, buf, opcode, unique, nodeid, n)
 
-    def _reader_compiled(self, fd: int) -> None:
+    def _reader_compiled(self, fd: int, stop: "_ReaderStop") -> None:
         """The reader loop of :mod:`shadefs.fuse._fastloop`: requests are read and RELEASE answered in C
         without the GIL; the released handles are dropped in batches (:meth:`_release_many`); an OPEN goes
         to :meth:`_open_compiled` (the loop writes a hit's reply), every other request to
         :meth:`_dispatch`."""
         os.set_blocking(fd, False)  # a read that finds no request lets the loop hand back released handles
         res = self.residents
-        err = _fastloop.serve(fd, bytearray(BUFSIZE), self._dispatch, self._release_many, self._stop,
+        err = _fastloop.serve(fd, bytearray(BUFSIZE), self._dispatch, self._release_many, stop,
                               self._open_compiled, res, self.cache.apply_hits if res is not None else None)
+        if err == 0 and stop.retired and not self._stop.stopped:
+            return  # replaced by a spare reader during a slow miss: only this thread ends
         if err == 0:
             self._stop.set()  # end of file (the test's socket closed), or DESTROY
         else:

@@ -25,23 +25,62 @@ def test_the_list_names_every_benchmark_module_and_its_question(capsys):
     assert runner.question("miss_cost").startswith("What does a miss cost the daemon")
 
 
+def test_a_benchmark_that_is_a_package_is_listed_once_with_its_question():
+    # read, epoch and hit_ratio are packages of parts: the package is the benchmark, its parts are not
+    names = runner.benchmarks()
+    assert not {"rig", "sources", "measure", "report", "child", "configs", "analysis"} & set(names)
+    assert runner.source_of("read") == os.path.join(os.path.dirname(runner.__file__), "read", "__init__.py")
+    assert runner.source_of("miss_cost") == os.path.join(os.path.dirname(runner.__file__), "miss_cost.py")
+    assert runner.question("read").startswith("Read-path throughput of a shadefs mount")
+    assert runner.question("epoch").startswith("Epoch time of a DataLoader(ImageFolder")
+    assert runner.question("hit_ratio").startswith("Cache hit ratio of real Fashion-MNIST training")
+    p, mod = runner.parser_for("read")
+    assert mod.COMMON == ("baseline", "write_doc", "json")
+    assert p.parse_args(["--quick"]).quick
+
+
+def test_no_file_of_a_benchmark_is_over_900_lines():
+    here = os.path.dirname(runner.__file__)
+    long = {}
+    for d, _, files in os.walk(here):
+        for f in files:
+            if f.endswith(".py"):
+                with open(os.path.join(d, f)) as fh:
+                    n = sum(1 for _ in fh)
+                if n > 900:
+                    long[os.path.relpath(os.path.join(d, f), here)] = n
+    assert long == {}  # split one along its seams into a package of parts (as read, epoch, hit_ratio are)
+
+
 def test_an_unknown_benchmark_is_refused_with_the_list(capsys):
     assert runner.main(["no_such_bench"]) == 2
     assert "miss_cost" in capsys.readouterr().err
 
 
-def test_every_benchmark_takes_the_common_options():
-    p, _ = runner.parser_for("miss_cost")
-    a = p.parse_args(["--rounds", "2", "--baseline", "none", "--write-doc", "--json", "out.json"])
-    assert (a.rounds, a.baseline, a.write_doc, a.json) == (2, "none", True, "out.json")
+def test_a_benchmark_takes_the_common_options_it_honours():
+    p, mod = runner.parser_for("miss_cost")
+    assert mod.COMMON == ("rounds", "baseline", "json")
+    a = p.parse_args(["--rounds", "2", "--baseline", "none", "--json", "out.json"])
+    assert (a.rounds, a.baseline, a.write_doc, a.json) == (2, "none", False, "out.json")
     # a benchmark's own defaults for them
     assert (p.parse_args([]).rounds, p.parse_args([]).baseline) == (3, "main")
 
 
-def test_interleaved_rounds_reverse_the_order_every_other_round(tmp_path, capsys):
+def test_a_common_option_a_benchmark_does_not_honour_is_refused(capsys):
+    p, mod = runner.parser_for("restart")
+    assert mod.COMMON == ()
+    with pytest.raises(SystemExit) as e:
+        p.parse_args(["--baseline", "main"])
+    assert e.value.code == 2
+    assert "unrecognized arguments: --baseline main" in capsys.readouterr().err
+    a = p.parse_args([])  # the helpers still find them, at their defaults
+    assert (a.rounds, a.baseline, a.write_doc, a.json) == (1, None, False, None)
+
+
+def test_interleaved_rounds_rotate_the_order_so_each_case_takes_each_position(tmp_path, capsys):
     b = _bench(tmp_path, rounds=3)
-    assert list(b.interleaved(["a", "b", "c"])) == [(0, "a"), (0, "b"), (0, "c"), (1, "c"), (1, "b"), (1, "a"),
-                                                    (2, "a"), (2, "b"), (2, "c")]
+    assert list(b.interleaved(["a", "b", "c"])) == [(0, "a"), (0, "b"), (0, "c"), (1, "b"), (1, "c"), (1, "a"),
+                                                    (2, "c"), (2, "a"), (2, "b")]
     assert capsys.readouterr().err.count("round ") == 3  # a progress line, with the load, per round
     assert list(b.interleaved(["a"], rounds=2)) == [(0, "a"), (1, "a")]
 
@@ -79,7 +118,7 @@ def test_doc_sections_are_written_only_with_write_doc(tmp_path):
     b = _bench(tmp_path, write_doc=True)
     assert b.write_results(f"{start}\nx\n{end}", path=str(doc))
     assert b.write_results(f"{start}\ny\n{end}", path=str(doc))  # replaces its own section
-    assert doc.read_text() == f"# Performance\n\n{start}\ny\n{end}\n"
+    assert doc.read_text() == f"# Results of `python -m shadefs.bench miss_cost`\n\n{start}\ny\n{end}\n"
     assert b.results_path() == os.path.join(runner.ROOT, "docs", "results", "miss_cost.md")
 
 
@@ -106,3 +145,29 @@ def test_clean_ups_run_last_first_and_a_failing_one_does_not_stop_the_others(tmp
     b.close()
     assert calls == [3, 1]
     assert "clean-up failed: division by zero" in capsys.readouterr().err
+
+
+@pytest.mark.slow  # compiles a C extension (about a second)
+def test_a_baseline_whose_c_source_differs_gets_its_own_build(tmp_path):
+    import filecmp
+    import glob
+    import shutil
+    import subprocess
+
+    from shadefs.testing import baseline
+
+    if not shutil.which("cc") or not glob.glob(os.path.join(runner.ROOT, "shadefs", "fuse", "_fastloop*.so")):
+        pytest.skip("no C compiler, or the working tree's compiled loop is not built")
+    # the revision before the last change of the compiled loop's source: a different source
+    revs = subprocess.run(["git", "-C", runner.ROOT, "log", "-2", "--format=%h", "--", "shadefs/fuse/_fastloop.c"],
+                          capture_output=True, text=True, check=True).stdout.split()
+    if len(revs) < 2:
+        pytest.skip("this checkout's history has one version of the compiled loop (a shallow clone)")
+    d, _ = baseline.extract(runner.ROOT, revs[1], build=True)
+    try:
+        [theirs] = glob.glob(os.path.join(d, "shadefs", "fuse", "_fastloop*.so"))
+        [ours] = glob.glob(os.path.join(runner.ROOT, "shadefs", "fuse", "_fastloop*.so"))
+        assert not filecmp.cmp(theirs, ours, shallow=False)  # built from REV's source, not copied
+        assert not os.path.exists(os.path.join(d, "build"))
+    finally:
+        shutil.rmtree(d)

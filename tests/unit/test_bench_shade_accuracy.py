@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shadefs.bench import shade_accuracy as bsa
+from shadefs.bench import runner, shade_accuracy as bsa
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 BENCH = [sys.executable, "-m", "shadefs.bench", "shade_accuracy"]
@@ -53,7 +53,7 @@ def test_idx_directory_loads_the_pixels_of_the_image_folder_tree(idx_dir, tmp_pa
         assert sorted(order) == list(range(n))
         np.testing.assert_allclose(x_idx[order].numpy(), x_tree.numpy(), atol=1e-6)
         names = [folder.classes[int(c)] for c in y_tree]
-        mfm_classes = bsa._module("make_fashion_mnist").CLASSES
+        mfm_classes = runner.example("make_fashion_mnist").CLASSES
         assert names == [mfm_classes[int(c)] for c in y_idx[order]]
 
 

@@ -1,5 +1,6 @@
 """The examples in scripts/ and the benchmarks of ``python -m shadefs.bench`` use the shared harness
 (shadefs.testing), start, and edit no sys.path to find it."""
+import importlib
 import os
 import re
 import subprocess
@@ -11,8 +12,21 @@ from shadefs.bench.runner import benchmarks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPTS = sorted(f for f in os.listdir(os.path.join(ROOT, "scripts")) if f.endswith(".py"))
-SOURCES = [os.path.join("scripts", f) for f in SCRIPTS] + [os.path.join("shadefs", "bench", f"{n}.py")
-                                                             for n in benchmarks()]
+
+
+def _benchmark_sources():
+    """Every file of every benchmark: its module, or each module of a benchmark that is a package of parts."""
+    out = []
+    for name in benchmarks():
+        d = os.path.join("shadefs", "bench", name)
+        if os.path.isdir(os.path.join(ROOT, d)):
+            out += [os.path.join(d, f) for f in sorted(os.listdir(os.path.join(ROOT, d))) if f.endswith(".py")]
+        else:
+            out.append(d + ".py")
+    return out
+
+
+SOURCES = [os.path.join("scripts", f) for f in SCRIPTS] + _benchmark_sources()
 
 
 pytestmark = pytest.mark.slow  # runs a subprocess, an install or a long search
@@ -39,5 +53,7 @@ def test_every_benchmark_starts(name):
                        text=True, timeout=120, cwd="/")
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith(f"usage: python -m shadefs.bench {name} ")
-    for common in ("--rounds", "--baseline REV", "--write-doc", "--json PATH"):
-        assert common in r.stdout
+    honoured = importlib.import_module(f"shadefs.bench.{name}").COMMON
+    for common, flag in (("rounds", "--rounds ROUNDS"), ("baseline", "--baseline REV"), ("write_doc", "--write-doc"),
+                         ("json", "--json PATH")):
+        assert (flag in r.stdout) == (common in honoured), flag
