@@ -15,7 +15,7 @@ and hands ``run`` a :class:`Bench` with the shared pieces:
   git revision REV beside it (:func:`shadefs.testing.baseline.extract`, its compiled parts built), each with
   the environment (``PYTHONPATH``) that runs a child process over it;
 - :meth:`Bench.table`, :meth:`Bench.load`: a table printed with the load average it was measured at;
-- :meth:`Bench.write_results` / :meth:`Bench.write_performance`: with ``--write-doc``, the benchmark's section
+- :meth:`Bench.write_results`: with ``--write-doc``, the benchmark's section
   of docs/results/NAME.md and of docs/performance.md (:mod:`shadefs.testing.docsection`);
 - :meth:`Bench.save_json`: with ``--json PATH``, the figures as JSON;
 - :meth:`Bench.mount_variants` / :func:`add_variant_option`: the tree, the baseline and ``--variant`` mounts;
@@ -278,10 +278,6 @@ class Bench:
         docsection.write_section(path, marker or self.name, section)
         print(f"{self.name}: wrote {os.path.relpath(path, ROOT)}", file=sys.stderr)
         return True
-
-    def write_performance(self, section: str, marker: Optional[str] = None) -> bool:
-        """With ``--write-doc``: replace section ``marker`` (default NAME) of docs/performance.md."""
-        return self.write_results(section, marker, os.path.join(DOCS, "performance.md"))
 
     def save_json(self, obj: Any) -> None:
         """With ``--json PATH``: write ``obj`` there (atomically)."""
