@@ -37,6 +37,9 @@ setup(
         "shadefs.testing",
         "shadefs.fuse",
         "shadefs.bench",
+        "shadefs.bench.epoch",  # the benchmarks that are packages of parts
+        "shadefs.bench.hit_ratio",
+        "shadefs.bench.read",
         "shadefs.cli",
     ],
     package_dir={"shadefs.hooks": "hooks"},

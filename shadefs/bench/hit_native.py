@@ -9,7 +9,7 @@ Cases, all mounted at once and timed in interleaved rounds (every case once per 
 
 - ``direct``: the source tree through the page cache;
 - ``native ...``: a native libfuse3 low-level server holding the tree in RAM with keep_cache (``--ramfs``:
-  the binary of an anchor such as ``ramfs.c``; ``mt`` its multi-threaded loop, ``single`` its
+  the binary of ``shadefs/bench/ramfs.c``, built as its first comment says; ``mt`` its multi-threaded loop, ``single`` its
   single-threaded loop, ``single, no-open`` OPEN answered ENOSYS so the kernel sends neither OPEN nor
   RELEASE); skipped without ``--ramfs``. Each runs in a session of its own, as a FUSE daemon does (and as
   ``shadefs mount``'s daemon does: it calls setsid): on a kernel with ``CONFIG_SCHED_AUTOGROUP`` (and
@@ -91,7 +91,7 @@ COMMON = ('rounds', 'baseline')
 
 
 def add_arguments(ap) -> None:
-    ap.add_argument("--ramfs", help="the native anchor's binary (ramfs.c built with libfuse3)")
+    ap.add_argument("--ramfs", help="the native anchor's binary (shadefs/bench/ramfs.c built with libfuse3)")
     ap.add_argument("--reps", type=int, default=3, help="passes over the files per timed round")
     ap.add_argument("--procs", type=int, default=8)
     ap.add_argument("--sizes", nargs="*", default=[s[0] for s in SIZES], choices=[s[0] for s in SIZES])

@@ -1,6 +1,7 @@
 """The benchmarks' runner: one argument parser, load, regime line, interleaved rounds, baseline and doc writer.
 
-Every benchmark is a module of :mod:`shadefs.bench` with a docstring (its first paragraph: the question it
+Every benchmark is a module of :mod:`shadefs.bench` (or a package, its ``__init__`` the module; its
+other modules the benchmark's parts) with a docstring (its first paragraph: the question it
 answers; then the regime it runs in and the physical limit it is measured against), ``COMMON`` (which of
 the common options it honours), ``add_arguments(parser)`` (its own options) and ``run(args, bench)``
 (returns an exit status, None for 0). :func:`main` parses the common options (:func:`add_common`) and the
@@ -14,7 +15,7 @@ and hands ``run`` a :class:`Bench` with the shared pieces:
   git revision REV beside it (:func:`shadefs.testing.baseline.extract`, its compiled parts built), each with
   the environment (``PYTHONPATH``) that runs a child process over it;
 - :meth:`Bench.table`, :meth:`Bench.load`: a table printed with the load average it was measured at;
-- :meth:`Bench.write_results` / :meth:`Bench.write_performance`: with ``--write-doc``, the benchmark's section
+- :meth:`Bench.write_results`: with ``--write-doc``, the benchmark's section
   of docs/results/NAME.md and of docs/performance.md (:mod:`shadefs.testing.docsection`);
 - :meth:`Bench.save_json`: with ``--json PATH``, the figures as JSON;
 - :meth:`Bench.mount_variants` / :func:`add_variant_option`: the tree, the baseline and ``--variant`` mounts;
@@ -40,7 +41,7 @@ from shadefs.testing import Mount, baseline as _baseline, docsection
 from shadefs.testing.regime import describe
 
 __all__ = ["ROOT", "DOCS", "Bench", "Side", "add_common", "add_variant_option", "benchmarks", "question", "main",
-           "median", "loadavg", "env_with", "example"]
+           "median", "loadavg", "env_with", "example", "source_of"]
 
 #: the checkout this package runs from (its docs/ and git history: the baseline is a revision of it)
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -81,9 +82,16 @@ def median(xs: Sequence[float]) -> float:
 
 
 def benchmarks() -> List[str]:
-    """The names of the benchmarks (the modules of :mod:`shadefs.bench` but the runner), sorted."""
+    """The names of the benchmarks (the modules and packages of :mod:`shadefs.bench` but the runner), sorted."""
     here = os.path.dirname(os.path.abspath(__file__))
     return sorted(m.name for m in pkgutil.iter_modules([here]) if m.name not in _NOT_BENCHMARKS)
+
+
+def source_of(name: str) -> str:
+    """The file that holds benchmark ``name``'s docstring: ``NAME.py``, or ``NAME/__init__.py`` for a
+    benchmark that is a package (one that it splits into parts)."""
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
+    return os.path.join(here, "__init__.py") if os.path.isdir(here) else here + ".py"
 
 
 def question(name: str) -> str:
@@ -91,7 +99,7 @@ def question(name: str) -> str:
     from the source, nothing imported). Raises OSError for an unknown name."""
     import ast
 
-    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py"), encoding="utf-8") as f:
+    with open(source_of(name), encoding="utf-8") as f:
         doc = ast.get_docstring(ast.parse(f.read())) or ""
     return " ".join(doc.split("\n\n", 1)[0].split())
 
@@ -270,10 +278,6 @@ class Bench:
         docsection.write_section(path, marker or self.name, section)
         print(f"{self.name}: wrote {os.path.relpath(path, ROOT)}", file=sys.stderr)
         return True
-
-    def write_performance(self, section: str, marker: Optional[str] = None) -> bool:
-        """With ``--write-doc``: replace section ``marker`` (default NAME) of docs/performance.md."""
-        return self.write_results(section, marker, os.path.join(DOCS, "performance.md"))
 
     def save_json(self, obj: Any) -> None:
         """With ``--json PATH``: write ``obj`` there (atomically)."""

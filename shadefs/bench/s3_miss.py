@@ -2,7 +2,7 @@
 with ``--baseline REV``, the ``shadefs`` package of git revision REV (its only client, s3fs).
 
 Regime: **counts** (GETs per miss: every open a miss, each file read once). Limit: one GET per miss,
-and the client's CPU per GET measured alone (shared/anchors/s3_get_cpu.py).
+and the client's CPU per GET measured alone (``python -m shadefs.bench s3_clients``).
 
 The store: moto's S3 server on loopback behind ``shadefs.testing.latency_proxy`` (``--delay-ms`` one way,
 ``--rate``), which counts every GET. Each run mounts the bucket fresh and reads every file once, whole,

@@ -34,6 +34,8 @@ from typing import Optional, Tuple
 
 import numpy as np
 
+from .handle import read_end
+
 __all__ = ["CHUNK", "HELD_CHUNKS", "READ_AHEAD_FROM", "SEQUENTIAL_RUN", "ChunkMap", "ChunkedNamespace", "ChunkedHandle",
            "CHUNK_MARK"]
 
@@ -278,11 +280,7 @@ class ChunkedHandle:
                 ENOENT from the backend).
             ValueError: a negative offset or length.
         """
-        if self._released:
-            raise OSError(errno.EBADF, "read of a released handle")
-        if offset < 0 or length < 0:
-            raise ValueError(f"read at {offset} of {length} bytes")
-        end = min(self.size, offset + length)
+        end = read_end(self._released, self.size, offset, length)
         if end <= offset:
             return b""
         c = self._chunk

@@ -11,9 +11,16 @@ of typed records with named transitions (:mod:`shadefs.cache.state`: ``absent``,
 (:class:`~shadefs.cache.state.Move`), and a dropped disk entry ``deleting``
 (:class:`~shadefs.cache.state.DyingEntry`): its bytes stay counted in the tier's budget until the file is
 unlinked, and the file name carries a generation number, so that delete can never remove a newer entry of
-the same file). This module is the read path over that table; :mod:`shadefs.cache.movers` does the disk
-work of other files' transitions (demotions, deletes) on its own thread, and
-:mod:`shadefs.cache.counters` counts every open under exactly one outcome.
+the same file). :class:`TieredCache` is the read path over that table, one part per job, each a mixin
+over the cache's state (this module's ``__init__``): the open's decision (:mod:`shadefs.cache.opens`,
+typed decisions in :mod:`shadefs.cache.decision`), NVMe hits (:mod:`shadefs.cache.disk_hits`), misses'
+single-flight (:mod:`shadefs.cache.fetch`), pins and the working set outside the tiers
+(:mod:`shadefs.cache.pins`), a reused snapshot's recheck (:mod:`shadefs.cache.recheck`), reading ahead
+(:mod:`shadefs.plan.fill`), passthrough to the source file and the compiled loop's RAM hits (the kernel
+front end's: :mod:`shadefs.fuse.passthrough`, :mod:`shadefs.fuse.residents`). What the front ends call
+on it is :class:`~shadefs.cache.api.CacheAPI`. :mod:`shadefs.cache.movers` does the disk work of other
+files' transitions (demotions, deletes) on its own thread, and :mod:`shadefs.cache.counters` counts every
+open under exactly one :class:`~shadefs.cache.counters.Outcome`.
 
 Every transition happens under ``self.lock`` (microseconds: dict and index updates only); all I/O
 (backend reads, disk reads, writes, unlinks) happens outside it. Tiers are exclusive: a file is

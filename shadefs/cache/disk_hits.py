@@ -9,7 +9,7 @@ import os
 import threading
 from typing import List, Optional
 
-from .counters import Outcome
+from .counters import DISK, Outcome
 from .handle import Handle, _pread_exact
 from .movers import Victim
 from .tiers import CorruptEntry
@@ -55,8 +55,8 @@ class DiskHits:
             if self._promotable(fid, size):
                 return None  # _disk_hit reads and verifies it to promote it
             self.disk_index.hit(fid)
-            self._count(fid, size, Outcome.DISK, opener)
-        return Handle(self, fid, size, Outcome.DISK, gen=gen)
+            self._count(fid, size, DISK, opener)
+        return Handle(self, fid, size, DISK, gen=gen)
 
     def _disk_hit(self, fid: int, size: int, gen: int, csum: int,
                   opener: Optional[int] = None) -> Optional[Handle]:
@@ -85,9 +85,9 @@ class DiskHits:
             with self.lock:  # this generation passed at an earlier hit (cleared with every new one)
                 passed = self._current(fid, gen) and self.verified[fid]
                 if passed:
-                    self._count(fid, size, Outcome.DISK, opener)
+                    self._count(fid, size, DISK, opener)
             if passed:
-                return self._entry_handle(fid, size, Outcome.DISK, fd, gen, csum)
+                return self._entry_handle(fid, size, DISK, fd, gen, csum)
         grant = self.fills.take(size) if keep else 0  # an entry read whole is a fill buffer until promoted
         try:
             data = self.disk.verify(fd, size, csum, keep=keep)
@@ -105,7 +105,7 @@ class DiskHits:
             self._settle_due()  # (it may promote: a reservation decides on pins)
             if self._current(fid, gen):
                 self.verified[fid] = True
-            self._count(fid, size, Outcome.DISK, opener)
+            self._count(fid, size, DISK, opener)
             if keep:
                 self.counts.entry_loads += 1
             if data is not None and self._current(fid, gen):
@@ -114,8 +114,8 @@ class DiskHits:
         if promoted is not None:
             os.close(fd)
             self.mover.submit(demote, [old])  # the old entry's unlink and the victims' writes
-            return Handle(self, fid, size, Outcome.DISK, data=data, pin=promoted)
-        return self._entry_handle(fid, size, Outcome.DISK, fd, gen, csum, data)
+            return Handle(self, fid, size, DISK, data=data, pin=promoted)
+        return self._entry_handle(fid, size, DISK, fd, gen, csum, data)
 
     def _entry_handle(self, fid: int, size: int, outcome: Outcome, fd: int, gen: int, csum: int,
                       data: Optional[bytes] = None) -> Handle:
@@ -173,17 +173,17 @@ class DiskHits:
             current = self._current(fid, gen)
             if current:
                 self.verified[fid] = True
-            self._count(fid, size, Outcome.DISK, opener)
+            self._count(fid, size, DISK, opener)
             if current and self.ram_index.capacity_bytes > 0:
                 demote, old, promoted = self._promote_locked(fid, size, data)
             if promoted is None:
                 if self.loose_bytes + size <= self.loose_budget:
                     self.loose_bytes += size  # the record's bytes, held by the handle (LOOSE_BUFFERS)
-                    return Handle(self, fid, size, Outcome.DISK, data, None, None, size)
+                    return Handle(self, fid, size, DISK, data, None, None, size)
         if promoted is not None:
             self.mover.submit(demote, [old])  # the old entry's unlink and the victims' writes
-            return Handle(self, fid, size, Outcome.DISK, data=data, pin=promoted)
-        return Handle(self, fid, size, Outcome.DISK)  # no loose room: served by ranges from the backend
+            return Handle(self, fid, size, DISK, data=data, pin=promoted)
+        return Handle(self, fid, size, DISK)  # no loose room: served by ranges from the backend
 
     def _promote_locked(self, fid: int, size: int, data: bytes):
         # under self.lock, settled (_settle_due), for a verified disk hit of ``fid`` with its bytes in hand:

@@ -6,7 +6,7 @@ import errno
 import os
 from typing import Optional
 
-from .counters import Outcome
+from .counters import MISS, Outcome
 from .decision import Decision, DiskHit, Lead, Stream
 from .state import Pin
 
@@ -52,7 +52,7 @@ class Handle:
         self.gen = gen
         self.size = size
         self.outcome = outcome
-        self.keep_pages = outcome != Outcome.MISS if keep_pages is None else keep_pages
+        self.keep_pages = outcome != MISS if keep_pages is None else keep_pages
         self._cache = cache
         self._data = data
         self._fd = fd
@@ -75,11 +75,7 @@ class Handle:
             OSError: EBADF after :meth:`release`; EIO when the entry or the backend fails mid-read.
             ValueError: a negative offset or length.
         """
-        if self._released:
-            raise OSError(errno.EBADF, "read of a released handle")
-        if offset < 0 or length < 0:
-            raise ValueError(f"read at {offset} of {length} bytes")
-        end = min(self.size, offset + length)
+        end = read_end(self._released, self.size, offset, length)
         if end <= offset:
             return b""
         if self._data is not None:
@@ -144,6 +140,21 @@ class Handle:
             except OSError:
                 pass
             self._cache.fds.drop()
+
+
+def read_end(released: bool, size: int, offset: int, length: int) -> int:
+    """The end of a handle's read of ``length`` bytes at ``offset`` in a file of ``size`` bytes (``<= offset``:
+    nothing to read, at or past EOF); the checks every handle's ``read`` makes first.
+
+    Raises:
+        OSError: EBADF when the handle is ``released``.
+        ValueError: a negative offset or length.
+    """
+    if released:
+        raise OSError(errno.EBADF, "read of a released handle")
+    if offset < 0 or length < 0:
+        raise ValueError(f"read at {offset} of {length} bytes")
+    return min(size, offset + length)
 
 
 def _pread_exact(fd: int, length: int, offset: int) -> bytes:

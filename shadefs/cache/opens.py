@@ -15,7 +15,7 @@ import time
 from typing import Optional
 
 from .chunks import ChunkedHandle
-from .counters import Outcome
+from .counters import LATE, MISS, Outcome, PREFETCH, RAM
 from .decision import ASK_KERNEL, STREAM, AskKernel, Decision, DiskHit, Join, Late, Lead, Ready, Stream
 from .handle import Handle, OpenTicket
 from .state import JOINER_OUTCOME, LEADER_OUTCOME, PIN_TIER, SOURCE_WINDOW, Move, Pin
@@ -166,7 +166,7 @@ class OpenPath:
             case Stream():
                 return self._stream_open(fid, size, opener)
             case Ready(got):
-                return self._admit_data(fid, size, *got, Outcome.PREFETCH)
+                return self._admit_data(fid, size, *got, PREFETCH)
             case Late(future):
                 t0 = time.monotonic()
                 got = future.result()
@@ -174,8 +174,8 @@ class OpenPath:
                     return None  # the prefetch failed: look again (nothing was counted)
                 with self.lock:
                     self.prefetcher.took_late(fid, time.monotonic() - t0)
-                    self._count(fid, size, Outcome.LATE, opener)
-                return self._admit_data(fid, size, *got, Outcome.LATE)
+                    self._count(fid, size, LATE, opener)
+                return self._admit_data(fid, size, *got, LATE)
             case AskKernel():
                 self.prefetcher.ask(fid)  # outside the lock; then decide again (nothing was counted)
                 return None
@@ -187,7 +187,7 @@ class OpenPath:
             return None
         got = self.prefetcher.take(fid)
         if got is not None:
-            self._count(fid, size, Outcome.PREFETCH, opener)
+            self._count(fid, size, PREFETCH, opener)
             return Ready(got)
         fut = self._inflight.get(fid)
         if fut is not None and getattr(fut, "prefetch", False):
@@ -218,10 +218,10 @@ class OpenPath:
         with self.lock:
             # asked before the open is counted (counting marks the file opened): left to the kernel's pages
             left = self.prefetcher is not None and self.prefetcher.kernel_holds(fid)
-            self._count(fid, size, Outcome.MISS, opener)
+            self._count(fid, size, MISS, opener)
             self.counts.streamed += 1
             keep = not self._stale_pages or self._pages_trusted(fid)
-        h = Handle(self, fid, size, Outcome.MISS, keep_pages=keep)
+        h = Handle(self, fid, size, MISS, keep_pages=keep)
         h.left = left
         return h
 
@@ -253,7 +253,7 @@ class OpenPath:
         both changed in the same critical sections) and the size is ``len(data)``."""
         size = len(data)
         self.ram_index.policy.on_hit(fid)
-        self._count(fid, size, Outcome.RAM, opener)
+        self._count(fid, size, RAM, opener)
         rec = self._pins.get(fid)
         if rec is None:
             rec = self._pins[fid] = Pin(1, size, PIN_TIER, fid)
@@ -261,7 +261,7 @@ class OpenPath:
             rec.refs += 1
         if self._residents is not None:
             self._residents.publish(fid, data)  # its next opens are answered without the GIL
-        return Handle(self, fid, size, Outcome.RAM, data, None, rec)
+        return Handle(self, fid, size, RAM, data, None, rec)
 
     def _memory_hit(self, fid: int, size: int, opener: Optional[int]) -> Optional[Handle]:
         # under self.lock: resident(ram), or moving (its bytes are still in memory)
@@ -272,9 +272,9 @@ class OpenPath:
         if type(mv) is Move:
             # moving: served from its bytes in memory (its Pin counts them while any ref holds them); a Move
             # has nothing to wait on
-            self._count(fid, size, Outcome.RAM, opener)
+            self._count(fid, size, RAM, opener)
             mv.pin.refs += 1
-            return Handle(self, fid, size, Outcome.RAM, data=mv.data, pin=mv.pin)
+            return Handle(self, fid, size, RAM, data=mv.data, pin=mv.pin)
         return None
 
     def _count(self, fid: int, size: int, outcome: Outcome, opener: Optional[int]) -> None:

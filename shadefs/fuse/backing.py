@@ -12,7 +12,7 @@ import time
 from collections import OrderedDict
 from typing import Dict, List, Optional, Tuple
 
-from ..cache.counters import Outcome
+from ..cache.counters import DISK
 from . import protocol as P
 
 __all__ = ["BackingConflict", "KEEP_BACKING_IDS", "RELEASE_WAIT_S"]
@@ -119,7 +119,7 @@ class _Modes:
                 bid = None
                 kept = self.kept.get(fid)
                 keep = True
-                if h.outcome == Outcome.DISK and kept is not None and kept[2] == gen:
+                if h.outcome == DISK and kept is not None and kept[2] == gen:
                     bid = kept[0]
                 else:
                     stale = kept

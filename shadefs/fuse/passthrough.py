@@ -10,7 +10,7 @@ import os
 from typing import Optional
 
 from ..cache.chunks import ChunkedHandle
-from ..cache.counters import Outcome
+from ..cache.counters import MISS
 from ..cache.handle import Handle
 
 
@@ -55,7 +55,7 @@ class SourcePassthrough:
                 with self.lock:
                     if not self._chunks_untiered(fid):
                         return None
-        elif not (type(h) is Handle and h.outcome == Outcome.MISS and h.gen == 0 and h.source == "backend"
+        elif not (type(h) is Handle and h.outcome == MISS and h.gen == 0 and h.source == "backend"
                   and not h.left):
             # an open left to the kernel's pages (the plan prefetcher found them in the mount's own page
             # cache and did not prefetch the file) reads those pages: through the mount, never the source
@@ -98,10 +98,10 @@ class SourcePassthrough:
             self.counts.source_opens += 1
             self.counts.source_passthrough_bytes += size
             if type(h) is ChunkedHandle:
-                self.counts.count(Outcome.MISS, size)
+                self.counts.count(MISS, size)
                 self.counts.streamed += 1
                 if self.trace is not None:
-                    self.trace.record(self.ns.path(h.fid), size, Outcome.MISS)
+                    self.trace.record(self.ns.path(h.fid), size, MISS)
 
 
 class SourceReads:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 
 from ..cache.state import PIN_TIER, Pin
-from ..cache.counters import Outcome
+from ..cache.counters import RAM
 
 log = logging.getLogger("shadefs.cache")
 
@@ -64,7 +64,7 @@ class Residents:
         # entries whose last open answered without the GIL was released
         fids, pids, sizes, pins = self._residents.take()
         if fids:
-            # _count(fid, size, Outcome.RAM, pid) per hit, inlined: the one copy of it (every RAM hit after a file's
+            # _count(fid, size, RAM, pid) per hit, inlined: the one copy of it (every RAM hit after a file's
             # first is applied here; the calls doubled this loop's time per hit, ~0.17 us more, under the
             # lock). Counters per batch; policy, plans and trace per hit, as _ram_hit and _count do them
             # (tests/unit/test_ram_hits.py runs both on the same opens)
@@ -83,7 +83,7 @@ class Residents:
                 if plans is not None and fid < nfiles:  # a chunk's open is its file's, counted once
                     plans.observe(fid, pid)  # the plans follow it as its opener's open
                 if trace is not None:
-                    trace.record(self.ns.path(fid), size, Outcome.RAM)
+                    trace.record(self.ns.path(fid), size, RAM)
         for rec in pins:
             self._unpin_locked(rec, 0)
 

@@ -12,6 +12,7 @@ import pytest
 from conftest import Mount, make_tree
 from mountutil import read
 from shadefs.testing import mounts as _mounts
+from shadefs.testing.mounts import wait_for
 from shadefs.testing.users import NOBODY, as_nobody
 from test_security import public_mount  # noqa: F401  (a fixture)
 
@@ -165,6 +166,17 @@ def test_running_out_of_descriptors_deletes_no_entry(tmp_path, monkeypatch, fuse
                 failed.append(e.errno)
         for fd in held:
             os.close(fd)
+        # close() returns before the kernel's RELEASE reaches the daemon (it is sent in the background): the
+        # descriptors are back once the daemon holds no entry file open (one only while its open is; the
+        # cache directory's lock file is held for the mount's life)
+        cache = str(tmp_path / "cache")
+
+        def entry_fds():
+            links = (os.readlink(f"/proc/{m.pid}/fd/{fd}") for fd in os.listdir(f"/proc/{m.pid}/fd"))
+            return sum(1 for link in links if link.startswith(cache + os.sep) and os.path.isfile(link)
+                       and os.path.basename(link) != "lock")
+
+        wait_for(lambda: entry_fds() == 0, timeout=60, what="the held opens' RELEASEs")
         s = m.stats()
         assert s["corrupt_entries"] == 0 and s["tiers"]["disk"]["files"] == n
         assert sum(len(fs) for _, _, fs in os.walk(tmp_path / "cache")) == entries

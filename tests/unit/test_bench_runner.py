@@ -25,6 +25,33 @@ def test_the_list_names_every_benchmark_module_and_its_question(capsys):
     assert runner.question("miss_cost").startswith("What does a miss cost the daemon")
 
 
+def test_a_benchmark_that_is_a_package_is_listed_once_with_its_question():
+    # read, epoch and hit_ratio are packages of parts: the package is the benchmark, its parts are not
+    names = runner.benchmarks()
+    assert not {"rig", "sources", "measure", "report", "child", "configs", "analysis"} & set(names)
+    assert runner.source_of("read") == os.path.join(os.path.dirname(runner.__file__), "read", "__init__.py")
+    assert runner.source_of("miss_cost") == os.path.join(os.path.dirname(runner.__file__), "miss_cost.py")
+    assert runner.question("read").startswith("Read-path throughput of a shadefs mount")
+    assert runner.question("epoch").startswith("Epoch time of a DataLoader(ImageFolder")
+    assert runner.question("hit_ratio").startswith("Cache hit ratio of real Fashion-MNIST training")
+    p, mod = runner.parser_for("read")
+    assert mod.COMMON == ("baseline", "write_doc", "json")
+    assert p.parse_args(["--quick"]).quick
+
+
+def test_no_file_of_a_benchmark_is_over_900_lines():
+    here = os.path.dirname(runner.__file__)
+    long = {}
+    for d, _, files in os.walk(here):
+        for f in files:
+            if f.endswith(".py"):
+                with open(os.path.join(d, f)) as fh:
+                    n = sum(1 for _ in fh)
+                if n > 900:
+                    long[os.path.relpath(os.path.join(d, f), here)] = n
+    assert long == {}  # split one along its seams into a package of parts (as read, epoch, hit_ratio are)
+
+
 def test_an_unknown_benchmark_is_refused_with_the_list(capsys):
     assert runner.main(["no_such_bench"]) == 2
     assert "miss_cost" in capsys.readouterr().err

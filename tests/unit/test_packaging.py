@@ -21,6 +21,8 @@ def test_regular_install_provides_shadefs_hooks(tmp_path):
     assert (target / "shadefs" / "testing" / "mounts.py").is_file()  # the harness tests and benchmarks import
     assert (target / "shadefs" / "fuse" / "kernel.py").is_file()  # the default FUSE front end
     assert (target / "shadefs" / "fuse" / "libfuse_ops.py").is_file()  # the libfuse front end's callbacks
+    for part in ("read/sources.py", "epoch/child.py", "hit_ratio/analysis.py"):  # benchmarks that are packages
+        assert (target / "shadefs" / "bench" / part).is_file(), part
     code = ("import sys, shadefs, shadefs.hooks as h; "
             "assert shadefs.__file__.startswith(sys.argv[1]), shadefs.__file__; "
             "assert h.Client and h.ScoreReporter; assert 'torch' not in sys.modules; print('ok')")

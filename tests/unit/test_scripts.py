@@ -12,8 +12,21 @@ from shadefs.bench.runner import benchmarks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPTS = sorted(f for f in os.listdir(os.path.join(ROOT, "scripts")) if f.endswith(".py"))
-SOURCES = [os.path.join("scripts", f) for f in SCRIPTS] + [os.path.join("shadefs", "bench", f"{n}.py")
-                                                             for n in benchmarks()]
+
+
+def _benchmark_sources():
+    """Every file of every benchmark: its module, or each module of a benchmark that is a package of parts."""
+    out = []
+    for name in benchmarks():
+        d = os.path.join("shadefs", "bench", name)
+        if os.path.isdir(os.path.join(ROOT, d)):
+            out += [os.path.join(d, f) for f in sorted(os.listdir(os.path.join(ROOT, d))) if f.endswith(".py")]
+        else:
+            out.append(d + ".py")
+    return out
+
+
+SOURCES = [os.path.join("scripts", f) for f in SCRIPTS] + _benchmark_sources()
 
 
 pytestmark = pytest.mark.slow  # runs a subprocess, an install or a long search
