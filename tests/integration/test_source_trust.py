@@ -171,10 +171,17 @@ def test_running_out_of_descriptors_deletes_no_entry(tmp_path, monkeypatch, fuse
         # cache directory's lock file is held for the mount's life)
         cache = str(tmp_path / "cache")
 
+        def link(fd):
+            # "" for a descriptor the daemon closed between the listing and the readlink (a RELEASE we wait for)
+            try:
+                return os.readlink(f"/proc/{m.pid}/fd/{fd}")
+            except FileNotFoundError:
+                return ""
+
         def entry_fds():
-            links = (os.readlink(f"/proc/{m.pid}/fd/{fd}") for fd in os.listdir(f"/proc/{m.pid}/fd"))
-            return sum(1 for link in links if link.startswith(cache + os.sep) and os.path.isfile(link)
-                       and os.path.basename(link) != "lock")
+            links = (link(fd) for fd in os.listdir(f"/proc/{m.pid}/fd"))
+            return sum(1 for p in links if p.startswith(cache + os.sep) and os.path.isfile(p)
+                       and os.path.basename(p) != "lock")
 
         wait_for(lambda: entry_fds() == 0, timeout=60, what="the held opens' RELEASEs")
         s = m.stats()
