@@ -117,6 +117,10 @@ class Side:
         self.env = dict(os.environ)
         self.env["PYTHONPATH"] = os.pathsep.join(
             [path or ROOT] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+        # ``python -m shadefs`` puts the working directory first on sys.path, before PYTHONPATH: run from a
+        # checkout, a baseline's daemon would import the checkout's package. PYTHONSAFEPATH (3.11+) keeps the
+        # working directory off sys.path, so each side's children import the package PYTHONPATH names
+        self.env["PYTHONSAFEPATH"] = "1"
 
     @property
     def is_tree(self) -> bool:

@@ -171,3 +171,20 @@ def test_a_baseline_whose_c_source_differs_gets_its_own_build(tmp_path):
         assert not os.path.exists(os.path.join(d, "build"))
     finally:
         shutil.rmtree(d)
+
+
+def test_a_sides_children_import_its_package_even_from_the_checkout(tmp_path, monkeypatch):
+    # ``python -m`` puts the working directory first on sys.path: from the checkout's root, a baseline's
+    # daemon would run the checkout's package unless the side's environment keeps the directory off it
+    import subprocess
+    import sys
+
+    pkg = tmp_path / "shadefs"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "__main__.py").write_text("print('the baseline package')\n")
+    monkeypatch.chdir(runner.ROOT)
+    run = lambda side: subprocess.run([sys.executable, "-m", "shadefs", "version"], env=side.env,  # noqa: E731
+                                      capture_output=True, text=True, check=True).stdout.strip()
+    assert run(runner.Side("base", str(tmp_path))) == "the baseline package"
+    assert run(runner.Side("tree", None)).startswith("shadefs ")
