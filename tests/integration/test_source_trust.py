@@ -193,6 +193,9 @@ def test_running_out_of_descriptors_deletes_no_entry(tmp_path, monkeypatch, fuse
         before = s["hits"]["disk"]
         for rel, data in spec.items():   # every entry still there: all hits, none read from the source
             assert read(os.path.join(m.path, rel)) == data
+            # one at a time: a later OPEN overtakes the earlier RELEASEs, and without a reserve each hit not
+            # yet released holds its entry's descriptor
+            wait_for(lambda: entry_fds() == 0, timeout=60, what="the RELEASE of " + rel)
         s = m.stats()
         assert (s["hits"]["disk"] - before, s["misses"], s["corrupt_entries"]) == (n, n, 0)
     finally:
