@@ -10,7 +10,8 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from typing import Dict, List, Optional, Tuple
+from dataclasses import dataclass
+from typing import Dict, NamedTuple, Optional
 
 from ..cache.counters import DISK
 from . import protocol as P
@@ -40,6 +41,26 @@ class BackingConflict(OSError):
         self.fid, self.first = fid, first
 
 
+class _Kept(NamedTuple):
+    """A backing id kept registered after its file's last release: ``bid``, the entry's ``size`` in bytes, the
+    entry generation ``gen`` it was registered from."""
+    bid: int
+    size: int
+    gen: int
+
+
+@dataclass(slots=True)
+class _FileMode:
+    """The io mode the kernel holds for one file while it is open: ``bid`` its backing id (None: cached mode),
+    ``opens`` the opens not yet released, ``size`` the entry's bytes, ``keep`` whether the id is kept at the
+    last release, ``gen`` the entry generation the id was registered from (-1: the source file's)."""
+    bid: Optional[int]
+    opens: int
+    size: int
+    keep: bool
+    gen: int
+
+
 class _Modes:
     """Per file: the io mode the kernel holds for its open files (passthrough on one backing id, or cached)
     and how many of our handles are open in it. Only used when passthrough was negotiated.
@@ -54,12 +75,12 @@ class _Modes:
         self.lock = threading.Lock()
         # notified when the last open of a dropped generation is released (acquire may wait for it)
         self.cond = threading.Condition(self.lock)
-        self.files: Dict[int, List] = {}   # fid -> [backing_id or None, open count, bytes, keep at release, gen]
+        self.files: Dict[int, _FileMode] = {}   # fid -> its mode while open
         # backing ids kept registered after the last release of an NVMe hit, so that the next NVMe hit of
         # the file opens nothing and makes no ioctl (cache.open_kept); at most keep_ids (least recently
         # released first out), closed as soon as their entry is unlinked (forget) or an open of the file is
         # not an NVMe hit of the same generation
-        self.kept: "OrderedDict[int, Tuple[int, int, int]]" = OrderedDict()   # fid -> (backing id, bytes, gen)
+        self.kept: "OrderedDict[int, _Kept]" = OrderedDict()   # fid -> its kept backing id
         self.kept_bytes = 0                # entry bytes of the kept ids (a figure, not a bound)
         self.keep_ids = keep_ids
         # fid -> generation of its disk entry dropped as corrupt, while a state or kept id may hold it
@@ -75,9 +96,9 @@ class _Modes:
         ``cache.open_kept`` checks, and :meth:`acquire` checks again; None for the source file's)."""
         st = self.files.get(fid)
         if st is not None:
-            return st[4] if st[0] is not None and st[4] >= 0 else None
+            return st.gen if st.bid is not None and st.gen >= 0 else None
         kept = self.kept.get(fid)
-        return kept[2] if kept is not None else None
+        return kept.gen if kept is not None else None
 
     def acquire(self, fid: int, h, may_wait: bool = True, source_fd: Optional[int] = None) -> Optional[int]:
         """Count one open of ``fid`` served by ``h``; returns the backing id to answer it with (None: cached
@@ -101,26 +122,26 @@ class _Modes:
         gen = getattr(h, "gen", 0)
         with self.cond:
             st = self.files.get(fid)
-            if st is not None and st[0] is not None and st[4] != gen and self.bad.get(fid) == st[4]:
+            if st is not None and st.bid is not None and st.gen != gen and self.bad.get(fid) == st.gen:
                 if may_wait:
                     self.waits += 1
                     deadline = time.monotonic() + self.release_wait_s
-                    while st is not None and self.bad.get(fid) == st[4] and st[4] != gen:
+                    while st is not None and self.bad.get(fid) == st.gen and st.gen != gen:
                         left = deadline - time.monotonic()
                         if left <= 0:
                             break
                         self.cond.wait(left)
                         st = self.files.get(fid)
-                if st is not None and st[0] is not None and self.bad.get(fid) == st[4] and st[4] != gen:
+                if st is not None and st.bid is not None and self.bad.get(fid) == st.gen and st.gen != gen:
                     self.conflicts += 1
                     first = self.conflicts == 1
-                    raise BackingConflict(fid, st[4], st[1], first)
+                    raise BackingConflict(fid, st.gen, st.opens, first)
             if st is None:
                 bid = None
                 kept = self.kept.get(fid)
                 keep = True
-                if h.outcome == DISK and kept is not None and kept[2] == gen:
-                    bid = kept[0]
+                if h.outcome == DISK and kept is not None and kept.gen == gen:
+                    bid = kept.bid
                 else:
                     stale = kept
                     bfd = h.backing_fd()
@@ -134,12 +155,12 @@ class _Modes:
                         gen = -1
                 if gen >= 0 and self.bad.get(fid, gen) != gen:
                     del self.bad[fid]  # a newer generation is open: the dropped one is never opened again
-                st = self.files[fid] = [bid, 0, h.size, keep, gen]
+                st = self.files[fid] = _FileMode(bid, 0, h.size, keep, gen)
                 if kept is not None:  # after the state is set: gen_of (no lock) finds one or the other
                     del self.kept[fid]
-                    self.kept_bytes -= kept[1]
-            st[1] += 1
-            bid = st[0]
+                    self.kept_bytes -= kept.size
+            st.opens += 1
+            bid = st.bid
         if stale is not None:
             self._backing_close(stale[0])
         return bid
@@ -151,7 +172,7 @@ class _Modes:
             deadline = None
             while True:
                 st = self.files.get(fid)
-                if st is None or st[0] is not None:
+                if st is None or st.bid is not None:
                     return
                 now = time.monotonic()
                 if deadline is None:
@@ -166,37 +187,42 @@ class _Modes:
         with self.cond:
             self.bad[fid] = gen
             st = self.files.get(fid)
-            if st is not None and st[4] == gen:
-                st[3] = False  # closed at its last release, never kept
-            kept = self.kept.get(fid)
-            if kept is not None and kept[2] == gen:
-                del self.kept[fid]
-                self.kept_bytes -= kept[1]
-            else:
-                kept = None
+            if st is not None and st.gen == gen:
+                st.keep = False  # closed at its last release, never kept
+            kept = self._take_kept(fid, gen)
         if kept is not None:
-            self._backing_close(kept[0])
+            self._backing_close(kept)
+
+    def _take_kept(self, fid: int, gen: int) -> Optional[int]:
+        # under the lock: the backing id kept for generation ``gen`` of ``fid``, taken off the kept ids (the
+        # caller closes it outside the lock); None when none is kept for that generation
+        kept = self.kept.get(fid)
+        if kept is None or kept.gen != gen:
+            return None
+        del self.kept[fid]
+        self.kept_bytes -= kept.size
+        return kept.bid
 
     def release(self, fid: int) -> None:
         with self.cond:
             st = self.files.get(fid)
             if st is None:
                 return
-            st[1] -= 1
-            if st[1] > 0:
+            st.opens -= 1
+            if st.opens > 0:
                 return
             drop = []
-            if st[0] is not None:
-                if st[3] and self.keep_ids > 0:
+            if st.bid is not None:
+                if st.keep and self.keep_ids > 0:
                     # kept before the state goes: gen_of (no lock) finds the id in one or the other
-                    self.kept[fid] = (st[0], st[2], st[4])
-                    self.kept_bytes += st[2]
+                    self.kept[fid] = _Kept(st.bid, st.size, st.gen)
+                    self.kept_bytes += st.size
                     while len(self.kept) > self.keep_ids:
                         _, (bid, size, _) = self.kept.popitem(last=False)
                         self.kept_bytes -= size
                         drop.append(bid)
                 else:
-                    drop.append(st[0])
+                    drop.append(st.bid)
             del self.files[fid]
             # an open of a newer generation may wait for the last open of a dropped one (acquire), an open
             # of the source file for the last cached one (wait_uncached)
@@ -211,17 +237,12 @@ class _Modes:
         mover may unlink an old generation after a refill of the file wrote a new one and its open
         registered (and kept) the new entry's id."""
         with self.lock:
-            kept = self.kept.get(fid)
-            if kept is not None and kept[2] == gen:
-                del self.kept[fid]
-                self.kept_bytes -= kept[1]
-            else:
-                kept = None
+            kept = self._take_kept(fid, gen)
             st = self.files.get(fid)
-            if st is not None and st[4] == gen:
-                st[3] = False  # its entry is gone: closed at the last release
+            if st is not None and st.gen == gen:
+                st.keep = False  # its entry is gone: closed at the last release
         if kept is not None:
-            self._backing_close(kept[0])
+            self._backing_close(kept)
 
     def _backing_close(self, bid: int) -> None:
         try:

@@ -276,7 +276,7 @@ class FileOps:
             flags = P.FOPEN_PASSTHROUGH
             self.passthrough_opens += 1
             st = self.modes.files.get(fid)  # this open holds it: the same record until its release
-            if st is not None and st[4] == -1:  # the kernel reads the source file for it
+            if st is not None and st.gen == -1:  # the kernel reads the source file for it
                 self.source_opens += 1
                 self.cache.source_opened(h)
                 if src is not None and self.cache.fds.hold(src):

@@ -5,6 +5,7 @@ of the generation it was registered from. Real disk tier in tmp_path, real posix
 import os
 
 from shadefs.cache.core import Handle
+from shadefs.fuse.backing import _Kept
 from shadefs.fuse.kernel import _Modes
 from shadefs.testing.handles import open_read
 
@@ -105,7 +106,7 @@ def test_modes_reuse_a_kept_backing_id_only_for_its_generation(tmp_path):
 
 def _modes_generations(m, tmp_path):
     # m's device is /dev/null: registering a new backing id fails (ENOTTY, counted), closing one is logged
-    m.kept[7] = (41, 100, 5)
+    m.kept[7] = _Kept(41, 100, 5)
     m.kept_bytes = 100
     assert m.gen_of(7) == 5 and m.gen_of(8) is None
     assert m.acquire(7, _H("disk", 5)) == 41               # same generation: reused, no ioctl
@@ -125,7 +126,7 @@ def _modes_generations(m, tmp_path):
     m.release(7)
     assert 7 not in m.kept and m.kept_bytes == 0
     # a kept id, then an older generation's entry is unlinked (late, by the mover): the id stays
-    m.kept[9] = (43, 100, 2)
+    m.kept[9] = _Kept(43, 100, 2)
     m.kept_bytes = 100
     m.forget(9, 1)
     assert m.kept[9] == (43, 100, 2) and m.gen_of(9) == 2 and m.kept_bytes == 100
@@ -139,7 +140,7 @@ def test_modes_keep_at_most_keep_ids_backing_ids_least_recently_released_out():
     try:
         m = _Modes(null, keep_ids=2)
         for fid, bid in ((1, 51), (2, 52), (3, 53)):
-            m.kept[fid] = (bid, 1000, 7)
+            m.kept[fid] = _Kept(bid, 1000, 7)
         m.kept_bytes = 3000
         assert m.acquire(3, _H("disk", 7, size=1000)) == 53   # taken out of the kept ids while open
         m.release(3)                               # kept again, newest: 3 ids > 2, the oldest (1) is closed
