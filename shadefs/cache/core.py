@@ -275,7 +275,8 @@ class TieredCache(OpenPath, DiskHits, Fetches, WorkingSet, Recheck, Fill, Source
                 "opens", "hits_ram", "hits_disk", "hits_shared", "misses", "joined", "streamed",
                 "backend_reads", "range_reads", "backend_errors", "corrupt_entries", "disk_write_errors",
                 "disk_writes_refused", "promotions", "entry_loads", "demotions", "demotions_skipped",
-                "loose_refused", "source_changes", "source_opens", "source_passthrough_bytes")}
+                "loose_refused", "source_changes", "source_opens", "source_checks",
+                "source_passthrough_bytes")}
         want = np.zeros(len(flags), dtype=np.uint8)
         want[np.asarray(ram, dtype=np.int64)] |= RAM_BIT
         want[np.asarray(disk, dtype=np.int64)] |= DISK_BIT

@@ -54,6 +54,9 @@ COUNTER_NAMES = (
     "loose_refused",        # opens with bytes in hand served by ranges: no loose room
     "source_changes",       # files a reused snapshot described before they changed (recheck)
     "source_opens",         # opens answered by FUSE passthrough to the source file (counted misses, streamed)
+    # source files opened and checked for such an open (source_opens of them given to the kernel; the
+    # rest found the file's mode taken by another open meanwhile, and were closed)
+    "source_checks",
     # bytes the kernel may read from the source file by passthrough: the file's size at each such open
     # (the daemon reads none of them: not in backend_bytes)
     "source_passthrough_bytes",

@@ -258,11 +258,14 @@ class FileOps:
         src = None
         if self.modes is not None:
             try:
-                if self.source_mode != "off" and h.source == "backend" and h.gen == 0:
+                if (self.source_mode != "off" and h.source == "backend" and h.gen == 0
+                        and not self.modes.on_backing(fid)):
                     # served from the source: the source file itself, when the cache says so; acquire
                     # registers it if no other open of the file holds an io mode then, else joins that mode
                     # (opened and checked first: an open the cache serves itself, e.g. a chunked file the
-                    # tiers hold whole, never waits; the earlier opens' RELEASEs may come meanwhile)
+                    # tiers hold whole, never waits; the earlier opens' RELEASEs may come meanwhile). An
+                    # open that finds the file's mode on a backing file (the source's, an entry's: the same
+                    # bytes) joins it without opening the source file.
                     src = self.cache.source_fd(h)
                     if src is not None and may_wait and fid in self.modes.files:
                         self.modes.wait_uncached(fid, SOURCE_RELEASE_WAIT_S)

@@ -30,7 +30,8 @@ class SourcePassthrough:
         checked as a read opens it (``backend.open_source``: beneath the root, no symlink, ``fstat``
         against the snapshot), for the kernel front end to answer the open by passthrough to it. None when
         the open is not served that way (the front end serves it as before). Counts nothing
-        (:meth:`source_opened` does, once the kernel took it). The caller closes the fd.
+        but the source file opened (``source_checks``; :meth:`source_opened` counts the open, once the
+        kernel took it). The caller closes the fd.
 
         A streamed file goes to the source unless its open was left to the kernel's pages (``h.left``:
         the plan prefetcher found the file's pages in the mount's page cache and did not prefetch it; the
@@ -66,7 +67,10 @@ class SourcePassthrough:
                          "the tiers and the source): files are served from the source without passthrough to "
                          "it (counted in stats 'descriptors', refused)", self.fds.limit(), self.fds.reserve)
             return None
-        return self.backend.open_source(self.ns.path(fid), int(self.ns.size(fid)))
+        fd = self.backend.open_source(self.ns.path(fid), int(self.ns.size(fid)))
+        with self.lock:
+            self.counts.source_checks += 1
+        return fd
 
     def _chunks_untiered(self, fid: int) -> bool:
         # under self.lock: no tier would take any chunk of chunked file ``fid`` now (source_fd)
