@@ -123,7 +123,7 @@ class MountConfig:
     kernel_cache: bool = True                 # keep file pages in the kernel between opens of a hit
     fuse_threads: bool = True                 # libfuse front end: multithreaded loop (--fuse-loop multi)
     fuse_impl: str = "kernel" if sys.platform.startswith("linux") else "libfuse"  # --fuse-impl
-    fuse_readers: int = 2                     # kernel front end: reader threads on /dev/fuse clones
+    fuse_readers: int = 1                     # kernel front end: reader threads on /dev/fuse clones
     passthrough: bool = True                  # kernel front end: FUSE passthrough for NVMe hits when allowed
     source_passthrough: str = "untiered"      # ...and for opens served from the source: untiered, large, off
     verify_entries: str = "every-open"        # disk entry checksums: at every disk hit, or the first of each entry

@@ -152,8 +152,8 @@ def make_parser() -> argparse.ArgumentParser:
     m.add_argument("--fuse-loop", choices=("multi", "single"), default="multi",
                    help="libfuse front end only: multi (default): a hit does not wait behind a miss; single: "
                    "fastest libfuse hits, misses block")
-    m.add_argument("--fuse-readers", type=int, default=2, metavar="N",
-                   help="kernel front end: threads reading /dev/fuse (default 2)")
+    m.add_argument("--fuse-readers", type=int, default=1, metavar="N",
+                   help="kernel front end: threads reading /dev/fuse (default 1)")
     m.add_argument("--no-passthrough", action="store_true",
                    help="kernel front end: no FUSE passthrough at all (NVMe hits and files served from the source "
                    "go through the daemon)")

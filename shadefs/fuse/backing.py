@@ -165,13 +165,14 @@ class _Modes:
             self._backing_close(stale[0])
         return bid
 
-    def on_backing(self, fid: int) -> bool:
-        """Whether opens of ``fid`` are counted on a backing id now (the source file's or a disk entry's): a
-        new open of it joins that id (:meth:`acquire`: the same bytes), so an open served from the source
-        need not open the source file. A hint read without the lock (the mode may end meanwhile: the open
-        is then served without passthrough, by the daemon)."""
+    def on_entry(self, fid: int) -> bool:
+        """Whether opens of ``fid`` are counted on a backing id of a disk entry now: a new open of it joins
+        that id (:meth:`acquire`: the same bytes), so an open served from the source need not open the
+        source file (an open that joins the source file's own id still does: its handle serves the
+        read-ahead READs from it). A hint read without the lock (the mode may end meanwhile: the open is
+        then served without passthrough, by the daemon)."""
         st = self.files.get(fid)
-        return st is not None and st.bid is not None
+        return st is not None and st.bid is not None and st.gen >= 0
 
     def wait_uncached(self, fid: int, timeout: float) -> None:
         """Wait up to ``timeout`` seconds while opens of ``fid`` are counted in cached mode (their RELEASEs

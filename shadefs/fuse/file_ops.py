@@ -26,9 +26,11 @@ _PID_OFFSET = 32  # fuse_in_header: len, opcode (4 + 4), unique, nodeid (8 + 8),
 # that is really still open past it makes the new open join its cached mode
 SOURCE_RELEASE_WAIT_S = 0.02
 # misses served on a reader thread that take longer than this on average (a moving average over about the
-# last 32: a miss preempted for a few ms on a busy machine does not make the source slow)...
-READER_MISS_MAX_S = 0.002
-# ...sends the misses to the workers for this long (then one is tried on a reader again)
+# last 32: a miss preempted for a few ms on a busy machine does not make the source slow; with one reader
+# thread, the default, every other request waits while a miss holds it)...
+READER_MISS_MAX_S = 0.001
+# ...sends the misses to the workers for this long (then one is tried on a reader again: the average starts
+# from READER_MISS_MAX_S, so one more slow miss sends them back, one fast one keeps them on the reader)
 READER_MISS_BACKOFF_S = 5.0
 
 
@@ -173,7 +175,7 @@ class FileOps:
         if avg > READER_MISS_MAX_S:
             self.reader_misses_slow += 1
             self._reader_misses_after = now + READER_MISS_BACKOFF_S
-            self._reader_miss_s = 0.0  # after the backoff, misses are tried on a reader afresh
+            self._reader_miss_s = READER_MISS_MAX_S  # after the backoff, the next miss on a reader decides
 
     def _reader_stuck(self, fd: int, unique: int, stuck: list) -> None:
         """The backend's watchdog, for a reader whose miss is past ``--backend-timeout``: answer the OPEN
@@ -182,7 +184,7 @@ class FileOps:
         stuck.append(True)
         self.reader_misses_slow += 1
         self._reader_misses_after = time.monotonic() + READER_MISS_BACKOFF_S
-        self._reader_miss_s = 0.0
+        self._reader_miss_s = READER_MISS_MAX_S
         if self._finish(unique):
             self._send(fd, unique, P.OPEN, errno.EIO, ())
 
@@ -259,13 +261,13 @@ class FileOps:
         if self.modes is not None:
             try:
                 if (self.source_mode != "off" and h.source == "backend" and h.gen == 0
-                        and not self.modes.on_backing(fid)):
+                        and not self.modes.on_entry(fid)):
                     # served from the source: the source file itself, when the cache says so; acquire
                     # registers it if no other open of the file holds an io mode then, else joins that mode
                     # (opened and checked first: an open the cache serves itself, e.g. a chunked file the
                     # tiers hold whole, never waits; the earlier opens' RELEASEs may come meanwhile). An
-                    # open that finds the file's mode on a backing file (the source's, an entry's: the same
-                    # bytes) joins it without opening the source file.
+                    # open that finds the file's mode on an entry's backing file (the same bytes) joins it
+                    # without opening the source file.
                     src = self.cache.source_fd(h)
                     if src is not None and may_wait and fid in self.modes.files:
                         self.modes.wait_uncached(fid, SOURCE_RELEASE_WAIT_S)

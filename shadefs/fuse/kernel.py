@@ -2,7 +2,7 @@
 
 Threads and the path of one request (docs/architecture.md, "The front ends"):
 
-- **Readers** (``--fuse-readers``, default 2) each block in ``read(2)`` on their own clone of the
+- **Readers** (``--fuse-readers``, default 1) each block in ``read(2)`` on their own clone of the
   ``/dev/fuse`` fd (``FUSE_DEV_IOC_CLONE``) and answer everything that cannot wait on the backend on the
   spot: LOOKUP/GETATTR/READDIR(PLUS) from the namespace, an OPEN that is a RAM or NVMe hit
   (``cache.open_nowait``), a READ of an open hit, RELEASE. No handoff, no lock on the hot path. An OPEN
@@ -117,7 +117,10 @@ BUFSIZE = 4 * P.MIN_READ_BUFFER
 # thread woken by a hit then waits behind a worker busy with a miss. At 0.25 ms a hit waits at most that.
 SWITCH_INTERVAL_S = 0.00025
 APPLY_HITS_S = 0.05   # at most this long between the logging and the counting of a RAM hit answered in C
-READERS = 2      # measured: 2 reader threads cost less CPU per open than 4 (GIL handoffs), same throughput
+# one reader thread: a second one contends for the GIL on every request (with the switch interval above,
+# a handoff every 0.25 ms: futex waits and context switches) and cost 1.2-1.8x the CPU per open, hits
+# included, at lower files/s (python -m shadefs.bench miss_cost, read; docs/performance.md)
+READERS = 1
 # KEEP_BACKING_IDS, RELEASE_WAIT_S (shadefs.fuse.backing), SOURCE_RELEASE_WAIT_S, READER_MISS_MAX_S,
 # READER_MISS_BACKOFF_S (shadefs.fuse.file_ops), TIMEOUT_S (shadefs.fuse.metadata), PROBE_TIMEOUT_S, PAGE
 # (shadefs.fuse.pages): re-exported here, where they were

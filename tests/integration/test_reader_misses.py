@@ -112,7 +112,7 @@ def test_a_hung_miss_on_every_reader_leaves_the_other_opens_served_by_spare_read
             if rel not in hung:
                 assert read(os.path.join(m.path, rel)) == data
         assert all(t.is_alive() for t in threads)   # still hung in the source's open()
-        # held well past 32 x READER_MISS_MAX_S (0.064 s): each hung miss alone makes the moving average of
+        # held well past 32 x READER_MISS_MAX_S (0.032 s): each hung miss alone makes the moving average of
         # a reader miss slow when it returns (a backoff each)
         time.sleep(0.3)
     finally:

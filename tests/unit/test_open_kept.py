@@ -109,12 +109,12 @@ def _modes_generations(m, tmp_path):
     m.kept[7] = _Kept(41, 100, 5)
     m.kept_bytes = 100
     assert m.gen_of(7) == 5 and m.gen_of(8) is None
-    assert not m.on_backing(7)                             # kept, not held: a new open registers its own
+    assert not m.on_entry(7)                             # kept, not held: a new open registers its own
     assert m.acquire(7, _H("disk", 5)) == 41               # same generation: reused, no ioctl
     assert m.gen_of(7) == 5 and m.kept_bytes == 0
-    assert m.on_backing(7) and not m.on_backing(8)         # held on an entry's id: a streamed open joins it
+    assert m.on_entry(7) and not m.on_entry(8)         # held on an entry's id: a streamed open joins it
     m.release(7)
-    assert not m.on_backing(7)
+    assert not m.on_entry(7)
     assert m.kept[7] == (41, 100, 5) and m.kept_bytes == 100
     p = tmp_path / "entry"
     p.write_bytes(b"x" * 100)
