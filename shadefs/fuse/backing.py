@@ -165,6 +165,13 @@ class _Modes:
             self._backing_close(stale[0])
         return bid
 
+    def conflicted(self, fid: int, gen: int) -> bool:
+        """Whether an open of ``fid``'s generation ``gen`` would wait in :meth:`acquire` now: opens of a
+        dropped (corrupt) generation of it are still counted on that generation's backing id. A hint
+        read without the lock."""
+        st = self.files.get(fid)
+        return st is not None and st.bid is not None and st.gen != gen and self.bad.get(fid) == st.gen
+
     def on_entry(self, fid: int) -> bool:
         """Whether opens of ``fid`` are counted on a backing id of a disk entry now: a new open of it joins
         that id (:meth:`acquire`: the same bytes), so an open served from the source need not open the

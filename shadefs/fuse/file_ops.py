@@ -106,11 +106,25 @@ class FileOps:
             self._defer(fd, unique, self._open_source, node, h, always=True)
         else:
             try:
-                # on a reader thread: it may wait for a RELEASE only where another reader can handle it
-                return self._open_handle(node, h, self.nreaders > 1)
+                return self._handle_here(fd, unique, node, h)
             except BackingConflict as e:
                 self._refuse(fd, unique, node, e)
         return None
+
+    def _handle_here(self, fd: int, unique: int, fid: int, h):
+        """Reader: :meth:`_open_handle` of ``h`` on this thread, or None when handed to a worker. An open
+        waits for a RELEASE (a dropped entry generation's backing file still open) only where another
+        thread reads it: on this one with more than one reader, else on a worker.
+
+        Raises:
+            BackingConflict: as :meth:`_open_handle` (``h`` is released).
+        """
+        if self.nreaders > 1:
+            return self._open_handle(fid, h, True)
+        if self.modes is not None and self.modes.conflicted(fid, getattr(h, "gen", 0)):
+            self._defer(fd, unique, self._open_source, fid, h, always=True)
+            return None
+        return self._open_handle(fid, h, False)
 
     def _open_on_reader(self, fd: int, unique: int, fid: int, ticket):
         """Reader: a miss this open leads (or a file no tier admits), served here rather than handed to a
@@ -150,7 +164,7 @@ class FileOps:
             # the backend's reads, and the open of the source file for passthrough to it, under its deadline
             with on_deadline(lambda e: self._reader_stuck(fd, unique, stuck)):
                 h = self._open_ticket(ticket)
-                reply = self._open_handle(fid, h, self.nreaders > 1)
+                reply = self._handle_here(fd, unique, fid, h)
         except BackingConflict as e:
             self._reader_miss_took(t0, stuck)
             if self._finish(unique):
@@ -162,6 +176,8 @@ class FileOps:
                 self._fail(fd, unique, P.OPEN, self.ns.path(fid), e)
             return None
         self._reader_miss_took(t0, stuck)
+        if reply is None:  # its io mode waits on a worker, which replies
+            return None
         if not self._finish(unique):  # interrupted, or answered EIO at the deadline, meanwhile
             self._drop(reply[0])
             return None
@@ -189,8 +205,9 @@ class FileOps:
             self._send(fd, unique, P.OPEN, errno.EIO, ())
 
     def _open_source(self, fd: int, unique: int, fid: int, h) -> None:
-        """Worker: an open served from the source that the reader handed over (:meth:`_open_handle` may
-        open the source file, which may wait: the request stays interruptible until it is answered)."""
+        """Worker: an open whose handle the reader handed over: one served from the source
+        (:meth:`_open_handle` may open the source file, which may wait), or one whose io mode waits for a
+        RELEASE (:meth:`_handle_here`); the request stays interruptible until it is answered."""
         self._opened(fd, unique, fid, h)
 
     def _open_slow(self, fd: int, unique: int, fid: int, ticket, pid: Optional[int] = None) -> None:

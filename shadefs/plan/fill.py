@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 
+from ..backends.timeout import on_deadline
+
 from ..cache.state import SOURCE_SHARED, Move
 
 __all__ = ["Fill", "PrefetchFuture"]
@@ -16,6 +18,14 @@ class PrefetchFuture(cf.Future):
     failed (the waiting open then reads the file itself)."""
 
     prefetch = True
+
+
+def _resolve(fut: PrefetchFuture, result) -> None:
+    # the first of the read's return and its deadline (the watchdog's thread) resolves the entry
+    try:
+        fut.set_result(result)
+    except cf.InvalidStateError:
+        pass
 
 
 class Fill:
@@ -105,19 +115,23 @@ class Fill:
             self._inflight[fid] = fut
         data, source, err = None, "miss", None
         try:
-            shared = self.shared
-            if shared is not None and size <= shared.max_file:
-                data = shared.get(self.shared_key(fid), size)  # None past its deadline: read the backend
-            if data is None:
-                data = self._backend_read(fid, size)
-            else:
-                source = "shared"
+            # a backend read of this thread past its deadline (the backend's watchdog) lets the opens
+            # waiting on it go on at once: each reads the file itself (and fails fast while it is stuck)
+            with on_deadline(lambda e: self._read_ahead_abandoned(fid, fut), answers=False):
+                shared = self.shared
+                if shared is not None and size <= shared.max_file:
+                    data = shared.get(self.shared_key(fid), size)  # None past its deadline: read the backend
+                if data is None:
+                    data = self._backend_read(fid, size)
+                else:
+                    source = "shared"
         except BaseException as e:
             err = e
         kept = False
         try:
             with self.lock:
-                del self._inflight[fid]
+                if self._inflight.get(fid) is fut:  # (else let go at its deadline)
+                    del self._inflight[fid]
                 if err is None:
                     if source == "miss":
                         self.counts.backend_bytes += size
@@ -125,10 +139,18 @@ class Fill:
                 else:
                     self.counts.backend_errors += not isinstance(err, FileNotFoundError)
         finally:
-            fut.set_result(None if err is not None else (data, source))
+            _resolve(fut, None if err is not None else (data, source))
         if err is not None:
             raise err
         return "held" if kept else "dropped"
+
+    def _read_ahead_abandoned(self, fid: int, fut: PrefetchFuture) -> None:
+        # the backend's watchdog, for a read ahead past its deadline: out of the in-flight table, and the
+        # opens waiting on it look again (none finds it in flight now: each reads the file itself)
+        with self.lock:
+            if self._inflight.get(fid) is fut:
+                del self._inflight[fid]
+        _resolve(fut, None)
 
     def warm_shared(self, fids) -> int:
         """Read the files of ``fids`` the group holds in one pipelined batch and admit them to this node's

@@ -54,6 +54,7 @@ import numpy as np
 import time
 from typing import Callable, Dict, List, Optional, Tuple
 
+from ..backends.timeout import on_deadline
 from ..cache.core import PrefetchFuture  # noqa: F401  (re-exported: the in-flight table's entry)
 from ..logutil import RateLimitedLog
 from ..procutil import name_thread
@@ -69,6 +70,11 @@ PAGES_SEEN = 1     # opened: the kernel may hold its pages; asked before a prefe
 PAGES_LEFT = 2     # the kernel returned its first and last page: not prefetched; its next open fills no tier
 PAGES_DROPPED = 3  # a READ of an open left to the kernel reached the daemon: prefetched without asking
 PAGES_ASKED = 4    # asked at an open that found it in no tier and not prefetched: not held, that open reads it
+
+
+def _nobody_waits(err: BaseException) -> None:
+    # the deadline handler of a prefetch thread's reads: no request waits on the thread itself
+    pass
 
 
 class Prefetcher:
@@ -352,7 +358,12 @@ class Prefetcher:
                     self._unclaim(fid, size, owner)
                     return
         try:
-            got = self.cache.prefetch(fid, hold=lambda f, data, source: self._hold(f, data, source, owner))
+            # the read runs on this thread under the backend's watchdog (--backend-timeout), not handed to
+            # a thread of the backend's (a hand-off and two thread switches per file): nobody waits on this
+            # thread, and at a deadline the opens waiting on the read are let go by the cache's handler;
+            # this thread is abandoned until the read returns (then counted an error, its window bytes freed)
+            with on_deadline(_nobody_waits):
+                got = self.cache.prefetch(fid, hold=lambda f, data, source: self._hold(f, data, source, owner))
         except Exception as e:
             with self.cond:
                 self.errors += 1

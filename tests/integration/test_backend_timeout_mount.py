@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from mountutil import read
+from mountutil import read, wait_for
 
 pytestmark = pytest.mark.usefixtures("fuse")
 
@@ -86,3 +86,59 @@ def test_a_read_stuck_in_the_kernel_is_eio_at_the_deadline_and_others_are_served
     assert log.count(f"open dog/04.bin: backend error: {deadline}") == 3
     s = m.stats()
     assert s["opens"] == sum(s["hits"].values()) + s["misses"]
+
+
+def test_a_prefetch_stuck_in_the_kernel_lets_the_open_waiting_on_it_go_at_the_deadline(small_tree, mount):
+    """A plan's prefetch reads on the prefetch thread itself, under the backend's watchdog: a read stuck on a
+    FIFO holds that thread, and the open of the file, which waits on the prefetch in flight, is let go at
+    the deadline (EIO: the path is stuck, it fails at once); the other planned files are served from their
+    prefetches, and the stuck read counts as a prefetch error once it returns."""
+    import numpy as np
+
+    from shadefs.control.client import ControlClient, find_endpoint
+
+    src, spec = small_tree
+    m = mount(src, "--ram-cache", "0", "--backend-timeout", "1", "--source-passthrough", "off",
+              "--prefetch-concurrency", "2")
+    fifo = os.path.join(src, "dog/04.bin")
+    os.remove(fifo)
+    os.mkfifo(fifo)          # the snapshot still says a 5000-byte regular file
+    order = ["dog/04.bin"] + [r for r in sorted(spec) if r != "dog/04.bin"]
+    got = {}
+
+    def stuck_open():
+        try:
+            got["data"] = read(os.path.join(m.path, "dog/04.bin"))
+        except OSError as e:
+            got["errno"] = e.errno
+
+    c = ControlClient(find_endpoint(m.path))
+    try:
+        handle, _ = c.register(order)
+        c.send_plan(handle, 0, 0, [len(order)], np.arange(len(order), dtype=np.uint32))
+        # the nine other files prefetched into the window, the FIFO's read stuck on a prefetch thread
+        wait_for(lambda: c.stats()["prefetch"]["fetched_bytes"] == sum(len(spec[r]) for r in order[1:]),
+                 timeout=20, what="the other files prefetched")
+        t = threading.Thread(target=stuck_open)
+        t.start()
+        t.join(20)
+        assert not t.is_alive() and got == {"errno": errno.EIO}
+        for rel in order[1:]:
+            assert read(os.path.join(m.path, rel)) == spec[rel]
+        assert c.stats()["prefetch"]["ready"] == 9
+        # the stuck read holds a prefetch thread, not a thread of the backend's (none was started)
+        names = [_comm(m.pid, tid) for tid in os.listdir(f"/proc/{m.pid}/task")]
+        assert "shadefs-backend" not in names and "shadefs-deadlin" in names   # (comm: 15 characters)
+    finally:
+        unblock(fifo)
+    wait_for(lambda: c.stats()["prefetch"]["errors"] == 1, timeout=20, what="the stuck prefetch returned")
+    c.close()
+    assert "read 'dog/04.bin': no answer from the backend within 1 s (--backend-timeout)" in m.log()
+
+
+def _comm(pid: int, tid: str) -> str:
+    try:
+        with open(f"/proc/{pid}/task/{tid}/comm") as f:
+            return f.read().strip()
+    except OSError:  # ended meanwhile
+        return ""
