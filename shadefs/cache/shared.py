@@ -63,7 +63,7 @@ from typing import Dict, List, Optional, Sequence
 import xxhash
 
 from ..logutil import RateLimitedLog
-from .shared_calls import PER_MIB_S, SKIP, Breaker, DeadlineCalls
+from .shared_calls import PER_MIB_S, SKIP, SOCKET_MARGIN_S, Breaker, DeadlineCalls
 from .shared_config import (MIN_SECRET, SharedTierConfigError, namespace_key, parse_urls, read_secret,
                             redact_url)
 from .shared_group import GroupMembership
@@ -130,6 +130,10 @@ class SharedTier(DeadlineCalls, GroupMembership):
         self.mode = MODES.get(policy, "static")
         self.timeout_s = float(timeout_s)
         self.max_file = int(max_file)
+        # the client's socket timeout: a worker stuck on a hung Redis is freed after it. Every call's
+        # deadline ends before it (DeadlineCalls._run), so that a hung call ends at its deadline, counted
+        # so, never at the socket's timeout first
+        self.socket_timeout_s = max(1.0, self.timeout_s + self.max_file / 2**20 * PER_MIB_S) + SOCKET_MARGIN_S
         self.K = int(partitions)
         self.password = password
         self.heartbeat_s = float(heartbeat_s)
@@ -201,7 +205,7 @@ class SharedTier(DeadlineCalls, GroupMembership):
         from redis.cluster import ClusterNode, RedisCluster
         from redis.retry import Retry
 
-        sock_t = max(1.0, self.timeout_s + self.max_file / 2**20 * PER_MIB_S)
+        sock_t = self.socket_timeout_s
         last = None
         for url in self.urls:
             kw = dict(socket_timeout=sock_t, socket_connect_timeout=max(0.2, self.timeout_s * 4))

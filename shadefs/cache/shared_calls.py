@@ -9,9 +9,12 @@ import logging
 import time
 from typing import Optional
 
-__all__ = ["Breaker", "DeadlineCalls", "SKIP", "PER_MIB_S"]
+__all__ = ["Breaker", "DeadlineCalls", "SKIP", "PER_MIB_S", "SOCKET_MARGIN_S"]
 
 PER_MIB_S = 0.010         # the deadline grows by 10 ms per MiB of value (a 16 MiB value: 210 ms)
+# the client's socket timeout exceeds every call's deadline by this much: a thread woken late still finds
+# the call past its deadline, not failed by the socket's timeout
+SOCKET_MARGIN_S = 0.25
 
 
 class Breaker:
@@ -50,7 +53,9 @@ class DeadlineCalls:
     worker pool, the breakers, the counters and the lock they use)."""
 
     def _run(self, fn, partition: Optional[int], deadline_s: float, wait: bool = True):
-        """Run ``fn(client)`` on a worker, waiting at most ``deadline_s``. Returns its result or SKIP."""
+        """Run ``fn(client)`` on a worker, waiting at most ``deadline_s`` (no longer than the client's socket
+        timeout less :data:`SOCKET_MARGIN_S`). Returns its result or SKIP."""
+        deadline_s = min(deadline_s, self.socket_timeout_s - SOCKET_MARGIN_S)
         now = time.monotonic()
         with self._lock:
             if self._global.open(now) or (partition is not None and self._breakers[partition].open(now)):
