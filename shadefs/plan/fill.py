@@ -6,7 +6,6 @@ from __future__ import annotations
 import concurrent.futures as cf
 
 from ..backends.timeout import on_deadline
-
 from ..cache.state import SOURCE_SHARED, Move
 
 __all__ = ["Fill", "PrefetchFuture"]
