@@ -48,6 +48,7 @@ retired, replaced or finished, or the cursor passed them). Threads start with :m
 from __future__ import annotations
 
 import logging
+import math
 import threading
 
 import numpy as np
@@ -84,7 +85,8 @@ class Prefetcher:
         cache: the :class:`~shadefs.cache.core.TieredCache` (its lock, in-flight table, tiers, backend).
         plans: the :class:`~shadefs.plan.plans.PlanRegistry` (sharing the cache's lock).
         window_bytes: the window (bytes); 0 disables prefetching.
-        concurrency: backend reads in flight at most (threads).
+        concurrency: backend reads in flight at most (threads; fewer claim reads while the source answers
+            fast: :meth:`_read_took`).
         page_probe: ``probe(fid) -> True | False | None``, whether the kernel holds the file's pages now
             (True: its first and last page; None: cannot tell, prefetched); None: never asked, every
             planned file is prefetched. Settable before :meth:`start` (the kernel front end sets it at
@@ -100,6 +102,11 @@ class Prefetcher:
     BOUNDARY_OPENS = 800
     #: seconds between looks while the scan waits for an open of a file to be released (``page_open``)
     OPEN_POLL_S = 0.005
+    #: threads that claim reads while the source is fast; the others wait apart (no wake-up per freed slot)
+    MIN_ACTIVE = 2
+    #: a read's wall time per claiming thread: ceil(the reads' moving average / this) threads claim, at least
+    #: MIN_ACTIVE, at most ``concurrency`` (a fast local source: 2, a 5 ms object store: 10, 16 ms: 32)
+    READ_S_PER_THREAD = 0.0005
 
     def __init__(self, cache, plans, window_bytes: int, concurrency: int = 32,
                  boundary_opens: Optional[int] = None,
@@ -111,6 +118,9 @@ class Prefetcher:
         self.concurrency = int(concurrency)
         self.boundary_opens = int(self.BOUNDARY_OPENS if boundary_opens is None else boundary_opens)
         self.cond = threading.Condition(cache.lock)
+        self.active = min(self.concurrency, self.MIN_ACTIVE)   # threads 0..active-1 claim reads
+        self._parked = threading.Condition(cache.lock)          # where the others wait
+        self._read_s = -1.0  # moving average of a read's wall time, seconds (< 0: none yet)
         self.staged: Dict[int, Tuple[bytes, tuple]] = {}     # fid -> (data, owner plan key)
         self.from_shared: set = set()                        # staged files read from the group, not the backend
         self.shared_bytes = 0                                # bytes prefetched from the group's shared tier
@@ -145,7 +155,7 @@ class Prefetcher:
             return
         self._stop.clear()
         for i in range(self.concurrency):
-            t = threading.Thread(target=self._run, name=f"shadefs-prefetch-{i}", daemon=True)
+            t = threading.Thread(target=self._run, args=(i,), name=f"shadefs-prefetch-{i}", daemon=True)
             t.start()
             self._threads.append(t)
 
@@ -154,6 +164,7 @@ class Prefetcher:
         self._stop.set()
         with self.cond:
             self.cond.notify_all()
+            self._parked.notify_all()
         deadline = time.monotonic() + timeout
         for t in self._threads:
             t.join(max(0.0, deadline - time.monotonic()))
@@ -320,10 +331,13 @@ class Prefetcher:
         return plan.next_position(fid) is not None
 
     # -- reading ---------------------------------------------------------------------------------------
-    def _run(self) -> None:
+    def _run(self, index: int = 0) -> None:
         name_thread()
         while not self._stop.is_set():
             with self.cond:
+                if index >= self.active:  # not needed while the source is fast: wait apart (_read_took)
+                    self._parked.wait(0.5)
+                    continue
                 self._settling = False
                 job = self._claim()
                 if job is None:
@@ -362,8 +376,11 @@ class Prefetcher:
             # a thread of the backend's (a hand-off and two thread switches per file): nobody waits on this
             # thread, and at a deadline the opens waiting on the read are let go by the cache's handler;
             # this thread is abandoned until the read returns (then counted an error, its window bytes freed)
+            t0 = time.monotonic()
             with on_deadline(_nobody_waits):
                 got = self.cache.prefetch(fid, hold=lambda f, data, source: self._hold(f, data, source, owner))
+            if got in ("held", "dropped"):
+                self._read_took(time.monotonic() - t0)
         except Exception as e:
             with self.cond:
                 self.errors += 1
@@ -374,6 +391,18 @@ class Prefetcher:
         if got in ("resident", "fetching"):  # an open got there between the claim and the read
             with self.cond:
                 self._unclaim(fid, size, owner)
+
+    def _read_took(self, secs: float) -> None:
+        """A read ahead took ``secs`` seconds: the claiming threads follow the reads' moving average (over
+        about the last 8; the first read sets it), so a slow source gets up to ``concurrency`` reads in
+        flight and a fast one :attr:`MIN_ACTIVE` threads, whose wake-ups and GIL hand-offs cost less."""
+        with self.cond:
+            avg = self._read_s = secs if self._read_s < 0 else self._read_s + (secs - self._read_s) * 0.125
+            want = max(min(self.concurrency, self.MIN_ACTIVE),
+                       min(self.concurrency, math.ceil(avg / self.READ_S_PER_THREAD)))
+            if want > self.active:
+                self._parked.notify_all()  # (rare: the source slowed down) those now below want claim
+            self.active = want
 
     def _hold(self, fid: int, data: bytes, source: str, owner: tuple) -> bool:
         # under the lock, from the cache once the bytes are read: keep them in the window if still wanted

@@ -337,3 +337,25 @@ def test_an_open_the_prefetcher_did_not_serve_asks_the_kernel_first(tree):
     assert hd.read(0, hd.size) == spec[ns.path(1)]
     hd.release()
     assert asked == [0, 1] and (pf.probed, pf.kernel_kept, pf.kernel_reads) == (2, 1, 0)
+
+
+def test_the_threads_that_claim_reads_follow_the_reads_time(tree):
+    """Two threads claim reads while reads take under 1 ms (a fast local source: fewer wake-ups and GIL
+    hand-offs), one more per 0.5 ms of the reads' moving average, up to the concurrency; the first read sets
+    the average."""
+    src, _ = tree
+    cache, ns, plans, _, _, _ = build(src, 10**6, 10**6)
+    pf = Prefetcher(cache, plans, 10**6, concurrency=32)   # not started: the bookkeeping only
+    assert pf.active == 2
+    pf._read_took(0.0002)                 # tmpfs
+    assert (pf.active, pf._read_s) == (2, 0.0002)
+    pf._read_took(0.0052)                 # an object store: the average 0.2 + (5.2 - 0.2) / 8 = 0.825 ms
+    assert pf.active == 2 and abs(pf._read_s - 0.000825) < 1e-12
+    for _ in range(40):
+        pf._read_took(0.005)
+    assert pf.active == 10                # 5 ms / 0.5 ms
+    pf._read_took(1.0)
+    assert pf.active == 32                # never past the concurrency
+    one = Prefetcher(cache, plans, 10**6, concurrency=1)
+    one._read_took(0.0001)
+    assert one.active == 1                # never past it either way
