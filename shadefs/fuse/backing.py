@@ -122,17 +122,17 @@ class _Modes:
         gen = getattr(h, "gen", 0)
         with self.cond:
             st = self.files.get(fid)
-            if st is not None and st.bid is not None and st.gen != gen and self.bad.get(fid) == st.gen:
+            if self._on_dropped(fid, st, gen):
                 if may_wait:
                     self.waits += 1
                     deadline = time.monotonic() + self.release_wait_s
-                    while st is not None and self.bad.get(fid) == st.gen and st.gen != gen:
+                    while self._on_dropped(fid, st, gen):
                         left = deadline - time.monotonic()
                         if left <= 0:
                             break
                         self.cond.wait(left)
                         st = self.files.get(fid)
-                if st is not None and st.bid is not None and self.bad.get(fid) == st.gen and st.gen != gen:
+                if self._on_dropped(fid, st, gen):
                     self.conflicts += 1
                     first = self.conflicts == 1
                     raise BackingConflict(fid, st.gen, st.opens, first)
@@ -169,7 +169,10 @@ class _Modes:
         """Whether an open of ``fid``'s generation ``gen`` would wait in :meth:`acquire` now: opens of a
         dropped (corrupt) generation of it are still counted on that generation's backing id. A hint
         read without the lock."""
-        st = self.files.get(fid)
+        return self._on_dropped(fid, self.files.get(fid), gen)
+
+    def _on_dropped(self, fid: int, st: Optional[_FileMode], gen: int) -> bool:
+        # opens of fid (mode st) are counted on the backing id of a dropped generation other than gen
         return st is not None and st.bid is not None and st.gen != gen and self.bad.get(fid) == st.gen
 
     def on_entry(self, fid: int) -> bool:

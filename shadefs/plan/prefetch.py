@@ -378,9 +378,7 @@ class Prefetcher:
             # this thread is abandoned until the read returns (then counted an error, its window bytes freed)
             t0 = time.monotonic()
             with on_deadline(_nobody_waits):
-                got = self.cache.prefetch(fid, hold=lambda f, data, source: self._hold(f, data, source, owner))
-            if got in ("held", "dropped"):
-                self._read_took(time.monotonic() - t0)
+                got = self.cache.prefetch(fid, hold=lambda f, data, source: self._hold(f, data, source, owner, t0))
         except Exception as e:
             with self.cond:
                 self.errors += 1
@@ -393,19 +391,21 @@ class Prefetcher:
                 self._unclaim(fid, size, owner)
 
     def _read_took(self, secs: float) -> None:
-        """A read ahead took ``secs`` seconds: the claiming threads follow the reads' moving average (over
-        about the last 8; the first read sets it), so a slow source gets up to ``concurrency`` reads in
-        flight and a fast one :attr:`MIN_ACTIVE` threads, whose wake-ups and GIL hand-offs cost less."""
-        with self.cond:
-            avg = self._read_s = secs if self._read_s < 0 else self._read_s + (secs - self._read_s) * 0.125
-            want = max(min(self.concurrency, self.MIN_ACTIVE),
-                       min(self.concurrency, math.ceil(avg / self.READ_S_PER_THREAD)))
-            if want > self.active:
-                self._parked.notify_all()  # (rare: the source slowed down) those now below want claim
-            self.active = want
+        """A read ahead took ``secs`` seconds (caller holds the lock): the claiming threads follow the reads'
+        moving average (over about the last 8; the first read sets it), so a slow source gets up to
+        ``concurrency`` reads in flight and a fast one :attr:`MIN_ACTIVE` threads, whose wake-ups and GIL
+        hand-offs cost less."""
+        avg = self._read_s = secs if self._read_s < 0 else self._read_s + (secs - self._read_s) * 0.125
+        want = min(self.concurrency, max(self.MIN_ACTIVE, math.ceil(avg / self.READ_S_PER_THREAD)))
+        if want > self.active:
+            self._parked.notify_all()  # (rare: the source slowed down) those now below want claim
+        self.active = want
 
-    def _hold(self, fid: int, data: bytes, source: str, owner: tuple) -> bool:
-        # under the lock, from the cache once the bytes are read: keep them in the window if still wanted
+    def _hold(self, fid: int, data: bytes, source: str, owner: tuple, started: Optional[float] = None) -> bool:
+        # under the lock, from the cache once the bytes are read (``started``: the read's monotonic start):
+        # keep them in the window if still wanted
+        if started is not None:
+            self._read_took(time.monotonic() - started)
         size, _ = self.pending.pop(fid, (len(data), owner))
         self.fetched_bytes += size
         if source == "shared":

@@ -346,16 +346,21 @@ def test_the_threads_that_claim_reads_follow_the_reads_time(tree):
     src, _ = tree
     cache, ns, plans, _, _, _ = build(src, 10**6, 10**6)
     pf = Prefetcher(cache, plans, 10**6, concurrency=32)   # not started: the bookkeeping only
+
+    def took(p, secs):
+        with p.cond:   # as _hold calls it: under the cache lock
+            p._read_took(secs)
+
     assert pf.active == 2
-    pf._read_took(0.0002)                 # tmpfs
+    took(pf, 0.0002)                 # tmpfs
     assert (pf.active, pf._read_s) == (2, 0.0002)
-    pf._read_took(0.0052)                 # an object store: the average 0.2 + (5.2 - 0.2) / 8 = 0.825 ms
+    took(pf, 0.0052)                 # an object store: the average 0.2 + (5.2 - 0.2) / 8 = 0.825 ms
     assert pf.active == 2 and abs(pf._read_s - 0.000825) < 1e-12
     for _ in range(40):
-        pf._read_took(0.005)
+        took(pf, 0.005)
     assert pf.active == 10                # 5 ms / 0.5 ms
-    pf._read_took(1.0)
+    took(pf, 1.0)
     assert pf.active == 32                # never past the concurrency
     one = Prefetcher(cache, plans, 10**6, concurrency=1)
-    one._read_took(0.0001)
+    took(one, 0.0001)
     assert one.active == 1                # never past it either way
